@@ -1,0 +1,131 @@
+/* store.h - the tiered page store: pools per tier, a concurrent index, prefix-aware
+ * eviction, demotion/promotion, pins and leases, per-namespace quotas.
+ *
+ * Pages are opaque immutable byte strings here (the store never parses them beyond
+ * an optional CRC check). Keys are (namespace, hash, layer). All functions are
+ * thread-safe. Locking rules are documented in store.c next to the locks.
+ */
+#ifndef TQKV_CACHE_STORE_H
+#define TQKV_CACHE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/status.h"
+
+typedef struct tqkv_store tqkv_store_t;
+typedef struct tqkv_page_ref tqkv_page_ref_t; /* a pinned page */
+
+/* Tiers. */
+typedef enum tqkv_tier {
+    TQKV_TIER_NONE = 0, /* not present */
+    TQKV_TIER_HBM = 1,  /* device pool (or its DRAM stand-in without a GPU) */
+    TQKV_TIER_DRAM = 2, /* host memory, own jemalloc arena */
+    TQKV_TIER_COUNT = 3
+} tqkv_tier_t;
+
+typedef enum tqkv_evict_policy {
+    TQKV_EVICT_LRU = 0,    /* leaf-first, then least recently used */
+    TQKV_EVICT_S3FIFO = 1, /* leaf-first, then S3-FIFO order */
+} tqkv_evict_policy_t;
+
+/* A block key; borrowed by every call. ns need not be NUL-terminated. */
+typedef struct tqkv_block_key {
+    const char *ns;
+    size_t ns_len;
+    const uint8_t *hash;
+    size_t hash_len; /* 1..64 */
+    uint32_t layer;
+} tqkv_block_key_t;
+
+typedef struct tqkv_store_config {
+    uint64_t dram_capacity;      /* bytes of page data, hard limit */
+    uint64_t hbm_capacity;       /* 0 = no HBM tier */
+    int hbm_standin;             /* HBM tier backed by host memory (no GPU needed) */
+    int device;                  /* CUDA device for a real HBM tier, -1 = none */
+    double high_watermark;       /* fraction of HBM capacity that starts demotion (0.9) */
+    double low_watermark;        /* demotion stops here (0.8) */
+    int promote_on_access;       /* move DRAM pages back to HBM on get */
+    int verify_crc;              /* check the page CRC on every get (TQKV_ECORRUPT on failure) */
+    tqkv_evict_policy_t policy;
+    uint64_t default_ns_quota;   /* bytes per namespace, 0 = unlimited */
+} tqkv_store_config_t;
+
+/* Fills cfg with defaults: 1 GiB DRAM, no HBM, watermarks 0.9/0.8, S3-FIFO. */
+void tqkv_store_config_default(tqkv_store_config_t *cfg);
+
+/* Creates a store; *out owned by the caller (tqkv_store_destroy). */
+tqkv_status_t tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out);
+
+/* Frees everything. Pages still pinned by readers must have been released first. */
+void tqkv_store_destroy(tqkv_store_t *s);
+
+/* Stores a copy of page[0..len) under key. parent_hash (may be NULL/0) links the block
+ * to the previous block of its sequence. bf16_bytes is the size of the BF16 data the
+ * page replaces (for compression statistics). A key already present is a no-op that
+ * sets *duplicate = 1. Returns TQKV_ENOSPC when the tier and quota are full and
+ * nothing can be evicted, TQKV_EINVAL for a bad key. */
+tqkv_status_t tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key,
+                             const uint8_t *parent_hash, size_t parent_len, const void *page,
+                             size_t len, uint64_t bf16_bytes, int *duplicate);
+
+/* Looks up and pins a page: *out is valid until tqkv_page_ref_release(). Returns
+ * TQKV_ENOTFOUND on a miss (counted), TQKV_ECORRUPT when verify_crc fails. */
+tqkv_status_t tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out);
+
+/* Host-readable bytes of a pinned page, borrowed until release. */
+const void *tqkv_page_ref_data(const tqkv_page_ref_t *r);
+size_t tqkv_page_ref_len(const tqkv_page_ref_t *r);
+tqkv_tier_t tqkv_page_ref_tier(const tqkv_page_ref_t *r);
+/* Releases a pin; the last release of an evicted page frees it. */
+void tqkv_page_ref_release(tqkv_page_ref_t *r);
+
+/* Prefix lookup: for hashes[0..n) in sequence order, *prefix_blocks = the number of
+ * leading hashes whose layers [0, num_layers) are all present. tiers_out (may be NULL)
+ * gets, per hash, the slowest tier holding any of its layers, or TQKV_TIER_NONE when
+ * some layer is missing. With lease_ms > 0, the pages of the prefix are pinned for
+ * that long (a following get cannot lose them to eviction). */
+tqkv_status_t tqkv_store_lookup(tqkv_store_t *s, const char *ns, size_t ns_len,
+                                const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                                uint32_t num_layers, uint32_t lease_ms, uint32_t *prefix_blocks,
+                                uint8_t *tiers_out);
+
+/* Deletes every layer of (ns, hash). *pages and *bytes (may be NULL) get what went. */
+tqkv_status_t tqkv_store_delete(tqkv_store_t *s, const char *ns, size_t ns_len,
+                                const uint8_t *hash, size_t hash_len, uint64_t *pages,
+                                uint64_t *bytes);
+
+/* Deletes a whole namespace; TQKV_ENOTFOUND when it holds nothing. */
+tqkv_status_t tqkv_store_delete_namespace(tqkv_store_t *s, const char *ns, size_t ns_len,
+                                          uint64_t *pages, uint64_t *bytes);
+
+/* Per-namespace byte quota (0 = unlimited). */
+tqkv_status_t tqkv_store_set_quota(tqkv_store_t *s, const char *ns, size_t ns_len,
+                                   uint64_t bytes);
+
+typedef struct tqkv_tier_stats {
+    uint64_t capacity, bytes_used, pages;
+    uint64_t hits, misses, evictions, demotions, promotions;
+} tqkv_tier_stats_t;
+
+typedef struct tqkv_store_stats {
+    tqkv_tier_stats_t tier[TQKV_TIER_COUNT]; /* index by tqkv_tier_t; [0] unused */
+    uint64_t hits, misses, evictions;
+    uint64_t bytes_in;   /* page bytes stored by puts */
+    uint64_t bytes_out;  /* page bytes handed out by gets */
+    uint64_t bf16_bytes; /* BF16 bytes represented by the pages stored now */
+    uint64_t pages, page_bytes;
+    uint64_t alloc_failures;
+} tqkv_store_stats_t;
+
+/* Whole-store statistics (ns == NULL) or one namespace's. */
+tqkv_status_t tqkv_store_stats(tqkv_store_t *s, const char *ns, size_t ns_len,
+                               tqkv_store_stats_t *out);
+
+/* Calls fn for each namespace with its stats (for metrics). */
+tqkv_status_t tqkv_store_foreach_namespace(tqkv_store_t *s,
+                                           void (*fn)(void *arg, const char *ns, size_t ns_len,
+                                                      const tqkv_store_stats_t *st),
+                                           void *arg);
+
+#endif

@@ -1,0 +1,38 @@
+/* policy.h - the KV codec policy of a namespace: key and value settings, boundary
+ * layers at higher precision, rotation, key centering, seed.
+ */
+#ifndef TQKV_KERNELS_POLICY_H
+#define TQKV_KERNELS_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/page.h"
+#include "kernels/status.h"
+
+typedef struct tqkv_policy {
+    tqkv_tensor_codec_t k, v;                   /* middle layers */
+    tqkv_tensor_codec_t k_boundary, v_boundary; /* first/last boundary_layers layers */
+    uint32_t boundary_layers;                   /* default 2 */
+    uint8_t rotation;                           /* tqkv_rotation_kind_t */
+    uint8_t key_centering;
+    uint64_t seed;
+} tqkv_policy_t;
+
+/* The measured defaults (see README, "KV policy"). */
+void tqkv_policy_default(tqkv_policy_t *p);
+
+/* Checks every field; a one-line reason in err on failure (TQKV_EINVAL). */
+tqkv_status_t tqkv_policy_check(const tqkv_policy_t *p, char *err, size_t errlen);
+
+/* The block codec for `layer` of a model with num_layers layers (0 = unknown: only
+ * the first boundary_layers layers get the boundary setting). */
+void tqkv_policy_block_codec(const tqkv_policy_t *p, uint32_t layer, uint32_t num_layers,
+                             tqkv_block_codec_t *out);
+
+/* "1", "1.5", "2", "2.5", "3", "3.5", "4" -> bits_x2; TQKV_EINVAL otherwise. */
+tqkv_status_t tqkv_bits_parse(const char *s, uint8_t *bits_x2);
+/* Same from a float (exact halves only). */
+tqkv_status_t tqkv_bits_from_float(float bits, uint8_t *bits_x2);
+
+#endif

@@ -1,0 +1,32 @@
+/* auth.h - bearer tokens mapped to namespaces (--auth-tokens FILE).
+ *
+ * File format, one token per line (blank lines and lines starting with '#' ignored):
+ *     <token> <r|w|rw> <namespace>[,<namespace>...]      ('*' grants every namespace)
+ * Tokens are held only as SHA-256 digests and compared in constant time.
+ */
+#ifndef TQKV_SERVICE_AUTH_H
+#define TQKV_SERVICE_AUTH_H
+
+#include <stddef.h>
+
+#include "kernels/status.h"
+
+typedef struct tqkv_auth tqkv_auth_t;
+
+enum { TQKV_AUTH_READ = 1, TQKV_AUTH_WRITE = 2 };
+
+/* Loads a token file. On a malformed file returns TQKV_EINVAL with "FILE:LINE: why"
+ * in err. *out owned by the caller. */
+tqkv_status_t tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen);
+/* NULL is a no-op. */
+void tqkv_auth_destroy(tqkv_auth_t *a);
+
+/* Checks the value of an `authorization` header (e.g. "Bearer abc"; NULL when absent)
+ * for permission `perm` (TQKV_AUTH_READ and/or TQKV_AUTH_WRITE) on namespace ns.
+ * ns == NULL means every namespace (only a '*' grant passes).
+ * Returns TQKV_OK, TQKV_EAUTH (missing, malformed or unknown token) or TQKV_EPERM
+ * (token valid, namespace or permission not granted). */
+tqkv_status_t tqkv_auth_check(const tqkv_auth_t *a, const char *authz, size_t authz_len,
+                              const char *ns, size_t ns_len, unsigned perm);
+
+#endif

@@ -1,0 +1,43 @@
+/* metrics.h - Prometheus metrics of tqkv-server, served by libmicrohttpd at /metrics.
+ *
+ * Counters and histograms are updated lock-free (atomics) from the gRPC and codec
+ * threads; store gauges are read from the store at scrape time.
+ */
+#ifndef TQKV_SERVICE_METRICS_H
+#define TQKV_SERVICE_METRICS_H
+
+#include <stdint.h>
+
+#include "cache/store.h"
+#include "kernels/status.h"
+
+typedef struct tqkv_metrics tqkv_metrics_t;
+
+/* Creates an empty registry; *out owned by the caller. */
+tqkv_status_t tqkv_metrics_create(tqkv_metrics_t **out);
+/* Stops serving (if started) and frees. NULL is a no-op. */
+void tqkv_metrics_destroy(tqkv_metrics_t *m);
+
+/* One finished RPC: method is "Put", "Lookup", "Get", "Delete", "Stats", "Health.Check",
+ * ...; grpc_code the gRPC status code sent; seconds its duration. Thread-safe. */
+void tqkv_metrics_rpc_done(tqkv_metrics_t *m, const char *method, int grpc_code, double seconds);
+/* Payload bytes received and sent, and BF16-equivalent bytes delivered by Get. */
+void tqkv_metrics_add_bytes(tqkv_metrics_t *m, uint64_t in, uint64_t out, uint64_t bf16_equiv_out);
+/* Codec work: encode != 0 for encode, else decode; bf16_bytes processed in seconds. */
+void tqkv_metrics_codec(tqkv_metrics_t *m, int encode, uint64_t bf16_bytes, double seconds);
+/* Per-namespace hit/miss accounting for Get/Lookup (ns need not be NUL-terminated). */
+void tqkv_metrics_ns_access(tqkv_metrics_t *m, const char *ns, size_t ns_len, uint64_t hits,
+                            uint64_t misses);
+/* Active gRPC streams gauge (+1 when a call starts, -1 when it ends). */
+void tqkv_metrics_streams(tqkv_metrics_t *m, int delta);
+
+/* Serves GET /metrics on listen ("HOST:PORT"; port 0 picks one, written to *bound_port
+ * when non-NULL). store (borrowed, may be NULL) is read at each scrape. */
+tqkv_status_t tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen, tqkv_store_t *store,
+                                 int *bound_port);
+
+/* Renders the exposition text into a new malloc'd NUL-terminated string (*out, freed
+ * by the caller); used by the HTTP handler and by tests. */
+tqkv_status_t tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out);
+
+#endif

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# run.sh - the whole tqkv test suite on a fresh Debian 12 machine:
+# installs dependencies, builds (Release, CUDA when nvcc is present), runs every
+# CTest test, then the suites again under ASan+UBSan, the concurrency tests under
+# TSan, and short libFuzzer runs. Prints "N passed, N failed, N skipped" last.
+#
+#   TQKV_TEST_QUICK=1   skip the sanitizer and fuzz stages (local iteration)
+#   TQKV_FUZZ_SECONDS   seconds per fuzz target (default 60)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=$(nproc 2>/dev/null || echo 2)
+export TQKV_SOURCE_DIR=$ROOT
+
+bash deploy/install-deps.sh || { echo "run.sh: dependency install failed"; exit 1; }
+
+PASS=0
+FAIL=0
+SKIP=0
+FAILED_STAGES=()
+
+# stage NAME BUILD_DIR CTEST_ARGS...: runs ctest and adds up its results.
+ctest_stage() {
+  local name=$1 dir=$2
+  shift 2
+  echo "=== [$name] ctest $*"
+  local log
+  log=$(mktemp)
+  (cd "$dir" && ctest --output-on-failure --no-tests=ignore "$@") 2>&1 | tee "$log"
+  local total failed skipped
+  total=$(grep -oE 'tests failed out of [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  failed=$(grep -oE '[0-9]+ tests failed out of' "$log" | grep -oE '^[0-9]+' | tail -1)
+  skipped=$(grep -cE '\*\*\*Skipped|Not Run' "$log")
+  total=${total:-0}
+  failed=${failed:-0}
+  PASS=$((PASS + total - failed - skipped))
+  FAIL=$((FAIL + failed))
+  SKIP=$((SKIP + skipped))
+  [ "$failed" -gt 0 ] && FAILED_STAGES+=("$name")
+  rm -f "$log"
+}
+
+build() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
+  if ! cmake --build "$dir" -j"$JOBS" >"$dir.build.log" 2>&1; then
+    grep -E 'error|Error' "$dir.build.log" | head -40
+    return 1
+  fi
+  grep -E 'warning: ' "$dir.build.log" | sort -u | head -20 || true
+}
+
+mkdir -p build
+echo "=== build (Release)"
+if build build -DCMAKE_BUILD_TYPE=Release; then
+  ctest_stage release build -j2 --timeout 900
+else
+  echo "run.sh: Release build failed"; FAIL=$((FAIL + 1)); FAILED_STAGES+=("build")
+fi
+
+if [ "${TQKV_TEST_QUICK:-0}" != 1 ]; then
+  mkdir -p build-asan
+  echo "=== build (ASan+UBSan)"
+  if build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=address,undefined -DTQKV_CUDA=OFF; then
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      TQKV_SANITIZED=1 ctest_stage asan build-asan -j2 -L 'unit|store|server' --timeout 900
+  else
+    echo "run.sh: ASan build failed"; FAIL=$((FAIL + 1)); FAILED_STAGES+=("asan-build")
+  fi
+  mkdir -p build-tsan
+  echo "=== build (TSan)"
+  if build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=thread -DTQKV_CUDA=OFF; then
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 TQKV_SANITIZED=1 \
+      ctest_stage tsan build-tsan -L 'concurrency' --timeout 900
+  else
+    echo "run.sh: TSan build failed"; FAIL=$((FAIL + 1)); FAILED_STAGES+=("tsan-build")
+  fi
+  if [ -x tests/fuzz/run.sh ]; then
+    echo "=== fuzz"
+    if bash tests/fuzz/run.sh "${TQKV_FUZZ_SECONDS:-60}"; then PASS=$((PASS + 1)); else
+      FAIL=$((FAIL + 1)); FAILED_STAGES+=("fuzz"); fi
+  fi
+fi
+
+echo
+[ "${#FAILED_STAGES[@]}" -gt 0 ] && echo "failed stages: ${FAILED_STAGES[*]}"
+echo "tests: $PASS passed, $FAIL failed, $SKIP skipped"
+[ "$FAIL" -eq 0 ]
