@@ -157,4 +157,68 @@ tqkv_hadamard_sign(const uint64_t *words, uint32_t which, uint32_t g, uint32_t i
     return ((words[k >> 6] >> (k & 63u)) & 1u) ? -1.0f : 1.0f;
 }
 
+/* ---- navigating a validated page ---- */
+
+/* One group of one tensor of a page, resolved. */
+typedef struct tqkv_group_view {
+    tqkv_group_layout_t L;
+    const uint8_t *base;    /* start of the group section */
+    const float *codebook;  /* z[L.n_centroids] (centroids * sqrt(g)), ascending */
+    const float *scale;     /* [n] */
+    const float *gamma;     /* [n] (prod) or NULL */
+    const uint8_t *idx;     /* [n][L.idx_row_bytes] */
+    const uint8_t *signs;   /* [n][L.sign_row_bytes] (prod) or NULL */
+    uint32_t rotation;      /* rotation actually used by this group (tqkv_group_rotation) */
+    uint64_t rot_seed;      /* tqkv_seed_derive(seed, tensor, group, TQKV_SEED_ROTATION) */
+    uint64_t qjl_seed;      /* tqkv_seed_derive(seed, tensor, group, TQKV_SEED_QJL) */
+} tqkv_group_view_t;
+
+/* Resolves group `group` (0 or 1) of tensor `tensor` (TQKV_TENSOR_K/V) of a page that
+ * has passed validation. Returns 0, or -1 when that tensor or group is absent. */
+TQKV_HD int
+tqkv_page_group_view(const void *page, uint32_t tensor, uint32_t group, tqkv_group_view_t *gv)
+{
+    const tqkv_page_header_t *h = (const tqkv_page_header_t *)page;
+    const tqkv_page_tensor_desc_t *t = &h->tensor[tensor];
+    uint64_t n = (uint64_t)h->num_tokens * h->num_kv_heads;
+    uint32_t dim, bits;
+    if (t->bits_x2 == 0 || (group == 1 && t->lo_bits == 0) || group > 1)
+        return -1;
+    dim = group == 0 ? t->n_hi : (uint32_t)h->head_dim - t->n_hi;
+    bits = group == 0 ? t->hi_bits : t->lo_bits;
+    tqkv_group_layout(dim, bits, t->mode, n, &gv->L);
+    gv->base = (const uint8_t *)page + t->group_offset[group];
+    gv->codebook = (const float *)(gv->base + gv->L.off_codebook);
+    gv->scale = (const float *)(gv->base + gv->L.off_scale);
+    gv->gamma = t->mode == TQKV_MODE_PROD ? (const float *)(gv->base + gv->L.off_gamma) : 0;
+    gv->idx = gv->base + gv->L.off_idx;
+    gv->signs = t->mode == TQKV_MODE_PROD ? gv->base + gv->L.off_signs : 0;
+    gv->rotation = tqkv_group_rotation(h->rotation, dim);
+    gv->rot_seed = tqkv_seed_derive(h->seed, tensor, group, TQKV_SEED_ROTATION);
+    gv->qjl_seed = tqkv_seed_derive(h->seed, tensor, group, TQKV_SEED_QJL);
+    return 0;
+}
+
+/* The outlier mask row of head h (ceil(D/8) bytes, bit c set = channel c is in group 0),
+ * or NULL when the tensor has one group (group 0 = every channel). */
+TQKV_HD const uint8_t *
+tqkv_page_mask(const void *page, uint32_t tensor, uint32_t head)
+{
+    const tqkv_page_header_t *h = (const tqkv_page_header_t *)page;
+    const tqkv_page_tensor_desc_t *t = &h->tensor[tensor];
+    if (t->lo_bits == 0 || t->mask_offset == 0)
+        return 0;
+    return (const uint8_t *)page + t->mask_offset + (uint64_t)head * ((h->head_dim + 7u) / 8u);
+}
+
+/* Key mean row of head h (f32[D]) or NULL when keys are not centered. */
+TQKV_HD const float *
+tqkv_page_key_mean(const void *page, uint32_t head)
+{
+    const tqkv_page_header_t *h = (const tqkv_page_header_t *)page;
+    if (!(h->flags & TQKV_PAGE_KEY_CENTERED) || h->mean_offset == 0)
+        return 0;
+    return (const float *)((const uint8_t *)page + h->mean_offset) + (uint64_t)head * h->head_dim;
+}
+
 #endif
