@@ -1,0 +1,414 @@
+/* check_auth.c - unit tests of service/auth.c: SHA-256 vectors, the token-file parser
+ * (grants, permissions, malformed files with FILE:LINE errors), Bearer parsing and the
+ * constant-time lookup over all entries.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/status.h"
+#include "kernels/tq_math.h"
+#include "service/auth.h"
+#include "tests/check_main.h"
+
+void tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32]);
+
+static char g_dir[256];
+
+static void
+setup(void)
+{
+    snprintf(g_dir, sizeof(g_dir), "/tmp/tqkv-check-auth-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+}
+
+static void
+teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", g_dir);
+}
+
+/* Writes text to a fresh file in g_dir; returns its path (static buffer rotation). */
+static const char *
+write_file(const char *name, const char *text)
+{
+    static char paths[4][512];
+    static int k;
+    char *p = paths[k++ & 3];
+    snprintf(p, 512, "%s/%s", g_dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fwrite(text, 1, strlen(text), f);
+    fclose(f);
+    return p;
+}
+
+static tqkv_status_t
+check(const tqkv_auth_t *a, const char *authz, const char *ns, unsigned perm)
+{
+    return tqkv_auth_check(a, authz, authz ? strlen(authz) : 0, ns, ns ? strlen(ns) : 0, perm);
+}
+
+static void
+hex(const uint8_t *d, char *out)
+{
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+START_TEST(test_sha256_vectors)
+{
+    uint8_t d[32];
+    char h[65];
+    tqkv__auth_sha256("", 0, d);
+    hex(d, h);
+    ck_assert_str_eq(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    tqkv__auth_sha256("abc", 3, d);
+    hex(d, h);
+    ck_assert_str_eq(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"; /* 56 bytes */
+    tqkv__auth_sha256(m, strlen(m), d);
+    hex(d, h);
+    ck_assert_str_eq(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    /* One million 'a': crosses many blocks. */
+    char *big = malloc(1000000);
+    memset(big, 'a', 1000000);
+    tqkv__auth_sha256(big, 1000000, d);
+    free(big);
+    hex(d, h);
+    ck_assert_str_eq(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+END_TEST
+
+START_TEST(test_sha256_awkward_lengths)
+{
+    /* Lengths around the 55/56/64-byte padding boundaries must differ pairwise and be
+     * deterministic. */
+    char buf[130];
+    memset(buf, 'x', sizeof(buf));
+    uint8_t prev[32] = {0}, d[32], d2[32];
+    for (size_t n = 50; n <= 130; n++) {
+        tqkv__auth_sha256(buf, n, d);
+        tqkv__auth_sha256(buf, n, d2);
+        ck_assert_mem_eq(d, d2, 32);
+        ck_assert_int_ne(memcmp(d, prev, 32), 0);
+        memcpy(prev, d, 32);
+    }
+}
+END_TEST
+
+static const char *GOOD = "# tokens for the test\n"
+                          "\n"
+                          "   # indented comment\n"
+                          "admin-token-0001 rw *\n"
+                          "reader-token-0002 r team-a,team-b\n"
+                          "writer-token-0003\tw\tteam-a\r\n"
+                          "tenant-c-token-04 rw team-c   \n";
+
+START_TEST(test_grants_and_permissions)
+{
+    tqkv_auth_t *a = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(tqkv_auth_load(write_file("good", GOOD), &a, err, sizeof(err)), TQKV_OK);
+    const unsigned R = TQKV_AUTH_READ, W = TQKV_AUTH_WRITE;
+
+    /* '*' grants every namespace, and ns == NULL (all namespaces). */
+    ck_assert_int_eq(check(a, "Bearer admin-token-0001", "anything", R | W), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer admin-token-0001", NULL, R), TQKV_OK);
+
+    /* Read-only token. */
+    ck_assert_int_eq(check(a, "Bearer reader-token-0002", "team-a", R), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer reader-token-0002", "team-b", R), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer reader-token-0002", "team-a", W), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer reader-token-0002", "team-a", R | W), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer reader-token-0002", "team-c", R), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer reader-token-0002", NULL, R), TQKV_EPERM);
+
+    /* Write-only token, tab separated, CRLF line. */
+    ck_assert_int_eq(check(a, "Bearer writer-token-0003", "team-a", W), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer writer-token-0003", "team-a", R), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer writer-token-0003", "team-b", W), TQKV_EPERM);
+
+    /* Namespace comparison is exact: no prefix, suffix or case folding. */
+    ck_assert_int_eq(check(a, "Bearer tenant-c-token-04", "team-c", R), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer tenant-c-token-04", "team-", R), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer tenant-c-token-04", "team-cc", R), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer tenant-c-token-04", "TEAM-C", R), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer tenant-c-token-04", "", R), TQKV_EPERM);
+    /* A namespace that is not NUL-terminated at ns_len. */
+    ck_assert_int_eq(tqkv_auth_check(a, "Bearer tenant-c-token-04", 24, "team-cX", 6, R), TQKV_OK);
+    tqkv_auth_destroy(a);
+}
+END_TEST
+
+START_TEST(test_bearer_parsing)
+{
+    tqkv_auth_t *a = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(tqkv_auth_load(write_file("good", GOOD), &a, err, sizeof(err)), TQKV_OK);
+    const unsigned R = TQKV_AUTH_READ;
+    ck_assert_int_eq(check(a, "bearer admin-token-0001", "x", R), TQKV_OK);
+    ck_assert_int_eq(check(a, "BEARER admin-token-0001", "x", R), TQKV_OK);
+    ck_assert_int_eq(check(a, "BeArEr \t admin-token-0001  ", "x", R), TQKV_OK);
+    ck_assert_int_eq(check(a, "  Bearer admin-token-0001", "x", R), TQKV_OK);
+
+    ck_assert_int_eq(check(a, NULL, "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer ", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer    ", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "admin-token-0001", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Basic admin-token-0001", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Beareradmin-token-0001", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer admin-token-000", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer admin-token-00011", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer admin-token-0001 extra", "x", R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer ADMIN-TOKEN-0001", "x", R), TQKV_EAUTH);
+    /* authz_len shorter than the string: the token is cut, so unknown. */
+    ck_assert_int_eq(tqkv_auth_check(a, "Bearer admin-token-0001", 20, "x", 1, R), TQKV_EAUTH);
+    /* Embedded NUL and control bytes. */
+    ck_assert_int_eq(tqkv_auth_check(a, "Bearer admin\0token-0001", 23, "x", 1, R), TQKV_EAUTH);
+    ck_assert_int_eq(check(a, "Bearer admin-token-0001\x01", "x", R), TQKV_EAUTH);
+    /* A NULL table authenticates nobody. */
+    ck_assert_int_eq(check(NULL, "Bearer admin-token-0001", "x", R), TQKV_EAUTH);
+    tqkv_auth_destroy(a);
+}
+END_TEST
+
+/* Random tokens: every entry of a large table is found (the masked selection picks the
+ * right entry, first, middle and last), and random near-misses are rejected. */
+START_TEST(test_many_random_tokens)
+{
+    uint64_t rng = tqkv_test_seed() ^ 0xa17c;
+    enum { N = 300 };
+    static char toks[N][48];
+    size_t cap = (size_t)N * 80 + 64, off = 0;
+    char *text = malloc(cap);
+    for (int i = 0; i < N; i++) {
+        int len = 8 + (int)(tqkv_splitmix64(&rng) % 38);
+        for (int k = 0; k < len; k++)
+            toks[i][k] = (char)(0x21 + tqkv_splitmix64(&rng) % 94);
+        toks[i][len] = '\0';
+        /* '#' at the start would make a comment line. */
+        if (toks[i][0] == '#')
+            toks[i][0] = 'h';
+    }
+    /* Random tokens may collide only with negligible probability; make it impossible. */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(toks[i], toks[j]) == 0)
+                toks[i][0] = (char)('A' + i % 26);
+    off = 0;
+    for (int i = 0; i < N; i++)
+        off += (size_t)snprintf(text + off, cap - off, "%s %s ns-%d\n", toks[i],
+                                i % 3 == 0 ? "r" : "rw", i);
+    tqkv_auth_t *a = NULL;
+    char err[256] = "";
+    tqkv_status_t st = tqkv_auth_load(write_file("many", text), &a, err, sizeof(err));
+    ck_assert_msg(st == TQKV_OK, "load: %s", err);
+    free(text);
+    char h[96], ns[32], other[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(h, sizeof(h), "Bearer %.47s", toks[i]);
+        snprintf(ns, sizeof(ns), "ns-%d", i);
+        snprintf(other, sizeof(other), "ns-%d", (i + 1) % N);
+        ck_assert_int_eq(check(a, h, ns, TQKV_AUTH_READ), TQKV_OK);
+        ck_assert_int_eq(check(a, h, ns, TQKV_AUTH_WRITE), i % 3 == 0 ? TQKV_EPERM : TQKV_OK);
+        ck_assert_int_eq(check(a, h, other, TQKV_AUTH_READ), TQKV_EPERM);
+        /* Flip one random printable byte of the token: unknown. */
+        size_t tl = strlen(toks[i]);
+        size_t pos = 7 + tqkv_splitmix64(&rng) % tl;
+        char c = h[pos];
+        h[pos] = (char)(c == '~' ? '!' : c + 1);
+        ck_assert_int_eq(check(a, h, ns, TQKV_AUTH_READ), TQKV_EAUTH);
+    }
+    tqkv_auth_destroy(a);
+}
+END_TEST
+
+static void
+expect_bad(const char *name, const char *text, const char *want_line, const char *want_why)
+{
+    tqkv_auth_t *a = (tqkv_auth_t *)0x1;
+    char err[512] = "";
+    const char *path = write_file(name, text);
+    tqkv_status_t st = tqkv_auth_load(path, &a, err, sizeof(err));
+    ck_assert_msg(st == TQKV_EINVAL, "%s: status %s", name, tqkv_status_name(st));
+    ck_assert_ptr_null(a);
+    char want[600];
+    snprintf(want, sizeof(want), "%s:%s: ", path, want_line);
+    ck_assert_msg(strncmp(err, want, strlen(want)) == 0, "%s: err '%s' wants prefix '%s'", name,
+                  err, want);
+    ck_assert_msg(strstr(err, want_why) != NULL, "%s: err '%s' lacks '%s'", name, err, want_why);
+}
+
+START_TEST(test_malformed_files)
+{
+    expect_bad("fields1", "# c\nonly-a-token-here\n", "2", "1 field");
+    expect_bad("fields2", "tok-aaaaaaaa rw\n", "1", "2 fields");
+    expect_bad("fields4", "ok-token-1111 r a\ntok-bbbbbbbb rw ns extra\n", "2", "too many");
+    expect_bad("perm", "tok-aaaaaaaa rx ns\n", "1", "r, w or rw");
+    expect_bad("perm-empty-ish", "tok-aaaaaaaa R ns\n", "1", "r, w or rw");
+    expect_bad("short", "\n\nshort r ns\n", "3", "shorter than 8");
+    expect_bad("emptyns", "tok-aaaaaaaa r a,,b\n", "1", "empty namespace");
+    expect_bad("trailcomma", "tok-aaaaaaaa r a,\n", "1", "empty namespace");
+    expect_bad("dup", "tok-aaaaaaaa r a\ntok-bbbbbbbb r b\ntok-aaaaaaaa rw c\n", "3", "duplicate");
+    expect_bad("ctrl",
+               "tok-\x01"
+               "aaaaaaa r a\n",
+               "1", "non-printable");
+    char longns[400];
+    memset(longns, 'n', 300);
+    longns[300] = '\0';
+    char text[512];
+    snprintf(text, sizeof(text), "tok-aaaaaaaa r %s\n", longns);
+    expect_bad("longns", text, "1", "namespace must be");
+    expect_bad("empty", "", "0", "no tokens");
+    expect_bad("comments", "# a\n  # b\n\n", "3", "no tokens");
+}
+END_TEST
+
+START_TEST(test_missing_file_and_nul)
+{
+    tqkv_auth_t *a = (tqkv_auth_t *)0x1;
+    char err[512] = "";
+    char path[300];
+    snprintf(path, sizeof(path), "%s/does-not-exist", g_dir);
+    ck_assert_int_eq(tqkv_auth_load(path, &a, err, sizeof(err)), TQKV_EIO);
+    ck_assert_ptr_null(a);
+    ck_assert_ptr_nonnull(strstr(err, path));
+
+    /* A NUL byte inside a line. */
+    snprintf(path, sizeof(path), "%s/nul", g_dir);
+    FILE *f = fopen(path, "w");
+    fwrite("tok-aaaaaaaa r a\ntok-b\0bbbbbbb r a\n", 1, 35, f);
+    fclose(f);
+    ck_assert_int_eq(tqkv_auth_load(path, &a, err, sizeof(err)), TQKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, ":2: NUL"));
+
+    /* A tiny error buffer is not overrun and stays terminated. */
+    char tiny[8];
+    memset(tiny, 'Z', sizeof(tiny));
+    ck_assert_int_eq(tqkv_auth_load(path, &a, tiny, 5), TQKV_EINVAL);
+    ck_assert_int_eq(tiny[4], '\0');
+    ck_assert_int_eq(tiny[5], 'Z');
+    /* NULL err is allowed. */
+    ck_assert_int_eq(tqkv_auth_load(path, &a, NULL, 0), TQKV_EINVAL);
+    tqkv_auth_destroy(NULL);
+}
+END_TEST
+
+/* The last line need not end with a newline; very long lines (a long namespace list)
+ * are read whole. */
+START_TEST(test_no_final_newline_and_long_line)
+{
+    size_t n = 200;
+    size_t cap = n * 16 + 64;
+    char *text = malloc(cap);
+    size_t off = (size_t)snprintf(text, cap, "long-list-token r ");
+    for (size_t i = 0; i < n; i++)
+        off += (size_t)snprintf(text + off, cap - off, "%sns%zu", i ? "," : "", i);
+    off += (size_t)snprintf(text + off, cap - off, "\nlast-line-token rw z");
+    tqkv_auth_t *a = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(tqkv_auth_load(write_file("long", text), &a, err, sizeof(err)), TQKV_OK);
+    free(text);
+    ck_assert_int_eq(check(a, "Bearer long-list-token", "ns0", TQKV_AUTH_READ), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer long-list-token", "ns199", TQKV_AUTH_READ), TQKV_OK);
+    ck_assert_int_eq(check(a, "Bearer long-list-token", "ns200", TQKV_AUTH_READ), TQKV_EPERM);
+    ck_assert_int_eq(check(a, "Bearer last-line-token", "z", TQKV_AUTH_WRITE), TQKV_OK);
+    tqkv_auth_destroy(a);
+}
+END_TEST
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Constant-time path: the check scans every entry, so the time for a token matching the
+ * FIRST entry, the LAST entry, or none is the same up to noise. An early-exit scan over
+ * 4096 entries would make "first" ~4000x faster than "none". Medians of several
+ * rounds; the bound (2x) is loose enough for a loaded machine yet far below what an
+ * early exit produces. */
+START_TEST(test_constant_time_scan)
+{
+    enum { N = 4096 };
+    size_t cap = (size_t)N * 40;
+    char *text = malloc(cap);
+    size_t off = 0;
+    for (int i = 0; i < N; i++)
+        off += (size_t)snprintf(text + off, cap - off, "token-%08d r ns\n", i);
+    tqkv_auth_t *a = NULL;
+    char err[256] = "";
+    ck_assert_int_eq(tqkv_auth_load(write_file("ct", text), &a, err, sizeof(err)), TQKV_OK);
+    free(text);
+    char first[64], last[64], none[64];
+    snprintf(first, sizeof(first), "Bearer token-%08d", 0);
+    snprintf(last, sizeof(last), "Bearer token-%08d", N - 1);
+    snprintf(none, sizeof(none), "Bearer token-%08d", N + 7);
+    const char *hs[3] = {first, last, none};
+    const tqkv_status_t want[3] = {TQKV_OK, TQKV_OK, TQKV_EAUTH};
+    int reps = getenv("TQKV_SANITIZED") ? 20 : 200;
+    enum { ROUNDS = 7 };
+    double t[3][ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int k = 0; k < 3; k++) {
+            double t0 = now_s();
+            for (int i = 0; i < reps; i++)
+                ck_assert_int_eq(check(a, hs[k], "ns", TQKV_AUTH_READ), want[k]);
+            t[k][r] = now_s() - t0;
+        }
+    }
+    double med[3];
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < ROUNDS; i++)
+            for (int j = i + 1; j < ROUNDS; j++)
+                if (t[k][j] < t[k][i]) {
+                    double x = t[k][i];
+                    t[k][i] = t[k][j];
+                    t[k][j] = x;
+                }
+        med[k] = t[k][ROUNDS / 2];
+    }
+    fprintf(stderr, "auth check over %d entries: first %.2f us, last %.2f us, none %.2f us\n", N,
+            med[0] / reps * 1e6, med[1] / reps * 1e6, med[2] / reps * 1e6);
+    ck_assert_msg(med[0] * 2.0 > med[2] && med[2] * 2.0 > med[0],
+                  "first-entry match %.3g s vs no match %.3g s: not constant time", med[0], med[2]);
+    ck_assert_msg(med[1] * 2.0 > med[2] && med[2] * 2.0 > med[1],
+                  "last-entry match %.3g s vs no match %.3g s: not constant time", med[1], med[2]);
+    tqkv_auth_destroy(a);
+}
+END_TEST
+
+static Suite *
+auth_suite(void)
+{
+    Suite *s = suite_create("auth");
+    TCase *tc = tcase_create("auth");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_sha256_vectors);
+    tcase_add_test(tc, test_sha256_awkward_lengths);
+    tcase_add_test(tc, test_grants_and_permissions);
+    tcase_add_test(tc, test_bearer_parsing);
+    tcase_add_test(tc, test_many_random_tokens);
+    tcase_add_test(tc, test_malformed_files);
+    tcase_add_test(tc, test_missing_file_and_nul);
+    tcase_add_test(tc, test_no_final_newline_and_long_line);
+    tcase_add_test(tc, test_constant_time_scan);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TQKV_CHECK_MAIN(auth_suite)
