@@ -1,0 +1,45 @@
+/* log.h - structured log lines for tqkv-server (text "key=value" or JSON, one per line).
+ *
+ * A line is: ts, level, msg, then the caller's fields. Fields are passed as one
+ * printf-formatted string of space-separated `key=value` pairs; a value containing
+ * spaces must be double-quoted ("path=\"a b\""). Thread-safe: one fputs per line.
+ */
+#ifndef TQKV_SERVICE_LOG_H
+#define TQKV_SERVICE_LOG_H
+
+#include <stdio.h>
+
+#include "kernels/status.h"
+
+typedef enum tqkv_log_level {
+    TQKV_LOG_DEBUG = 0, /* per-request detail */
+    TQKV_LOG_INFO = 1,  /* lifecycle: start, listening, drain, exit */
+    TQKV_LOG_WARN = 2,  /* unusual but handled */
+    TQKV_LOG_ERROR = 3, /* failures */
+} tqkv_log_level_t;
+
+typedef enum tqkv_log_format {
+    TQKV_LOG_TEXT = 0, /* ts=... level=... msg="..." k=v */
+    TQKV_LOG_JSON = 1, /* {"ts":"...","level":"...","msg":"...","k":"v"} */
+} tqkv_log_format_t;
+
+/* Sets the minimum level and format (process-wide); out defaults to stderr. */
+void tqkv_log_setup(tqkv_log_level_t level, tqkv_log_format_t format, FILE *out);
+
+/* "debug", "info", "warn", "error" -> level; TQKV_EINVAL otherwise. */
+tqkv_status_t tqkv_log_level_parse(const char *s, tqkv_log_level_t *out);
+/* "text", "json" -> format; TQKV_EINVAL otherwise. */
+tqkv_status_t tqkv_log_format_parse(const char *s, tqkv_log_format_t *out);
+
+/* Non-zero when a line at level would be written. */
+int tqkv_log_enabled(tqkv_log_level_t level);
+
+/* Writes one line. fields (may be NULL) is a printf format of "key=value" pairs. */
+void tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Formats one line into buf (used by tests); returns the length written. */
+size_t tqkv_log_format_line(char *buf, size_t cap, tqkv_log_format_t format, tqkv_log_level_t level,
+                            const char *msg, const char *fields);
+
+#endif
