@@ -1,0 +1,919 @@
+/* metrics.c - Prometheus registry of tqkv-server and its /metrics endpoint (libmicrohttpd).
+ *
+ * Design: fixed counters (bytes, codec work, active streams) are plain C11 atomics. Per-method
+ * RPC counters and latency histograms, and per-namespace hit/miss counters, live in entries
+ * that are created once under a mutex and never freed before tqkv_metrics_destroy(); the
+ * mutex only guards the lookup tables (finding or inserting an entry), the counters inside
+ * an entry are atomics updated without it. Rendering takes the same mutexes to walk the
+ * tables, so a scrape never sees a half-inserted entry. Store gauges are read from the store
+ * (tqkv_store_stats / tqkv_store_foreach_namespace) at scrape time.
+ *
+ * Cardinality: at most TQKV_METRICS_MAX_METHODS methods and TQKV_METRICS_MAX_NAMESPACES
+ * namespaces get their own series; later ones are counted under method="other" /
+ * namespace="__other__", so a client inventing namespaces cannot grow the registry forever.
+ *
+ * Exposition: text format 0.0.4. Label values are escaped (\\, \", \n) and bytes that are
+ * not valid UTF-8 (and NUL) are replaced by U+FFFD, because Prometheus requires UTF-8 label values.
+ *
+ * Locking order: methods_mu and ns_mu are leaves (never held together, never held while
+ * calling into the store).
+ */
+#include "service/metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#ifndef TQKV_VERSION
+#define TQKV_VERSION "0.1.0"
+#endif
+
+#define TQKV_METRICS_MAX_METHODS 64
+#define TQKV_METRICS_MAX_NAMESPACES 4096
+#define NS_BUCKETS 1024
+#define GRPC_CODES 17
+
+/* Upper bounds (seconds) of tqkv_request_duration_seconds, 100us .. 10s; +Inf implied. */
+static const double k_buckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                   0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+#define NBUCKETS (sizeof(k_buckets) / sizeof(k_buckets[0]))
+
+static const char *const k_code_names[GRPC_CODES] = {
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
+
+typedef struct method_entry {
+    char name[48];
+    _Atomic uint64_t codes[GRPC_CODES];
+    _Atomic uint64_t buckets[NBUCKETS + 1]; /* non-cumulative; last is (10s, +Inf) */
+    _Atomic uint64_t sum_ns;
+} method_entry_t;
+
+typedef struct ns_entry {
+    struct ns_entry *next; /* bucket chain, guarded by ns_mu */
+    char *name;            /* owned, ns_len bytes (+ NUL) */
+    size_t len;
+    _Atomic uint64_t hits, misses;
+} ns_entry_t;
+
+struct tqkv_metrics {
+    _Atomic uint64_t bytes_in, bytes_out, bf16_out;
+    _Atomic uint64_t codec_bytes[2]; /* [0] decode, [1] encode */
+    _Atomic uint64_t codec_ns[2];
+    _Atomic int64_t streams;
+    double start_time; /* unix seconds */
+
+    pthread_mutex_t methods_mu; /* guards methods[]/nmethods (not the counters inside) */
+    method_entry_t *methods[TQKV_METRICS_MAX_METHODS + 1]; /* +1: "other" */
+    size_t nmethods;
+
+    pthread_mutex_t ns_mu; /* guards ns_buckets chains, ns_count */
+    ns_entry_t *ns_buckets[NS_BUCKETS];
+    size_t ns_count;
+    ns_entry_t *ns_other; /* created on first overflow */
+
+    struct MHD_Daemon *daemon; /* NULL until tqkv_metrics_serve */
+    tqkv_store_t *store;       /* borrowed, read by the HTTP thread */
+};
+
+/* ---- registry ---- */
+
+tqkv_status_t
+tqkv_metrics_create(tqkv_metrics_t **out)
+{
+    if (!out)
+        return TQKV_EINVAL;
+    tqkv_metrics_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return TQKV_ENOMEM;
+    if (pthread_mutex_init(&m->methods_mu, NULL) != 0)
+        goto fail_methods;
+    if (pthread_mutex_init(&m->ns_mu, NULL) != 0)
+        goto fail_ns;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    m->start_time = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    *out = m;
+    return TQKV_OK;
+fail_ns:
+    pthread_mutex_destroy(&m->methods_mu);
+fail_methods:
+    free(m);
+    return TQKV_ENOMEM;
+}
+
+void
+tqkv_metrics_destroy(tqkv_metrics_t *m)
+{
+    if (!m)
+        return;
+    if (m->daemon)
+        MHD_stop_daemon(m->daemon);
+    for (size_t i = 0; i < m->nmethods; i++)
+        free(m->methods[i]);
+    for (size_t b = 0; b < NS_BUCKETS; b++) {
+        ns_entry_t *e = m->ns_buckets[b];
+        while (e) {
+            ns_entry_t *next = e->next;
+            free(e->name);
+            free(e);
+            e = next;
+        }
+    }
+    if (m->ns_other) {
+        free(m->ns_other->name);
+        free(m->ns_other);
+    }
+    pthread_mutex_destroy(&m->ns_mu);
+    pthread_mutex_destroy(&m->methods_mu);
+    free(m);
+}
+
+/* Finds or creates the entry of method; returns borrowed (valid until destroy), or NULL
+ * when out of memory. */
+static method_entry_t *
+method_get(tqkv_metrics_t *m, const char *method)
+{
+    if (!method || !*method)
+        method = "unknown";
+    method_entry_t *found = NULL;
+    pthread_mutex_lock(&m->methods_mu);
+    for (int pass = 0; pass < 2 && !found; pass++) {
+        for (size_t i = 0; i < m->nmethods; i++) {
+            if (strcmp(m->methods[i]->name, method) == 0) {
+                found = m->methods[i];
+                break;
+            }
+        }
+        if (found)
+            break;
+        if (pass == 0 && strlen(method) < sizeof(found->name) &&
+            m->nmethods < TQKV_METRICS_MAX_METHODS) {
+            found = calloc(1, sizeof(*found));
+            if (found) {
+                memcpy(found->name, method, strlen(method) + 1);
+                m->methods[m->nmethods++] = found;
+            }
+            break;
+        }
+        if (pass == 0) {
+            method = "other"; /* too long or too many: search for, else create, "other" */
+        } else if (m->nmethods < TQKV_METRICS_MAX_METHODS + 1) {
+            found = calloc(1, sizeof(*found));
+            if (found) {
+                memcpy(found->name, "other", 6);
+                m->methods[m->nmethods++] = found;
+            }
+        }
+    }
+    pthread_mutex_unlock(&m->methods_mu);
+    return found;
+}
+
+void
+tqkv_metrics_rpc_done(tqkv_metrics_t *m, const char *method, int grpc_code, double seconds)
+{
+    if (!m)
+        return;
+    method_entry_t *e = method_get(m, method);
+    if (!e)
+        return;
+    if (grpc_code < 0 || grpc_code >= GRPC_CODES)
+        grpc_code = 2;     /* UNKNOWN */
+    if (!(seconds >= 0.0)) /* negative or NaN */
+        seconds = 0.0;
+    size_t b = 0;
+    while (b < NBUCKETS && seconds > k_buckets[b])
+        b++;
+    atomic_fetch_add_explicit(&e->codes[grpc_code], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->buckets[b], 1, memory_order_relaxed);
+    double ns = seconds * 1e9;
+    uint64_t ins = ns >= 1.8e19 ? UINT64_C(18000000000000000000) : (uint64_t)ns;
+    atomic_fetch_add_explicit(&e->sum_ns, ins, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_add_bytes(tqkv_metrics_t *m, uint64_t in, uint64_t out, uint64_t bf16_equiv_out)
+{
+    if (!m)
+        return;
+    atomic_fetch_add_explicit(&m->bytes_in, in, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->bytes_out, out, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->bf16_out, bf16_equiv_out, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_codec(tqkv_metrics_t *m, int encode, uint64_t bf16_bytes, double seconds)
+{
+    if (!m)
+        return;
+    int i = encode ? 1 : 0;
+    if (!(seconds >= 0.0))
+        seconds = 0.0;
+    atomic_fetch_add_explicit(&m->codec_bytes[i], bf16_bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->codec_ns[i], (uint64_t)(seconds * 1e9), memory_order_relaxed);
+}
+
+void
+tqkv_metrics_streams(tqkv_metrics_t *m, int delta)
+{
+    if (!m)
+        return;
+    atomic_fetch_add_explicit(&m->streams, (int64_t)delta, memory_order_relaxed);
+}
+
+static uint64_t
+ns_hash(const char *ns, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) {
+        h ^= (uint8_t)ns[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static ns_entry_t *
+ns_entry_new(const char *ns, size_t len)
+{
+    ns_entry_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->name = malloc(len + 1);
+    if (!e->name) {
+        free(e);
+        return NULL;
+    }
+    memcpy(e->name, ns, len);
+    e->name[len] = '\0';
+    e->len = len;
+    return e;
+}
+
+void
+tqkv_metrics_ns_access(tqkv_metrics_t *m, const char *ns, size_t ns_len, uint64_t hits,
+                       uint64_t misses)
+{
+    if (!m || (!ns && ns_len))
+        return;
+    if (!ns)
+        ns = "";
+    size_t b = (size_t)(ns_hash(ns, ns_len) % NS_BUCKETS);
+    ns_entry_t *e;
+    pthread_mutex_lock(&m->ns_mu);
+    for (e = m->ns_buckets[b]; e; e = e->next)
+        if (e->len == ns_len && memcmp(e->name, ns, ns_len) == 0)
+            break;
+    if (!e) {
+        if (m->ns_count < TQKV_METRICS_MAX_NAMESPACES) {
+            e = ns_entry_new(ns, ns_len);
+            if (e) {
+                e->next = m->ns_buckets[b];
+                m->ns_buckets[b] = e;
+                m->ns_count++;
+            }
+        } else {
+            if (!m->ns_other)
+                m->ns_other = ns_entry_new("__other__", 9);
+            e = m->ns_other;
+        }
+    }
+    pthread_mutex_unlock(&m->ns_mu);
+    if (!e)
+        return;
+    atomic_fetch_add_explicit(&e->hits, hits, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->misses, misses, memory_order_relaxed);
+}
+
+/* ---- rendering ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf_t;
+
+static void
+sb_reserve(sbuf_t *b, size_t extra)
+{
+    if (b->oom || b->len + extra + 1 <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = 1;
+        return;
+    }
+    b->p = p;
+    b->cap = cap;
+}
+
+static void
+sb_append(sbuf_t *b, const char *s, size_t n)
+{
+    sb_reserve(b, n);
+    if (b->oom)
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+/* Appends a string literal. */
+#define SB_LIT(b, lit) sb_append((b), (lit), sizeof(lit) - 1)
+
+static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+sb_printf(sbuf_t *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[256];
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = 1;
+        return;
+    }
+    if ((size_t)n < sizeof(tmp)) {
+        sb_append(b, tmp, (size_t)n);
+        return;
+    }
+    sb_reserve(b, (size_t)n);
+    if (b->oom)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n) (1..4), or 0 when invalid. */
+static size_t
+utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len;
+    unsigned min;
+    if (c == 0)
+        return 0; /* NUL would end the C string the text is returned in */
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+        min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (n < len)
+        return 0;
+    unsigned cp = c & (0x7Fu >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3Fu);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return len;
+}
+
+/* Appends a label value escaped per the text format: \ -> \\, " -> \", LF -> \n, and
+ * invalid UTF-8 bytes -> U+FFFD. */
+static void
+sb_label_value(sbuf_t *b, const char *v, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)v;
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c == '\\') {
+            SB_LIT(b, "\\\\");
+            i++;
+        } else if (c == '"') {
+            SB_LIT(b, "\\\"");
+            i++;
+        } else if (c == '\n') {
+            SB_LIT(b, "\\n");
+            i++;
+        } else {
+            size_t k = utf8_seq(s + i, n - i);
+            if (k == 0) {
+                SB_LIT(b, "\xEF\xBF\xBD");
+                i++;
+            } else {
+                sb_append(b, v + i, k);
+                i += k;
+            }
+        }
+    }
+}
+
+static void
+sb_family(sbuf_t *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A double sample value: integers exactly, others with full precision; NaN/Inf spelled
+ * as the format wants. */
+static void
+sb_double(sbuf_t *b, double v)
+{
+    if (isnan(v))
+        SB_LIT(b, "NaN");
+    else if (isinf(v))
+        sb_printf(b, "%s", v > 0 ? "+Inf" : "-Inf");
+    else
+        sb_printf(b, "%.17g", v);
+}
+
+static void
+sb_le(sbuf_t *b, double le)
+{
+    /* %g gives the canonical short forms Prometheus clients use ("0.0001", "2.5", "10"). */
+    sb_printf(b, "%g", le);
+}
+
+static const char *const k_tier_names[TQKV_TIER_COUNT] = {"none", "hbm", "dram"};
+
+typedef struct ns_snap {
+    char *name;
+    size_t len;
+    tqkv_store_stats_t st;
+} ns_snap_t;
+
+typedef struct ns_collect {
+    ns_snap_t *v;
+    size_t n, cap;
+    int oom;
+} ns_collect_t;
+
+static void
+collect_ns(void *arg, const char *ns, size_t ns_len, const tqkv_store_stats_t *st)
+{
+    ns_collect_t *c = arg;
+    if (c->oom)
+        return;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 16;
+        ns_snap_t *v = realloc(c->v, cap * sizeof(*v));
+        if (!v) {
+            c->oom = 1;
+            return;
+        }
+        c->v = v;
+        c->cap = cap;
+    }
+    char *name = malloc(ns_len + 1);
+    if (!name) {
+        c->oom = 1;
+        return;
+    }
+    if (ns_len)
+        memcpy(name, ns, ns_len);
+    name[ns_len] = '\0';
+    c->v[c->n].name = name;
+    c->v[c->n].len = ns_len;
+    c->v[c->n].st = *st;
+    c->n++;
+}
+
+static int
+cmp_snap(const void *a, const void *b)
+{
+    const ns_snap_t *x = a, *y = b;
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->name, y->name, n);
+    if (c)
+        return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+static void
+render_tier_family(sbuf_t *b, const tqkv_store_stats_t *st, const char *name, const char *type,
+                   const char *help, size_t field_off)
+{
+    sb_family(b, name, type, help);
+    for (int t = TQKV_TIER_HBM; t < TQKV_TIER_COUNT; t++) {
+        const uint64_t *v = (const uint64_t *)((const char *)&st->tier[t] + field_off);
+        sb_printf(b, "%s{tier=\"%s\"} %" PRIu64 "\n", name, k_tier_names[t], *v);
+    }
+}
+
+static void
+render_store(sbuf_t *b, tqkv_store_t *store)
+{
+    tqkv_store_stats_t st;
+    if (tqkv_store_stats(store, NULL, 0, &st) != TQKV_OK)
+        return;
+    render_tier_family(b, &st, "tqkv_tier_capacity_bytes", "gauge",
+                       "Capacity of the tier in bytes of page data.",
+                       offsetof(tqkv_tier_stats_t, capacity));
+    render_tier_family(b, &st, "tqkv_tier_bytes", "gauge", "Bytes of page data held in the tier.",
+                       offsetof(tqkv_tier_stats_t, bytes_used));
+    render_tier_family(b, &st, "tqkv_tier_pages", "gauge", "Pages held in the tier.",
+                       offsetof(tqkv_tier_stats_t, pages));
+    render_tier_family(b, &st, "tqkv_tier_hits_total", "counter", "Page gets served by the tier.",
+                       offsetof(tqkv_tier_stats_t, hits));
+    render_tier_family(b, &st, "tqkv_tier_misses_total", "counter",
+                       "Page gets that missed the tier.", offsetof(tqkv_tier_stats_t, misses));
+    render_tier_family(b, &st, "tqkv_tier_evictions_total", "counter",
+                       "Pages evicted from the tier.", offsetof(tqkv_tier_stats_t, evictions));
+    render_tier_family(b, &st, "tqkv_tier_demotions_total", "counter",
+                       "Pages demoted from the tier to the next one down.",
+                       offsetof(tqkv_tier_stats_t, demotions));
+    render_tier_family(b, &st, "tqkv_tier_promotions_total", "counter",
+                       "Pages promoted into the tier.", offsetof(tqkv_tier_stats_t, promotions));
+
+    sb_family(b, "tqkv_store_pages", "gauge", "Pages held in the store, all tiers.");
+    sb_printf(b, "tqkv_store_pages %" PRIu64 "\n", st.pages);
+    sb_family(b, "tqkv_store_page_bytes", "gauge", "Bytes of page data held, all tiers.");
+    sb_printf(b, "tqkv_store_page_bytes %" PRIu64 "\n", st.page_bytes);
+    sb_family(b, "tqkv_store_bf16_bytes", "gauge", "BF16 bytes represented by the pages held now.");
+    sb_printf(b, "tqkv_store_bf16_bytes %" PRIu64 "\n", st.bf16_bytes);
+    sb_family(b, "tqkv_store_hits_total", "counter", "Page gets that found the page.");
+    sb_printf(b, "tqkv_store_hits_total %" PRIu64 "\n", st.hits);
+    sb_family(b, "tqkv_store_misses_total", "counter", "Page gets that missed.");
+    sb_printf(b, "tqkv_store_misses_total %" PRIu64 "\n", st.misses);
+    sb_family(b, "tqkv_store_evictions_total", "counter", "Pages evicted from the store.");
+    sb_printf(b, "tqkv_store_evictions_total %" PRIu64 "\n", st.evictions);
+    sb_family(b, "tqkv_store_page_bytes_in_total", "counter", "Page bytes stored by puts.");
+    sb_printf(b, "tqkv_store_page_bytes_in_total %" PRIu64 "\n", st.bytes_in);
+    sb_family(b, "tqkv_store_page_bytes_out_total", "counter", "Page bytes handed out by gets.");
+    sb_printf(b, "tqkv_store_page_bytes_out_total %" PRIu64 "\n", st.bytes_out);
+    sb_family(b, "tqkv_compression_ratio", "gauge",
+              "BF16 bytes represented / page bytes held (0 when the store is empty).");
+    sb_printf(b, "tqkv_compression_ratio ");
+    sb_double(b, st.page_bytes ? (double)st.bf16_bytes / (double)st.page_bytes : 0.0);
+    SB_LIT(b, "\n");
+    sb_family(b, "tqkv_alloc_failures_total", "counter",
+              "Page allocations that failed (tier memory exhausted or fragmented).");
+    sb_printf(b, "tqkv_alloc_failures_total %" PRIu64 "\n", st.alloc_failures);
+
+    ns_collect_t c = {0};
+    if (tqkv_store_foreach_namespace(store, collect_ns, &c) == TQKV_OK && !c.oom) {
+        qsort(c.v, c.n, sizeof(*c.v), cmp_snap);
+        static const struct {
+            const char *name, *type, *help;
+            size_t off;
+        } fams[] = {
+            {"tqkv_namespace_bytes", "gauge", "Bytes of page data held for the namespace.",
+             offsetof(tqkv_store_stats_t, page_bytes)},
+            {"tqkv_namespace_pages", "gauge", "Pages held for the namespace.",
+             offsetof(tqkv_store_stats_t, pages)},
+            {"tqkv_namespace_page_hits_total", "counter",
+             "Store page gets of the namespace that found the page.",
+             offsetof(tqkv_store_stats_t, hits)},
+            {"tqkv_namespace_page_misses_total", "counter",
+             "Store page gets of the namespace that missed.", offsetof(tqkv_store_stats_t, misses)},
+        };
+        for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
+            sb_family(b, fams[f].name, fams[f].type, fams[f].help);
+            for (size_t i = 0; i < c.n; i++) {
+                const uint64_t *v = (const uint64_t *)((const char *)&c.v[i].st + fams[f].off);
+                sb_printf(b, "%s{namespace=\"", fams[f].name);
+                sb_label_value(b, c.v[i].name, c.v[i].len);
+                sb_printf(b, "\"} %" PRIu64 "\n", *v);
+            }
+        }
+    }
+    for (size_t i = 0; i < c.n; i++)
+        free(c.v[i].name);
+    free(c.v);
+}
+
+static int
+cmp_ns_entry(const void *a, const void *b)
+{
+    const ns_entry_t *x = *(const ns_entry_t *const *)a, *y = *(const ns_entry_t *const *)b;
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->name, y->name, n);
+    if (c)
+        return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+static void
+render_ns_access(sbuf_t *b, tqkv_metrics_t *m)
+{
+    pthread_mutex_lock(&m->ns_mu);
+    size_t n = m->ns_count + (m->ns_other ? 1 : 0);
+    ns_entry_t **v = n ? malloc(n * sizeof(*v)) : NULL;
+    size_t k = 0;
+    if (v) {
+        for (size_t i = 0; i < NS_BUCKETS; i++)
+            for (ns_entry_t *e = m->ns_buckets[i]; e; e = e->next)
+                v[k++] = e;
+        if (m->ns_other)
+            v[k++] = m->ns_other;
+    } else if (n) {
+        b->oom = 1;
+    }
+    pthread_mutex_unlock(&m->ns_mu);
+    /* Entries are never freed before destroy, so reading them unlocked is safe. */
+    qsort(v, k, sizeof(*v), cmp_ns_entry);
+    sb_family(b, "tqkv_namespace_hits_total", "counter",
+              "Blocks of the namespace found by Get and Lookup requests.");
+    for (size_t i = 0; i < k; i++) {
+        SB_LIT(b, "tqkv_namespace_hits_total{namespace=\"");
+        sb_label_value(b, v[i]->name, v[i]->len);
+        sb_printf(b, "\"} %" PRIu64 "\n", atomic_load_explicit(&v[i]->hits, memory_order_relaxed));
+    }
+    sb_family(b, "tqkv_namespace_misses_total", "counter",
+              "Blocks of the namespace missing for Get and Lookup requests.");
+    for (size_t i = 0; i < k; i++) {
+        SB_LIT(b, "tqkv_namespace_misses_total{namespace=\"");
+        sb_label_value(b, v[i]->name, v[i]->len);
+        sb_printf(b, "\"} %" PRIu64 "\n",
+                  atomic_load_explicit(&v[i]->misses, memory_order_relaxed));
+    }
+    free(v);
+}
+
+static void
+render_rpcs(sbuf_t *b, tqkv_metrics_t *m)
+{
+    method_entry_t *v[TQKV_METRICS_MAX_METHODS + 1];
+    pthread_mutex_lock(&m->methods_mu);
+    size_t n = m->nmethods;
+    memcpy(v, m->methods, n * sizeof(v[0]));
+    pthread_mutex_unlock(&m->methods_mu);
+
+    sb_family(b, "tqkv_requests_total", "counter", "Finished RPCs by method and gRPC status code.");
+    for (size_t i = 0; i < n; i++) {
+        for (int c = 0; c < GRPC_CODES; c++) {
+            uint64_t x = atomic_load_explicit(&v[i]->codes[c], memory_order_relaxed);
+            if (x == 0 && c != 0)
+                continue;
+            SB_LIT(b, "tqkv_requests_total{method=\"");
+            sb_label_value(b, v[i]->name, strlen(v[i]->name));
+            sb_printf(b, "\",code=\"%s\"} %" PRIu64 "\n", k_code_names[c], x);
+        }
+    }
+    sb_family(b, "tqkv_request_duration_seconds", "histogram",
+              "RPC duration from the call's start to its status, by method.");
+    for (size_t i = 0; i < n; i++) {
+        uint64_t cum = 0;
+        for (size_t k = 0; k <= NBUCKETS; k++) {
+            cum += atomic_load_explicit(&v[i]->buckets[k], memory_order_relaxed);
+            SB_LIT(b, "tqkv_request_duration_seconds_bucket{method=\"");
+            sb_label_value(b, v[i]->name, strlen(v[i]->name));
+            SB_LIT(b, "\",le=\"");
+            if (k < NBUCKETS)
+                sb_le(b, k_buckets[k]);
+            else
+                SB_LIT(b, "+Inf");
+            sb_printf(b, "\"} %" PRIu64 "\n", cum);
+        }
+        uint64_t sum_ns = atomic_load_explicit(&v[i]->sum_ns, memory_order_relaxed);
+        SB_LIT(b, "tqkv_request_duration_seconds_sum{method=\"");
+        sb_label_value(b, v[i]->name, strlen(v[i]->name));
+        SB_LIT(b, "\"} ");
+        sb_double(b, (double)sum_ns * 1e-9);
+        SB_LIT(b, "\ntqkv_request_duration_seconds_count{method=\"");
+        sb_label_value(b, v[i]->name, strlen(v[i]->name));
+        sb_printf(b, "\"} %" PRIu64 "\n", cum);
+    }
+}
+
+tqkv_status_t
+tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
+{
+    if (!m || !out)
+        return TQKV_EINVAL;
+    sbuf_t b = {0};
+    sb_reserve(&b, 16384);
+
+    sb_family(&b, "tqkv_build_info", "gauge", "Build information; the value is always 1.");
+    SB_LIT(&b, "tqkv_build_info{version=\"");
+    sb_label_value(&b, TQKV_VERSION, strlen(TQKV_VERSION));
+    SB_LIT(&b, "\"} 1\n");
+    sb_family(&b, "tqkv_process_start_time_seconds", "gauge",
+              "Start time of the metrics registry since the Unix epoch.");
+    SB_LIT(&b, "tqkv_process_start_time_seconds ");
+    sb_double(&b, m->start_time);
+    SB_LIT(&b, "\n");
+
+    render_rpcs(&b, m);
+
+    sb_family(&b, "tqkv_bytes_received_total", "counter", "Request payload bytes received.");
+    sb_printf(&b, "tqkv_bytes_received_total %" PRIu64 "\n",
+              atomic_load_explicit(&m->bytes_in, memory_order_relaxed));
+    sb_family(&b, "tqkv_bytes_sent_total", "counter", "Response payload bytes sent.");
+    sb_printf(&b, "tqkv_bytes_sent_total %" PRIu64 "\n",
+              atomic_load_explicit(&m->bytes_out, memory_order_relaxed));
+    sb_family(&b, "tqkv_bf16_equivalent_bytes_delivered_total", "counter",
+              "BF16 bytes the pages delivered by Get stand for (uncompressed equivalent).");
+    sb_printf(&b, "tqkv_bf16_equivalent_bytes_delivered_total %" PRIu64 "\n",
+              atomic_load_explicit(&m->bf16_out, memory_order_relaxed));
+
+    static const char *const ops[2] = {"decode", "encode"};
+    sb_family(&b, "tqkv_codec_bytes_total", "counter",
+              "BF16 bytes processed by the TurboQuant codec, by operation.");
+    for (int i = 1; i >= 0; i--)
+        sb_printf(&b, "tqkv_codec_bytes_total{op=\"%s\"} %" PRIu64 "\n", ops[i],
+                  atomic_load_explicit(&m->codec_bytes[i], memory_order_relaxed));
+    sb_family(&b, "tqkv_codec_seconds_total", "counter",
+              "Seconds spent in the TurboQuant codec, by operation.");
+    for (int i = 1; i >= 0; i--) {
+        sb_printf(&b, "tqkv_codec_seconds_total{op=\"%s\"} ", ops[i]);
+        sb_double(&b, (double)atomic_load_explicit(&m->codec_ns[i], memory_order_relaxed) * 1e-9);
+        SB_LIT(&b, "\n");
+    }
+    sb_family(&b, "tqkv_active_streams", "gauge", "gRPC calls in progress.");
+    sb_printf(&b, "tqkv_active_streams %" PRId64 "\n",
+              atomic_load_explicit(&m->streams, memory_order_relaxed));
+
+    render_ns_access(&b, m);
+    if (store)
+        render_store(&b, store);
+
+    if (b.oom) {
+        free(b.p);
+        return TQKV_ENOMEM;
+    }
+    *out = b.p;
+    return TQKV_OK;
+}
+
+/* ---- HTTP ---- */
+
+static enum MHD_Result
+send_text(struct MHD_Connection *conn, unsigned int code, const char *text, int allow)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    if (allow)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result
+on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+           const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
+{
+    tqkv_metrics_t *m = cls;
+    if (strcmp(url, "/metrics") != 0)
+        return send_text(conn, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n", 0);
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", 1);
+    char *text = NULL;
+    if (tqkv_metrics_render(m, m->store, &text) != TQKV_OK)
+        return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", 0);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Splits "HOST:PORT" / "[V6]:PORT" / ":PORT" (loopback) into host and port. */
+static int
+split_listen(const char *listen, char *host, size_t hostlen, char *port, size_t portlen)
+{
+    const char *colon;
+    const char *h = listen;
+    size_t hl;
+    if (listen[0] == '[') {
+        const char *close = strchr(listen, ']');
+        if (!close || close[1] != ':')
+            return -1;
+        h = listen + 1;
+        hl = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(listen, ':');
+        if (!colon)
+            return -1;
+        hl = (size_t)(colon - listen);
+        if (memchr(listen, ':', hl)) /* bare IPv6 without brackets */
+            return -1;
+    }
+    if (hl == 0) {
+        h = "127.0.0.1";
+        hl = strlen(h);
+    }
+    if (hl >= hostlen || strlen(colon + 1) == 0 || strlen(colon + 1) >= portlen)
+        return -1;
+    for (const char *p = colon + 1; *p; p++)
+        if (*p < '0' || *p > '9')
+            return -1;
+    if (strtol(colon + 1, NULL, 10) > 65535)
+        return -1;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    snprintf(port, portlen, "%s", colon + 1);
+    return 0;
+}
+
+tqkv_status_t
+tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen_addr, tqkv_store_t *store, int *bound_port)
+{
+    if (!m || !listen_addr)
+        return TQKV_EINVAL;
+    if (m->daemon) {
+        fprintf(stderr, "tqkv-metrics: already serving\n");
+        return TQKV_EBUSY;
+    }
+    char host[256], port[8];
+    if (split_listen(listen_addr, host, sizeof(host), port, sizeof(port)) != 0) {
+        fprintf(stderr, "tqkv-metrics: bad listen address '%s' (want HOST:PORT)\n", listen_addr);
+        return TQKV_EINVAL;
+    }
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai != 0) {
+        fprintf(stderr, "tqkv-metrics: cannot resolve '%s': %s\n", host, gai_strerror(gai));
+        return TQKV_EINVAL;
+    }
+    tqkv_status_t st = TQKV_EIO;
+    int fd = -1, err = 0, family = AF_INET;
+    for (struct addrinfo *p = ai; p; p = p->ai_next) {
+        fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, p->ai_addr, p->ai_addrlen) == 0 && listen(fd, 64) == 0) {
+            family = p->ai_family;
+            break;
+        }
+        err = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        fprintf(stderr, "tqkv-metrics: cannot listen on %s: %s\n", listen_addr, strerror(err));
+        return TQKV_EIO;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int port_no = 0;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET)
+            port_no = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6)
+            port_no = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    m->store = store;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    if (family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    m->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET,
+                                 (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
+    if (!m->daemon) {
+        fprintf(stderr, "tqkv-metrics: cannot start the HTTP server on %s\n", listen_addr);
+        close(fd);
+        m->store = NULL;
+        return st;
+    }
+    if (bound_port)
+        *bound_port = port_no;
+    return TQKV_OK;
+}
