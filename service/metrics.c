@@ -580,7 +580,8 @@ render_store(sbuf_t *b, tqkv_store_t *store)
 
     ns_collect_t c = {0};
     if (tqkv_store_foreach_namespace(store, collect_ns, &c) == TQKV_OK && !c.oom) {
-        qsort(c.v, c.n, sizeof(*c.v), cmp_snap);
+        if (c.n > 1)
+            qsort(c.v, c.n, sizeof(*c.v), cmp_snap);
         static const struct {
             const char *name, *type, *help;
             size_t off;
@@ -639,7 +640,8 @@ render_ns_access(sbuf_t *b, tqkv_metrics_t *m)
     }
     pthread_mutex_unlock(&m->ns_mu);
     /* Entries are never freed before destroy, so reading them unlocked is safe. */
-    qsort(v, k, sizeof(*v), cmp_ns_entry);
+    if (k > 1)
+        qsort(v, k, sizeof(*v), cmp_ns_entry);
     sb_family(b, "tqkv_namespace_hits_total", "counter",
               "Blocks of the namespace found by Get and Lookup requests.");
     for (size_t i = 0; i < k; i++) {
