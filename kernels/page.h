@@ -64,10 +64,9 @@ tqkv_status_t tqkv_page_size(const tqkv_block_shape_t *shape, const tqkv_block_c
 tqkv_status_t tqkv_page_encode(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec,
                                const uint16_t *k_bf16, const uint16_t *v_bf16, void *page,
                                size_t cap, size_t *written, char *err, size_t errlen);
-tqkv_status_t tqkv_page_encode_ref(const tqkv_block_shape_t *shape,
-                                   const tqkv_block_codec_t *codec, const uint16_t *k_bf16,
-                                   const uint16_t *v_bf16, void *page, size_t cap,
-                                   size_t *written, char *err, size_t errlen);
+tqkv_status_t tqkv_page_encode_ref(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec,
+                                   const uint16_t *k_bf16, const uint16_t *v_bf16, void *page,
+                                   size_t cap, size_t *written, char *err, size_t errlen);
 
 /* Validates magic, version, sizes, offsets, parameters and (when check_crc) the CRC
  * of page[0..len). len may exceed the page (a file of pages): info->page_bytes is the
@@ -92,5 +91,29 @@ uint32_t tqkv_page_crc(const void *page, size_t page_bytes);
 
 /* Name of the SIMD level in use ("avx512", "avx2", "scalar"). */
 const char *tqkv_kernels_isa(void);
+
+/* ---- internal: the SIMD kernels behind tqkv_page_encode/decode (tqkv__, not API) ----
+ * One group of g = head_dim channels (power of two >= 16) in mse mode, Hadamard
+ * rotation with signs D1[g], D2[g], codebook z[2^bits] and thresholds thr[2^bits - 1].
+ *
+ * enc: encodes consecutive rows x[i][g] (BF16, finite) into scale[i] and the packed
+ * index rows idx[i][g * bits / 8]. Returns the number of rows done; a row whose sum of
+ * squares leaves the safe f32 range (zero, tiny or huge vectors) stops the kernel so
+ * the caller encodes it with the reference and resumes after it.
+ * dec: decodes n rows into out_f[i][g] (f32) and/or out_h[i][g] (BF16, saturating). */
+typedef size_t (*tqkv__enc_had_fn)(const uint16_t *x, size_t n, uint32_t g, const float *signs,
+                                   const float *z, const float *thr, uint32_t bits,
+                                   int norm_corrected, float *scale, uint8_t *idx);
+typedef void (*tqkv__dec_had_fn)(const uint8_t *idx, uint32_t row_bytes, const float *scale,
+                                 size_t n, uint32_t g, uint32_t bits, const float *signs,
+                                 const float *z, float *out_f, uint16_t *out_h);
+size_t tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *signs,
+                               const float *z, const float *thr, uint32_t bits, int norm_corrected,
+                               float *scale, uint8_t *idx);
+void tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
+                             uint32_t g, uint32_t bits, const float *signs, const float *z,
+                             float *out_f, uint16_t *out_h);
+/* CRC32C with the SSE4.2 crc32 instruction (same contract as tqkv_crc32c_ref). */
+uint32_t tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len);
 
 #endif

@@ -1,0 +1,943 @@
+/* page.c - TurboQuant page encode, validate and decode (scalar reference + dispatch).
+ *
+ * The *_ref functions are the specification (proto/PAGE_FORMAT.md): per vector and
+ * group, norm and centering in double, rotation and quantization in f32 exactly as
+ * written. tqkv_page_encode / tqkv_page_decode_f32 take the same route except for
+ * groups that are one power-of-two Hadamard group of a whole head in mse mode with no
+ * centering (the common KV case), which go through the SIMD kernels of the table
+ * chosen once at run time (page_avx2.c); those produce the same bytes except for
+ * coordinates within float rounding of a decision threshold (near-ties).
+ *
+ * Thread safety: every function is reentrant; codebooks and rotations come from
+ * their thread-safe caches; the kernel table is set up under pthread_once.
+ */
+#include "kernels/page.h"
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/codebook.h"
+#include "kernels/rotation.h"
+#include "kernels/tq_math.h"
+
+/* ---- run-time kernel selection ---- */
+
+typedef struct page_kernels {
+    const char *isa;
+    tqkv__enc_had_fn enc_had; /* NULL: reference only */
+    tqkv__dec_had_fn dec_had;
+    uint32_t (*crc)(uint32_t, const void *, size_t);
+} page_kernels_t;
+
+static page_kernels_t kern = {"scalar", NULL, NULL, tqkv_crc32c_ref};
+static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
+
+static void
+kern_init(void)
+{
+    const char *force = getenv("TQKV_ISA");
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2") && !(force && !strcmp(force, "scalar")))
+        kern.crc = tqkv__crc32c_sse42;
+    if (force && !strcmp(force, "scalar"))
+        return;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("bmi2")) {
+        kern.isa = "avx2";
+        kern.enc_had = tqkv__page_enc_had_avx2;
+        kern.dec_had = tqkv__page_dec_had_avx2;
+    }
+}
+
+static const page_kernels_t *
+kernels(void)
+{
+    pthread_once(&kern_once, kern_init);
+    return &kern;
+}
+
+const char *
+tqkv_kernels_isa(void)
+{
+    return kernels()->isa;
+}
+
+/* ---- CRC32C ---- */
+
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void
+crc_table_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        crc_table[i] = c;
+    }
+}
+
+uint32_t
+tqkv_crc32c_ref(uint32_t crc, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    pthread_once(&crc_once, crc_table_init);
+    crc = ~crc;
+    for (size_t i = 0; i < len; i++)
+        crc = (crc >> 8) ^ crc_table[(crc ^ p[i]) & 0xffu];
+    return ~crc;
+}
+
+uint32_t
+tqkv_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+    return kernels()->crc(crc, buf, len);
+}
+
+uint32_t
+tqkv_page_crc(const void *page, size_t page_bytes)
+{
+    static const uint8_t zero[4];
+    const uint8_t *p = page;
+    uint32_t crc = tqkv_crc32c(0, p, 12);
+    crc = tqkv_crc32c(crc, zero, 4);
+    return tqkv_crc32c(crc, p + 16, page_bytes - 16);
+}
+
+/* ---- parameters and layout ---- */
+
+static void
+seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || !errlen)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static const char *const tname[2] = {"K", "V"};
+
+static tqkv_status_t
+check_tensor(const char *name, const tqkv_tensor_codec_t *tc, uint32_t d, char *err, size_t errlen)
+{
+    uint32_t hi, lo, nhi;
+    if (tc->bits_x2 == 0)
+        return TQKV_OK;
+    if (tqkv_bits_split(tc->bits_x2, d, &hi, &lo, &nhi) != 0) {
+        seterr(err, errlen, "%s: unsupported bit width %u/2 (1, 1.5, 2, 2.5, 3, 3.5, 4)", name,
+               tc->bits_x2);
+        return TQKV_EUNSUPPORTED;
+    }
+    if (tc->mode != TQKV_MODE_MSE && tc->mode != TQKV_MODE_PROD) {
+        seterr(err, errlen, "%s: unknown mode %u", name, tc->mode);
+        return TQKV_EUNSUPPORTED;
+    }
+    if (tc->norm_correction > 1) {
+        seterr(err, errlen, "%s: norm_correction must be 0 or 1", name);
+        return TQKV_EINVAL;
+    }
+    return TQKV_OK;
+}
+
+/* Builds the header (layout, parameters, crc 0) for shape and codec, after checking. */
+static tqkv_status_t
+plan(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, tqkv_page_header_t *h, char *err,
+     size_t errlen)
+{
+    uint64_t off = TQKV_PAGE_HEADER_BYTES, n;
+    tqkv_status_t st;
+    const tqkv_tensor_codec_t *tc[2] = {&c->k, &c->v};
+
+    if (!s || !c) {
+        seterr(err, errlen, "missing shape or codec");
+        return TQKV_EINVAL;
+    }
+    if (s->head_dim < TQKV_PAGE_MIN_DIM || s->head_dim > TQKV_PAGE_MAX_DIM) {
+        seterr(err, errlen, "head_dim %u outside [%u, %u]", s->head_dim, TQKV_PAGE_MIN_DIM,
+               TQKV_PAGE_MAX_DIM);
+        return TQKV_EUNSUPPORTED;
+    }
+    if (s->num_kv_heads < 1 || s->num_kv_heads > TQKV_PAGE_MAX_HEADS) {
+        seterr(err, errlen, "num_kv_heads %u outside [1, %u]", s->num_kv_heads,
+               TQKV_PAGE_MAX_HEADS);
+        return TQKV_EINVAL;
+    }
+    if (s->num_tokens < 1 || s->num_tokens > TQKV_PAGE_MAX_TOKENS) {
+        seterr(err, errlen, "num_tokens %u outside [1, %u]", s->num_tokens, TQKV_PAGE_MAX_TOKENS);
+        return TQKV_EINVAL;
+    }
+    if (c->rotation != TQKV_ROT_DENSE && c->rotation != TQKV_ROT_HADAMARD) {
+        seterr(err, errlen, "unknown rotation kind %u", c->rotation);
+        return TQKV_EUNSUPPORTED;
+    }
+    if (c->key_centering > 1) {
+        seterr(err, errlen, "key_centering must be 0 or 1");
+        return TQKV_EINVAL;
+    }
+    if (c->k.bits_x2 == 0 && c->v.bits_x2 == 0) {
+        seterr(err, errlen, "both K and V absent (bits 0)");
+        return TQKV_EINVAL;
+    }
+    for (int t = 0; t < 2; t++)
+        if ((st = check_tensor(tname[t], tc[t], s->head_dim, err, errlen)) != TQKV_OK)
+            return st;
+
+    n = (uint64_t)s->num_tokens * s->num_kv_heads;
+    memset(h, 0, sizeof *h);
+    h->magic = TQKV_PAGE_MAGIC;
+    h->version = TQKV_PAGE_VERSION;
+    h->header_bytes = TQKV_PAGE_HEADER_BYTES;
+    h->seed = c->seed;
+    h->num_tokens = s->num_tokens;
+    h->num_kv_heads = (uint16_t)s->num_kv_heads;
+    h->head_dim = (uint16_t)s->head_dim;
+    h->rotation = c->rotation;
+    if (c->key_centering && c->k.bits_x2) {
+        h->flags |= TQKV_PAGE_KEY_CENTERED;
+        h->mean_offset = (uint32_t)off;
+        off += tqkv_align_up(4ull * s->num_kv_heads * s->head_dim, TQKV_PAGE_ALIGN);
+    }
+    for (int t = 0; t < 2; t++) {
+        tqkv_page_tensor_desc_t *td = &h->tensor[t];
+        tqkv_group_layout_t L;
+        uint32_t hi = 0, lo = 0, nhi = 0, d = s->head_dim;
+        if (!tc[t]->bits_x2)
+            continue;
+        (void)tqkv_bits_split(tc[t]->bits_x2, d, &hi, &lo, &nhi);
+        td->mode = tc[t]->mode;
+        td->bits_x2 = tc[t]->bits_x2;
+        td->hi_bits = (uint8_t)hi;
+        td->lo_bits = (uint8_t)lo;
+        td->n_hi = (uint16_t)nhi;
+        td->flags = tc[t]->norm_correction ? TQKV_TENSOR_NORM_CORRECTED : 0;
+        if (lo) {
+            td->mask_offset = (uint32_t)off;
+            off += tqkv_align_up((uint64_t)s->num_kv_heads * ((d + 7) / 8), TQKV_PAGE_ALIGN);
+        }
+        tqkv_group_layout(nhi, hi, tc[t]->mode, n, &L);
+        td->group_offset[0] = (uint32_t)off;
+        td->group_bytes[0] = (uint32_t)L.bytes;
+        off += L.bytes;
+        if (lo) {
+            tqkv_group_layout(d - nhi, lo, tc[t]->mode, n, &L);
+            td->group_offset[1] = (uint32_t)off;
+            td->group_bytes[1] = (uint32_t)L.bytes;
+            off += L.bytes;
+        }
+        if (off > TQKV_PAGE_MAX_BYTES)
+            break;
+    }
+    if (off > TQKV_PAGE_MAX_BYTES) {
+        seterr(err, errlen, "page would be %llu bytes (> %u)", (unsigned long long)off,
+               TQKV_PAGE_MAX_BYTES);
+        return TQKV_EINVAL;
+    }
+    h->page_bytes = (uint32_t)off;
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_page_check_params(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec, char *err,
+                       size_t errlen)
+{
+    tqkv_page_header_t h;
+    return plan(shape, codec, &h, err, errlen);
+}
+
+tqkv_status_t
+tqkv_page_size(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec, size_t *out)
+{
+    tqkv_page_header_t h;
+    tqkv_status_t st = plan(shape, codec, &h, NULL, 0);
+    if (st == TQKV_OK)
+        *out = h.page_bytes;
+    return st;
+}
+
+/* ---- per-group transforms ---- */
+
+/* The matrices and codebook of one group. */
+typedef struct group_ctx {
+    tqkv_group_layout_t L;
+    const tqkv_rotation_t *rot; /* Pi */
+    const tqkv_rotation_t *qjl; /* S (prod) */
+    const tqkv_codebook_t *cb;  /* NULL when mse_bits == 0 */
+    const float *z;             /* codebook to decode with (page's own) */
+    float sqrt_g;               /* sqrtf(g) */
+    int norm_corrected;
+} group_ctx_t;
+
+static void
+group_ctx_fini(group_ctx_t *G)
+{
+    tqkv_rotation_release(G->rot);
+    tqkv_rotation_release(G->qjl);
+    G->rot = G->qjl = NULL;
+}
+
+static tqkv_status_t
+group_ctx_init(group_ctx_t *G, uint32_t g, uint32_t bits, uint32_t mode, uint64_t n,
+               uint32_t page_rot, uint64_t seed, uint32_t tensor, uint32_t group, int need_cb)
+{
+    tqkv_status_t st;
+    memset(G, 0, sizeof *G);
+    tqkv_group_layout(g, bits, mode, n, &G->L);
+    G->sqrt_g = sqrtf((float)g);
+    if (need_cb && G->L.mse_bits && (st = tqkv_codebook_get(g, G->L.mse_bits, &G->cb)) != TQKV_OK)
+        return st;
+    if (G->L.mse_bits &&
+        (st = tqkv_rotation_acquire(tqkv_group_rotation(page_rot, g), g,
+                                    tqkv_seed_derive(seed, tensor, group, TQKV_SEED_ROTATION),
+                                    &G->rot)) != TQKV_OK)
+        return st;
+    if (mode == TQKV_MODE_PROD &&
+        (st = tqkv_rotation_acquire(TQKV_ROT_QJL_GAUSS, g,
+                                    tqkv_seed_derive(seed, tensor, group, TQKV_SEED_QJL),
+                                    &G->qjl)) != TQKV_OK) {
+        group_ctx_fini(G);
+        return st;
+    }
+    if (G->cb)
+        G->z = G->cb->z;
+    return TQKV_OK;
+}
+
+static float
+clamp_flt(double v)
+{
+    if (v > FLT_MAX)
+        return FLT_MAX;
+    if (v < -FLT_MAX)
+        return -FLT_MAX;
+    return (float)v;
+}
+
+/* Reference encode of one group vector x[g] (double: centered BF16 values).
+ * work: 3g floats. idx_row and sign_row must be zeroed. */
+static void
+encode_vec_ref(const group_ctx_t *G, const double *x, float *work, float *scale, float *gamma,
+               uint8_t *idx_row, uint8_t *sign_row)
+{
+    const uint32_t g = G->L.dim, b = G->L.mse_bits;
+    float *u = work, *y = work + g, *a = work + 2 * g;
+    double s = 0, zn2 = 0, sc, rn = 0;
+
+    for (uint32_t j = 0; j < g; j++)
+        s += x[j] * x[j];
+    s = sqrt(s);
+    if (s == 0) {
+        /* zero vector: scale 0, indices 0, gamma 0, signs all set (S 0 >= 0) */
+        *scale = 0;
+        if (G->L.mode == TQKV_MODE_PROD) {
+            *gamma = 0;
+            for (uint32_t j = 0; j < g; j++)
+                sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
+        }
+        return;
+    }
+    for (uint32_t j = 0; j < g; j++)
+        u[j] = (float)(x[j] / s);
+    if (b) {
+        tqkv_rotation_apply(G->rot, u, y);
+        for (uint32_t j = 0; j < g; j++) {
+            uint32_t k = tqkv_nearest_index(y[j] * G->sqrt_g, G->cb->thr, G->L.n_centroids);
+            tqkv_bits_put(idx_row, j, b, k);
+            y[j] = G->cb->z[k];
+            zn2 += (double)y[j] * y[j];
+        }
+    }
+    if (G->norm_corrected && b && zn2 > 0)
+        sc = s / sqrt(zn2);
+    else
+        sc = s / sqrt((double)g);
+    *scale = clamp_flt(sc);
+    if (G->L.mode != TQKV_MODE_PROD)
+        return;
+    /* r = x - scale * Pi^T z[idx] (what the decoder rebuilds), in units of s */
+    if (b)
+        tqkv_rotation_apply_t(G->rot, y, a);
+    {
+        double *r = (double *)malloc(sizeof(double) * g);
+        double sf = (double)*scale;
+        for (uint32_t j = 0; j < g; j++) {
+            r[j] = b ? x[j] - sf * a[j] : x[j];
+            rn += r[j] * r[j];
+        }
+        rn = sqrt(rn);
+        for (uint32_t j = 0; j < g; j++)
+            u[j] = rn > 0 ? (float)(r[j] / rn) : 0.0f;
+        free(r);
+    }
+    *gamma = clamp_flt(rn / sqrt((double)g));
+    tqkv_rotation_apply(G->qjl, u, y);
+    for (uint32_t j = 0; j < g; j++)
+        if (y[j] >= 0.0f)
+            sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
+}
+
+/* Reference decode of one group vector into out[g] (double, before un-centering).
+ * work: 2g floats. */
+static void
+decode_vec_ref(const group_ctx_t *G, float scale, float gamma, const uint8_t *idx_row,
+               const uint8_t *sign_row, float *work, double *out)
+{
+    const uint32_t g = G->L.dim, b = G->L.mse_bits;
+    float *y = work, *a = work + g;
+    for (uint32_t j = 0; j < g; j++)
+        out[j] = 0;
+    if (b) {
+        for (uint32_t j = 0; j < g; j++)
+            y[j] = G->z[tqkv_bits_get(idx_row, j, b)];
+        tqkv_rotation_apply_t(G->rot, y, a);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = (double)scale * a[j];
+    }
+    if (G->L.mode == TQKV_MODE_PROD) {
+        /* + sqrt(pi/2) / g * (gamma sqrt(g)) * S^T sign */
+        double c = sqrt(M_PI / 2) / sqrt((double)g) * gamma;
+        for (uint32_t j = 0; j < g; j++)
+            y[j] = ((sign_row[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
+        tqkv_rotation_apply_t(G->qjl, y, a);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] += c * a[j];
+    }
+}
+
+/* ---- encode ---- */
+
+/* Finds the first NaN/Inf of a [T][H][D] BF16 tensor; 0 when all finite. */
+static int
+find_nonfinite(const uint16_t *x, uint64_t count, uint64_t *where)
+{
+    uint32_t bad = 0;
+    uint64_t i = 0;
+    /* branch-free scan in chunks (vectorizes), then locate */
+    for (; i < count; i += 4096) {
+        uint64_t e = i + 4096 < count ? i + 4096 : count;
+        for (uint64_t k = i; k < e; k++)
+            bad |= (x[k] & 0x7f80u) == 0x7f80u;
+        if (bad) {
+            for (uint64_t k = i; k < e; k++)
+                if (tqkv_bf16_is_nonfinite(x[k])) {
+                    *where = k;
+                    return 1;
+                }
+        }
+    }
+    return 0;
+}
+
+/* Picks the n_hi highest-energy channels (ties to the lower index) into mask (ceil(D/8)
+ * bytes, zeroed). Reentrant: ranks by counting instead of a shared qsort context. */
+static void
+select_outliers(const double *energy, uint32_t d, uint32_t n_hi, uint8_t *mask)
+{
+    for (uint32_t c = 0; c < d; c++) {
+        uint32_t r = 0;
+        for (uint32_t k = 0; k < d && r < n_hi; k++)
+            r += (energy[k] > energy[c]) || (energy[k] == energy[c] && k < c);
+        if (r < n_hi)
+            mask[c >> 3] |= (uint8_t)(1u << (c & 7u));
+    }
+}
+
+static tqkv_status_t
+encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_t *page, int fast,
+              char *err, size_t errlen)
+{
+    const tqkv_page_tensor_desc_t *td = &h->tensor[t];
+    const uint32_t T = h->num_tokens, H = h->num_kv_heads, D = h->head_dim;
+    const uint64_t n = (uint64_t)T * H;
+    const uint32_t ngroups = td->lo_bits ? 2 : 1, mrow = (D + 7) / 8;
+    const int centered = t == TQKV_TENSOR_K && (h->flags & TQKV_PAGE_KEY_CENTERED);
+    group_ctx_t G[2];
+    float *mean = centered ? (float *)(page + h->mean_offset) : NULL;
+    double *xc = NULL, *energy = NULL, *gx = NULL;
+    float *work = NULL;
+    uint32_t *chan[2] = {NULL, NULL}, gdim[2];
+    tqkv_status_t st = TQKV_OK;
+    uint64_t where;
+    int ng_init = 0;
+
+    if (find_nonfinite(x, n * D, &where)) {
+        seterr(err, errlen,
+               "%s: non-finite value (NaN or Inf) at token %llu, head %llu, channel %llu", tname[t],
+               (unsigned long long)(where / ((uint64_t)H * D)), (unsigned long long)(where / D % H),
+               (unsigned long long)(where % D));
+        return TQKV_ERANGE;
+    }
+    gdim[0] = td->n_hi;
+    gdim[1] = D - td->n_hi;
+    for (uint32_t gi = 0; gi < ngroups; gi++) {
+        uint32_t bits = gi == 0 ? td->hi_bits : td->lo_bits;
+        if ((st = group_ctx_init(&G[gi], gdim[gi], bits, td->mode, n, h->rotation, h->seed, t, gi,
+                                 1)) != TQKV_OK)
+            goto out;
+        ng_init++;
+        G[gi].norm_corrected = (td->flags & TQKV_TENSOR_NORM_CORRECTED) != 0;
+        /* the stored codebook: z, unused slots zero */
+        if (G[gi].cb)
+            memcpy(page + td->group_offset[gi], G[gi].cb->z, 4 * G[gi].L.n_centroids);
+    }
+
+    /* Fast path: one Hadamard group over the whole head, mse, not centered. */
+    if (fast && ngroups == 1 && !centered && td->mode == TQKV_MODE_MSE &&
+        G[0].rot->kind == TQKV_ROT_HADAMARD && kernels()->enc_had) {
+        uint8_t *base = page + td->group_offset[0];
+        size_t i = 0;
+        while (i < n) {
+            i += kernels()->enc_had(x + i * D, n - i, D, G[0].rot->signs, G[0].cb->z, G[0].cb->thr,
+                                    G[0].L.mse_bits, G[0].norm_corrected,
+                                    (float *)(base + G[0].L.off_scale) + i,
+                                    base + G[0].L.off_idx + i * G[0].L.idx_row_bytes);
+            if (i < n) {
+                /* a row the kernel leaves to the reference (tiny or huge norm) */
+                double xd[TQKV_PAGE_MAX_DIM];
+                float wk[3 * TQKV_PAGE_MAX_DIM];
+                for (uint32_t j = 0; j < D; j++)
+                    xd[j] = tqkv_bf16_to_f32(x[i * D + j]);
+                encode_vec_ref(&G[0], xd, wk, (float *)(base + G[0].L.off_scale) + i, NULL,
+                               base + G[0].L.off_idx + i * G[0].L.idx_row_bytes, NULL);
+                i++;
+            }
+        }
+        goto out;
+    }
+
+    xc = malloc(sizeof(double) * n * D);
+    energy = malloc(sizeof(double) * D);
+    gx = malloc(sizeof(double) * D);
+    work = malloc(sizeof(float) * 3 * D);
+    chan[0] = malloc(sizeof(uint32_t) * D);
+    chan[1] = malloc(sizeof(uint32_t) * D);
+    if (!xc || !energy || !gx || !work || !chan[0] || !chan[1]) {
+        st = TQKV_ENOMEM;
+        goto out;
+    }
+    for (uint64_t i = 0; i < n * D; i++)
+        xc[i] = tqkv_bf16_to_f32(x[i]);
+    for (uint32_t hh = 0; hh < H; hh++) {
+        if (centered) {
+            /* mu = mean over tokens (double, stored f32); a head whose centered values
+             * would leave the f32 range (|x - mu| > 2^126) keeps mu = 0 */
+            double maxdev = 0;
+            for (uint32_t c = 0; c < D; c++) {
+                double s = 0;
+                for (uint32_t tt = 0; tt < T; tt++)
+                    s += xc[((uint64_t)tt * H + hh) * D + c];
+                mean[(uint64_t)hh * D + c] = (float)(s / T);
+            }
+            for (uint32_t c = 0; c < D; c++)
+                for (uint32_t tt = 0; tt < T; tt++) {
+                    double dv = fabs(xc[((uint64_t)tt * H + hh) * D + c] - mean[hh * D + c]);
+                    maxdev = dv > maxdev ? dv : maxdev;
+                }
+            if (maxdev > 0x1p126)
+                for (uint32_t c = 0; c < D; c++)
+                    mean[(uint64_t)hh * D + c] = 0.0f;
+            for (uint32_t c = 0; c < D; c++)
+                for (uint32_t tt = 0; tt < T; tt++)
+                    xc[((uint64_t)tt * H + hh) * D + c] -= mean[(uint64_t)hh * D + c];
+        }
+        /* channel sets of this head */
+        if (ngroups == 2) {
+            uint8_t *mask = page + td->mask_offset + (uint64_t)hh * mrow;
+            uint32_t n0 = 0, n1 = 0;
+            for (uint32_t c = 0; c < D; c++) {
+                double e = 0;
+                for (uint32_t tt = 0; tt < T; tt++) {
+                    double v = xc[((uint64_t)tt * H + hh) * D + c];
+                    e += v * v;
+                }
+                energy[c] = e;
+            }
+            select_outliers(energy, D, td->n_hi, mask);
+            for (uint32_t c = 0; c < D; c++) {
+                if ((mask[c >> 3] >> (c & 7u)) & 1u)
+                    chan[0][n0++] = c;
+                else
+                    chan[1][n1++] = c;
+            }
+        } else {
+            for (uint32_t c = 0; c < D; c++)
+                chan[0][c] = c;
+        }
+        for (uint32_t tt = 0; tt < T; tt++) {
+            uint64_t i = (uint64_t)tt * H + hh;
+            const double *xv = xc + i * D;
+            for (uint32_t gi = 0; gi < ngroups; gi++) {
+                const group_ctx_t *g = &G[gi];
+                uint8_t *base = page + td->group_offset[gi];
+                for (uint32_t j = 0; j < g->L.dim; j++)
+                    gx[j] = xv[chan[gi][j]];
+                encode_vec_ref(
+                    g, gx, work, (float *)(base + g->L.off_scale) + i,
+                    g->L.mode == TQKV_MODE_PROD ? (float *)(base + g->L.off_gamma) + i : NULL,
+                    base + g->L.off_idx + i * g->L.idx_row_bytes,
+                    g->L.mode == TQKV_MODE_PROD ? base + g->L.off_signs + i * g->L.sign_row_bytes
+                                                : NULL);
+            }
+        }
+    }
+out:
+    for (int gi = 0; gi < ng_init; gi++)
+        group_ctx_fini(&G[gi]);
+    free(xc);
+    free(energy);
+    free(gx);
+    free(work);
+    free(chan[0]);
+    free(chan[1]);
+    return st;
+}
+
+static tqkv_status_t
+encode(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec, const uint16_t *k_bf16,
+       const uint16_t *v_bf16, void *page, size_t cap, size_t *written, char *err, size_t errlen,
+       int fast)
+{
+    tqkv_page_header_t h;
+    tqkv_status_t st;
+    const uint16_t *src[2] = {k_bf16, v_bf16};
+    uint8_t *p = page;
+
+    if ((st = plan(shape, codec, &h, err, errlen)) != TQKV_OK)
+        return st;
+    if (cap < h.page_bytes || !page) {
+        seterr(err, errlen, "page needs %u bytes, buffer has %zu", h.page_bytes, cap);
+        return TQKV_ENOSPC;
+    }
+    for (uint32_t t = 0; t < 2; t++)
+        if (h.tensor[t].bits_x2 && !src[t]) {
+            seterr(err, errlen, "%s: input missing", tname[t]);
+            return TQKV_EINVAL;
+        }
+    memset(p, 0, h.page_bytes);
+    memcpy(p, &h, sizeof h);
+    for (uint32_t t = 0; t < 2; t++)
+        if (h.tensor[t].bits_x2 &&
+            (st = encode_tensor(&h, t, src[t], p, fast, err, errlen)) != TQKV_OK)
+            return st;
+    h.crc32c = tqkv_page_crc(p, h.page_bytes);
+    memcpy(p + 12, &h.crc32c, 4);
+    if (written)
+        *written = h.page_bytes;
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_page_encode_ref(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec,
+                     const uint16_t *k_bf16, const uint16_t *v_bf16, void *page, size_t cap,
+                     size_t *written, char *err, size_t errlen)
+{
+    return encode(shape, codec, k_bf16, v_bf16, page, cap, written, err, errlen, 0);
+}
+
+tqkv_status_t
+tqkv_page_encode(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec,
+                 const uint16_t *k_bf16, const uint16_t *v_bf16, void *page, size_t cap,
+                 size_t *written, char *err, size_t errlen)
+{
+    return encode(shape, codec, k_bf16, v_bf16, page, cap, written, err, errlen, 1);
+}
+
+/* ---- validate ---- */
+
+static tqkv_status_t
+validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uint32_t gi, char *err,
+               size_t errlen)
+{
+    tqkv_group_view_t gv;
+    uint64_t n = (uint64_t)h->num_tokens * h->num_kv_heads;
+    float z[16];
+    if (tqkv_page_group_view(page, t, gi, &gv) != 0)
+        return TQKV_EINTERNAL;
+    memcpy(z, gv.codebook, sizeof z);
+    for (uint32_t k = 0; k < 16; k++) {
+        if (k >= gv.L.n_centroids) {
+            if (z[k] != 0.0f || signbit(z[k])) {
+                seterr(err, errlen, "%s group %u: unused codebook slot %u not zero", tname[t], gi,
+                       k);
+                return TQKV_ECORRUPT;
+            }
+        } else if (!isfinite(z[k]) || (k > 0 && !(z[k] > z[k - 1]))) {
+            seterr(err, errlen, "%s group %u: codebook not finite and ascending at %u", tname[t],
+                   gi, k);
+            return TQKV_ECORRUPT;
+        }
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        float s, gm = 0;
+        memcpy(&s, gv.base + gv.L.off_scale + 4 * i, 4);
+        if (gv.gamma)
+            memcpy(&gm, gv.base + gv.L.off_gamma + 4 * i, 4);
+        if (!isfinite(s) || s < 0 || !isfinite(gm) || gm < 0) {
+            seterr(err, errlen, "%s group %u: vector %llu has a bad scale or gamma", tname[t], gi,
+                   (unsigned long long)i);
+            return TQKV_ECORRUPT;
+        }
+    }
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t *info, char *err,
+                   size_t errlen)
+{
+    tqkv_page_header_t h, want;
+    tqkv_block_shape_t shape;
+    tqkv_block_codec_t codec;
+    tqkv_status_t st;
+    const uint8_t *p = page;
+    tqkv_page_tensor_desc_t *d;
+
+    if (!page || len < TQKV_PAGE_HEADER_BYTES) {
+        seterr(err, errlen, "short buffer: %zu bytes, a page header is %u", len,
+               TQKV_PAGE_HEADER_BYTES);
+        return TQKV_EFORMAT;
+    }
+    memcpy(&h, page, sizeof h);
+    if (h.magic != TQKV_PAGE_MAGIC) {
+        seterr(err, errlen, "bad magic 0x%08x (not a tqkv page)", h.magic);
+        return TQKV_EFORMAT;
+    }
+    if (h.version != TQKV_PAGE_VERSION) {
+        seterr(err, errlen, "unknown page format version %u (this build reads %u)", h.version,
+               TQKV_PAGE_VERSION);
+        return TQKV_EFORMAT;
+    }
+    if (h.header_bytes != TQKV_PAGE_HEADER_BYTES) {
+        seterr(err, errlen, "header_bytes %u != %u", h.header_bytes, TQKV_PAGE_HEADER_BYTES);
+        return TQKV_EFORMAT;
+    }
+    if (h.page_bytes % TQKV_PAGE_ALIGN || h.page_bytes < TQKV_PAGE_HEADER_BYTES) {
+        seterr(err, errlen, "page_bytes %u is not a multiple of %u", h.page_bytes, TQKV_PAGE_ALIGN);
+        return TQKV_EFORMAT;
+    }
+    if (h.page_bytes > len) {
+        seterr(err, errlen, "truncated page: page_bytes %u > %zu bytes available", h.page_bytes,
+               len);
+        return TQKV_EFORMAT;
+    }
+    if (h.flags & ~TQKV_PAGE_KEY_CENTERED || h.reserved0 || h.reserved1[0] || h.reserved1[1]) {
+        seterr(err, errlen, "unknown page flags 0x%02x or reserved bytes set", h.flags);
+        return TQKV_EFORMAT;
+    }
+    shape.num_tokens = h.num_tokens;
+    shape.num_kv_heads = h.num_kv_heads;
+    shape.head_dim = h.head_dim;
+    memset(&codec, 0, sizeof codec);
+    codec.rotation = h.rotation;
+    codec.key_centering = (h.flags & TQKV_PAGE_KEY_CENTERED) != 0;
+    codec.seed = h.seed;
+    for (int t = 0; t < 2; t++) {
+        tqkv_tensor_codec_t *tc = t == 0 ? &codec.k : &codec.v;
+        d = &h.tensor[t];
+        tc->bits_x2 = d->bits_x2;
+        tc->mode = d->mode;
+        tc->norm_correction = (d->flags & TQKV_TENSOR_NORM_CORRECTED) != 0;
+        if (d->flags & ~TQKV_TENSOR_NORM_CORRECTED) {
+            seterr(err, errlen, "%s: unknown tensor flags 0x%02x", tname[t], d->flags);
+            return TQKV_EFORMAT;
+        }
+    }
+    if (codec.key_centering && !codec.k.bits_x2) {
+        seterr(err, errlen, "key-centered flag without K");
+        return TQKV_EFORMAT;
+    }
+    if ((st = plan(&shape, &codec, &want, err, errlen)) != TQKV_OK)
+        return TQKV_EFORMAT;
+    want.crc32c = h.crc32c;
+    if (memcmp(&want, &h, sizeof h) != 0) {
+        if (want.page_bytes != h.page_bytes)
+            seterr(err, errlen, "page_bytes %u does not match the layout of its parameters (%u)",
+                   h.page_bytes, want.page_bytes);
+        else
+            seterr(err, errlen,
+                   "section offsets, sizes or bit split do not match the layout "
+                   "of the page's parameters");
+        return TQKV_EFORMAT;
+    }
+    if (check_crc) {
+        uint32_t crc = tqkv_page_crc(page, h.page_bytes);
+        if (crc != h.crc32c) {
+            seterr(err, errlen, "CRC32C mismatch: stored 0x%08x, computed 0x%08x", h.crc32c, crc);
+            return TQKV_ECORRUPT;
+        }
+    }
+    /* contents a decoder relies on */
+    if (h.flags & TQKV_PAGE_KEY_CENTERED) {
+        const uint8_t *m = p + h.mean_offset;
+        for (uint64_t i = 0; i < (uint64_t)h.num_kv_heads * h.head_dim; i++) {
+            float f;
+            memcpy(&f, m + 4 * i, 4);
+            if (!isfinite(f)) {
+                seterr(err, errlen, "key mean %llu is not finite", (unsigned long long)i);
+                return TQKV_ECORRUPT;
+            }
+        }
+    }
+    for (uint32_t t = 0; t < 2; t++) {
+        d = &h.tensor[t];
+        if (!d->bits_x2)
+            continue;
+        if (d->lo_bits) {
+            const uint32_t mrow = (h.head_dim + 7) / 8;
+            for (uint32_t hh = 0; hh < h.num_kv_heads; hh++) {
+                const uint8_t *m = p + d->mask_offset + (uint64_t)hh * mrow;
+                uint32_t pc = 0;
+                for (uint32_t b = 0; b < mrow; b++)
+                    pc += (uint32_t)__builtin_popcount(m[b]);
+                if (pc != d->n_hi || (h.head_dim % 8 && (m[mrow - 1] >> (h.head_dim % 8)))) {
+                    seterr(err, errlen, "%s: outlier mask of head %u has %u channels, want %u",
+                           tname[t], hh, pc, d->n_hi);
+                    return TQKV_ECORRUPT;
+                }
+            }
+        }
+        for (uint32_t gi = 0; gi < (d->lo_bits ? 2u : 1u); gi++)
+            if ((st = validate_group(p, &h, t, gi, err, errlen)) != TQKV_OK)
+                return st;
+    }
+    if (info) {
+        const tqkv_page_header_t *hp = page;
+        uint64_t per = 2ull * h.num_tokens * h.num_kv_heads * h.head_dim;
+        info->hdr = hp;
+        info->shape = shape;
+        info->codec = codec;
+        info->page_bytes = h.page_bytes;
+        info->bf16_bytes = per * ((codec.k.bits_x2 != 0) + (codec.v.bits_x2 != 0));
+    }
+    return TQKV_OK;
+}
+
+/* ---- decode ---- */
+
+static tqkv_status_t
+decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, float *out_f,
+              uint16_t *out_h, int fast)
+{
+    const tqkv_page_tensor_desc_t *td = &h->tensor[t];
+    const uint32_t H = h->num_kv_heads, D = h->head_dim;
+    const uint64_t n = (uint64_t)h->num_tokens * H;
+    const uint32_t ngroups = td->lo_bits ? 2 : 1;
+    const float *mean = t == TQKV_TENSOR_K ? tqkv_page_key_mean(page, 0) : NULL;
+    group_ctx_t G[2];
+    tqkv_group_view_t gv[2];
+    uint32_t *chan[2] = {NULL, NULL};
+    float *work = NULL;
+    double *o = NULL, *row = NULL;
+    tqkv_status_t st = TQKV_OK;
+    int ng_init = 0;
+
+    for (uint32_t gi = 0; gi < ngroups; gi++) {
+        if (tqkv_page_group_view(page, t, gi, &gv[gi]) != 0) {
+            st = TQKV_EINTERNAL;
+            goto out;
+        }
+        if ((st = group_ctx_init(&G[gi], gv[gi].L.dim, gv[gi].L.bits, gv[gi].L.mode, n, h->rotation,
+                                 h->seed, t, gi, 0)) != TQKV_OK)
+            goto out;
+        ng_init++;
+        G[gi].z = gv[gi].codebook;
+    }
+    if (fast && ngroups == 1 && !mean && td->mode == TQKV_MODE_MSE &&
+        G[0].rot->kind == TQKV_ROT_HADAMARD && kernels()->dec_had) {
+        kernels()->dec_had(gv[0].idx, gv[0].L.idx_row_bytes, gv[0].scale, n, D, gv[0].L.mse_bits,
+                           G[0].rot->signs, gv[0].codebook, out_f, out_h);
+        goto out;
+    }
+    chan[0] = malloc(sizeof(uint32_t) * D);
+    chan[1] = malloc(sizeof(uint32_t) * D);
+    work = malloc(sizeof(float) * 2 * D);
+    o = malloc(sizeof(double) * D);
+    row = malloc(sizeof(double) * D);
+    if (!chan[0] || !chan[1] || !work || !o || !row) {
+        st = TQKV_ENOMEM;
+        goto out;
+    }
+    for (uint32_t hh = 0; hh < H; hh++) {
+        const uint8_t *mask = tqkv_page_mask(page, t, hh);
+        const float *mu = mean ? tqkv_page_key_mean(page, hh) : NULL;
+        uint32_t n0 = 0, n1 = 0;
+        for (uint32_t c = 0; c < D; c++) {
+            if (!mask || ((mask[c >> 3] >> (c & 7u)) & 1u))
+                chan[0][n0++] = c;
+            else
+                chan[1][n1++] = c;
+        }
+        for (uint64_t i = hh; i < n; i += H) {
+            for (uint32_t gi = 0; gi < ngroups; gi++) {
+                const tqkv_group_view_t *v = &gv[gi];
+                float sc, gm = 0;
+                memcpy(&sc, v->scale + i, 4);
+                if (v->gamma)
+                    memcpy(&gm, v->gamma + i, 4);
+                decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                               v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
+                for (uint32_t j = 0; j < v->L.dim; j++)
+                    row[chan[gi][j]] = o[j];
+            }
+            for (uint32_t c = 0; c < D; c++) {
+                float f = clamp_flt(mu ? row[c] + mu[c] : row[c]);
+                if (out_f)
+                    out_f[i * D + c] = f;
+                if (out_h)
+                    out_h[i * D + c] = tqkv_f32_to_bf16_sat(f);
+            }
+        }
+    }
+out:
+    for (int gi = 0; gi < ng_init; gi++)
+        group_ctx_fini(&G[gi]);
+    free(chan[0]);
+    free(chan[1]);
+    free(work);
+    free(o);
+    free(row);
+    return st;
+}
+
+static tqkv_status_t
+decode(const void *page, size_t len, float *kf, float *vf, uint16_t *kh, uint16_t *vh, int fast)
+{
+    tqkv_page_info_t info;
+    tqkv_status_t st;
+    float *of[2] = {kf, vf};
+    uint16_t *oh[2] = {kh, vh};
+    if ((st = tqkv_page_validate(page, len, 0, &info, NULL, 0)) != TQKV_OK)
+        return st;
+    for (uint32_t t = 0; t < 2; t++) {
+        if (!info.hdr->tensor[t].bits_x2 || (!of[t] && !oh[t]))
+            continue;
+        if ((st = decode_tensor(page, info.hdr, t, of[t], oh[t], fast)) != TQKV_OK)
+            return st;
+    }
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_page_decode_f32_ref(const void *page, size_t len, float *k, float *v)
+{
+    return decode(page, len, k, v, NULL, NULL, 0);
+}
+
+tqkv_status_t
+tqkv_page_decode_f32(const void *page, size_t len, float *k, float *v)
+{
+    return decode(page, len, k, v, NULL, NULL, 1);
+}
+
+tqkv_status_t
+tqkv_page_decode_bf16(const void *page, size_t len, uint16_t *k, uint16_t *v)
+{
+    return decode(page, len, NULL, NULL, k, v, 1);
+}

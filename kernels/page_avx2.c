@@ -1,0 +1,183 @@
+/* page_avx2.c - AVX2/FMA/BMI2 encode and decode of whole-head Hadamard mse groups.
+ *
+ * Per row: BF16 -> f32 (shift), sum of squares (FMA), D1, FWHT, D2, FWHT, then the
+ * coordinates are scaled straight into the z domain (y * sqrt(g) = w / (sqrt(g) s)),
+ * compared against the thresholds (count of thresholds below, the near-tie rule of
+ * tqkv_nearest_index) and packed 8 indices at a time with PEXT into `bits` bytes,
+ * the LSB-first stream of the format. The FWHT butterflies are the same a+c / a-c
+ * operations in the same order as tqkv_fwht, so only the norm and scaling steps round
+ * differently from the reference (near-ties only). Decode mirrors it with PDEP and a
+ * register permute for the codebook lookup.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <float.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/page.h"
+
+/* In-place FWHT of buf[g] (g a multiple of 8, 32-byte aligned). */
+static inline void
+fwht_avx2(float *buf, uint32_t g)
+{
+    for (uint32_t j = 0; j < g; j += 8) {
+        __m256 v = _mm256_load_ps(buf + j), b;
+        b = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, b), _mm256_sub_ps(b, v), 0xAA);
+        b = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, b), _mm256_sub_ps(b, v), 0xCC);
+        b = _mm256_permute2f128_ps(v, v, 1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, b), _mm256_sub_ps(b, v), 0xF0);
+        _mm256_store_ps(buf + j, v);
+    }
+    for (uint32_t h = 8; h < g; h <<= 1)
+        for (uint32_t i = 0; i < g; i += 2 * h)
+            for (uint32_t j = i; j < i + h; j += 8) {
+                __m256 a = _mm256_load_ps(buf + j), c = _mm256_load_ps(buf + j + h);
+                _mm256_store_ps(buf + j, _mm256_add_ps(a, c));
+                _mm256_store_ps(buf + j + h, _mm256_sub_ps(a, c));
+            }
+}
+
+static inline float
+hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256
+load_bf16(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x0303030303030303ull,
+                                      0x0707070707070707ull, 0x0f0f0f0f0f0f0f0full};
+
+size_t
+tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *signs, const float *z,
+                        const float *thr, uint32_t bits, int norm_corrected, float *scale,
+                        uint8_t *idx)
+{
+    _Alignas(32) float buf[TQKV_PAGE_MAX_DIM];
+    const uint32_t nthr = (1u << bits) - 1, row_bytes = g * bits / 8;
+    const uint64_t pmask = lane_mask[bits];
+    const float sg = sqrtf((float)g);
+    __m256 tv[15];
+    __m256 zlo = _mm256_loadu_ps(z), zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zlo;
+
+    for (uint32_t t = 0; t < nthr; t++)
+        tv[t] = _mm256_set1_ps(thr[t]);
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t *xr = x + i * g;
+        uint8_t *out = idx + i * row_bytes;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
+        float ss, s, k;
+        for (uint32_t j = 0; j < g; j += 16) {
+            __m256 a = load_bf16(xr + j), b = load_bf16(xr + j + 8);
+            acc0 = _mm256_fmadd_ps(a, a, acc0);
+            acc1 = _mm256_fmadd_ps(b, b, acc1);
+            _mm256_store_ps(buf + j, _mm256_mul_ps(a, _mm256_loadu_ps(signs + j)));
+            _mm256_store_ps(buf + j + 8, _mm256_mul_ps(b, _mm256_loadu_ps(signs + j + 8)));
+        }
+        ss = hsum(_mm256_add_ps(acc0, acc1));
+        if (!(ss >= 1e-30f && ss <= 1e36f))
+            return i;
+        fwht_avx2(buf, g);
+        for (uint32_t j = 0; j < g; j += 8)
+            _mm256_store_ps(buf + j,
+                            _mm256_mul_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(signs + g + j)));
+        fwht_avx2(buf, g);
+        s = sqrtf(ss);
+        k = 1.0f / (sg * s);
+        const __m256 kv = _mm256_set1_ps(k);
+        for (uint32_t j = 0; j < g; j += 8) {
+            __m256 y = _mm256_mul_ps(_mm256_load_ps(buf + j), kv);
+            __m256i cnt = _mm256_setzero_si256();
+            for (uint32_t t = 0; t < nthr; t++)
+                cnt =
+                    _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(y, tv[t], _CMP_GT_OQ)));
+            if (norm_corrected) {
+                __m256 zv = _mm256_permutevar8x32_ps(zlo, cnt);
+                if (bits == 4)
+                    zv = _mm256_blendv_ps(
+                        zv, _mm256_permutevar8x32_ps(zhi, cnt),
+                        _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt, _mm256_set1_epi32(7))));
+                zacc = _mm256_fmadd_ps(zv, zv, zacc);
+            }
+            /* 8 x int32 -> 8 bytes -> PEXT the low `bits` of each byte */
+            __m128i lo = _mm256_castsi256_si128(cnt), hi = _mm256_extracti128_si256(cnt, 1);
+            __m128i b16 = _mm_packus_epi32(lo, hi);
+            __m128i b8 = _mm_packus_epi16(b16, b16);
+            uint64_t packed = _pext_u64((uint64_t)_mm_cvtsi128_si64(b8), pmask);
+            memcpy(out + (j / 8) * bits, &packed, bits);
+        }
+        if (norm_corrected) {
+            float zn2 = hsum(zacc);
+            scale[i] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
+        } else {
+            scale[i] = s / sg;
+        }
+    }
+    return n;
+}
+
+void
+tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
+                        uint32_t g, uint32_t bits, const float *signs, const float *z, float *out_f,
+                        uint16_t *out_h)
+{
+    _Alignas(32) float buf[TQKV_PAGE_MAX_DIM];
+    const uint64_t pmask = lane_mask[bits];
+    const __m256 zlo = _mm256_loadu_ps(z), zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zlo;
+    const __m256 fmax = _mm256_set1_ps(FLT_MAX), fmin = _mm256_set1_ps(-FLT_MAX);
+    const float inv = 1.0f / (float)g;
+
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *row = idx + i * row_bytes;
+        const __m256 c = _mm256_set1_ps(scale[i] * inv);
+        for (uint32_t j = 0; j < g; j += 8) {
+            uint64_t w = 0;
+            memcpy(&w, row + (j / 8) * bits, bits);
+            __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)_pdep_u64(w, pmask)));
+            __m256 zv = _mm256_permutevar8x32_ps(zlo, iv);
+            if (bits == 4)
+                zv = _mm256_blendv_ps(
+                    zv, _mm256_permutevar8x32_ps(zhi, iv),
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(iv, _mm256_set1_epi32(7))));
+            _mm256_store_ps(buf + j, zv);
+        }
+        fwht_avx2(buf, g);
+        for (uint32_t j = 0; j < g; j += 8)
+            _mm256_store_ps(buf + j,
+                            _mm256_mul_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(signs + g + j)));
+        fwht_avx2(buf, g);
+        for (uint32_t j = 0; j < g; j += 8) {
+            __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(buf + j), c),
+                                     _mm256_loadu_ps(signs + j));
+            v = _mm256_min_ps(_mm256_max_ps(v, fmin), fmax);
+            if (out_f)
+                _mm256_storeu_ps(out_f + i * g + j, v);
+            if (out_h) {
+                /* f32 -> bf16, round to nearest even, saturating at +-max finite */
+                __m256i u = _mm256_castps_si256(v);
+                __m256i r =
+                    _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                         _mm256_and_si256(_mm256_srli_epi32(u, 16),
+                                                                          _mm256_set1_epi32(1))));
+                r = _mm256_srli_epi32(r, 16);
+                __m256i mag = _mm256_min_epu32(_mm256_and_si256(r, _mm256_set1_epi32(0x7fff)),
+                                               _mm256_set1_epi32(0x7f7f));
+                r = _mm256_or_si256(_mm256_and_si256(r, _mm256_set1_epi32(0x8000)), mag);
+                __m128i p16 =
+                    _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+                _mm_storeu_si128((__m128i *)(out_h + i * g + j), p16);
+            }
+        }
+    }
+}
