@@ -1,5 +1,6 @@
-# security.cmake - auth and TLS unit suites, the security/fault tests against real
-# tqkv-server processes (Python grpcio), and (TQKV_FUZZ=ON, clang) the libFuzzer targets.
+# security.cmake - auth and TLS unit suites, replay of the fuzz corpora and recorded
+# crashes, the security/fault tests against real tqkv-server processes (Python
+# grpcio), and (TQKV_FUZZ=ON, clang) the libFuzzer targets in tests/fuzz/.
 
 tqkv_check_suite(check_auth
   SOURCES ${PROJECT_SOURCE_DIR}/tests/check_auth.c ${PROJECT_SOURCE_DIR}/service/auth.c
@@ -13,6 +14,55 @@ tqkv_check_suite(check_tls
   LABELS unit
   TIMEOUT 120)
 
+# ---- fuzz harnesses: replayed over seeds and regressions in every build ----
+set(TQKV_FUZZ_DIR ${PROJECT_SOURCE_DIR}/tests/fuzz)
+set(TQKV_FUZZ_KINDS put lookup get delete stats)
+set(TQKV_FUZZ_SEEDS ${PROJECT_BINARY_DIR}/fuzz-seeds)
+
+# The page encoder (codec part) may not be in the tree yet: the page target and the
+# seed generator need it.
+set(_tqkv_have_page_codec OFF)
+file(GLOB _k_srcs ${PROJECT_SOURCE_DIR}/kernels/*.c)
+foreach(f IN LISTS _k_srcs)
+  file(STRINGS ${f} _hit REGEX "^tqkv_page_encode\\(")
+  if(_hit)
+    set(_tqkv_have_page_codec ON)
+  endif()
+endforeach()
+
+function(tqkv_fuzz_replay name)
+  cmake_parse_arguments(A "" "" "SOURCES;LIBS;DEFS;DIRS" ${ARGN})
+  add_executable(fuzz-replay-${name} ${TQKV_FUZZ_DIR}/replay_main.c ${A_SOURCES})
+  target_compile_definitions(fuzz-replay-${name} PRIVATE ${A_DEFS})
+  target_link_libraries(fuzz-replay-${name} PRIVATE tqkv_flags ${A_LIBS})
+  add_test(NAME fuzz_replay_${name} COMMAND fuzz-replay-${name}
+    ${TQKV_FUZZ_DIR}/regressions/${name} ${TQKV_FUZZ_SEEDS}/${name})
+  set_tests_properties(fuzz_replay_${name} PROPERTIES LABELS "unit;fuzz" TIMEOUT 300)
+  if(_tqkv_have_page_codec)
+    set_tests_properties(fuzz_replay_${name} PROPERTIES FIXTURES_REQUIRED fuzz_seeds)
+  endif()
+endfunction()
+
+if(_tqkv_have_page_codec)
+  add_executable(tqkv-fuzz-corpus ${TQKV_FUZZ_DIR}/gen_corpus.c)
+  target_link_libraries(tqkv-fuzz-corpus PRIVATE tqkv_flags tqkv_kernels tqkv_proto)
+  add_test(NAME fuzz_seed_corpus COMMAND tqkv-fuzz-corpus ${TQKV_FUZZ_SEEDS})
+  set_tests_properties(fuzz_seed_corpus PROPERTIES LABELS "unit;fuzz" FIXTURES_SETUP fuzz_seeds
+    TIMEOUT 300)
+  tqkv_fuzz_replay(page SOURCES ${TQKV_FUZZ_DIR}/fuzz_page.c LIBS tqkv_kernels)
+endif()
+if(EXISTS ${PROJECT_SOURCE_DIR}/service/validate.c)
+  foreach(kind IN LISTS TQKV_FUZZ_KINDS)
+    list(FIND TQKV_FUZZ_KINDS ${kind} _i)
+    math(EXPR _k "${_i} + 1")
+    tqkv_fuzz_replay(validate_${kind}
+      SOURCES ${TQKV_FUZZ_DIR}/fuzz_validate.c ${PROJECT_SOURCE_DIR}/service/validate.c
+      LIBS tqkv_kernels tqkv_proto DEFS FUZZ_KIND=${_k})
+  endforeach()
+endif()
+tqkv_fuzz_replay(auth SOURCES ${TQKV_FUZZ_DIR}/fuzz_auth.c ${PROJECT_SOURCE_DIR}/service/auth.c
+  LIBS tqkv_kernels)
+
 if(TQKV_FUZZ)
-  add_subdirectory(${PROJECT_SOURCE_DIR}/tests/fuzz ${PROJECT_BINARY_DIR}/fuzz)
+  add_subdirectory(${TQKV_FUZZ_DIR} ${PROJECT_BINARY_DIR}/fuzz)
 endif()
