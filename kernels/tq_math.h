@@ -221,4 +221,378 @@ tqkv_page_key_mean(const void *page, uint32_t head)
     return (const float *)((const uint8_t *)page + h->mean_offset) + (uint64_t)head * h->head_dim;
 }
 
+#include <float.h>
+#include <math.h>
+
+/* ---- per-vector encode/decode of one group (the CUDA kernels run these per thread) ----
+ *
+ * These follow the scalar reference encoder of kernels/page.c operation for operation
+ * (f32 rotations, f64 norms and residuals), so a GPU page equals the CPU reference page
+ * byte for byte. Arithmetic goes through TQKV_F* / TQKV_D* so that nvcc does not
+ * contract it into FMAs (the CPU reference is compiled without FMA contraction). */
+
+#if defined(__CUDA_ARCH__)
+#define TQKV_FMUL(a, b) __fmul_rn((a), (b))
+#define TQKV_FADD(a, b) __fadd_rn((a), (b))
+#define TQKV_DMUL(a, b) __dmul_rn((a), (b))
+#define TQKV_DADD(a, b) __dadd_rn((a), (b))
+#define TQKV_DSUB(a, b) __dsub_rn((a), (b))
+#else
+#define TQKV_FMUL(a, b) ((float)(a) * (float)(b))
+#define TQKV_FADD(a, b) ((float)(a) + (float)(b))
+#define TQKV_DMUL(a, b) ((double)(a) * (double)(b))
+#define TQKV_DADD(a, b) ((double)(a) + (double)(b))
+#define TQKV_DSUB(a, b) ((double)(a) - (double)(b))
+#endif
+
+/* sqrt(pi/2) */
+#define TQKV_SQRT_HALF_PI sqrt(3.14159265358979323846 / 2)
+
+/* Everything a kernel needs to encode or decode vectors of one group (borrowed
+ * pointers: host memory on the CPU, device memory in kernels). */
+typedef struct tqkv_group_codec {
+    uint32_t dim;            /* g */
+    uint32_t mode;           /* tqkv_mode_t */
+    uint32_t mse_bits;       /* index bits (0 for 1-bit prod: QJL only) */
+    uint32_t n_centroids;    /* 2^mse_bits or 0 */
+    uint32_t rotation;       /* TQKV_ROT_DENSE or TQKV_ROT_HADAMARD (tqkv_group_rotation) */
+    uint32_t norm_corrected; /* scale = ||x|| / ||z[idx]|| */
+    const float *z;          /* [n_centroids] centroids * sqrt(g), ascending */
+    const float *thr;        /* [n_centroids - 1] thresholds, z domain */
+    const float *matrix;     /* dense Pi [g][g] row-major (y = Pi x), else NULL */
+    const float *signs;      /* Hadamard D1[g] then D2[g] (+-1), else NULL */
+    const float *qjl;        /* S [g][g] row-major (prod), else NULL */
+} tqkv_group_codec_t;
+
+/* A double rounded to f32, saturating at +-FLT_MAX. */
+TQKV_HD float
+tqkv_clamp_flt(double v)
+{
+    if (v > FLT_MAX)
+        return FLT_MAX;
+    if (v < -FLT_MAX)
+        return -FLT_MAX;
+    return (float)v;
+}
+
+/* y = M x for a row-major n x n matrix (f32, sums in column order); no aliasing. */
+TQKV_HD void
+tqkv_matvec(const float *M, const float *x, float *y, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (uint32_t j = 0; j < n; j++)
+            s = TQKV_FADD(s, TQKV_FMUL(M[(uint64_t)i * n + j], x[j]));
+        y[i] = s;
+    }
+}
+
+/* x = M^T y (f32, sums in row order); no aliasing. */
+TQKV_HD void
+tqkv_matvec_t(const float *M, const float *y, float *x, uint32_t n)
+{
+    for (uint32_t j = 0; j < n; j++) {
+        float s = 0.0f;
+        for (uint32_t i = 0; i < n; i++)
+            s = TQKV_FADD(s, TQKV_FMUL(M[(uint64_t)i * n + j], y[i]));
+        x[j] = s;
+    }
+}
+
+/* out = Pi in (Hadamard: H D2 H D1 in / g, scaled last), as tqkv_rotation_apply. */
+TQKV_HD void
+tqkv_group_rotate(const tqkv_group_codec_t *G, const float *in, float *out)
+{
+    uint32_t g = G->dim;
+    if (G->rotation == TQKV_ROT_HADAMARD) {
+        float inv = 1.0f / (float)g;
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_FMUL(in[j], G->signs[j]);
+        tqkv_fwht(out, g);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_FMUL(out[j], G->signs[g + j]);
+        tqkv_fwht(out, g);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_FMUL(out[j], inv);
+    } else {
+        tqkv_matvec(G->matrix, in, out, g);
+    }
+}
+
+/* out = Pi^T in (Hadamard: D1 H D2 H in / g), as tqkv_rotation_apply_t. */
+TQKV_HD void
+tqkv_group_rotate_t(const tqkv_group_codec_t *G, const float *in, float *out)
+{
+    uint32_t g = G->dim;
+    if (G->rotation == TQKV_ROT_HADAMARD) {
+        float inv = 1.0f / (float)g;
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = in[j];
+        tqkv_fwht(out, g);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_FMUL(out[j], G->signs[g + j]);
+        tqkv_fwht(out, g);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_FMUL(out[j], TQKV_FMUL(G->signs[j], inv));
+    } else {
+        tqkv_matvec_t(G->matrix, in, out, g);
+    }
+}
+
+/* Encodes the group vector x[g] (f64: BF16 values minus the f32 key mean). work: 3g
+ * floats. idx_row (idx_row_bytes) and sign_row (prod, sign_row_bytes) must be zeroed.
+ * Writes *scale and (prod) *gamma. Zero vector: scale 0, indices 0, gamma 0, all
+ * signs set. */
+TQKV_HD void
+tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work, float *scale,
+                      float *gamma, uint8_t *idx_row, uint8_t *sign_row)
+{
+    const uint32_t g = G->dim, b = G->mse_bits;
+    float *u = work, *y = work + g, *a = work + 2 * g;
+    const float sqrt_g = sqrtf((float)g);
+    double s = 0, zn2 = 0, sc, rn = 0, sf;
+
+    for (uint32_t j = 0; j < g; j++)
+        s = TQKV_DADD(s, TQKV_DMUL(x[j], x[j]));
+    s = sqrt(s);
+    if (s == 0) {
+        *scale = 0.0f;
+        if (G->mode == TQKV_MODE_PROD) {
+            *gamma = 0.0f;
+            for (uint32_t j = 0; j < g; j++)
+                sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
+        }
+        return;
+    }
+    for (uint32_t j = 0; j < g; j++)
+        u[j] = (float)(x[j] / s);
+    if (b) {
+        tqkv_group_rotate(G, u, y);
+        for (uint32_t j = 0; j < g; j++) {
+            uint32_t k = tqkv_nearest_index(TQKV_FMUL(y[j], sqrt_g), G->thr, G->n_centroids);
+            tqkv_bits_put(idx_row, j, b, k);
+            y[j] = G->z[k];
+            zn2 = TQKV_DADD(zn2, TQKV_DMUL(y[j], y[j]));
+        }
+    }
+    if (G->norm_corrected && b && zn2 > 0)
+        sc = s / sqrt(zn2);
+    else
+        sc = s / sqrt((double)g);
+    *scale = tqkv_clamp_flt(sc);
+    if (G->mode != TQKV_MODE_PROD)
+        return;
+    /* r = x - scale * Pi^T z[idx] (what the decoder rebuilds); QJL of r / ||r|| */
+    if (b)
+        tqkv_group_rotate_t(G, y, a);
+    sf = (double)*scale;
+    for (uint32_t j = 0; j < g; j++) {
+        double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
+        rn = TQKV_DADD(rn, TQKV_DMUL(r, r));
+    }
+    rn = sqrt(rn);
+    for (uint32_t j = 0; j < g; j++) {
+        double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
+        u[j] = rn > 0 ? (float)(r / rn) : 0.0f;
+    }
+    *gamma = tqkv_clamp_flt(rn / sqrt((double)g));
+    tqkv_matvec(G->qjl, u, y, g);
+    for (uint32_t j = 0; j < g; j++)
+        if (y[j] >= 0.0f)
+            sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
+}
+
+/* Decodes one group vector into out[g] (f64, before adding the key mean), as the
+ * reference decoder: x_mse = scale * Pi^T z[idx], plus for prod
+ * sqrt(pi/2) / sqrt(g) * gamma * S^T sign. work: 2g floats. */
+TQKV_HD void
+tqkv_group_decode_vec(const tqkv_group_codec_t *G, float scale, float gamma,
+                      const uint8_t *idx_row, const uint8_t *sign_row, float *work, double *out)
+{
+    const uint32_t g = G->dim, b = G->mse_bits;
+    float *y = work, *a = work + g;
+    for (uint32_t j = 0; j < g; j++)
+        out[j] = 0;
+    if (b) {
+        for (uint32_t j = 0; j < g; j++)
+            y[j] = G->z[tqkv_bits_get(idx_row, j, b)];
+        tqkv_group_rotate_t(G, y, a);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_DMUL(scale, a[j]);
+    }
+    if (G->mode == TQKV_MODE_PROD) {
+        double c = TQKV_DMUL(TQKV_SQRT_HALF_PI / sqrt((double)g), gamma);
+        for (uint32_t j = 0; j < g; j++)
+            y[j] = ((sign_row[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
+        tqkv_matvec_t(G->qjl, y, a, g);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_DADD(out[j], TQKV_DMUL(c, a[j]));
+    }
+}
+
+/* Channel c of a head is in group 0 (outliers) when rank(c) < n_hi, where the rank
+ * orders channels by energy, descending, ties to the lower channel index. */
+TQKV_HD uint32_t
+tqkv_energy_rank(const double *energy, uint32_t d, uint32_t c)
+{
+    uint32_t r = 0;
+    double e = energy[c];
+    for (uint32_t k = 0; k < d; k++)
+        r += (energy[k] > e) || (energy[k] == e && k < c);
+    return r;
+}
+
+/* ---- page planning and per-(head, channel) statistics of an encoder ---- */
+
+/* Fills *h (zeroed first) with the header of the page for a block of T tokens, H heads,
+ * head_dim D and the given per-tensor codec (index 0 = K, 1 = V; bits_x2 0 = absent):
+ * layout in order header, key mean (centering with K present), then per tensor mask,
+ * group 0, group 1. crc32c is left 0. Returns 0, or -1 for an unsupported bits_x2. */
+TQKV_HD int
+tqkv_page_plan(uint32_t T, uint32_t H, uint32_t D, const uint8_t bits_x2[2],
+               const uint8_t mode[2], const uint8_t norm_corrected[2], uint32_t rotation,
+               uint32_t centering, uint64_t seed, tqkv_page_header_t *h)
+{
+    uint64_t off = TQKV_PAGE_HEADER_BYTES, n = (uint64_t)T * H;
+    uint8_t *raw = (uint8_t *)h;
+    for (uint32_t i = 0; i < sizeof *h; i++)
+        raw[i] = 0;
+    h->magic = TQKV_PAGE_MAGIC;
+    h->version = TQKV_PAGE_VERSION;
+    h->header_bytes = TQKV_PAGE_HEADER_BYTES;
+    h->seed = seed;
+    h->num_tokens = T;
+    h->num_kv_heads = (uint16_t)H;
+    h->head_dim = (uint16_t)D;
+    h->rotation = (uint8_t)rotation;
+    if (centering && bits_x2[TQKV_TENSOR_K]) {
+        h->flags |= TQKV_PAGE_KEY_CENTERED;
+        h->mean_offset = (uint32_t)off;
+        off += tqkv_align_up(4ull * H * D, TQKV_PAGE_ALIGN);
+    }
+    for (uint32_t t = 0; t < 2; t++) {
+        tqkv_page_tensor_desc_t *td = &h->tensor[t];
+        tqkv_group_layout_t L;
+        uint32_t hi, lo, nhi;
+        if (!bits_x2[t])
+            continue;
+        if (tqkv_bits_split(bits_x2[t], D, &hi, &lo, &nhi) != 0)
+            return -1;
+        td->mode = mode[t];
+        td->bits_x2 = bits_x2[t];
+        td->hi_bits = (uint8_t)hi;
+        td->lo_bits = (uint8_t)lo;
+        td->n_hi = (uint16_t)nhi;
+        td->flags = norm_corrected[t] ? TQKV_TENSOR_NORM_CORRECTED : 0;
+        if (lo) {
+            td->mask_offset = (uint32_t)off;
+            off += tqkv_align_up((uint64_t)H * ((D + 7) / 8), TQKV_PAGE_ALIGN);
+        }
+        tqkv_group_layout(nhi, hi, mode[t], n, &L);
+        td->group_offset[0] = (uint32_t)off;
+        td->group_bytes[0] = (uint32_t)L.bytes;
+        off += L.bytes;
+        if (lo) {
+            tqkv_group_layout(D - nhi, lo, mode[t], n, &L);
+            td->group_offset[1] = (uint32_t)off;
+            td->group_bytes[1] = (uint32_t)L.bytes;
+            off += L.bytes;
+        }
+    }
+    if (off > TQKV_PAGE_MAX_BYTES)
+        return -1;
+    h->page_bytes = (uint32_t)off;
+    return 0;
+}
+
+/* Statistics over the T tokens of channel c of head h of a BF16 [T][H][D] tensor, as
+ * the reference encoder computes them (f64 sums in token order). The key mean: */
+TQKV_HD float
+tqkv_channel_mean(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h, uint32_t c)
+{
+    uint64_t stride = (uint64_t)H * D, base = (uint64_t)h * D + c;
+    double s = 0;
+    for (uint32_t t = 0; t < T; t++)
+        s = TQKV_DADD(s, (double)tqkv_bf16_to_f32(x[t * stride + base]));
+    return (float)(s / T);
+}
+
+/* max_t |x - mu| (a head whose maximum over channels exceeds 2^126 keeps mu = 0). */
+TQKV_HD double
+tqkv_channel_maxdev(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h,
+                    uint32_t c, float mu)
+{
+    uint64_t stride = (uint64_t)H * D, base = (uint64_t)h * D + c;
+    double m = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        double dv = fabs(TQKV_DSUB((double)tqkv_bf16_to_f32(x[t * stride + base]), mu));
+        m = dv > m ? dv : m;
+    }
+    return m;
+}
+
+/* sum_t (x - mu)^2 (mu = 0 when not centering): the energy outliers are chosen by. */
+TQKV_HD double
+tqkv_channel_energy(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h,
+                    uint32_t c, float mu)
+{
+    uint64_t stride = (uint64_t)H * D, base = (uint64_t)h * D + c;
+    double e = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        double v = TQKV_DSUB((double)tqkv_bf16_to_f32(x[t * stride + base]), mu);
+        e = TQKV_DADD(e, TQKV_DMUL(v, v));
+    }
+    return e;
+}
+
+/* ---- CRC32C pieces for parallel CRCs (the CUDA encoder computes page CRCs) ----
+ * The CRC register is reflected (poly 0x82F63B78). tqkv_crc32c_raw runs the register
+ * over bytes with no pre/post inversion; tqkv_crc32c_shift advances a register over
+ * n zero bytes. The standard CRC of A||B is then
+ *   ~(shift(shift(~0, |A|) ^ raw(0, A), |B|) ^ raw(0, B)). */
+
+TQKV_HD uint32_t
+tqkv_crc32c_raw_byte(uint32_t crc, uint8_t byte)
+{
+    crc ^= byte;
+    for (int k = 0; k < 8; k++)
+        crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    return crc;
+}
+
+/* (a * b) mod P in the reflected representation (x^0 is bit 31). */
+TQKV_HD uint32_t
+tqkv_crc32c_gf_mul(uint32_t a, uint32_t b)
+{
+    uint32_t p = 0;
+    for (int k = 0; k < 32; k++) {
+        p ^= (0u - ((b >> 31) & 1u)) & a;
+        b <<= 1;
+        a = (a >> 1) ^ (0x82F63B78u & (0u - (a & 1u)));
+    }
+    return p;
+}
+
+/* x^(8n) mod P (reflected): the operator "advance over n zero bytes". */
+TQKV_HD uint32_t
+tqkv_crc32c_x8n(uint64_t n)
+{
+    uint32_t r = 0x80000000u;  /* x^0 */
+    uint32_t sq = 0x00800000u; /* x^8 */
+    while (n) {
+        if (n & 1u)
+            r = tqkv_crc32c_gf_mul(r, sq);
+        sq = tqkv_crc32c_gf_mul(sq, sq);
+        n >>= 1;
+    }
+    return r;
+}
+
+/* The register crc advanced over n zero bytes. */
+TQKV_HD uint32_t
+tqkv_crc32c_shift(uint32_t crc, uint64_t n)
+{
+    return tqkv_crc32c_gf_mul(crc, tqkv_crc32c_x8n(n));
+}
+
 #endif

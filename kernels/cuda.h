@@ -1,0 +1,91 @@
+/* cuda.h - CUDA launchers: page encode/decode on the device, fused decode attention
+ * over packed pages, and a plain BF16 decode-attention baseline. C-includable.
+ *
+ * Every launcher enqueues its work on the caller's stream, checks the launches and
+ * returns a status; none synchronizes the stream except where stated. Device buffers
+ * are borrowed. Rotation matrices, Hadamard signs, QJL matrices and codebooks are
+ * built on the host (kernels/rotation.h, kernels/codebook.h) and uploaded once per
+ * (kind, dim, seed) and device into a process-wide device cache (thread-safe; the
+ * first use of a new (kind, dim, seed) does a synchronous upload).
+ *
+ * The per-vector math is the TQKV_HD code of kernels/tq_math.h (one thread per vector
+ * and group, no FMA contraction), so GPU pages equal CPU pages byte for byte where
+ * the CPU encoder computes the same f32 operations; page CRCs are computed on the
+ * device (parallel CRC32C with register shifting, see tqkv_crc32c_shift).
+ */
+#ifndef TQKV_KERNELS_CUDA_H
+#define TQKV_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/page.h"
+#include "kernels/page_format.h"
+#include "kernels/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of CUDA devices in *n; TQKV_ENODEV (with *n = 0) when there is none or no
+ * driver. */
+tqkv_status_t tqkv_cuda_device_count(int *n);
+
+/* Encodes K and V (device BF16 [T][H][D]; d_v may be NULL when codec->v.bits_x2 == 0)
+ * into d_page[0..cap) (device memory) on `stream`. *written gets the page size at
+ * once (host-computed). Returns TQKV_EINVAL/EUNSUPPORTED for bad parameters,
+ * TQKV_ENOSPC when cap is too small, TQKV_ECUDA when a launch fails.
+ * NaN/Inf input cannot be reported without a synchronization: such a page is written
+ * with magic 0 (every reader rejects it); tqkv_cuda_page_encode_status tells. */
+tqkv_status_t tqkv_cuda_page_encode(const tqkv_block_shape_t *shape,
+                                    const tqkv_block_codec_t *codec, const uint16_t *d_k,
+                                    const uint16_t *d_v, void *d_page, size_t cap, size_t *written,
+                                    cudaStream_t stream);
+
+/* Synchronizes `stream` and checks the page header encoded into d_page: TQKV_OK, or
+ * TQKV_ERANGE when the input held NaN/Inf, TQKV_ECUDA on a device error. */
+tqkv_status_t tqkv_cuda_page_encode_status(const void *d_page, cudaStream_t stream);
+
+/* Decodes a page in device memory into device f32 (or BF16) [T][H][D] for K and V
+ * (either output may be NULL). hdr is a host copy of the page's header: it is checked
+ * (magic, version, shape, codec, every offset equal to the layout the parameters
+ * imply) and TQKV_EFORMAT is returned when it is not consistent. The CRC is not
+ * checked on the device. Key centering is undone; prod decodes the unbiased estimate. */
+tqkv_status_t tqkv_cuda_page_decode_f32(const tqkv_page_header_t *hdr, const void *d_page,
+                                        float *d_k, float *d_v, cudaStream_t stream);
+tqkv_status_t tqkv_cuda_page_decode_bf16(const tqkv_page_header_t *hdr, const void *d_page,
+                                         uint16_t *d_k, uint16_t *d_v, cudaStream_t stream);
+
+/* Checks a host copy of a page header for the device kernels (see decode). */
+tqkv_status_t tqkv_cuda_header_check(const tqkv_page_header_t *hdr);
+
+/* Decode attention of one query token over the pages of a sequence.
+ * d_pages: device array of n_pages device pointers, in token order. Every page must
+ * have the header fields of `hdr` (host copy of the first page's header) except
+ * num_tokens, page_bytes, crc32c and offsets of a shorter last page: the kernels read
+ * each page's own header. q: device f32 [num_q_heads][D] (num_q_heads a multiple of
+ * the pages' num_kv_heads: GQA), out: device f32 [num_q_heads][D]. sm_scale
+ * multiplies the scores (usually 1/sqrt(D)). work: device scratch of
+ * tqkv_cuda_attention_workspace() bytes (one split per page, merged at the end). */
+size_t tqkv_cuda_attention_workspace(uint32_t n_splits, uint32_t num_q_heads, uint32_t head_dim);
+tqkv_status_t tqkv_cuda_attention_packed(const tqkv_page_header_t *hdr, const void *const *d_pages,
+                                         uint32_t n_pages, const float *d_q, uint32_t num_q_heads,
+                                         float sm_scale, float *d_out, void *d_work,
+                                         size_t work_bytes, cudaStream_t stream);
+
+/* Baseline: the same attention over plain BF16 K, V [n_tokens][H][D] (device), split
+ * into n_splits token ranges merged at the end (n_splits = 0 chooses). work as above
+ * for the number of splits used (tqkv_cuda_attention_bf16_splits tells it). */
+uint32_t tqkv_cuda_attention_bf16_splits(uint32_t n_tokens, uint32_t num_kv_heads);
+tqkv_status_t tqkv_cuda_attention_bf16(const uint16_t *d_k, const uint16_t *d_v, uint32_t n_tokens,
+                                       uint32_t num_kv_heads, uint32_t head_dim, const float *d_q,
+                                       uint32_t num_q_heads, float sm_scale, float *d_out,
+                                       void *d_work, size_t work_bytes, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
