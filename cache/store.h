@@ -13,6 +13,11 @@
 
 #include "kernels/status.h"
 
+/* Largest layer index + 1 a key may carry (TQKV_EINVAL beyond). */
+#define TQKV_STORE_MAX_LAYERS 1024u
+/* Largest namespace name, in bytes (TQKV_EINVAL beyond). */
+#define TQKV_STORE_MAX_NS 1024u
+
 typedef struct tqkv_store tqkv_store_t;
 typedef struct tqkv_page_ref tqkv_page_ref_t; /* a pinned page */
 
@@ -39,16 +44,16 @@ typedef struct tqkv_block_key {
 } tqkv_block_key_t;
 
 typedef struct tqkv_store_config {
-    uint64_t dram_capacity;      /* bytes of page data, hard limit */
-    uint64_t hbm_capacity;       /* 0 = no HBM tier */
-    int hbm_standin;             /* HBM tier backed by host memory (no GPU needed) */
-    int device;                  /* CUDA device for a real HBM tier, -1 = none */
-    double high_watermark;       /* fraction of HBM capacity that starts demotion (0.9) */
-    double low_watermark;        /* demotion stops here (0.8) */
-    int promote_on_access;       /* move DRAM pages back to HBM on get */
-    int verify_crc;              /* check the page CRC on every get (TQKV_ECORRUPT on failure) */
+    uint64_t dram_capacity; /* bytes of page data, hard limit */
+    uint64_t hbm_capacity;  /* 0 = no HBM tier */
+    int hbm_standin;        /* HBM tier backed by host memory (no GPU needed) */
+    int device;             /* CUDA device for a real HBM tier, -1 = none */
+    double high_watermark;  /* fraction of HBM capacity that starts demotion (0.9) */
+    double low_watermark;   /* demotion stops here (0.8) */
+    int promote_on_access;  /* move DRAM pages back to HBM on get */
+    int verify_crc;         /* check the page CRC on every get (TQKV_ECORRUPT on failure) */
     tqkv_evict_policy_t policy;
-    uint64_t default_ns_quota;   /* bytes per namespace, 0 = unlimited */
+    uint64_t default_ns_quota; /* bytes per namespace, 0 = unlimited */
 } tqkv_store_config_t;
 
 /* Fills cfg with defaults: 1 GiB DRAM, no HBM, watermarks 0.9/0.8, S3-FIFO. */
@@ -91,17 +96,15 @@ tqkv_status_t tqkv_store_lookup(tqkv_store_t *s, const char *ns, size_t ns_len,
                                 uint8_t *tiers_out);
 
 /* Deletes every layer of (ns, hash). *pages and *bytes (may be NULL) get what went. */
-tqkv_status_t tqkv_store_delete(tqkv_store_t *s, const char *ns, size_t ns_len,
-                                const uint8_t *hash, size_t hash_len, uint64_t *pages,
-                                uint64_t *bytes);
+tqkv_status_t tqkv_store_delete(tqkv_store_t *s, const char *ns, size_t ns_len, const uint8_t *hash,
+                                size_t hash_len, uint64_t *pages, uint64_t *bytes);
 
 /* Deletes a whole namespace; TQKV_ENOTFOUND when it holds nothing. */
 tqkv_status_t tqkv_store_delete_namespace(tqkv_store_t *s, const char *ns, size_t ns_len,
                                           uint64_t *pages, uint64_t *bytes);
 
 /* Per-namespace byte quota (0 = unlimited). */
-tqkv_status_t tqkv_store_set_quota(tqkv_store_t *s, const char *ns, size_t ns_len,
-                                   uint64_t bytes);
+tqkv_status_t tqkv_store_set_quota(tqkv_store_t *s, const char *ns, size_t ns_len, uint64_t bytes);
 
 typedef struct tqkv_tier_stats {
     uint64_t capacity, bytes_used, pages;

@@ -1,0 +1,1672 @@
+/* store.c - the tiered page store: index, tiers, eviction, demotion, pins, quotas.
+ *
+ * Data structures. A block (namespace, hash) lives in one of NSTRIPES index stripes
+ * (chained hash table per stripe) and holds an array of per-layer entries. An entry
+ * is one page's metadata; its bytes are a refcounted `copy` in one tier's pool. The
+ * index holds one reference on the current copy, every reader (tqkv_page_ref_t) one
+ * more, so an evicted, deleted or demoted copy is freed by its last reader.
+ * Entries have their own count (`sref`): one for being linked in the index, one per
+ * linked child that counted this entry as its parent, one per short-lived hold by
+ * the evictor/demoter; the struct is freed when it drops to zero.
+ *
+ * Locks, in acquisition order (never the reverse; never two stripe locks at once):
+ *   1. ns_lock (rwlock): the namespace table. Taken alone; namespace records live
+ *      until the store is destroyed, so pointers to them need no lock.
+ *   2. stripe[i].lock: the stripe's buckets and blocks, each entry's `cur` copy
+ *      pointer and lease of the blocks in it.
+ *   3. evict_lock: every tier queue, entry `tier`, `children`, `linked` (written with
+ *      both 2 and 3 held, so either one makes it stable), tier accounting.
+ * The evictor finds a victim under evict_lock, takes an `sref`, drops evict_lock,
+ * then takes the victim's stripe lock and evict_lock again and re-validates. Pool
+ * calls take no store lock (and may be made with locks held: they are leaves).
+ *
+ * Accounting: each tier's pool caps bytes of page data (pinned-but-evicted copies and
+ * copies in flight included), so capacities are hard. Namespace quotas reserve bytes
+ * with a compare-and-swap before allocating (`ns->reserved` = linked + in flight).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/cache_internal.h"
+#include "cache/evict.h"
+#include "cache/pool.h"
+#include "cache/store.h"
+#include "kernels/page_format.h"
+
+#define NSTRIPES 256u
+#define GHOST_SLOTS (1u << 16)
+#define MAX_EVICT_TRIES 100000
+
+/* ---- CRC32C (Castagnoli), the same convention as tqkv_crc32c: ~crc in and out ---- */
+
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static int crc_hw;
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    crc_hw = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t
+crc_update_hw(uint32_t c, const uint8_t *p, size_t n)
+{
+    uint64_t c64 = c;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c64 = __builtin_ia32_crc32di(c64, v);
+        p += 8;
+        n -= 8;
+    }
+    c = (uint32_t)c64;
+    while (n--)
+        c = __builtin_ia32_crc32qi(c, *p++);
+    return c;
+}
+#endif
+
+static uint32_t
+crc_update_sw(uint32_t c, const uint8_t *p, size_t n)
+{
+    while (n >= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                           (uint32_t)p[3] << 24);
+        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+            crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^
+            crc_table[2][p[5]] ^ crc_table[1][p[6]] ^ crc_table[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
+    return c;
+}
+
+static uint32_t
+crc32c(uint32_t crc, const void *buf, size_t len)
+{
+    uint32_t c = ~crc;
+    pthread_once(&crc_once, crc_init);
+#if defined(__x86_64__)
+    if (crc_hw)
+        return ~crc_update_hw(c, buf, len);
+#endif
+    return ~crc_update_sw(c, buf, len);
+}
+
+/* CRC of a packed page with its crc32c field read as zero. */
+static uint32_t
+page_crc(const uint8_t *page, size_t len)
+{
+    static const uint8_t zero[4];
+    size_t off = offsetof(tqkv_page_header_t, crc32c);
+    uint32_t c = crc32c(0, page, off);
+    c = crc32c(c, zero, 4);
+    return crc32c(c, page + off + 4, len - off - 4);
+}
+
+/* ---- types ---- */
+
+enum { CRC_NONE = 0, CRC_WHOLE = 1, CRC_PAGE = 2 };
+
+/* One stored copy of a page's bytes in one tier. */
+typedef struct copy {
+    void *data;            /* pool memory of `tier` */
+    _Atomic uint32_t refs; /* index (while current) + readers + movers */
+    uint32_t len;
+    uint8_t tier;
+} copy_t;
+
+typedef struct ns_rec ns_rec_t;
+typedef struct block block_t;
+
+/* Page metadata. `node` first (the queues hand back node pointers). */
+typedef struct entry {
+    tqkv__evq_node_t node;
+    block_t *blk;                 /* owning block, valid while linked */
+    struct entry *parent;         /* counted parent (holds an sref on it), or NULL */
+    copy_t *cur;                  /* current copy: stripe lock (+ evict lock to swap) */
+    uint64_t bf16;                /* BF16 bytes represented */
+    _Atomic uint32_t lease_until; /* ms since the store epoch; evictor skips until then */
+    _Atomic uint32_t sref;        /* struct lifetime */
+    uint32_t children;            /* linked children counting us: evict_lock */
+    uint32_t layer;
+    uint32_t crc;
+    uint8_t tier;     /* tqkv_tier_t of cur: stripe + evict lock */
+    uint8_t linked;   /* in the index: stripe + evict lock */
+    uint8_t crc_kind; /* CRC_* */
+} entry_t;
+
+/* All layers of one (namespace, hash). */
+struct block {
+    block_t *hnext;
+    ns_rec_t *ns;
+    uint64_t hv;
+    entry_t **layers; /* [nlayers] */
+    uint32_t nlayers;
+    uint32_t nlive;
+    uint8_t hash_len;
+    uint8_t hash[];
+};
+
+typedef struct counters {
+    _Atomic uint64_t pages[TQKV_TIER_COUNT], bytes[TQKV_TIER_COUNT], hits[TQKV_TIER_COUNT];
+    _Atomic uint64_t misses, evictions, demotions, promotions;
+    _Atomic uint64_t bytes_in, bytes_out, bf16, alloc_failures;
+} counters_t;
+
+struct ns_rec {
+    char *name;
+    size_t len;
+    uint64_t hv;
+    _Atomic uint64_t quota;    /* 0 = unlimited */
+    _Atomic uint64_t reserved; /* bytes linked + puts in flight */
+    counters_t c;
+};
+
+typedef struct stripe {
+    pthread_mutex_t lock; /* protects everything below and the blocks in it */
+    block_t **buckets;
+    size_t nb, count;
+} __attribute__((aligned(64))) stripe_t;
+
+struct tqkv_page_ref {
+    tqkv_store_t *s;
+    copy_t *c;
+    const void *host; /* c->data, or buf for device copies */
+    void *buf;
+    uint32_t len;
+    uint8_t tier;
+};
+
+struct tqkv_store {
+    tqkv_store_config_t cfg;
+    tqkv_pool_t *pool[TQKV_TIER_COUNT];
+    stripe_t stripes[NSTRIPES];
+
+    pthread_mutex_t evict_lock; /* queues, entry tier/children/linked: see the top */
+    tqkv__evq_t q[TQKV_TIER_COUNT];
+
+    counters_t g;
+
+    pthread_rwlock_t ns_lock; /* the namespace table */
+    ns_rec_t **ns_tab;        /* open addressing, ns_cap slots */
+    size_t ns_cap, ns_count;
+
+    struct timespec epoch;
+
+    pthread_mutex_t bg_lock; /* bg_stop and bg_cond */
+    pthread_cond_t bg_cond;
+    int bg_stop, bg_running;
+    pthread_t bg;
+};
+
+/* ---- small helpers ---- */
+
+static uint64_t
+mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t
+hash_bytes(uint64_t h, const uint8_t *p, size_t n)
+{
+    uint64_t v;
+    while (n >= 8) {
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    v = 0;
+    if (n)
+        memcpy(&v, p, n);
+    h = (h ^ v ^ ((uint64_t)n << 56)) * 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 31);
+}
+
+static uint64_t
+ns_hash(const char *ns, size_t len)
+{
+    return mix64(hash_bytes(0x7171u ^ len, (const uint8_t *)ns, len));
+}
+
+static uint64_t
+key_hash(uint64_t nsh, const uint8_t *hash, size_t len)
+{
+    return mix64(hash_bytes(nsh ^ (len * 0x100000001b3ULL), hash, len));
+}
+
+static stripe_t *
+stripe_of(tqkv_store_t *s, uint64_t hv)
+{
+    return &s->stripes[hv >> 56];
+}
+
+static uint32_t
+now_ms(tqkv_store_t *s)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    int64_t ms =
+        (int64_t)(t.tv_sec - s->epoch.tv_sec) * 1000 + (t.tv_nsec - s->epoch.tv_nsec) / 1000000;
+    return ms < 0 ? 0 : (uint32_t)ms;
+}
+
+static void
+cnt_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static void
+cnt_sub(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_sub_explicit(c, v, memory_order_relaxed);
+}
+
+static uint64_t
+cnt_get(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static void
+copy_release(tqkv_store_t *s, copy_t *c)
+{
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) {
+        tqkv_pool_free(s->pool[c->tier], c->data, c->len);
+        free(c);
+    }
+}
+
+static void
+entry_hold(entry_t *e)
+{
+    atomic_fetch_add_explicit(&e->sref, 1, memory_order_relaxed);
+}
+
+static void
+entry_put(entry_t *e)
+{
+    if (atomic_fetch_sub_explicit(&e->sref, 1, memory_order_acq_rel) == 1)
+        free(e);
+}
+
+static int
+valid_key(const tqkv_block_key_t *k)
+{
+    return k != NULL && (k->ns != NULL || k->ns_len == 0) && k->ns_len <= TQKV_STORE_MAX_NS &&
+           k->hash != NULL && k->hash_len >= 1 && k->hash_len <= 64 &&
+           k->layer < TQKV_STORE_MAX_LAYERS;
+}
+
+/* ---- namespaces ---- */
+
+/* Returns the record of ns or NULL (ns_lock must be held). */
+static ns_rec_t *
+do_ns_find(tqkv_store_t *s, const char *ns, size_t len, uint64_t h)
+{
+    if (s->ns_cap == 0)
+        return NULL;
+    for (size_t i = h & (s->ns_cap - 1);; i = (i + 1) & (s->ns_cap - 1)) {
+        ns_rec_t *r = s->ns_tab[i];
+        if (r == NULL)
+            return NULL;
+        if (r->hv == h && r->len == len && (len == 0 || memcmp(r->name, ns, len) == 0))
+            return r;
+    }
+}
+
+static ns_rec_t *
+ns_find(tqkv_store_t *s, const char *ns, size_t len)
+{
+    uint64_t h = ns_hash(ns, len);
+    pthread_rwlock_rdlock(&s->ns_lock);
+    ns_rec_t *r = do_ns_find(s, ns, len, h);
+    pthread_rwlock_unlock(&s->ns_lock);
+    return r;
+}
+
+static void
+do_ns_insert(tqkv_store_t *s, ns_rec_t *r)
+{
+    size_t i = r->hv & (s->ns_cap - 1);
+    while (s->ns_tab[i] != NULL)
+        i = (i + 1) & (s->ns_cap - 1);
+    s->ns_tab[i] = r;
+}
+
+static tqkv_status_t
+ns_get(tqkv_store_t *s, const char *ns, size_t len, ns_rec_t **out)
+{
+    uint64_t h = ns_hash(ns, len);
+    ns_rec_t *r = ns_find(s, ns, len);
+    if (r != NULL) {
+        *out = r;
+        return TQKV_OK;
+    }
+    pthread_rwlock_wrlock(&s->ns_lock);
+    r = do_ns_find(s, ns, len, h);
+    if (r != NULL)
+        goto done;
+    if ((s->ns_count + 1) * 2 > s->ns_cap) {
+        size_t ncap = s->ns_cap ? s->ns_cap * 2 : 16;
+        ns_rec_t **old = s->ns_tab, **tab = calloc(ncap, sizeof(*tab));
+        size_t ocap = s->ns_cap;
+        if (tab == NULL)
+            goto nomem;
+        s->ns_tab = tab;
+        s->ns_cap = ncap;
+        for (size_t i = 0; i < ocap; i++)
+            if (old[i])
+                do_ns_insert(s, old[i]);
+        free(old);
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        goto nomem;
+    r->name = malloc(len + 1);
+    if (r->name == NULL) {
+        free(r);
+        goto nomem;
+    }
+    if (len)
+        memcpy(r->name, ns, len);
+    r->name[len] = '\0';
+    r->len = len;
+    r->hv = h;
+    atomic_init(&r->quota, s->cfg.default_ns_quota);
+    do_ns_insert(s, r);
+    s->ns_count++;
+done:
+    pthread_rwlock_unlock(&s->ns_lock);
+    *out = r;
+    return TQKV_OK;
+nomem:
+    pthread_rwlock_unlock(&s->ns_lock);
+    return TQKV_ENOMEM;
+}
+
+static int
+quota_reserve(ns_rec_t *r, uint64_t len)
+{
+    uint64_t q = atomic_load_explicit(&r->quota, memory_order_relaxed);
+    uint64_t cur = atomic_load_explicit(&r->reserved, memory_order_relaxed);
+    for (;;) {
+        if (q != 0 && (len > q || cur > q - len))
+            return 0;
+        if (atomic_compare_exchange_weak_explicit(&r->reserved, &cur, cur + len,
+                                                  memory_order_acq_rel, memory_order_relaxed))
+            return 1;
+    }
+}
+
+/* ---- index (stripe lock held) ---- */
+
+static block_t *
+do_block_find(stripe_t *st, uint64_t hv, ns_rec_t *ns, const uint8_t *hash, size_t hlen)
+{
+    if (st->nb == 0)
+        return NULL;
+    for (block_t *b = st->buckets[hv & (st->nb - 1)]; b != NULL; b = b->hnext)
+        if (b->hv == hv && b->ns == ns && b->hash_len == hlen && memcmp(b->hash, hash, hlen) == 0)
+            return b;
+    return NULL;
+}
+
+static entry_t *
+do_entry_find(stripe_t *st, uint64_t hv, ns_rec_t *ns, const uint8_t *hash, size_t hlen,
+              uint32_t layer)
+{
+    block_t *b = do_block_find(st, hv, ns, hash, hlen);
+    if (b == NULL || layer >= b->nlayers)
+        return NULL;
+    return b->layers[layer];
+}
+
+static tqkv_status_t
+do_stripe_grow(stripe_t *st)
+{
+    size_t nnb = st->nb ? st->nb * 2 : 16;
+    block_t **nb = calloc(nnb, sizeof(*nb));
+    if (nb == NULL)
+        return st->nb ? TQKV_OK : TQKV_ENOMEM; /* a full table still works */
+    for (size_t i = 0; i < st->nb; i++) {
+        block_t *b = st->buckets[i], *n;
+        for (; b != NULL; b = n) {
+            n = b->hnext;
+            b->hnext = nb[b->hv & (nnb - 1)];
+            nb[b->hv & (nnb - 1)] = b;
+        }
+    }
+    free(st->buckets);
+    st->buckets = nb;
+    st->nb = nnb;
+    return TQKV_OK;
+}
+
+static void
+do_block_unlink_free(stripe_t *st, block_t *b)
+{
+    block_t **pp = &st->buckets[b->hv & (st->nb - 1)];
+    while (*pp != b)
+        pp = &(*pp)->hnext;
+    *pp = b->hnext;
+    st->count--;
+    free(b->layers);
+    free(b);
+}
+
+/* Moves tier accounting of e (linked) by sign. */
+static void
+do_account(tqkv_store_t *s, entry_t *e, int tier, int add)
+{
+    counters_t *n = &e->blk->ns->c;
+    uint64_t len = e->node.len;
+    if (add) {
+        cnt_add(&s->g.pages[tier], 1);
+        cnt_add(&s->g.bytes[tier], len);
+        cnt_add(&n->pages[tier], 1);
+        cnt_add(&n->bytes[tier], len);
+    } else {
+        cnt_sub(&s->g.pages[tier], 1);
+        cnt_sub(&s->g.bytes[tier], len);
+        cnt_sub(&n->pages[tier], 1);
+        cnt_sub(&n->bytes[tier], len);
+    }
+}
+
+/* Removes e from the index and its queue (stripe lock and evict_lock held). The block is
+ * left in place (the caller frees it when nlive reaches 0). Drops the index's copy
+ * reference and the link sref: e may be freed on return unless the caller holds one. */
+static void
+do_unlink(tqkv_store_t *s, entry_t *e, int evicted)
+{
+    block_t *b = e->blk;
+    ns_rec_t *ns = b->ns;
+    entry_t *p = e->parent;
+
+    tqkv__evq_remove(&s->q[e->tier], &e->node, evicted, b->hv);
+    b->layers[e->layer] = NULL;
+    b->nlive--;
+    e->linked = 0;
+    do_account(s, e, e->tier, 0);
+    cnt_sub(&s->g.bf16, e->bf16);
+    cnt_sub(&ns->c.bf16, e->bf16);
+    cnt_sub(&ns->reserved, e->node.len);
+    if (evicted) {
+        cnt_add(&s->g.evictions, 1);
+        cnt_add(&ns->c.evictions, 1);
+    }
+    if (p != NULL) {
+        e->parent = NULL;
+        if (--p->children == 0 && p->linked && p->node.where == TQKV__EVQ_PARKED) {
+            tqkv__evq_remove(&s->q[p->tier], &p->node, 0, 0);
+            tqkv__evq_insert_cold(&s->q[p->tier], &p->node);
+        }
+        entry_put(p);
+    }
+    copy_release(s, e->cur);
+    e->cur = NULL;
+    entry_put(e);
+}
+
+/* ---- eviction and demotion ---- */
+
+typedef struct victim_filter {
+    tqkv_store_t *s;
+    ns_rec_t *ns; /* only this namespace, or NULL */
+    uint32_t now;
+} victim_filter_t;
+
+static int
+evictable(tqkv__evq_node_t *n, void *arg)
+{
+    victim_filter_t *f = arg;
+    entry_t *e = (entry_t *)n;
+    if (f->ns != NULL && e->blk->ns != f->ns)
+        return 0;
+    uint32_t lease = atomic_load_explicit(&e->lease_until, memory_order_relaxed);
+    return lease == 0 || (int32_t)(lease - f->now) <= 0;
+}
+
+/* Evicts one page of `tier` (restricted to ns when non-NULL). Returns 1 when a page
+ * went, 0 when there is no candidate. */
+static int
+evict_one(tqkv_store_t *s, int tier, ns_rec_t *ns)
+{
+    for (int attempt = 0; attempt < 64; attempt++) {
+        victim_filter_t f = {s, ns, now_ms(s)};
+        tqkv__evq_node_t *n;
+        entry_t *e;
+        stripe_t *st;
+        int done = 0;
+
+        pthread_mutex_lock(&s->evict_lock);
+        n = ns ? tqkv__evq_find(&s->q[tier], evictable, &f)
+               : tqkv__evq_victim(&s->q[tier], evictable, &f);
+        if (n == NULL) {
+            pthread_mutex_unlock(&s->evict_lock);
+            return 0;
+        }
+        e = (entry_t *)n;
+        entry_hold(e);
+        st = stripe_of(s, e->blk->hv);
+        pthread_mutex_unlock(&s->evict_lock);
+
+        pthread_mutex_lock(&st->lock);
+        pthread_mutex_lock(&s->evict_lock);
+        f.now = now_ms(s);
+        if (e->linked && e->tier == tier && e->children == 0 &&
+            (e->node.where == TQKV__EVQ_SMALL || e->node.where == TQKV__EVQ_MAIN) &&
+            evictable(&e->node, &f)) {
+            block_t *b = e->blk;
+            do_unlink(s, e, 1);
+            if (b->nlive == 0)
+                do_block_unlink_free(st, b);
+            done = 1;
+        }
+        pthread_mutex_unlock(&s->evict_lock);
+        pthread_mutex_unlock(&st->lock);
+        entry_put(e);
+        if (done)
+            return 1;
+    }
+    return 0;
+}
+
+static tqkv_status_t make_room(tqkv_store_t *s, int tier, size_t len, void **ptr);
+
+/* Moves one HBM page to DRAM. Returns 1 when it moved one, 0 when nothing could. */
+static int
+demote_one(tqkv_store_t *s)
+{
+    for (int attempt = 0; attempt < 16; attempt++) {
+        tqkv__evq_node_t *n;
+        entry_t *e;
+        stripe_t *st;
+        copy_t *old, *nc;
+        void *mem;
+        int swapped = 0;
+
+        pthread_mutex_lock(&s->evict_lock);
+        n = tqkv__evq_victim(&s->q[TQKV_TIER_HBM], NULL, NULL);
+        if (n == NULL)
+            n = tqkv__evq_coldest_parked(&s->q[TQKV_TIER_HBM]);
+        if (n == NULL) {
+            pthread_mutex_unlock(&s->evict_lock);
+            return 0;
+        }
+        e = (entry_t *)n;
+        entry_hold(e);
+        st = stripe_of(s, e->blk->hv);
+        pthread_mutex_unlock(&s->evict_lock);
+
+        pthread_mutex_lock(&st->lock);
+        if (!e->linked || e->tier != TQKV_TIER_HBM) {
+            pthread_mutex_unlock(&st->lock);
+            entry_put(e);
+            continue;
+        }
+        old = e->cur;
+        atomic_fetch_add_explicit(&old->refs, 1, memory_order_relaxed);
+        pthread_mutex_unlock(&st->lock);
+
+        nc = malloc(sizeof(*nc));
+        if (nc == NULL || make_room(s, TQKV_TIER_DRAM, old->len, &mem) != TQKV_OK) {
+            free(nc);
+            copy_release(s, old);
+            entry_put(e);
+            return 0;
+        }
+        if (tqkv_pool_copy_out(s->pool[TQKV_TIER_HBM], mem, old->data, old->len) != TQKV_OK) {
+            tqkv_pool_free(s->pool[TQKV_TIER_DRAM], mem, old->len);
+            free(nc);
+            copy_release(s, old);
+            entry_put(e);
+            return 0;
+        }
+        nc->data = mem;
+        nc->len = old->len;
+        nc->tier = TQKV_TIER_DRAM;
+        atomic_init(&nc->refs, 1);
+
+        pthread_mutex_lock(&st->lock);
+        pthread_mutex_lock(&s->evict_lock);
+        if (e->linked && e->cur == old) {
+            tqkv__evq_remove(&s->q[TQKV_TIER_HBM], &e->node, 0, 0);
+            do_account(s, e, TQKV_TIER_HBM, 0);
+            e->cur = nc;
+            e->tier = TQKV_TIER_DRAM;
+            do_account(s, e, TQKV_TIER_DRAM, 1);
+            if (e->children > 0) {
+                e->node.where = TQKV__EVQ_NONE;
+                tqkv__evq_park(&s->q[TQKV_TIER_DRAM], &e->node);
+            } else {
+                tqkv__evq_insert(&s->q[TQKV_TIER_DRAM], &e->node, e->blk->hv);
+            }
+            cnt_add(&s->g.demotions, 1);
+            cnt_add(&e->blk->ns->c.demotions, 1);
+            atomic_fetch_sub_explicit(&old->refs, 1, memory_order_relaxed); /* index's ref */
+            swapped = 1;
+        }
+        pthread_mutex_unlock(&s->evict_lock);
+        pthread_mutex_unlock(&st->lock);
+        if (!swapped)
+            copy_release(s, nc);
+        copy_release(s, old);
+        entry_put(e);
+        if (swapped)
+            return 1;
+    }
+    return 0;
+}
+
+/* Allocates len bytes in tier, evicting (DRAM) or demoting (HBM) as needed. */
+static tqkv_status_t
+make_room(tqkv_store_t *s, int tier, size_t len, void **ptr)
+{
+    for (int tries = 0; tries < MAX_EVICT_TRIES; tries++) {
+        tqkv_status_t st = tqkv_pool_alloc(s->pool[tier], len, ptr);
+        if (st != TQKV_ENOSPC)
+            return st;
+        if (len > tqkv_pool_capacity(s->pool[tier]))
+            return TQKV_ENOSPC;
+        if (tier == TQKV_TIER_DRAM) {
+            if (!evict_one(s, TQKV_TIER_DRAM, NULL))
+                return TQKV_ENOSPC;
+        } else {
+            if (!demote_one(s))
+                return TQKV_ENOSPC;
+        }
+    }
+    return TQKV_ENOSPC;
+}
+
+static uint64_t
+hbm_mark(tqkv_store_t *s, double frac)
+{
+    return (uint64_t)((double)tqkv_pool_capacity(s->pool[TQKV_TIER_HBM]) * frac);
+}
+
+void
+tqkv__store_maintain(tqkv_store_t *s)
+{
+    tqkv_pool_t *h = s->pool[TQKV_TIER_HBM];
+    if (h == NULL)
+        return;
+    if (tqkv_pool_used(h) <= hbm_mark(s, s->cfg.high_watermark))
+        return;
+    uint64_t low = hbm_mark(s, s->cfg.low_watermark);
+    while (tqkv_pool_used(h) > low)
+        if (!demote_one(s))
+            break;
+}
+
+static void *
+bg_main(void *arg)
+{
+    tqkv_store_t *s = arg;
+    pthread_mutex_lock(&s->bg_lock);
+    while (!s->bg_stop) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 10 * 1000000;
+        if (t.tv_nsec >= 1000000000) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->bg_cond, &s->bg_lock, &t);
+        if (s->bg_stop)
+            break;
+        pthread_mutex_unlock(&s->bg_lock);
+        tqkv__store_maintain(s);
+        pthread_mutex_lock(&s->bg_lock);
+    }
+    pthread_mutex_unlock(&s->bg_lock);
+    return NULL;
+}
+
+static void
+bg_kick(tqkv_store_t *s)
+{
+    if (!s->bg_running)
+        return;
+    if (tqkv_pool_used(s->pool[TQKV_TIER_HBM]) <= hbm_mark(s, s->cfg.high_watermark))
+        return;
+    pthread_mutex_lock(&s->bg_lock);
+    pthread_cond_signal(&s->bg_cond);
+    pthread_mutex_unlock(&s->bg_lock);
+}
+
+/* ---- create / destroy ---- */
+
+void
+tqkv_store_config_default(tqkv_store_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->dram_capacity = 1ULL << 30;
+    cfg->hbm_capacity = 0;
+    cfg->hbm_standin = 0;
+    cfg->device = -1;
+    cfg->high_watermark = 0.9;
+    cfg->low_watermark = 0.8;
+    cfg->promote_on_access = 0;
+    cfg->verify_crc = 0;
+    cfg->policy = TQKV_EVICT_S3FIFO;
+    cfg->default_ns_quota = 0;
+}
+
+tqkv_status_t
+tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out)
+{
+    tqkv_store_t *s;
+    tqkv_status_t st;
+    unsigned i = 0;
+    int t;
+
+    if (cfg == NULL || out == NULL)
+        return TQKV_EINVAL;
+    *out = NULL;
+    if (cfg->dram_capacity == 0 ||
+        (cfg->policy != TQKV_EVICT_LRU && cfg->policy != TQKV_EVICT_S3FIFO))
+        return TQKV_EINVAL;
+    if (cfg->hbm_capacity > 0 &&
+        !(cfg->low_watermark > 0 && cfg->low_watermark <= cfg->high_watermark &&
+          cfg->high_watermark <= 1.0))
+        return TQKV_EINVAL;
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return TQKV_ENOMEM;
+    s->cfg = *cfg;
+    clock_gettime(CLOCK_MONOTONIC, &s->epoch);
+    /* Lease timestamps of 0 mean "none": start the clock at 1 s. */
+    s->epoch.tv_sec -= 1;
+
+    if ((st = tqkv_pool_create_host(cfg->dram_capacity, &s->pool[TQKV_TIER_DRAM])) != TQKV_OK)
+        goto fail_dram;
+    if (cfg->hbm_capacity > 0) {
+        if (cfg->device >= 0 && !cfg->hbm_standin)
+            st = tqkv_pool_create_device(cfg->device, cfg->hbm_capacity, &s->pool[TQKV_TIER_HBM]);
+        else
+            st = tqkv_pool_create_host(cfg->hbm_capacity, &s->pool[TQKV_TIER_HBM]);
+        if (st != TQKV_OK)
+            goto fail_hbm;
+    }
+    for (t = 1; t < TQKV_TIER_COUNT; t++)
+        if ((st = tqkv__evq_init(&s->q[t], cfg->policy, GHOST_SLOTS)) != TQKV_OK)
+            goto fail_q;
+    for (i = 0; i < NSTRIPES; i++)
+        if (pthread_mutex_init(&s->stripes[i].lock, NULL) != 0) {
+            st = TQKV_ENOMEM;
+            goto fail_stripes;
+        }
+    if (pthread_mutex_init(&s->evict_lock, NULL) != 0) {
+        st = TQKV_ENOMEM;
+        goto fail_stripes;
+    }
+    if (pthread_rwlock_init(&s->ns_lock, NULL) != 0) {
+        st = TQKV_ENOMEM;
+        goto fail_nslock;
+    }
+    if (pthread_mutex_init(&s->bg_lock, NULL) != 0) {
+        st = TQKV_ENOMEM;
+        goto fail_bglock;
+    }
+    if (pthread_cond_init(&s->bg_cond, NULL) != 0) {
+        st = TQKV_ENOMEM;
+        goto fail_bgcond;
+    }
+    if (s->pool[TQKV_TIER_HBM] != NULL) {
+        if (pthread_create(&s->bg, NULL, bg_main, s) != 0) {
+            st = TQKV_ENOMEM;
+            goto fail_thread;
+        }
+        s->bg_running = 1;
+    }
+    *out = s;
+    return TQKV_OK;
+
+fail_thread:
+    pthread_cond_destroy(&s->bg_cond);
+fail_bgcond:
+    pthread_mutex_destroy(&s->bg_lock);
+fail_bglock:
+    pthread_rwlock_destroy(&s->ns_lock);
+fail_nslock:
+    pthread_mutex_destroy(&s->evict_lock);
+fail_stripes:
+    while (i-- > 0)
+        pthread_mutex_destroy(&s->stripes[i].lock);
+fail_q:
+    for (t = 1; t < TQKV_TIER_COUNT; t++)
+        tqkv__evq_fini(&s->q[t]);
+    tqkv_pool_destroy(s->pool[TQKV_TIER_HBM]);
+fail_hbm:
+    tqkv_pool_destroy(s->pool[TQKV_TIER_DRAM]);
+fail_dram:
+    free(s);
+    return st;
+}
+
+void
+tqkv_store_destroy(tqkv_store_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->bg_running) {
+        pthread_mutex_lock(&s->bg_lock);
+        s->bg_stop = 1;
+        pthread_cond_signal(&s->bg_cond);
+        pthread_mutex_unlock(&s->bg_lock);
+        pthread_join(s->bg, NULL);
+    }
+    for (unsigned i = 0; i < NSTRIPES; i++) {
+        stripe_t *st = &s->stripes[i];
+        pthread_mutex_lock(&st->lock);
+        pthread_mutex_lock(&s->evict_lock);
+        for (size_t k = 0; k < st->nb; k++) {
+            while (st->buckets[k] != NULL) {
+                block_t *b = st->buckets[k];
+                for (uint32_t l = 0; l < b->nlayers; l++)
+                    if (b->layers[l] != NULL)
+                        do_unlink(s, b->layers[l], 0);
+                do_block_unlink_free(st, b);
+            }
+        }
+        pthread_mutex_unlock(&s->evict_lock);
+        pthread_mutex_unlock(&st->lock);
+        free(st->buckets);
+        pthread_mutex_destroy(&st->lock);
+    }
+    for (size_t i = 0; i < s->ns_cap; i++)
+        if (s->ns_tab[i]) {
+            free(s->ns_tab[i]->name);
+            free(s->ns_tab[i]);
+        }
+    free(s->ns_tab);
+    for (int t = 1; t < TQKV_TIER_COUNT; t++)
+        tqkv__evq_fini(&s->q[t]);
+    pthread_cond_destroy(&s->bg_cond);
+    pthread_mutex_destroy(&s->bg_lock);
+    pthread_rwlock_destroy(&s->ns_lock);
+    pthread_mutex_destroy(&s->evict_lock);
+    tqkv_pool_destroy(s->pool[TQKV_TIER_HBM]);
+    tqkv_pool_destroy(s->pool[TQKV_TIER_DRAM]);
+    free(s);
+}
+
+/* ---- put ---- */
+
+/* Finds (ns, hash, layer) and takes an sref on it; NULL when absent. */
+static entry_t *
+entry_lookup_hold(tqkv_store_t *s, ns_rec_t *ns, const uint8_t *hash, size_t hlen, uint32_t layer)
+{
+    uint64_t hv = key_hash(ns->hv, hash, hlen);
+    stripe_t *st = stripe_of(s, hv);
+    pthread_mutex_lock(&st->lock);
+    entry_t *e = do_entry_find(st, hv, ns, hash, hlen, layer);
+    if (e != NULL)
+        entry_hold(e);
+    pthread_mutex_unlock(&st->lock);
+    return e;
+}
+
+tqkv_status_t
+tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
+               size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes, int *duplicate)
+{
+    tqkv_status_t st;
+    ns_rec_t *ns;
+    uint64_t hv;
+    stripe_t *sp;
+    entry_t *e = NULL, *parent = NULL;
+    copy_t *c = NULL;
+    block_t *b;
+    void *mem = NULL;
+    int tier;
+
+    if (duplicate)
+        *duplicate = 0;
+    if (s == NULL || !valid_key(key) || page == NULL || len == 0 || len > UINT32_MAX ||
+        (parent_len > 0 && parent_hash == NULL) || parent_len > 64)
+        return TQKV_EINVAL;
+    if ((st = ns_get(s, key->ns, key->ns_len, &ns)) != TQKV_OK)
+        return st;
+    hv = key_hash(ns->hv, key->hash, key->hash_len);
+    sp = stripe_of(s, hv);
+
+    pthread_mutex_lock(&sp->lock);
+    e = do_entry_find(sp, hv, ns, key->hash, key->hash_len, key->layer);
+    pthread_mutex_unlock(&sp->lock);
+    if (e != NULL) {
+        if (duplicate)
+            *duplicate = 1;
+        return TQKV_OK;
+    }
+
+    /* Quota: evict within the namespace first (coldest tier first). */
+    {
+        uint64_t q = atomic_load(&ns->quota);
+        if (q != 0 && len > q) {
+            cnt_add(&s->g.alloc_failures, 1);
+            cnt_add(&ns->c.alloc_failures, 1);
+            return TQKV_ENOSPC;
+        }
+    }
+    for (int tries = 0; !quota_reserve(ns, len); tries++) {
+        if (tries > MAX_EVICT_TRIES ||
+            (!evict_one(s, TQKV_TIER_DRAM, ns) &&
+             (s->pool[TQKV_TIER_HBM] == NULL || !evict_one(s, TQKV_TIER_HBM, ns)))) {
+            cnt_add(&s->g.alloc_failures, 1);
+            cnt_add(&ns->c.alloc_failures, 1);
+            return TQKV_ENOSPC;
+        }
+    }
+
+    if (parent_len > 0)
+        parent = entry_lookup_hold(s, ns, parent_hash, parent_len, key->layer);
+
+    tier = s->pool[TQKV_TIER_HBM] ? TQKV_TIER_HBM : TQKV_TIER_DRAM;
+    st = make_room(s, tier, len, &mem);
+    if (st != TQKV_OK && tier == TQKV_TIER_HBM) {
+        tier = TQKV_TIER_DRAM;
+        st = make_room(s, tier, len, &mem);
+    }
+    if (st != TQKV_OK)
+        goto fail_alloc;
+    if ((st = tqkv_pool_copy_in(s->pool[tier], mem, page, len)) != TQKV_OK)
+        goto fail_copy;
+    st = TQKV_ENOMEM;
+    c = malloc(sizeof(*c));
+    e = calloc(1, sizeof(*e));
+    if (c == NULL || e == NULL)
+        goto fail_copy;
+    c->data = mem;
+    c->len = (uint32_t)len;
+    c->tier = (uint8_t)tier;
+    atomic_init(&c->refs, 1);
+    e->node.len = (uint32_t)len;
+    e->cur = c;
+    e->bf16 = bf16_bytes;
+    e->layer = key->layer;
+    e->tier = (uint8_t)tier;
+    atomic_init(&e->sref, 1);
+    {
+        const tqkv_page_header_t *h = page;
+        if (len >= sizeof(*h) && h->magic == TQKV_PAGE_MAGIC && h->page_bytes == len) {
+            e->crc = h->crc32c;
+            e->crc_kind = CRC_PAGE;
+        } else if (s->cfg.verify_crc) {
+            e->crc = crc32c(0, page, len);
+            e->crc_kind = CRC_WHOLE;
+        }
+    }
+
+    pthread_mutex_lock(&sp->lock);
+    b = do_block_find(sp, hv, ns, key->hash, key->hash_len);
+    if (b != NULL && key->layer < b->nlayers && b->layers[key->layer] != NULL) {
+        pthread_mutex_unlock(&sp->lock);
+        if (duplicate)
+            *duplicate = 1;
+        st = TQKV_OK;
+        goto fail_copy;
+    }
+    if (b == NULL) {
+        if (sp->count >= sp->nb && (st = do_stripe_grow(sp)) != TQKV_OK)
+            goto fail_locked;
+        b = calloc(1, sizeof(*b) + key->hash_len);
+        if (b == NULL)
+            goto fail_locked_nomem;
+        b->ns = ns;
+        b->hv = hv;
+        b->hash_len = (uint8_t)key->hash_len;
+        memcpy(b->hash, key->hash, key->hash_len);
+        b->hnext = sp->buckets[hv & (sp->nb - 1)];
+        sp->buckets[hv & (sp->nb - 1)] = b;
+        sp->count++;
+    }
+    if (key->layer >= b->nlayers) {
+        uint32_t n = b->nlayers ? b->nlayers : 1;
+        while (n <= key->layer)
+            n *= 2;
+        if (n > TQKV_STORE_MAX_LAYERS)
+            n = TQKV_STORE_MAX_LAYERS;
+        entry_t **nl = realloc(b->layers, n * sizeof(*nl));
+        if (nl == NULL) {
+            if (b->nlive == 0)
+                do_block_unlink_free(sp, b);
+            goto fail_locked_nomem;
+        }
+        memset(nl + b->nlayers, 0, (n - b->nlayers) * sizeof(*nl));
+        b->layers = nl;
+        b->nlayers = n;
+    }
+    e->blk = b;
+    b->layers[key->layer] = e;
+    b->nlive++;
+
+    pthread_mutex_lock(&s->evict_lock);
+    e->linked = 1;
+    do_account(s, e, tier, 1);
+    tqkv__evq_insert(&s->q[tier], &e->node, hv);
+    if (parent != NULL) {
+        if (parent->linked) {
+            if (parent->children++ == 0)
+                tqkv__evq_park(&s->q[parent->tier], &parent->node);
+            e->parent = parent; /* keeps our sref */
+            parent = NULL;
+        }
+    }
+    pthread_mutex_unlock(&s->evict_lock);
+    pthread_mutex_unlock(&sp->lock);
+
+    cnt_add(&s->g.bytes_in, len);
+    cnt_add(&ns->c.bytes_in, len);
+    cnt_add(&s->g.bf16, bf16_bytes);
+    cnt_add(&ns->c.bf16, bf16_bytes);
+    if (parent != NULL)
+        entry_put(parent);
+    if (tier == TQKV_TIER_HBM)
+        bg_kick(s);
+    return TQKV_OK;
+
+fail_locked_nomem:
+    st = TQKV_ENOMEM;
+fail_locked:
+    pthread_mutex_unlock(&sp->lock);
+fail_copy:
+    free(c);
+    free(e);
+    tqkv_pool_free(s->pool[tier], mem, len);
+fail_alloc:
+    cnt_sub(&ns->reserved, len);
+    if (parent != NULL)
+        entry_put(parent);
+    if (st != TQKV_OK) {
+        cnt_add(&s->g.alloc_failures, 1);
+        cnt_add(&ns->c.alloc_failures, 1);
+    }
+    return st;
+}
+
+/* ---- get ---- */
+
+/* Copies the DRAM copy `old` of e into HBM when there is room below the high mark. */
+static void
+promote(tqkv_store_t *s, entry_t *e, copy_t *old)
+{
+    tqkv_pool_t *h = s->pool[TQKV_TIER_HBM];
+    stripe_t *st;
+    copy_t *nc;
+    void *mem;
+    int swapped = 0;
+
+    if (tqkv_pool_used(h) + old->len > hbm_mark(s, s->cfg.high_watermark))
+        return;
+    if (tqkv_pool_alloc(h, old->len, &mem) != TQKV_OK)
+        return;
+    nc = malloc(sizeof(*nc));
+    if (nc == NULL || tqkv_pool_copy_in(h, mem, old->data, old->len) != TQKV_OK) {
+        free(nc);
+        tqkv_pool_free(h, mem, old->len);
+        return;
+    }
+    nc->data = mem;
+    nc->len = old->len;
+    nc->tier = TQKV_TIER_HBM;
+    atomic_init(&nc->refs, 1);
+    pthread_mutex_lock(&s->evict_lock);
+    st = e->linked ? stripe_of(s, e->blk->hv) : NULL;
+    pthread_mutex_unlock(&s->evict_lock);
+    if (st == NULL) {
+        copy_release(s, nc);
+        return;
+    }
+    pthread_mutex_lock(&st->lock);
+    pthread_mutex_lock(&s->evict_lock);
+    if (e->linked && e->cur == old) {
+        tqkv__evq_remove(&s->q[TQKV_TIER_DRAM], &e->node, 0, 0);
+        do_account(s, e, TQKV_TIER_DRAM, 0);
+        e->cur = nc;
+        e->tier = TQKV_TIER_HBM;
+        do_account(s, e, TQKV_TIER_HBM, 1);
+        if (e->children > 0) {
+            e->node.where = TQKV__EVQ_NONE;
+            tqkv__evq_park(&s->q[TQKV_TIER_HBM], &e->node);
+        } else {
+            tqkv__evq_insert(&s->q[TQKV_TIER_HBM], &e->node, e->blk->hv);
+        }
+        cnt_add(&s->g.promotions, 1);
+        cnt_add(&e->blk->ns->c.promotions, 1);
+        atomic_fetch_sub_explicit(&old->refs, 1, memory_order_relaxed); /* index's ref */
+        swapped = 1;
+    }
+    pthread_mutex_unlock(&s->evict_lock);
+    pthread_mutex_unlock(&st->lock);
+    if (!swapped)
+        copy_release(s, nc);
+    else
+        bg_kick(s);
+}
+
+static int
+crc_ok(const void *data, size_t len, int kind, uint32_t crc)
+{
+    if (kind == CRC_PAGE)
+        return page_crc(data, len) == crc;
+    if (kind == CRC_WHOLE)
+        return crc32c(0, data, len) == crc;
+    return 1;
+}
+
+tqkv_status_t
+tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out)
+{
+    ns_rec_t *ns;
+    uint64_t hv;
+    stripe_t *sp;
+    entry_t *e;
+    copy_t *c;
+    tqkv_page_ref_t *r;
+    int crc_kind, want_promote = 0;
+    uint32_t crc;
+
+    if (out != NULL)
+        *out = NULL;
+    if (s == NULL || out == NULL || !valid_key(key))
+        return TQKV_EINVAL;
+    ns = ns_find(s, key->ns, key->ns_len);
+    if (ns == NULL) {
+        cnt_add(&s->g.misses, 1);
+        return TQKV_ENOTFOUND;
+    }
+    hv = key_hash(ns->hv, key->hash, key->hash_len);
+    sp = stripe_of(s, hv);
+    r = malloc(sizeof(*r));
+    if (r == NULL)
+        return TQKV_ENOMEM;
+
+    pthread_mutex_lock(&sp->lock);
+    e = do_entry_find(sp, hv, ns, key->hash, key->hash_len, key->layer);
+    if (e == NULL) {
+        pthread_mutex_unlock(&sp->lock);
+        free(r);
+        cnt_add(&s->g.misses, 1);
+        cnt_add(&ns->c.misses, 1);
+        return TQKV_ENOTFOUND;
+    }
+    c = e->cur;
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    crc_kind = s->cfg.verify_crc ? e->crc_kind : CRC_NONE;
+    crc = e->crc;
+    if (s->cfg.policy == TQKV_EVICT_LRU) {
+        pthread_mutex_lock(&s->evict_lock);
+        tqkv__evq_touch(&s->q[e->tier], &e->node);
+        pthread_mutex_unlock(&s->evict_lock);
+    } else {
+        tqkv__evq_touch(&s->q[c->tier], &e->node);
+    }
+    if (s->cfg.promote_on_access && c->tier == TQKV_TIER_DRAM && s->pool[TQKV_TIER_HBM]) {
+        want_promote = 1;
+        entry_hold(e);
+    }
+    pthread_mutex_unlock(&sp->lock);
+
+    r->s = s;
+    r->c = c;
+    r->len = c->len;
+    r->tier = c->tier;
+    r->buf = NULL;
+    r->host = c->data;
+    if (tqkv_pool_is_device(s->pool[c->tier])) {
+        tqkv_status_t st;
+        r->buf = malloc(c->len);
+        if (r->buf == NULL)
+            st = TQKV_ENOMEM;
+        else
+            st = tqkv_pool_copy_out(s->pool[c->tier], r->buf, c->data, c->len);
+        if (st != TQKV_OK) {
+            if (want_promote)
+                entry_put(e);
+            tqkv_page_ref_release(r);
+            return st;
+        }
+        r->host = r->buf;
+    }
+    if (crc_kind != CRC_NONE && !crc_ok(r->host, r->len, crc_kind, crc)) {
+        if (want_promote)
+            entry_put(e);
+        tqkv_page_ref_release(r);
+        return TQKV_ECORRUPT;
+    }
+    cnt_add(&s->g.hits[r->tier], 1);
+    cnt_add(&ns->c.hits[r->tier], 1);
+    cnt_add(&s->g.bytes_out, r->len);
+    cnt_add(&ns->c.bytes_out, r->len);
+    if (want_promote) {
+        promote(s, e, c);
+        entry_put(e);
+    }
+    *out = r;
+    return TQKV_OK;
+}
+
+const void *
+tqkv_page_ref_data(const tqkv_page_ref_t *r)
+{
+    return r ? r->host : NULL;
+}
+
+size_t
+tqkv_page_ref_len(const tqkv_page_ref_t *r)
+{
+    return r ? r->len : 0;
+}
+
+tqkv_tier_t
+tqkv_page_ref_tier(const tqkv_page_ref_t *r)
+{
+    return r ? (tqkv_tier_t)r->tier : TQKV_TIER_NONE;
+}
+
+void
+tqkv_page_ref_release(tqkv_page_ref_t *r)
+{
+    if (r == NULL)
+        return;
+    free(r->buf);
+    copy_release(r->s, r->c);
+    free(r);
+}
+
+/* ---- lookup ---- */
+
+tqkv_status_t
+tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uint8_t *const *hashes,
+                  const size_t *hash_lens, size_t n, uint32_t num_layers, uint32_t lease_ms,
+                  uint32_t *prefix_blocks, uint8_t *tiers_out)
+{
+    ns_rec_t *ns;
+    uint32_t prefix = 0, until = 0;
+    int running = 1;
+
+    if (s == NULL || prefix_blocks == NULL || (n > 0 && (hashes == NULL || hash_lens == NULL)) ||
+        (ns_name == NULL && ns_len > 0) || num_layers == 0 || num_layers > TQKV_STORE_MAX_LAYERS)
+        return TQKV_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (hashes[i] == NULL || hash_lens[i] == 0 || hash_lens[i] > 64)
+            return TQKV_EINVAL;
+    *prefix_blocks = 0;
+    ns = ns_find(s, ns_name, ns_len);
+    if (lease_ms > 0) {
+        until = now_ms(s) + lease_ms;
+        if (until == 0)
+            until = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint8_t tier = TQKV_TIER_NONE;
+        if (ns != NULL) {
+            uint64_t hv = key_hash(ns->hv, hashes[i], hash_lens[i]);
+            stripe_t *sp = stripe_of(s, hv);
+            pthread_mutex_lock(&sp->lock);
+            block_t *b = do_block_find(sp, hv, ns, hashes[i], hash_lens[i]);
+            if (b != NULL && b->nlayers >= num_layers) {
+                uint32_t l;
+                uint8_t slow = TQKV_TIER_HBM;
+                for (l = 0; l < num_layers; l++) {
+                    entry_t *e = b->layers[l];
+                    if (e == NULL)
+                        break;
+                    if (e->cur->tier > slow)
+                        slow = e->cur->tier;
+                }
+                if (l == num_layers) {
+                    tier = slow;
+                    if (running && until != 0)
+                        for (l = 0; l < num_layers; l++) {
+                            _Atomic uint32_t *lu = &b->layers[l]->lease_until;
+                            uint32_t cur = atomic_load_explicit(lu, memory_order_relaxed);
+                            if (cur == 0 || (int32_t)(until - cur) > 0)
+                                atomic_store_explicit(lu, until, memory_order_relaxed);
+                        }
+                }
+            }
+            pthread_mutex_unlock(&sp->lock);
+        }
+        if (running && tier != TQKV_TIER_NONE)
+            prefix++;
+        else
+            running = 0;
+        if (tiers_out)
+            tiers_out[i] = tier;
+        if (!running && tiers_out == NULL)
+            break;
+    }
+    *prefix_blocks = prefix;
+    return TQKV_OK;
+}
+
+/* ---- delete ---- */
+
+tqkv_status_t
+tqkv_store_delete(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uint8_t *hash,
+                  size_t hash_len, uint64_t *pages, uint64_t *bytes)
+{
+    ns_rec_t *ns;
+    uint64_t np = 0, nb = 0;
+
+    if (pages)
+        *pages = 0;
+    if (bytes)
+        *bytes = 0;
+    if (s == NULL || (ns_name == NULL && ns_len > 0) || hash == NULL || hash_len == 0 ||
+        hash_len > 64)
+        return TQKV_EINVAL;
+    ns = ns_find(s, ns_name, ns_len);
+    if (ns == NULL)
+        return TQKV_OK;
+    uint64_t hv = key_hash(ns->hv, hash, hash_len);
+    stripe_t *sp = stripe_of(s, hv);
+    pthread_mutex_lock(&sp->lock);
+    block_t *b = do_block_find(sp, hv, ns, hash, hash_len);
+    if (b != NULL) {
+        pthread_mutex_lock(&s->evict_lock);
+        for (uint32_t l = 0; l < b->nlayers; l++) {
+            entry_t *e = b->layers[l];
+            if (e != NULL) {
+                np++;
+                nb += e->node.len;
+                do_unlink(s, e, 0);
+            }
+        }
+        pthread_mutex_unlock(&s->evict_lock);
+        do_block_unlink_free(sp, b);
+    }
+    pthread_mutex_unlock(&sp->lock);
+    if (pages)
+        *pages = np;
+    if (bytes)
+        *bytes = nb;
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_store_delete_namespace(tqkv_store_t *s, const char *ns_name, size_t ns_len, uint64_t *pages,
+                            uint64_t *bytes)
+{
+    ns_rec_t *ns;
+    uint64_t np = 0, nb = 0;
+
+    if (pages)
+        *pages = 0;
+    if (bytes)
+        *bytes = 0;
+    if (s == NULL || (ns_name == NULL && ns_len > 0))
+        return TQKV_EINVAL;
+    ns = ns_find(s, ns_name, ns_len);
+    if (ns == NULL)
+        return TQKV_ENOTFOUND;
+    for (unsigned i = 0; i < NSTRIPES; i++) {
+        stripe_t *sp = &s->stripes[i];
+        pthread_mutex_lock(&sp->lock);
+        pthread_mutex_lock(&s->evict_lock);
+        for (size_t k = 0; k < sp->nb; k++) {
+            block_t **pp = &sp->buckets[k];
+            while (*pp != NULL) {
+                block_t *b = *pp;
+                if (b->ns != ns) {
+                    pp = &b->hnext;
+                    continue;
+                }
+                for (uint32_t l = 0; l < b->nlayers; l++) {
+                    entry_t *e = b->layers[l];
+                    if (e != NULL) {
+                        np++;
+                        nb += e->node.len;
+                        do_unlink(s, e, 0);
+                    }
+                }
+                *pp = b->hnext;
+                sp->count--;
+                free(b->layers);
+                free(b);
+            }
+        }
+        pthread_mutex_unlock(&s->evict_lock);
+        pthread_mutex_unlock(&sp->lock);
+    }
+    if (pages)
+        *pages = np;
+    if (bytes)
+        *bytes = nb;
+    return np > 0 ? TQKV_OK : TQKV_ENOTFOUND;
+}
+
+tqkv_status_t
+tqkv_store_set_quota(tqkv_store_t *s, const char *ns_name, size_t ns_len, uint64_t bytes)
+{
+    ns_rec_t *ns;
+    tqkv_status_t st;
+
+    if (s == NULL || (ns_name == NULL && ns_len > 0) || ns_len > TQKV_STORE_MAX_NS)
+        return TQKV_EINVAL;
+    if ((st = ns_get(s, ns_name, ns_len, &ns)) != TQKV_OK)
+        return st;
+    atomic_store(&ns->quota, bytes);
+    /* Bring the namespace under its new quota, coldest pages first. */
+    while (bytes != 0 && atomic_load(&ns->reserved) > bytes)
+        if (!evict_one(s, TQKV_TIER_DRAM, ns) &&
+            (s->pool[TQKV_TIER_HBM] == NULL || !evict_one(s, TQKV_TIER_HBM, ns)))
+            break;
+    return TQKV_OK;
+}
+
+/* ---- stats ---- */
+
+static void
+fill_stats(tqkv_store_t *s, counters_t *c, int whole, tqkv_store_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    for (int t = 1; t < TQKV_TIER_COUNT; t++) {
+        tqkv_tier_stats_t *ts = &out->tier[t];
+        if (s->pool[t] == NULL)
+            continue;
+        ts->capacity = tqkv_pool_capacity(s->pool[t]);
+        ts->bytes_used = whole ? tqkv_pool_used(s->pool[t]) : cnt_get(&c->bytes[t]);
+        ts->pages = cnt_get(&c->pages[t]);
+        ts->hits = cnt_get(&c->hits[t]);
+        out->hits += ts->hits;
+        out->pages += ts->pages;
+        out->page_bytes += cnt_get(&c->bytes[t]);
+    }
+    out->misses = cnt_get(&c->misses);
+    out->evictions = cnt_get(&c->evictions);
+    out->tier[TQKV_TIER_DRAM].misses = out->misses;
+    out->tier[TQKV_TIER_DRAM].evictions = out->evictions;
+    out->tier[TQKV_TIER_DRAM].promotions = cnt_get(&c->promotions);
+    if (s->pool[TQKV_TIER_HBM] != NULL) {
+        out->tier[TQKV_TIER_HBM].misses = out->misses + out->tier[TQKV_TIER_DRAM].hits;
+        out->tier[TQKV_TIER_HBM].demotions = cnt_get(&c->demotions);
+    }
+    out->bytes_in = cnt_get(&c->bytes_in);
+    out->bytes_out = cnt_get(&c->bytes_out);
+    out->bf16_bytes = cnt_get(&c->bf16);
+    out->alloc_failures = cnt_get(&c->alloc_failures);
+}
+
+tqkv_status_t
+tqkv_store_stats(tqkv_store_t *s, const char *ns_name, size_t ns_len, tqkv_store_stats_t *out)
+{
+    if (s == NULL || out == NULL)
+        return TQKV_EINVAL;
+    if (ns_name == NULL && ns_len == 0) {
+        fill_stats(s, &s->g, 1, out);
+        return TQKV_OK;
+    }
+    ns_rec_t *ns = ns_find(s, ns_name, ns_len);
+    if (ns == NULL) {
+        static counters_t zero;
+        fill_stats(s, &zero, 0, out);
+        return TQKV_OK;
+    }
+    fill_stats(s, &ns->c, 0, out);
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_store_foreach_namespace(tqkv_store_t *s,
+                             void (*fn)(void *arg, const char *ns, size_t ns_len,
+                                        const tqkv_store_stats_t *st),
+                             void *arg)
+{
+    ns_rec_t **list;
+    size_t n = 0;
+
+    if (s == NULL || fn == NULL)
+        return TQKV_EINVAL;
+    pthread_rwlock_rdlock(&s->ns_lock);
+    list = malloc((s->ns_count + 1) * sizeof(*list));
+    if (list == NULL) {
+        pthread_rwlock_unlock(&s->ns_lock);
+        return TQKV_ENOMEM;
+    }
+    for (size_t i = 0; i < s->ns_cap; i++)
+        if (s->ns_tab[i])
+            list[n++] = s->ns_tab[i];
+    pthread_rwlock_unlock(&s->ns_lock);
+    for (size_t i = 0; i < n; i++) {
+        tqkv_store_stats_t st;
+        fill_stats(s, &list[i]->c, 0, &st);
+        fn(arg, list[i]->name, list[i]->len, &st);
+    }
+    free(list);
+    return TQKV_OK;
+}
+
+/* ---- test hooks ---- */
+
+tqkv_pool_t *
+tqkv__store_pool(tqkv_store_t *s, tqkv_tier_t tier)
+{
+    if (s == NULL || tier <= TQKV_TIER_NONE || tier >= TQKV_TIER_COUNT)
+        return NULL;
+    return s->pool[tier];
+}
+
+tqkv_status_t
+tqkv__store_debug_corrupt(tqkv_store_t *s, const tqkv_block_key_t *key, size_t offset)
+{
+    tqkv_status_t st = TQKV_OK;
+    if (s == NULL || !valid_key(key))
+        return TQKV_EINVAL;
+    ns_rec_t *ns = ns_find(s, key->ns, key->ns_len);
+    if (ns == NULL)
+        return TQKV_ENOTFOUND;
+    uint64_t hv = key_hash(ns->hv, key->hash, key->hash_len);
+    stripe_t *sp = stripe_of(s, hv);
+    pthread_mutex_lock(&sp->lock);
+    entry_t *e = do_entry_find(sp, hv, ns, key->hash, key->hash_len, key->layer);
+    if (e == NULL) {
+        st = TQKV_ENOTFOUND;
+    } else if (offset >= e->cur->len) {
+        st = TQKV_EINVAL;
+    } else {
+        tqkv_pool_t *p = s->pool[e->cur->tier];
+        uint8_t *at = (uint8_t *)e->cur->data + offset, v;
+        if ((st = tqkv_pool_copy_out(p, &v, at, 1)) == TQKV_OK) {
+            v ^= 0xff;
+            st = tqkv_pool_copy_in(p, at, &v, 1);
+        }
+    }
+    pthread_mutex_unlock(&sp->lock);
+    return st;
+}
+
+tqkv_status_t
+tqkv__store_check(tqkv_store_t *s)
+{
+    uint64_t pages[TQKV_TIER_COUNT] = {0}, bytes[TQKV_TIER_COUNT] = {0};
+    tqkv_status_t st = TQKV_OK;
+
+    for (unsigned i = 0; i < NSTRIPES; i++)
+        pthread_mutex_lock(&s->stripes[i].lock);
+    pthread_mutex_lock(&s->evict_lock);
+    for (unsigned i = 0; i < NSTRIPES; i++) {
+        stripe_t *sp = &s->stripes[i];
+        for (size_t k = 0; k < sp->nb; k++)
+            for (block_t *b = sp->buckets[k]; b; b = b->hnext) {
+                uint32_t live = 0;
+                for (uint32_t l = 0; l < b->nlayers; l++) {
+                    entry_t *e = b->layers[l];
+                    if (e == NULL)
+                        continue;
+                    live++;
+                    if (!e->linked || e->tier != e->cur->tier || e->blk != b ||
+                        e->node.where == TQKV__EVQ_NONE ||
+                        (e->children > 0) != (e->node.where == TQKV__EVQ_PARKED)) {
+                        fprintf(stderr,
+                                "store check: bad entry (linked %d tier %d/%d where %d "
+                                "children %u)\n",
+                                e->linked, e->tier, e->cur->tier, e->node.where, e->children);
+                        st = TQKV_EINTERNAL;
+                    }
+                    pages[e->tier]++;
+                    bytes[e->tier] += e->node.len;
+                }
+                if (live != b->nlive || live == 0) {
+                    fprintf(stderr, "store check: block nlive %u, counted %u\n", b->nlive, live);
+                    st = TQKV_EINTERNAL;
+                }
+            }
+    }
+    for (int t = 1; t < TQKV_TIER_COUNT; t++) {
+        tqkv__evq_t *q = &s->q[t];
+        uint64_t qn = q->small.count + q->main.count + q->parked.count;
+        uint64_t qb = q->small.bytes + q->main.bytes + q->parked.bytes;
+        if (pages[t] != cnt_get(&s->g.pages[t]) || bytes[t] != cnt_get(&s->g.bytes[t]) ||
+            qn != pages[t] || qb != bytes[t] ||
+            (s->pool[t] && tqkv_pool_used(s->pool[t]) < bytes[t])) {
+            fprintf(stderr,
+                    "store check: tier %d index %llu pages/%llu B, counters %llu/%llu, "
+                    "queues %llu/%llu\n",
+                    t, (unsigned long long)pages[t], (unsigned long long)bytes[t],
+                    (unsigned long long)cnt_get(&s->g.pages[t]),
+                    (unsigned long long)cnt_get(&s->g.bytes[t]), (unsigned long long)qn,
+                    (unsigned long long)qb);
+            st = TQKV_EINTERNAL;
+        }
+    }
+    pthread_mutex_unlock(&s->evict_lock);
+    for (unsigned i = NSTRIPES; i-- > 0;)
+        pthread_mutex_unlock(&s->stripes[i].lock);
+    return st;
+}
