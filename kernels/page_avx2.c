@@ -17,26 +17,30 @@
 
 #include "kernels/page.h"
 
-/* In-place FWHT of buf[g] (g a multiple of 8, 32-byte aligned). */
-static inline void
-fwht_avx2(float *buf, uint32_t g)
+/* In-place FWHT of v[nv] (g = 8 nv floats). With nv a constant after inlining the
+ * loops unroll and v stays in registers (g = 128: 16 ymm). */
+static inline __attribute__((always_inline)) void
+fwht_avx2(__m256 *v, const uint32_t nv)
 {
-    for (uint32_t j = 0; j < g; j += 8) {
-        __m256 v = _mm256_load_ps(buf + j), b;
-        b = _mm256_permute_ps(v, 0xB1);
-        v = _mm256_blend_ps(_mm256_add_ps(v, b), _mm256_sub_ps(b, v), 0xAA);
-        b = _mm256_permute_ps(v, 0x4E);
-        v = _mm256_blend_ps(_mm256_add_ps(v, b), _mm256_sub_ps(b, v), 0xCC);
-        b = _mm256_permute2f128_ps(v, v, 1);
-        v = _mm256_blend_ps(_mm256_add_ps(v, b), _mm256_sub_ps(b, v), 0xF0);
-        _mm256_store_ps(buf + j, v);
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++) {
+        __m256 x = v[j], b;
+        b = _mm256_permute_ps(x, 0xB1);
+        x = _mm256_blend_ps(_mm256_add_ps(x, b), _mm256_sub_ps(b, x), 0xAA);
+        b = _mm256_permute_ps(x, 0x4E);
+        x = _mm256_blend_ps(_mm256_add_ps(x, b), _mm256_sub_ps(b, x), 0xCC);
+        b = _mm256_permute2f128_ps(x, x, 1);
+        v[j] = _mm256_blend_ps(_mm256_add_ps(x, b), _mm256_sub_ps(b, x), 0xF0);
     }
-    for (uint32_t h = 8; h < g; h <<= 1)
-        for (uint32_t i = 0; i < g; i += 2 * h)
-            for (uint32_t j = i; j < i + h; j += 8) {
-                __m256 a = _mm256_load_ps(buf + j), c = _mm256_load_ps(buf + j + h);
-                _mm256_store_ps(buf + j, _mm256_add_ps(a, c));
-                _mm256_store_ps(buf + j + h, _mm256_sub_ps(a, c));
+#pragma GCC unroll 8
+    for (uint32_t h = 1; h < nv; h <<= 1)
+#pragma GCC unroll 16
+        for (uint32_t i = 0; i < nv; i += 2 * h)
+#pragma GCC unroll 16
+            for (uint32_t j = i; j < i + h; j++) {
+                __m256 x = v[j], c = v[j + h];
+                v[j] = _mm256_add_ps(x, c);
+                v[j + h] = _mm256_sub_ps(x, c);
             }
 }
 
@@ -56,15 +60,37 @@ load_bf16(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* The `bits` bytes holding 8 packed indices, without a store-forwarding stall. */
+static inline uint64_t
+load_bits(const uint8_t *p, uint32_t bits)
+{
+    uint16_t h;
+    uint32_t w;
+    switch (bits) {
+    case 1:
+        return p[0];
+    case 2:
+        memcpy(&h, p, 2);
+        return h;
+    case 3:
+        memcpy(&h, p, 2);
+        return h | (uint64_t)p[2] << 16;
+    default:
+        memcpy(&w, p, 4);
+        return w;
+    }
+}
+
 static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x0303030303030303ull,
                                       0x0707070707070707ull, 0x0f0f0f0f0f0f0f0full};
 
-size_t
-tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *signs, const float *z,
-                        const float *thr, uint32_t bits, int norm_corrected, float *scale,
-                        uint8_t *idx)
+/* Bodies take `bits` as a compile-time constant after inlining (see the switches). */
+static inline __attribute__((always_inline)) size_t
+enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, const float *z,
+         const float *thr, const uint32_t bits, int norm_corrected, float *scale, uint8_t *idx)
 {
-    _Alignas(32) float buf[TQKV_PAGE_MAX_DIM];
+    __m256 v[TQKV_PAGE_MAX_DIM / 8];
+    const uint32_t nv = g / 8;
     const uint32_t nthr = (1u << bits) - 1, row_bytes = g * bits / 8;
     const uint64_t pmask = lane_mask[bits];
     const float sg = sqrtf((float)g);
@@ -78,26 +104,28 @@ tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *si
         uint8_t *out = idx + i * row_bytes;
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
         float ss, s, k;
+#pragma GCC unroll 8
         for (uint32_t j = 0; j < g; j += 16) {
             __m256 a = load_bf16(xr + j), b = load_bf16(xr + j + 8);
             acc0 = _mm256_fmadd_ps(a, a, acc0);
             acc1 = _mm256_fmadd_ps(b, b, acc1);
-            _mm256_store_ps(buf + j, _mm256_mul_ps(a, _mm256_loadu_ps(signs + j)));
-            _mm256_store_ps(buf + j + 8, _mm256_mul_ps(b, _mm256_loadu_ps(signs + j + 8)));
+            v[j / 8] = _mm256_mul_ps(a, _mm256_loadu_ps(signs + j));
+            v[j / 8 + 1] = _mm256_mul_ps(b, _mm256_loadu_ps(signs + j + 8));
         }
         ss = hsum(_mm256_add_ps(acc0, acc1));
         if (!(ss >= 1e-30f && ss <= 1e36f))
             return i;
-        fwht_avx2(buf, g);
-        for (uint32_t j = 0; j < g; j += 8)
-            _mm256_store_ps(buf + j,
-                            _mm256_mul_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(signs + g + j)));
-        fwht_avx2(buf, g);
+        fwht_avx2(v, nv);
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++)
+            v[j] = _mm256_mul_ps(v[j], _mm256_loadu_ps(signs + g + 8 * j));
+        fwht_avx2(v, nv);
         s = sqrtf(ss);
         k = 1.0f / (sg * s);
         const __m256 kv = _mm256_set1_ps(k);
+#pragma GCC unroll 16
         for (uint32_t j = 0; j < g; j += 8) {
-            __m256 y = _mm256_mul_ps(_mm256_load_ps(buf + j), kv);
+            __m256 y = _mm256_mul_ps(v[j / 8], kv);
             __m256i cnt = _mm256_setzero_si256();
             for (uint32_t t = 0; t < nthr; t++)
                 cnt =
@@ -127,12 +155,12 @@ tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *si
     return n;
 }
 
-void
-tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
-                        uint32_t g, uint32_t bits, const float *signs, const float *z, float *out_f,
-                        uint16_t *out_h)
+static inline __attribute__((always_inline)) void
+dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, const uint32_t g,
+         const uint32_t bits, const float *signs, const float *z, float *out_f, uint16_t *out_h)
 {
-    _Alignas(32) float buf[TQKV_PAGE_MAX_DIM];
+    __m256 v[TQKV_PAGE_MAX_DIM / 8];
+    const uint32_t nv = g / 8;
     const uint64_t pmask = lane_mask[bits];
     const __m256 zlo = _mm256_loadu_ps(z), zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zlo;
     const __m256 fmax = _mm256_set1_ps(FLT_MAX), fmin = _mm256_set1_ps(-FLT_MAX);
@@ -141,31 +169,31 @@ tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *sca
     for (size_t i = 0; i < n; i++) {
         const uint8_t *row = idx + i * row_bytes;
         const __m256 c = _mm256_set1_ps(scale[i] * inv);
+#pragma GCC unroll 16
         for (uint32_t j = 0; j < g; j += 8) {
-            uint64_t w = 0;
-            memcpy(&w, row + (j / 8) * bits, bits);
+            uint64_t w = load_bits(row + (j / 8) * bits, bits);
             __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)_pdep_u64(w, pmask)));
             __m256 zv = _mm256_permutevar8x32_ps(zlo, iv);
             if (bits == 4)
                 zv = _mm256_blendv_ps(
                     zv, _mm256_permutevar8x32_ps(zhi, iv),
                     _mm256_castsi256_ps(_mm256_cmpgt_epi32(iv, _mm256_set1_epi32(7))));
-            _mm256_store_ps(buf + j, zv);
+            v[j / 8] = zv;
         }
-        fwht_avx2(buf, g);
-        for (uint32_t j = 0; j < g; j += 8)
-            _mm256_store_ps(buf + j,
-                            _mm256_mul_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(signs + g + j)));
-        fwht_avx2(buf, g);
+        fwht_avx2(v, nv);
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++)
+            v[j] = _mm256_mul_ps(v[j], _mm256_loadu_ps(signs + g + 8 * j));
+        fwht_avx2(v, nv);
+#pragma GCC unroll 16
         for (uint32_t j = 0; j < g; j += 8) {
-            __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(buf + j), c),
-                                     _mm256_loadu_ps(signs + j));
-            v = _mm256_min_ps(_mm256_max_ps(v, fmin), fmax);
+            __m256 o = _mm256_mul_ps(_mm256_mul_ps(v[j / 8], c), _mm256_loadu_ps(signs + j));
+            o = _mm256_min_ps(_mm256_max_ps(o, fmin), fmax);
             if (out_f)
-                _mm256_storeu_ps(out_f + i * g + j, v);
+                _mm256_storeu_ps(out_f + i * g + j, o);
             if (out_h) {
                 /* f32 -> bf16, round to nearest even, saturating at +-max finite */
-                __m256i u = _mm256_castps_si256(v);
+                __m256i u = _mm256_castps_si256(o);
                 __m256i r =
                     _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
                                                          _mm256_and_si256(_mm256_srli_epi32(u, 16),
@@ -180,4 +208,44 @@ tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *sca
             }
         }
     }
+}
+
+/* Specialized for head_dim 128 (the common case: the FWHT stays in 16 registers) and
+ * each bit width; other power-of-two dims take the generic-g bodies. */
+#define TQKV__BITS_SWITCH(CALL, G)                                                                 \
+    switch (bits) {                                                                                \
+    case 1:                                                                                        \
+        CALL(G, 1);                                                                                \
+    case 2:                                                                                        \
+        CALL(G, 2);                                                                                \
+    case 3:                                                                                        \
+        CALL(G, 3);                                                                                \
+    default:                                                                                       \
+        CALL(G, 4);                                                                                \
+    }
+
+size_t
+tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *signs, const float *z,
+                        const float *thr, uint32_t bits, int norm_corrected, float *scale,
+                        uint8_t *idx)
+{
+#define ENC(G, B) return enc_body(x, n, G, signs, z, thr, B, norm_corrected, scale, idx)
+    if (g == 128)
+        TQKV__BITS_SWITCH(ENC, 128)
+    TQKV__BITS_SWITCH(ENC, g)
+#undef ENC
+}
+
+void
+tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
+                        uint32_t g, uint32_t bits, const float *signs, const float *z, float *out_f,
+                        uint16_t *out_h)
+{
+#define DEC(G, B)                                                                                  \
+    dec_body(idx, row_bytes, scale, n, G, B, signs, z, out_f, out_h);                              \
+    return
+    if (g == 128)
+        TQKV__BITS_SWITCH(DEC, 128)
+    TQKV__BITS_SWITCH(DEC, g)
+#undef DEC
 }
