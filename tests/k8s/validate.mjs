@@ -1,0 +1,651 @@
+// validate.mjs - checks tqkv's deployment artefacts (run by tests/k8s/run.sh from CTest).
+//
+//   node validate.mjs k8s         render every kustomization with `kubectl kustomize`,
+//                                 validate each object against the Kubernetes API schemas
+//                                 (kubernetes-models, @kubernetes-models/prometheus-operator)
+//                                 plus a strict unknown-field check, then the invariants
+//   node validate.mjs dockerfile  deploy/Dockerfile and .dockerignore
+//   node validate.mjs grafana     deploy/grafana/tqkv-dashboard.json
+//
+// Environment: TQKV_SOURCE_DIR (repo root; default ../..), TQKV_SERVER (a built
+// tqkv-server: its --help is the list of TQKV_* variables; otherwise the option table in
+// service/config.c is read), KUBECTL (default kubectl).
+//
+// Every failure is printed as "FAIL <where>: <what>"; the exit status is 1 if any.
+import { execFileSync } from "node:child_process";
+import { existsSync, readFileSync, statSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(process.env.TQKV_SOURCE_DIR || path.join(here, "..", ".."));
+const kubectl = process.env.KUBECTL || "kubectl";
+
+let failures = 0;
+let checks = 0;
+function fail(where, what) {
+  failures++;
+  console.log(`FAIL ${where}: ${what}`);
+}
+function expect(cond, where, what) {
+  checks++;
+  if (!cond) fail(where, what);
+  return !!cond;
+}
+
+// ---------------------------------------------------------------- helpers
+
+const BYTE_SUFFIX = { "": 0, K: 10, M: 20, G: 30, T: 40 };
+// tqkv-server byte counts: digits with an optional K/M/G/T (powers of 1024), "i", "B".
+function parseServerBytes(s) {
+  const m = /^(\d+)([KMGT]?)(i?)(B?)$/i.exec(String(s));
+  if (!m || (m[3] && !m[2])) return null;
+  return Number(m[1]) * 2 ** BYTE_SUFFIX[m[2].toUpperCase()];
+}
+
+// Kubernetes resource.Quantity for memory, in bytes.
+function parseQuantity(q) {
+  const m = /^([0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$/.exec(String(q));
+  if (!m) return null;
+  const mult = {
+    undefined: 1, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50, Ei: 2 ** 60,
+    k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, E: 1e18, m: 1e-3,
+  }[m[2]];
+  return Number(m[1]) * mult;
+}
+
+function hostPort(s) {
+  const m = /^(\[[^\]]+\]|[^:]+):(\d+)$/.exec(String(s));
+  return m ? { host: m[1], port: Number(m[2]) } : null;
+}
+
+function selects(selector, labels) {
+  if (!selector || !labels) return false;
+  const keys = Object.keys(selector);
+  return keys.length > 0 && keys.every((k) => labels[k] === selector[k]);
+}
+
+function sh(cmd, args, opts = {}) {
+  return execFileSync(cmd, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], ...opts });
+}
+
+// The TQKV_* variables tqkv-server understands.
+function serverEnvVars() {
+  const bin = process.env.TQKV_SERVER;
+  if (bin && existsSync(bin)) {
+    let help = "";
+    try {
+      help = sh(bin, ["--help"]);
+    } catch (e) {
+      help = (e.stdout || "") + (e.stderr || "");
+    }
+    const vars = new Set([...help.matchAll(/\[(TQKV_[A-Z0-9_]+)\]/g)].map((m) => m[1]));
+    if (vars.size > 0) return { vars, from: `${bin} --help` };
+    fail("server", `${bin} --help lists no [TQKV_*] variables`);
+  }
+  const src = path.join(root, "service", "config.c");
+  if (!existsSync(src)) {
+    fail("server", "neither TQKV_SERVER nor service/config.c is available to list TQKV_* variables");
+    return { vars: new Set(), from: "nothing" };
+  }
+  const text = readFileSync(src, "utf8");
+  const vars = new Set([...text.matchAll(/\{"[a-z0-9-]+",\s*"(TQKV_[A-Z0-9_]+)"/g)].map((m) => m[1]));
+  return { vars, from: "service/config.c" };
+}
+
+// ---------------------------------------------------------------- schema validation
+
+const MODEL_PACKAGES = {
+  "monitoring.coreos.com": "@kubernetes-models/prometheus-operator",
+};
+
+async function modelClass(apiVersion, kind) {
+  const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
+  const pkg = MODEL_PACKAGES[group] || "kubernetes-models";
+  const spec = group ? `${pkg}/${group}/${version}/${kind}` : `${pkg}/${version}/${kind}`;
+  try {
+    const mod = await import(spec);
+    return mod[kind] || mod.default;
+  } catch (e) {
+    return null;
+  }
+}
+
+// Wraps obj so that every property the schema validator reads is recorded. An object
+// whose keys the validator enumerated (maps: labels, data, ...) is wholly "read".
+function tracked(obj, seen, p = "") {
+  if (obj === null || typeof obj !== "object") return obj;
+  const rec = { read: new Set(), enumerated: false, obj };
+  seen.set(p, rec);
+  return new Proxy(obj, {
+    get(t, k, r) {
+      if (typeof k === "string") rec.read.add(k);
+      const v = Reflect.get(t, k, r);
+      if (typeof k === "string" && v !== null && typeof v === "object" && Object.hasOwn(t, k))
+        return tracked(v, seen, `${p}/${k}`);
+      return v;
+    },
+    has(t, k) {
+      if (typeof k === "string") rec.read.add(k);
+      return Reflect.has(t, k);
+    },
+    ownKeys(t) {
+      rec.enumerated = true;
+      return Reflect.ownKeys(t);
+    },
+  });
+}
+
+// The schemas of the Kubernetes API do not forbid unknown fields (the API server drops
+// or, with fieldValidation=Strict, rejects them); a typo like "replica:" would pass the
+// plain schema check. Reports every key the validator never looked at.
+function unknownFields(Model, obj) {
+  const seen = new Map();
+  const inst = new Model(JSON.parse(JSON.stringify(obj)));
+  const data = JSON.parse(JSON.stringify(inst));
+  Model.prototype.validate.call(tracked(data, seen));
+  const out = [];
+  for (const [p, rec] of seen) {
+    if (rec.enumerated || Array.isArray(rec.obj)) continue;
+    for (const k of Object.keys(rec.obj)) if (!rec.read.has(k)) out.push(`${p}/${k}`);
+  }
+  return out;
+}
+
+async function validateSchema(label, objs) {
+  for (const o of objs) {
+    const where = `${label} ${o.kind}/${o.metadata?.name}`;
+    const Model = await modelClass(o.apiVersion, o.kind);
+    if (!expect(Model, where, `no schema for ${o.apiVersion} ${o.kind}`)) continue;
+    try {
+      new Model(o).validate();
+      checks++;
+    } catch (e) {
+      fail(where, `schema: ${e.message}`);
+      continue;
+    }
+    const unknown = unknownFields(Model, o);
+    expect(unknown.length === 0, where, `unknown fields ${unknown.join(", ")}`);
+  }
+}
+
+// ---------------------------------------------------------------- k8s
+
+function render(dir) {
+  const abs = path.join(root, "deploy", "k8s", dir);
+  let out;
+  try {
+    out = sh(kubectl, ["kustomize", abs]);
+  } catch (e) {
+    fail(`kustomize ${dir}`, (e.stderr || e.message).trim().split("\n").slice(-3).join(" | "));
+    return null;
+  }
+  return out;
+}
+
+async function parseDocs(text) {
+  const YAML = (await import("yaml")).default;
+  return YAML.parseAllDocuments(text)
+    .map((d) => {
+      if (d.errors.length) throw new Error(d.errors.map(String).join("; "));
+      return d.toJS();
+    })
+    .filter((o) => o);
+}
+
+function podSecurity(where, podSpec, containers) {
+  const psc = podSpec.securityContext || {};
+  expect(psc.seccompProfile?.type === "RuntimeDefault", where, "pod seccompProfile RuntimeDefault");
+  expect(podSpec.automountServiceAccountToken === false, where, "automountServiceAccountToken false");
+  for (const c of containers) {
+    const cw = `${where} container ${c.name}`;
+    const sc = c.securityContext || {};
+    const nonRoot = sc.runAsNonRoot ?? psc.runAsNonRoot;
+    const uid = sc.runAsUser ?? psc.runAsUser;
+    expect(nonRoot === true, cw, "runAsNonRoot must be true");
+    expect(uid === 65532, cw, `runAsUser must be 65532 (image user), got ${uid}`);
+    expect(sc.readOnlyRootFilesystem === true, cw, "readOnlyRootFilesystem must be true");
+    expect(sc.allowPrivilegeEscalation === false, cw, "allowPrivilegeEscalation must be false");
+    expect(sc.privileged !== true, cw, "must not be privileged");
+    expect((sc.capabilities?.drop || []).includes("ALL"), cw, "capabilities.drop must include ALL");
+    expect(!(sc.capabilities?.add || []).length, cw, "no added capabilities");
+    const seccomp = sc.seccompProfile?.type ?? psc.seccompProfile?.type;
+    expect(seccomp === "RuntimeDefault", cw, "seccompProfile RuntimeDefault");
+    const r = c.resources || {};
+    for (const k of ["cpu", "memory"]) {
+      expect(r.requests?.[k] !== undefined, cw, `resources.requests.${k} must be set`);
+      expect(r.limits?.[k] !== undefined, cw, `resources.limits.${k} must be set`);
+    }
+    const rq = parseQuantity(r.requests?.memory);
+    const lm = parseQuantity(r.limits?.memory);
+    expect(rq !== null && lm !== null && rq <= lm, cw, "memory request <= limit");
+  }
+}
+
+function checkServer(variant, objs, envVars) {
+  const W = `overlays/${variant}`;
+  const byKind = (k) => objs.filter((o) => o.kind === k);
+  const sts = byKind("StatefulSet");
+  if (!expect(sts.length === 1, W, `exactly one StatefulSet, got ${sts.length}`)) return;
+  const ss = sts[0];
+  const ws = `${W} StatefulSet/${ss.metadata.name}`;
+  expect(ss.metadata.name === "tqkv", ws, "named tqkv");
+  expect(ss.spec.replicas === 3, ws, `replicas 3, got ${ss.spec.replicas}`);
+  expect(ss.spec.podManagementPolicy === "Parallel", ws, "podManagementPolicy Parallel");
+  const podLabels = ss.spec.template.metadata?.labels || {};
+  expect(selects(ss.spec.selector?.matchLabels, podLabels), ws, "selector matches the pod labels");
+  const pod = ss.spec.template.spec;
+  const containers = pod.containers || [];
+  podSecurity(ws, pod, [...containers, ...(pod.initContainers || [])]);
+  expect(pod.enableServiceLinks === false, ws,
+    "enableServiceLinks false (Service 'tqkv' would inject TQKV_* variables)");
+  const spread = (pod.topologySpreadConstraints || []).length > 0;
+  const anti = !!pod.affinity?.podAntiAffinity;
+  expect(spread || anti, ws, "topologySpreadConstraints or podAntiAffinity");
+  for (const t of pod.topologySpreadConstraints || [])
+    expect(selects(t.labelSelector?.matchLabels, podLabels), ws, `spread on ${t.topologyKey} selects the pods`);
+
+  const c = containers.find((x) => x.name === "tqkv");
+  if (!expect(c, ws, "a container named tqkv")) return;
+  const cw = `${ws} container tqkv`;
+  const ports = Object.fromEntries((c.ports || []).map((p) => [p.name, p.containerPort]));
+  expect(ports.grpc === 50051, cw, "port grpc 50051");
+  expect(ports.metrics === 9090, cw, "port metrics 9090");
+  const probes = { startupProbe: "", livenessProbe: "", readinessProbe: "tqkv.v1.KVCache" };
+  for (const [name, service] of Object.entries(probes)) {
+    const p = c[name];
+    if (!expect(p?.grpc, cw, `${name} must be a native grpc probe`)) continue;
+    expect(p.grpc.port === ports.grpc, cw, `${name} on the gRPC container port ${ports.grpc}`);
+    expect((p.grpc.service ?? "") === service, cw, `${name} service "${service}"`);
+    expect(!p.httpGet && !p.tcpSocket && !p.exec, cw, `${name} has only the grpc handler`);
+  }
+  expect(c.readinessProbe?.periodSeconds <= 10, cw, "readiness checked at least every 10 s");
+
+  // ConfigMap(s) given to the container, with kustomize's hash suffix.
+  const cms = byKind("ConfigMap");
+  const env = {};
+  for (const ef of c.envFrom || []) {
+    if (!ef.configMapRef) continue;
+    const cm = cms.find((m) => m.metadata.name === ef.configMapRef.name);
+    if (!expect(cm, cw, `envFrom ConfigMap ${ef.configMapRef.name} is rendered`)) continue;
+    expect(/^tqkv-config(-[a-z0-9]+)?$/.test(cm.metadata.name), cw, "ConfigMap is tqkv-config");
+    Object.assign(env, cm.data || {});
+  }
+  for (const e of c.env || []) if (e.value !== undefined) env[e.name] = e.value;
+  expect(Object.keys(env).length > 0, cw, "configured from the tqkv-config ConfigMap");
+  for (const [k, v] of Object.entries(env)) {
+    expect(k.startsWith("TQKV_"), cw, `config key ${k} is not a TQKV_* variable`);
+    expect(envVars.vars.has(k), cw, `${k} is not a variable tqkv-server understands (per ${envVars.from})`);
+    expect(String(v).length > 0, cw, `${k} is empty (the server rejects empty values)`);
+  }
+  for (const e of c.env || [])
+    expect(e.name.startsWith("TQKV_") ? envVars.vars.has(e.name) : true, cw, `env ${e.name} unknown`);
+  // The flags the image adds would override the ConfigMap's listen addresses.
+  expect(JSON.stringify(c.command) === JSON.stringify(["/usr/local/bin/tqkv-server"]), cw,
+    "command is the bare server (the image ENTRYPOINT's flags would win over TQKV_LISTEN)");
+  expect(!(c.args || []).length, cw, "no args: the ConfigMap is the configuration");
+  const listen = hostPort(env.TQKV_LISTEN);
+  expect(listen && listen.port === ports.grpc, cw, `TQKV_LISTEN port is the grpc port (${env.TQKV_LISTEN})`);
+  expect(listen && listen.host === "0.0.0.0", cw, "TQKV_LISTEN on 0.0.0.0 (probes and Services reach the pod IP)");
+  const ml = hostPort(env.TQKV_METRICS_LISTEN);
+  expect(ml && ml.port === ports.metrics, cw, `TQKV_METRICS_LISTEN port is the metrics port (${env.TQKV_METRICS_LISTEN})`);
+  for (const k of ["TQKV_DRAM_CAPACITY", "TQKV_HBM_CAPACITY", "TQKV_MAX_MESSAGE_BYTES", "TQKV_NS_QUOTA"])
+    if (env[k] !== undefined) expect(parseServerBytes(env[k]) !== null, cw, `${k}=${env[k]} is not a byte count`);
+  for (const k of ["TQKV_KEY_BITS", "TQKV_VALUE_BITS", "TQKV_BOUNDARY_KEY_BITS", "TQKV_BOUNDARY_VALUE_BITS"])
+    if (env[k] !== undefined)
+      expect(["1", "1.5", "2", "2.5", "3", "3.5", "4"].includes(String(env[k])), cw, `${k}=${env[k]}`);
+  for (const k of ["TQKV_THREADS", "TQKV_ENCODER_THREADS", "TQKV_DRAIN_SECONDS", "TQKV_MAX_STREAMS"])
+    if (env[k] !== undefined) expect(/^\d+$/.test(String(env[k])), cw, `${k}=${env[k]} is not a number`);
+
+  // Memory limit covers the DRAM tier plus overhead.
+  const dram = parseServerBytes(env.TQKV_DRAM_CAPACITY ?? "1G");
+  const lim = parseQuantity(c.resources?.limits?.memory);
+  const need = dram + Math.max(512 * 2 ** 20, dram / 10);
+  expect(lim !== null && lim >= need, cw,
+    `memory limit ${c.resources?.limits?.memory} must exceed TQKV_DRAM_CAPACITY ${env.TQKV_DRAM_CAPACITY} + overhead (>= ${(need / 2 ** 30).toFixed(2)}Gi)`);
+  const threads = Number(env.TQKV_THREADS || 0);
+  const cpuLim = parseQuantity(c.resources?.limits?.cpu);
+  expect(!threads || threads <= Math.ceil(cpuLim), cw, `TQKV_THREADS ${threads} <= cpu limit ${cpuLim}`);
+
+  // Graceful shutdown: preStop + drain + margin fit in the grace period.
+  const drain = Number(env.TQKV_DRAIN_SECONDS ?? 20);
+  const pre = c.lifecycle?.preStop;
+  let preSecs = 0;
+  if (pre?.exec?.command) {
+    const cmd = pre.exec.command;
+    preSecs = /sleep$/.test(cmd[0]) ? Number(cmd[1]) : 0;
+  } else if (pre?.sleep) preSecs = pre.sleep.seconds;
+  const grace = pod.terminationGracePeriodSeconds ?? 30;
+  expect(grace >= drain + preSecs + 5, ws,
+    `terminationGracePeriodSeconds ${grace} < preStop ${preSecs} + TQKV_DRAIN_SECONDS ${drain} + 5 s margin`);
+  expect((c.volumeMounts || []).some((m) => m.mountPath === "/tmp"), cw, "writable /tmp (root fs is read-only)");
+
+  // Services.
+  const svcs = byKind("Service");
+  const headless = svcs.find((s) => s.metadata.name === "tqkv-headless");
+  if (expect(headless, W, "Service tqkv-headless")) {
+    const hw = `${W} Service/tqkv-headless`;
+    expect(headless.spec.clusterIP === "None", hw, "clusterIP None (headless)");
+    expect(headless.spec.publishNotReadyAddresses === false, hw, "publishNotReadyAddresses false");
+    expect(selects(headless.spec.selector, podLabels), hw, "selects the StatefulSet's pods");
+    expect(ss.spec.serviceName === "tqkv-headless", ws, "serviceName tqkv-headless");
+    const gp = (headless.spec.ports || []).find((p) => p.name === "grpc");
+    expect(gp && (gp.targetPort === "grpc" || gp.targetPort === 50051) && gp.port === 50051, hw, "grpc port 50051 -> grpc");
+  }
+  const svc = svcs.find((s) => s.metadata.name === "tqkv");
+  if (expect(svc, W, "Service tqkv")) {
+    const sw = `${W} Service/tqkv`;
+    expect((svc.spec.type ?? "ClusterIP") === "ClusterIP", sw, "type ClusterIP");
+    expect(svc.spec.clusterIP !== "None", sw, "not headless");
+    expect(selects(svc.spec.selector, podLabels), sw, "selects the StatefulSet's pods");
+    for (const p of svc.spec.ports || [])
+      expect(typeof p.targetPort === "number" || ports[p.targetPort] !== undefined, sw,
+        `targetPort ${p.targetPort} is a named container port`);
+  }
+  for (const s of svcs)
+    for (const p of s.spec.ports || [])
+      if (typeof p.targetPort === "string")
+        expect(ports[p.targetPort] !== undefined, `${W} Service/${s.metadata.name}`, `targetPort ${p.targetPort} exists`);
+
+  const pdbs = byKind("PodDisruptionBudget");
+  if (expect(pdbs.length === 1, W, "one PodDisruptionBudget")) {
+    const pw = `${W} PodDisruptionBudget/${pdbs[0].metadata.name}`;
+    expect(pdbs[0].spec.maxUnavailable === 1, pw, "maxUnavailable 1");
+    expect(selects(pdbs[0].spec.selector?.matchLabels, podLabels), pw, "selects the pods");
+  }
+  const ns = byKind("Namespace")[0];
+  const nsName = ns?.metadata?.name;
+  for (const o of objs)
+    if (o.kind !== "Namespace")
+      expect(o.metadata.namespace === nsName, `${W} ${o.kind}/${o.metadata.name}`, `in namespace ${nsName}`);
+  expect(ns?.metadata?.labels?.["pod-security.kubernetes.io/enforce"] === "restricted", W,
+    "namespace enforces the restricted Pod Security Standard");
+
+  // Variant specifics.
+  const gpuLim = c.resources?.limits?.["nvidia.com/gpu"];
+  if (variant === "gpu") {
+    expect(String(gpuLim) === "1", cw, "limits nvidia.com/gpu: 1");
+    const gpuReq = c.resources?.requests?.["nvidia.com/gpu"];
+    expect(gpuReq === undefined || String(gpuReq) === String(gpuLim), cw, "GPU request equals limit");
+    expect(Object.keys(pod.nodeSelector || {}).length > 0, ws, "nodeSelector for GPU nodes");
+    expect((pod.tolerations || []).some((t) => t.key === "nvidia.com/gpu"), ws, "tolerates nvidia.com/gpu");
+    expect(String(env.TQKV_DEVICE) === "0", cw, "TQKV_DEVICE=0");
+    expect(parseServerBytes(env.TQKV_HBM_CAPACITY) > 0, cw, "TQKV_HBM_CAPACITY > 0");
+    expect(!env.TQKV_HBM_STANDIN || env.TQKV_HBM_STANDIN === "false", cw, "no HBM stand-in with a real device");
+    expect(/cuda/.test(c.image), cw, `a CUDA image (got ${c.image})`);
+  } else {
+    expect(gpuLim === undefined, cw, "no GPU on the cpu overlay");
+    expect(env.TQKV_DEVICE === undefined, cw, "no TQKV_DEVICE on the cpu overlay (built without CUDA it is an error)");
+    expect(!/cuda/.test(c.image), cw, `a CPU image (got ${c.image})`);
+  }
+  return { svcs, ns: nsName };
+}
+
+function checkBench(objs) {
+  const W = "bench";
+  const jobs = objs.filter((o) => o.kind === "Job");
+  if (!expect(jobs.length === 1, W, "one Job")) return;
+  const job = jobs[0];
+  const jw = `${W} Job/${job.metadata.name}`;
+  const pod = job.spec.template.spec;
+  expect(pod.restartPolicy === "Never" || pod.restartPolicy === "OnFailure", jw, "restartPolicy Never/OnFailure");
+  expect(job.spec.activeDeadlineSeconds > 0, jw, "activeDeadlineSeconds bounds the run");
+  podSecurity(jw, pod, pod.containers);
+  const c = pod.containers[0];
+  const argv = [...(c.command || []), ...(c.args || [])];
+  expect(/tqkv-bench$/.test(argv[0] || ""), jw, "runs tqkv-bench");
+  const flag = (f) => {
+    const i = argv.indexOf(f);
+    return i >= 0 ? argv[i + 1] : undefined;
+  };
+  const target = flag("--target");
+  expect(target && /^(dns:\/\/\/)?tqkv-headless(\.[a-z0-9.-]+)?:50051$/.test(target), jw,
+    `--target is the headless Service's gRPC port (got ${target})`);
+  expect(Number(flag("--duration")) > 0, jw, "--duration N");
+  expect(Number(flag("--duration")) < job.spec.activeDeadlineSeconds, jw, "--duration shorter than the deadline");
+  expect(flag("--json") === "-", jw, "--json -");
+  expect(job.metadata.namespace === "tqkv", jw, "in namespace tqkv (same as the servers)");
+}
+
+function checkMonitoring(objs, serverSvcs, nsName) {
+  const W = "monitoring";
+  const sms = objs.filter((o) => o.kind === "ServiceMonitor");
+  if (!expect(sms.length === 1, W, "one ServiceMonitor")) return;
+  const sm = sms[0];
+  const mw = `${W} ServiceMonitor/${sm.metadata.name}`;
+  const matched = serverSvcs.filter((s) => selects(sm.spec.selector?.matchLabels, s.metadata.labels));
+  expect(matched.length === 1, mw, `selects exactly one Service (got ${matched.map((s) => s.metadata.name)}): one scrape per pod`);
+  const names = sm.spec.namespaceSelector?.matchNames;
+  expect(!names || names.includes(nsName) || sm.metadata.namespace === nsName, mw, `looks in namespace ${nsName}`);
+  for (const ep of sm.spec.endpoints || []) {
+    expect(ep.port === "metrics", mw, "endpoint port metrics");
+    expect((ep.path ?? "/metrics") === "/metrics", mw, "path /metrics");
+    if (matched[0]) expect((matched[0].spec.ports || []).some((p) => p.name === ep.port), mw, `Service has port ${ep.port}`);
+  }
+}
+
+async function runK8s() {
+  for (const [tool, args] of [[kubectl, ["version", "--client"]]]) {
+    try {
+      sh(tool, args);
+    } catch {
+      fail("tools", `${tool} not found: install kubectl (deploy/install-deps.sh) to render the manifests`);
+      return;
+    }
+  }
+  const envVars = serverEnvVars();
+  expect(envVars.vars.size >= 10, "server", `too few TQKV_* variables found in ${envVars.from}`);
+  let svcs = [];
+  let nsName = "tqkv";
+  for (const variant of ["cpu", "gpu"]) {
+    const text = render(`overlays/${variant}`);
+    if (!text) continue;
+    const objs = await parseDocs(text);
+    await validateSchema(`overlays/${variant}`, objs);
+    const r = checkServer(variant, objs, envVars);
+    if (r && variant === "cpu") ({ svcs, ns: nsName } = r);
+    console.log(`overlays/${variant}: ${objs.length} objects (${objs.map((o) => o.kind).join(", ")})`);
+  }
+  const bench = render("bench");
+  if (bench) {
+    const objs = await parseDocs(bench);
+    await validateSchema("bench", objs);
+    checkBench(objs);
+  }
+  const mon = render("monitoring");
+  if (mon) {
+    const objs = await parseDocs(mon);
+    await validateSchema("monitoring", objs);
+    checkMonitoring(objs, svcs, nsName);
+  }
+  // The base alone must render too (overlays build on it).
+  render("base");
+}
+
+// ---------------------------------------------------------------- Dockerfile
+
+function runDockerfile() {
+  const W = "deploy/Dockerfile";
+  const file = path.join(root, "deploy", "Dockerfile");
+  if (!expect(existsSync(file), W, "exists")) return;
+  const text = readFileSync(file, "utf8").replace(/\\\n/g, " ");
+  const lines = text.split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
+  const stages = lines.filter((l) => /^FROM\s/i.test(l));
+  expect(stages.length >= 2, W, "multi-stage (build and runtime)");
+  const args = Object.fromEntries(
+    lines.filter((l) => /^ARG\s/i.test(l)).map((l) => {
+      const [k, v] = l.replace(/^ARG\s+/i, "").split("=");
+      return [k.trim(), v?.trim().replace(/^"|"$/g, "")];
+    }));
+  expect(args.BUILD_BASE === "debian:12" || /debian:12/.test(args.BUILD_BASE || ""), W, "BUILD_BASE defaults to debian:12");
+  expect(/debian:12/.test(args.RUNTIME_BASE || ""), W, "RUNTIME_BASE defaults to a debian:12 image");
+  expect("TQKV_CUDA" in args, W, "ARG TQKV_CUDA selects the CUDA build");
+  expect(/^FROM\s+\$\{?BUILD_BASE\}?\s+AS\s+build/i.test(stages[0] || ""), W, "first stage FROM ${BUILD_BASE} AS build");
+  expect(/^FROM\s+\$\{?RUNTIME_BASE\}?/i.test(stages[stages.length - 1] || ""), W, "last stage FROM ${RUNTIME_BASE}");
+  // Every COPY source (outside --from) exists in the build context and is not ignored.
+  const ignore = existsSync(path.join(root, ".dockerignore"))
+    ? readFileSync(path.join(root, ".dockerignore"), "utf8").split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"))
+    : [];
+  expect(ignore.length > 0, ".dockerignore", "exists and is not empty");
+  const ignored = (rel) => {
+    let res = false;
+    for (const pat of ignore) {
+      const neg = pat.startsWith("!");
+      const p = (neg ? pat.slice(1) : pat).replace(/\/$/, "").replace(/^\//, "");
+      const re = new RegExp("^" + p.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*\*/g, "\u0000").replace(/\*/g, "[^/]*").replace(/\u0000/g, ".*") + "(/.*)?$");
+      if (re.test(rel)) res = !neg;
+    }
+    return res;
+  };
+  for (const l of lines.filter((x) => /^COPY\s/i.test(x) && !/--from=/i.test(x))) {
+    const parts = l.replace(/^COPY\s+/i, "").split(/\s+/).filter((p) => !p.startsWith("--"));
+    const srcs = parts.slice(0, -1);
+    for (const s of srcs) {
+      const rel = s.replace(/^\.\//, "").replace(/\/$/, "");
+      if (rel === "." || rel === "") continue;
+      expect(existsSync(path.join(root, rel)), W, `COPY source ${s} does not exist`);
+      expect(!ignored(rel), W, `COPY source ${s} is excluded by .dockerignore`);
+    }
+  }
+  for (const must of ["CMakeLists.txt", "kernels", "cache", "proto", "transport", "service", "deploy/install-deps.sh"])
+    expect(!ignored(must), ".dockerignore", `must not exclude ${must}`);
+  for (const junk of ["build", "build-asan", ".git", "tests/k8s/node_modules"])
+    expect(ignored(junk), ".dockerignore", `should exclude ${junk}`);
+  // Runtime stage: only runtime libraries, non-root user, the entrypoint.
+  const rt = text.slice(text.search(/^FROM\s+\$\{?RUNTIME_BASE/im));
+  for (const lib of ["libgrpc29", "libprotobuf-c1", "libjemalloc2", "libmicrohttpd12", "libzstd1", "ca-certificates"])
+    expect(new RegExp(`\\b${lib}\\b`).test(rt), W, `runtime stage installs ${lib}`);
+  expect(!/-dev\b/.test(rt.replace(/--no-install-recommends/g, "")), W, "runtime stage installs no -dev package");
+  expect(/^USER\s+65532(:65532)?\s*$/m.test(rt), W, "runtime USER 65532");
+  const ep = /^ENTRYPOINT\s+(\[.*\])\s*$/m.exec(rt);
+  if (expect(ep, W, "exec-form ENTRYPOINT")) {
+    let argv = [];
+    try {
+      argv = JSON.parse(ep[1]);
+    } catch {
+      fail(W, "ENTRYPOINT is not a JSON array");
+    }
+    expect(argv[0] === "/usr/local/bin/tqkv-server", W, "ENTRYPOINT runs /usr/local/bin/tqkv-server (the path the StatefulSet uses)");
+    const f = (k) => argv[argv.indexOf(k) + 1];
+    expect(f("--listen") === "0.0.0.0:50051", W, "--listen 0.0.0.0:50051");
+    expect(f("--metrics-listen") === "0.0.0.0:9090", W, "--metrics-listen 0.0.0.0:9090");
+  }
+  expect(/^EXPOSE\s+.*\b50051\b/m.test(rt) && /^EXPOSE\s+.*\b9090\b/m.test(rt), W, "EXPOSE 50051 and 9090");
+  expect(/tqkv-bench/.test(rt), W, "ships tqkv-bench (the bench Job runs it from this image)");
+  expect(/-DTQKV_CUDA=\$\{?TQKV_CUDA\}?/.test(text), W, "passes TQKV_CUDA to cmake");
+  // Runtime packages exist in Debian 12 (when apt-cache is there to ask).
+  let apt = true;
+  try {
+    sh("apt-cache", ["--version"]);
+  } catch {
+    apt = false;
+  }
+  if (apt) {
+    const pk = /apt-get install[^&;]*/g;
+    const names = new Set();
+    for (const m of rt.matchAll(pk))
+      for (const w of m[0].split(/\s+/).slice(2)) if (/^[a-z0-9][a-z0-9.+-]+$/.test(w)) names.add(w);
+    for (const n of names) {
+      let ok = true;
+      try {
+        ok = /^Package: /m.test(sh("apt-cache", ["show", "--no-all-versions", n]));
+      } catch {
+        ok = false;
+      }
+      expect(ok, W, `runtime package ${n} is not known to apt-cache`);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Grafana
+
+function runGrafana() {
+  const W = "deploy/grafana/tqkv-dashboard.json";
+  const file = path.join(root, "deploy", "grafana", "tqkv-dashboard.json");
+  if (!expect(existsSync(file), W, "exists")) return;
+  let d;
+  try {
+    d = JSON.parse(readFileSync(file, "utf8"));
+  } catch (e) {
+    fail(W, `not JSON: ${e.message}`);
+    return;
+  }
+  // Metric names the server exposes: the families rendered by service/metrics.c.
+  const src = readFileSync(path.join(root, "service", "metrics.c"), "utf8");
+  const families = new Set([...src.matchAll(/"(tqkv_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
+  const known = new Set();
+  for (const f of families) {
+    known.add(f);
+    for (const s of ["_bucket", "_sum", "_count"]) known.add(f + s);
+  }
+  expect(typeof d.title === "string" && d.title.length > 0, W, "title");
+  expect(typeof d.uid === "string" && d.uid.length > 0 && d.uid.length <= 40, W, "uid (<= 40 chars)");
+  expect(Number.isInteger(d.schemaVersion), W, "schemaVersion");
+  const vars = (d.templating?.list || []).map((v) => v.name);
+  expect(vars.includes("datasource"), W, "a datasource variable");
+  const panels = [];
+  const walk = (ps) => {
+    for (const p of ps || []) {
+      panels.push(p);
+      walk(p.panels);
+    }
+  };
+  walk(d.panels);
+  expect(panels.length >= 8, W, `at least 8 panels, got ${panels.length}`);
+  const ids = new Set();
+  const exprs = [];
+  for (const p of panels) {
+    const pw = `${W} panel "${p.title}"`;
+    expect(Number.isInteger(p.id) && !ids.has(p.id), pw, "unique integer id");
+    ids.add(p.id);
+    const g = p.gridPos;
+    expect(g && [g.x, g.y, g.w, g.h].every(Number.isInteger) && g.x + g.w <= 24, pw, "gridPos within 24 columns");
+    if (p.type === "row") continue;
+    expect((p.targets || []).length > 0, pw, "has queries");
+    for (const t of p.targets || []) {
+      expect(typeof t.expr === "string" && t.expr.length > 0, pw, "target has a PromQL expr");
+      expect(t.datasource?.uid === "${datasource}", pw, "target uses the datasource variable");
+      exprs.push(t.expr);
+      // Balanced brackets and no metric the server does not export.
+      let depth = 0;
+      for (const ch of t.expr) {
+        if ("({[".includes(ch)) depth++;
+        if (")}]".includes(ch)) depth--;
+        if (depth < 0) break;
+      }
+      expect(depth === 0, pw, `unbalanced brackets in ${t.expr}`);
+      const stripped = t.expr.replace(/"[^"]*"/g, '""');
+      for (const m of stripped.matchAll(/\b(tqkv_[a-z0-9_]+)\b/g))
+        expect(known.has(m[1]), pw, `metric ${m[1]} is not exported by service/metrics.c`);
+    }
+  }
+  const all = exprs.join("\n");
+  for (const [what, re] of [
+    ["hit rate by tier", /tqkv_tier_hits_total/],
+    ["hit rate by namespace", /tqkv_namespace_hits_total/],
+    ["GB/s", /tqkv_bytes_sent_total/],
+    ["BF16-equivalent GB/s", /tqkv_bf16_equivalent_bytes_delivered_total/],
+    ["latency p50", /histogram_quantile\(0\.5,/],
+    ["latency p99", /histogram_quantile\(0\.99,/],
+    ["evictions", /tqkv_tier_evictions_total/],
+    ["demotions", /tqkv_tier_demotions_total/],
+    ["tier usage", /tqkv_tier_bytes/],
+    ["compression ratio", /tqkv_compression_ratio/],
+    ["errors by code", /tqkv_requests_total\{[^}]*code!="OK"/],
+  ])
+    expect(re.test(all), W, `a panel for ${what}`);
+}
+
+// ---------------------------------------------------------------- main
+
+const what = process.argv[2] || "k8s";
+const t0 = Date.now();
+if (what === "k8s") await runK8s();
+else if (what === "dockerfile") runDockerfile();
+else if (what === "grafana") runGrafana();
+else {
+  console.log(`usage: node validate.mjs k8s|dockerfile|grafana`);
+  process.exit(2);
+}
+console.log(`${what}: ${checks} checks, ${failures} failures (${Date.now() - t0} ms)`);
+process.exit(failures ? 1 : 0);
