@@ -1,0 +1,246 @@
+/* client.h - libtqkv: the C client of tqkv-server (Put, Lookup, Get, Delete, Stats, Health).
+ *
+ * One tqkv_client_t talks to one or several servers ("targets"). With several,
+ * blocks are placed by rendezvous hashing of (namespace, hash) with a replication
+ * factor R (transport/shard.h): Put goes to the first R live targets of a block's
+ * ranking, Lookup and Get ask the candidates in rank order and fan out in parallel
+ * across targets. A target that fails at the transport level (UNAVAILABLE) is
+ * skipped for a back-off period and then tried again; with several targets its
+ * blocks read as misses, not errors.
+ *
+ * Threading: a client is shared by any number of threads (each target has its own
+ * gRPC channels; each operation drives its calls on its own completion queue, so
+ * calls of different threads never share state). A put session (tqkv_put_t) and
+ * the callbacks of one Get belong to the thread that runs them.
+ *
+ * Errors: every function returns a tqkv_status_t; the gRPC status code and message
+ * of the last failure of the calling thread are in tqkv_client_last_error().
+ */
+#ifndef TQKV_TRANSPORT_CLIENT_H
+#define TQKV_TRANSPORT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/page.h"
+#include "kernels/status.h"
+
+typedef struct tqkv_client tqkv_client_t;
+typedef struct tqkv_put tqkv_put_t;
+
+#define TQKV_CLIENT_DEFAULT_MAX_MESSAGE (64u << 20)
+#define TQKV_CLIENT_DEFAULT_DEADLINE_MS 30000u
+#define TQKV_HASH_MAX 64u
+
+/* Client options. Zero-initialise, then set what you need. Strings are borrowed
+ * for the duration of tqkv_client_create only. */
+typedef struct tqkv_client_opts {
+    const char *const *targets; /* "host:port" (or any gRPC target URI), num_targets of them */
+    size_t num_targets;
+    int resolve_targets;       /* 1: a DNS name that resolves to several addresses becomes one
+                                  target per address (a headless Service); 0: one channel */
+    int tls;                   /* 1: TLS (implied by tls_ca_path) */
+    const char *tls_ca_path;   /* PEM roots; NULL with tls = the system roots */
+    const char *tls_cert_path; /* client certificate (mutual TLS), with tls_key_path */
+    const char *tls_key_path;
+    const char *tls_target_name;  /* override the name checked against the server cert */
+    const char *token;            /* bearer token sent as "authorization: Bearer <token>" */
+    uint32_t deadline_ms;         /* per call; 0 = TQKV_CLIENT_DEFAULT_DEADLINE_MS */
+    size_t max_message_bytes;     /* receive and send limit; 0 = 64 MiB */
+    uint32_t replicas;            /* R: copies of each block over the targets; 0 = 1 */
+    uint32_t channels_per_target; /* TCP connections per target (calls round-robin); 0 = 1 */
+    int wait_for_ready;           /* 1: calls wait for a connection until their deadline */
+    uint32_t backoff_min_ms;      /* a failed target is skipped this long first; 0 = 200 */
+    uint32_t backoff_max_ms;      /* doubling up to this; 0 = 5000 */
+} tqkv_client_opts_t;
+
+/* A block hash (8..64 bytes), a value. */
+typedef struct tqkv_hash {
+    uint8_t len;
+    uint8_t bytes[TQKV_HASH_MAX];
+} tqkv_hash_t;
+
+/* Tier of a block, as in the proto. */
+enum { TQKV_CLIENT_TIER_NONE = 0, TQKV_CLIENT_TIER_HBM = 1, TQKV_CLIENT_TIER_DRAM = 2 };
+/* Get encodings, as in the proto. */
+enum { TQKV_CLIENT_PACKED = 0, TQKV_CLIENT_BF16 = 1 };
+
+/* The calling thread's last error. status TQKV_OK after a success is not promised:
+ * read it only after a call failed. */
+typedef struct tqkv_client_error {
+    tqkv_status_t status;
+    int grpc_code;     /* grpc_status_code; 0 when the failure was local */
+    char message[256]; /* the server's details or a local reason */
+} tqkv_client_error_t;
+
+/* Returns borrowed, thread-local, valid until the thread's next client call. */
+const tqkv_client_error_t *tqkv_client_last_error(void);
+
+/* Creates a client. Returns TQKV_EINVAL (no target, unreadable TLS file), TQKV_ENOMEM.
+ * Connections are made lazily. Returns new in *out (tqkv_client_destroy). */
+tqkv_status_t tqkv_client_create(const tqkv_client_opts_t *opts, tqkv_client_t **out);
+
+/* Destroys c (NULL is a no-op). No call of c may be running. */
+void tqkv_client_destroy(tqkv_client_t *c);
+
+/* Number of targets (after DNS expansion) and the name of one (borrowed). */
+size_t tqkv_client_num_targets(const tqkv_client_t *c);
+const char *tqkv_client_target_name(const tqkv_client_t *c, size_t i);
+
+/* ---- Put ---- */
+
+/* Options of a put session (NULL = defaults). bits 0 = the namespace policy. */
+typedef struct tqkv_put_opts {
+    float key_bits, value_bits; /* 1, 1.5, 2, 2.5, 3, 3.5, 4; 0 = policy */
+    int key_mode, value_mode;   /* 0 default, 1 mse, 2 prod */
+    uint32_t deadline_ms;       /* the whole session; 0 = the client default */
+} tqkv_put_opts_t;
+
+/* One block (one layer): either key+value (BF16 [T][H][D], shape required) or page. */
+typedef struct tqkv_put_block {
+    const char *ns;
+    const tqkv_hash_t *hash;
+    const tqkv_hash_t *parent; /* NULL for the first block of a sequence */
+    uint32_t layer;
+    uint32_t num_layers; /* the model's layers (boundary policy); 0 = unknown */
+    tqkv_block_shape_t shape;
+    const void *key, *value; /* BF16 bytes, each T*H*D*2 */
+    const void *page;        /* instead of key/value: an encoded page */
+    size_t page_len;
+} tqkv_put_block_t;
+
+/* What a put session stored (summed over targets and replicas). */
+typedef struct tqkv_put_result {
+    uint64_t blocks_sent;   /* messages sent (a block counts once per replica) */
+    uint64_t blocks_stored; /* as reported by the servers */
+    uint64_t blocks_duplicate;
+    uint64_t bytes_in;
+    uint64_t bytes_stored;
+    uint64_t blocks_lost; /* sent to a target that then failed (several targets only) */
+} tqkv_put_result_t;
+
+/* Opens a put session. Borrows opts. Returns new in *out (end with put_end or abort). */
+tqkv_status_t tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *opts,
+                                    tqkv_put_t **out);
+
+/* Sends one block. Borrows b (copied into the message before returning). At most one
+ * message is in flight per target stream: this waits for the previous one (the
+ * back-pressure). Returns TQKV_EINVAL for a malformed block, or the stream's error
+ * when a server ended it (then end the session with put_end or abort). */
+tqkv_status_t tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b);
+
+/* Half-closes the streams and collects the responses into *res (may be NULL).
+ * Always frees p. Returns the first error of any stream. */
+tqkv_status_t tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res);
+
+/* Cancels the streams and frees p (NULL is a no-op). */
+void tqkv_client_put_abort(tqkv_put_t *p);
+
+/* ---- Lookup ---- */
+
+typedef struct tqkv_lookup_req {
+    const char *ns;
+    const tqkv_hash_t *hashes; /* sequence order */
+    size_t num_hashes;
+    uint32_t num_layers;  /* a block counts when layers [0, num_layers) are present */
+    uint32_t lease_ms;    /* > 0: pin the found blocks this long */
+    uint32_t deadline_ms; /* 0 = the client default */
+} tqkv_lookup_req_t;
+
+/* Writes *prefix_blocks (leading hashes present) and, when tiers is non-NULL, the
+ * tier of every hash (tiers[num_hashes]). With several targets, a down target's
+ * hashes read as absent. */
+tqkv_status_t tqkv_client_lookup(tqkv_client_t *c, const tqkv_lookup_req_t *req,
+                                 uint32_t *prefix_blocks, uint8_t *tiers);
+
+/* ---- Get ---- */
+
+typedef struct tqkv_get_req {
+    const char *ns;
+    const tqkv_hash_t *hashes;
+    size_t num_hashes;
+    uint32_t layer_begin, layer_end; /* [begin, end), end > begin */
+    int encoding;                    /* TQKV_CLIENT_PACKED or TQKV_CLIENT_BF16 */
+    uint32_t deadline_ms;            /* the whole stream; 0 = the client default */
+} tqkv_get_req_t;
+
+/* One page of a Get, passed to the callback. All pointers are borrowed for the
+ * callback only. page is 64-byte aligned, key 2-byte aligned and value 2-byte
+ * aligned. */
+typedef struct tqkv_get_page {
+    size_t hash_index; /* index into req->hashes */
+    uint32_t layer;
+    int found;
+    int tier;
+    tqkv_block_shape_t shape; /* as sent by the server (zero when !found) */
+    const void *page;         /* PACKED */
+    size_t page_len;
+    const void *key, *value; /* BF16 */
+    size_t key_len, value_len;
+    size_t wire_bytes; /* size of the message on the wire */
+    int target;        /* index of the target that answered (-1 for a final miss) */
+} tqkv_get_page_t;
+
+/* Called once per (hash, layer). Return 0 to continue, non-zero to cancel the Get
+ * (tqkv_client_get then returns TQKV_ECANCELED). */
+typedef int (*tqkv_get_cb_t)(void *arg, const tqkv_get_page_t *pg);
+
+/* Streams the pages of req. With one target the callback sees the server's
+ * layer-major order; with several, each target's pages arrive layer-major and
+ * targets interleave, and misses (after asking every candidate) come last. The
+ * callback is never called concurrently for one Get. Missing blocks are reported
+ * with found = 0; the call still succeeds. */
+tqkv_status_t tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *req, tqkv_get_cb_t cb,
+                              void *arg);
+
+/* ---- Delete, Stats, Health ---- */
+
+/* Deletes every layer of the hashes (or the whole namespace when all != 0) on every
+ * live target; writes the totals (either pointer may be NULL). */
+tqkv_status_t tqkv_client_delete(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes,
+                                 size_t num_hashes, int all, uint64_t *pages_deleted,
+                                 uint64_t *bytes_freed);
+
+typedef struct tqkv_client_tier_stats {
+    int tier;
+    uint64_t capacity_bytes, bytes_used, pages, hits, misses, evictions, demotions, promotions;
+} tqkv_client_tier_stats_t;
+
+typedef struct tqkv_client_stats {
+    uint64_t hits, misses, evictions, bytes_in, bytes_out, pages, page_bytes, bf16_bytes;
+    double compression_ratio; /* bf16_bytes / page_bytes over all targets */
+    size_t num_tiers;
+    tqkv_client_tier_stats_t tiers[4]; /* summed per tier over the targets */
+} tqkv_client_stats_t;
+
+/* Stats of a namespace (ns "" = the whole server) summed over the live targets. */
+tqkv_status_t tqkv_client_stats(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out);
+
+/* grpc.health.v1 Check of service (NULL or "" = the server) on target i. Writes the
+ * ServingStatus (1 = SERVING). */
+tqkv_status_t tqkv_client_health(tqkv_client_t *c, size_t target, const char *service,
+                                 int *serving_status);
+
+/* ---- Consumer helpers ---- */
+
+/* Validates (with CRC) a received page and decodes it into BF16 K and V ([T][H][D],
+ * either may be NULL). Writes the shape when shape is non-NULL. Returns
+ * TQKV_EFORMAT / TQKV_ECORRUPT for a bad page. Borrows everything. */
+tqkv_status_t tqkv_client_decode_page(const void *page, size_t len, uint16_t *k, uint16_t *v,
+                                      tqkv_block_shape_t *shape);
+
+/* ---- Internal, exposed for the tests ---- */
+
+/* A GetResponse read in place (pointers borrow the message bytes). */
+typedef struct tqkv__get_msg {
+    const uint8_t *hash, *page, *key, *value;
+    size_t hash_len, page_len, key_len, value_len;
+    uint32_t layer, num_tokens, num_kv_heads, head_dim;
+    int found, tier;
+} tqkv__get_msg_t;
+
+/* Parses a serialized tqkv.v1.GetResponse without copying. Returns 0, or -1 when
+ * p[0..n) is not a well-formed message. */
+int tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m);
+
+#endif

@@ -1,0 +1,55 @@
+/* shard.h - block placement over several servers: rendezvous hashing and back-off.
+ *
+ * Placement is highest-random-weight (rendezvous) hashing: every target gets a
+ * score mix(id(target), h(namespace, hash)) and a block lives on the R best. Adding
+ * or removing a target moves only the blocks that rank it first, and every client
+ * computes the same ranking from the target names alone.
+ *
+ * A target's health is a lock-free back-off: after a transport failure it is
+ * skipped until a deadline that doubles with each consecutive failure (between
+ * min and max), and a success clears it. Thread-safe (C11 atomics).
+ */
+#ifndef TQKV_TRANSPORT_SHARD_H
+#define TQKV_TRANSPORT_SHARD_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Stable 64-bit id of a target name (FNV-1a + a finaliser). */
+uint64_t tqkv_shard_target_id(const char *name);
+
+/* 64-bit key of a block: namespace and hash bytes. */
+uint64_t tqkv_shard_block_key(const char *ns, const uint8_t *hash, size_t hash_len);
+
+/* Score of target id for block key (higher wins). */
+uint64_t tqkv_shard_score(uint64_t target_id, uint64_t block_key);
+
+/* Ranks n targets (ids[n]) for block_key, best first: writes a permutation of
+ * 0..n-1 into order[n]. Ties (equal ids) break by index. Borrows everything. */
+void tqkv_shard_rank(const uint64_t *ids, size_t n, uint64_t block_key, uint32_t *order);
+
+/* Back-off health of one target. Initialise with tqkv_shard_health_init. */
+typedef struct tqkv_shard_health {
+    _Atomic uint64_t down_until_ns; /* 0 = healthy; else skip until this monotonic time */
+    _Atomic uint32_t backoff_ms;    /* next back-off length */
+    _Atomic uint64_t failures;      /* transport failures seen (for stats and tests) */
+} tqkv_shard_health_t;
+
+void tqkv_shard_health_init(tqkv_shard_health_t *h);
+
+/* 1 when the target may be used at now_ns (healthy, or its back-off has expired). */
+int tqkv_shard_health_usable(tqkv_shard_health_t *h, uint64_t now_ns);
+
+/* Records a transport failure at now_ns: skip for the current back-off, then double it
+ * (clamped to [min_ms, max_ms]). */
+void tqkv_shard_health_fail(tqkv_shard_health_t *h, uint64_t now_ns, uint32_t min_ms,
+                            uint32_t max_ms);
+
+/* Records a success: healthy again, back-off reset to min_ms. */
+void tqkv_shard_health_ok(tqkv_shard_health_t *h, uint32_t min_ms);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t tqkv_shard_now_ns(void);
+
+#endif

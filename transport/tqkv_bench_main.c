@@ -1,0 +1,1371 @@
+/* tqkv_bench_main.c - tqkv-bench: simulated inference workers against tqkv-server(s).
+ *
+ * N worker threads share one libtqkv client. A prefill op Puts a new sequence of
+ * chained blocks (all layers); with probability --prefix-reuse the sequence starts
+ * with a prefix of an earlier one, which is not Put again (as an engine that did a
+ * Lookup would). A decode op Lookups a known sequence and Gets its cached prefix,
+ * layer-major, verifying every page: packed pages must pass validation with CRC,
+ * every later read of a (hash, layer) must have the CRC and length of the first
+ * one, and a sample of them (all pages in BF16 mode) must decode to within a
+ * relative error of 0.3 of what was Put. Block contents are windows of one random
+ * BF16 pool chosen by (hash, layer), so the source of any page can be rebuilt.
+ *
+ * The same run measures raw TCP loopback and Redis GET (a RESP client over a
+ * socket, against a redis-server this process starts) on the same block sizes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/page.h"
+#include "transport/client.h"
+
+#define MAX_TARGETS 32
+#define MAX_SERVER_ARGS 32
+#define SEQ_POOL 4096
+#define VTAB_BITS 20
+
+typedef enum { PH_PREFILL, PH_DECODE, PH_MIXED } phase_t;
+
+typedef struct cfg {
+    const char *targets[MAX_TARGETS];
+    size_t ntargets;
+    double duration;
+    uint64_t ops;
+    int concurrency;
+    uint32_t layers, heads, dim, block_tokens, seq_blocks;
+    double prefix_reuse;
+    phase_t phase;
+    int encoding;
+    float key_bits, value_bits;
+    const char *ns;
+    const char *json, *csv;
+    const char *tls_ca, *token;
+    int baselines;
+    const char *spawn;
+    const char *server_args[MAX_SERVER_ARGS];
+    int nserver_args;
+    uint32_t replicas, channels;
+    uint64_t seed;
+    int verify_every;
+    uint32_t working_set;
+} cfg_t;
+
+static cfg_t C;
+
+/* ---- shared state ---- */
+
+typedef struct seq {
+    tqkv_hash_t *h; /* seq_blocks hashes */
+} seq_t;
+
+static struct {
+    pthread_mutex_t mu;
+    seq_t s[SEQ_POOL];
+    uint64_t n; /* sequences ever added */
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static uint16_t *data_pool; /* random BF16 */
+static size_t data_elems, block_elems;
+
+static struct {
+    _Atomic uint64_t put_blocks, put_bf16, put_wire, get_found, get_missing, get_bf16, get_wire;
+    _Atomic uint64_t lookup_asked, lookup_hit, verify_failures, errors, ops, content_checks;
+    _Atomic int stop;
+} K;
+
+/* (hash, layer) -> CRC and length of the first page read. Open addressing. */
+typedef struct vent {
+    uint64_t key;
+    uint32_t crc, len;
+} vent_t;
+static vent_t *vtab;
+static size_t vtab_used;
+static pthread_mutex_t vtab_mu = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct lat {
+    uint32_t *v;
+    size_t n, cap;
+} lat_t;
+
+typedef struct worker {
+    pthread_t th;
+    int id;
+    tqkv_client_t *cl;
+    uint64_t rng;
+    lat_t put, lookup, get, first;
+    uint16_t *kbuf, *vbuf;
+    float *kf, *vf;
+} worker_t;
+
+static uint64_t
+mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t
+rnd(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ull;
+    return mix64(*s);
+}
+
+static double
+rndu(uint64_t *s)
+{
+    return (double)(rnd(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void
+lat_add(lat_t *l, double sec)
+{
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? l->cap * 2 : 1024;
+        uint32_t *nv = realloc(l->v, nc * sizeof *nv);
+        if (nv == NULL)
+            return;
+        l->v = nv;
+        l->cap = nc;
+    }
+    double us = sec * 1e6;
+    l->v[l->n++] = us > 4e9 ? 4000000000u : (uint32_t)us;
+}
+
+static uint16_t
+f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static float
+bf2f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint64_t
+hash64(const tqkv_hash_t *h)
+{
+    uint64_t x;
+    memcpy(&x, h->bytes, 8);
+    return x;
+}
+
+/* Source K and V of (hash, layer): windows of the data pool. */
+static const uint16_t *
+src_tensor(const tqkv_hash_t *h, uint32_t layer, int v)
+{
+    uint64_t r = mix64(hash64(h) ^ ((uint64_t)layer * 2 + (uint64_t)v + 1) * 0x2545F4914F6CDD1Dull);
+    return data_pool + (r % (data_elems - block_elems));
+}
+
+static void
+make_hash(tqkv_hash_t *out, const tqkv_hash_t *parent, uint64_t uniq)
+{
+    uint64_t p = parent ? hash64(parent) : 0;
+    uint64_t a = mix64(C.seed ^ mix64(p) ^ mix64(uniq + 0x51ed));
+    uint64_t b = mix64(a ^ 0xabcdef);
+    out->len = 16;
+    memcpy(out->bytes, &a, 8);
+    memcpy(out->bytes + 8, &b, 8);
+}
+
+static _Atomic uint64_t uniq_ctr;
+
+static void
+verify_fail(const char *fmt, ...)
+{
+    uint64_t n = atomic_fetch_add(&K.verify_failures, 1);
+    if (n < 10) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "tqkv-bench: verify failure: ");
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
+}
+
+/* First read of (hash, layer) records crc/len; later reads must match. */
+static void
+vtab_check(uint64_t key, uint32_t crc, uint32_t len)
+{
+    size_t mask = ((size_t)1 << VTAB_BITS) - 1;
+    key |= 1;
+    pthread_mutex_lock(&vtab_mu);
+    for (size_t i = mix64(key) & mask;; i = (i + 1) & mask) {
+        if (vtab[i].key == key) {
+            if (vtab[i].crc != crc || vtab[i].len != len) {
+                pthread_mutex_unlock(&vtab_mu);
+                verify_fail("page changed between reads (crc %08x/%u vs %08x/%u)", vtab[i].crc,
+                            vtab[i].len, crc, len);
+                return;
+            }
+            break;
+        }
+        if (vtab[i].key == 0) {
+            if (vtab_used < mask / 10 * 7) {
+                vtab[i] = (vent_t){key, crc, len};
+                vtab_used++;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&vtab_mu);
+}
+
+/* Relative L2 error of a decoded tensor against its source. */
+static double
+rel_err_f32(const float *x, const uint16_t *src, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double a = bf2f(src[i]), d = (double)x[i] - a;
+        e += d * d;
+        s += a * a;
+    }
+    return s > 0 ? sqrt(e / s) : sqrt(e);
+}
+
+static double
+rel_err_bf16(const uint8_t *x, const uint16_t *src, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, x + 2 * i, 2);
+        double a = bf2f(src[i]), d = (double)bf2f(b) - a;
+        e += d * d;
+        s += a * a;
+    }
+    return s > 0 ? sqrt(e / s) : sqrt(e);
+}
+
+/* ---- worker ops ---- */
+
+typedef struct getctx {
+    worker_t *w;
+    const tqkv_hash_t *hashes;
+    double t0;
+    int first;
+    uint64_t npages;
+} getctx_t;
+
+static int
+on_page(void *arg, const tqkv_get_page_t *pg)
+{
+    getctx_t *g = arg;
+    worker_t *w = g->w;
+    const tqkv_hash_t *h = &g->hashes[pg->hash_index];
+    if (!g->first) {
+        g->first = 1;
+        lat_add(&w->first, now_s() - g->t0);
+    }
+    atomic_fetch_add(&K.get_wire, pg->wire_bytes);
+    if (!pg->found) {
+        atomic_fetch_add(&K.get_missing, 1);
+        return 0;
+    }
+    atomic_fetch_add(&K.get_found, 1);
+    atomic_fetch_add(&K.get_bf16, (uint64_t)block_elems * 4);
+    g->npages++;
+    uint64_t key = hash64(h) ^ ((uint64_t)(pg->layer + 1) * 0x9E3779B97F4A7C15ull);
+    if (C.encoding == TQKV_CLIENT_PACKED) {
+        tqkv_page_info_t info;
+        char err[160];
+        if (tqkv_page_validate(pg->page, pg->page_len, 1, &info, err, sizeof err) != TQKV_OK) {
+            verify_fail("layer %u: invalid page: %s", pg->layer, err);
+            return 0;
+        }
+        if (info.shape.num_tokens != C.block_tokens || info.shape.num_kv_heads != C.heads ||
+            info.shape.head_dim != C.dim) {
+            verify_fail("layer %u: page shape %ux%ux%u", pg->layer, info.shape.num_tokens,
+                        info.shape.num_kv_heads, info.shape.head_dim);
+            return 0;
+        }
+        vtab_check(key, info.hdr->crc32c, (uint32_t)pg->page_len);
+        if (C.verify_every > 0 && (rnd(&w->rng) % (uint64_t)C.verify_every) == 0) {
+            atomic_fetch_add(&K.content_checks, 1);
+            if (tqkv_page_decode_f32(pg->page, pg->page_len, w->kf, w->vf) != TQKV_OK) {
+                verify_fail("layer %u: decode failed", pg->layer);
+                return 0;
+            }
+            double ek = rel_err_f32(w->kf, src_tensor(h, pg->layer, 0), block_elems);
+            double ev = rel_err_f32(w->vf, src_tensor(h, pg->layer, 1), block_elems);
+            if (!(ek < 0.3 && ev < 0.3))
+                verify_fail("layer %u: decoded content off (rel err K %.3f V %.3f)", pg->layer, ek,
+                            ev);
+        }
+    } else {
+        if (pg->key_len != block_elems * 2 || pg->value_len != block_elems * 2) {
+            verify_fail("layer %u: BF16 sizes %zu/%zu", pg->layer, pg->key_len, pg->value_len);
+            return 0;
+        }
+        atomic_fetch_add(&K.content_checks, 1);
+        double ek = rel_err_bf16(pg->key, src_tensor(h, pg->layer, 0), block_elems);
+        double ev = rel_err_bf16(pg->value, src_tensor(h, pg->layer, 1), block_elems);
+        if (!(ek < 0.3 && ev < 0.3))
+            verify_fail("layer %u: BF16 content off (rel err K %.3f V %.3f)", pg->layer, ek, ev);
+    }
+    return 0;
+}
+
+static void
+count_error(const char *what)
+{
+    uint64_t n = atomic_fetch_add(&K.errors, 1);
+    if (n < 10) {
+        const tqkv_client_error_t *e = tqkv_client_last_error();
+        fprintf(stderr, "tqkv-bench: %s: %s (%s)\n", what, tqkv_status_name(e->status), e->message);
+    }
+}
+
+static void
+op_prefill(worker_t *w, int record)
+{
+    tqkv_hash_t *hs = calloc(C.seq_blocks, sizeof *hs);
+    uint32_t reuse = 0;
+    if (hs == NULL)
+        return;
+    pthread_mutex_lock(&pool.mu);
+    if (pool.n > 0 && C.seq_blocks > 1 && rndu(&w->rng) < C.prefix_reuse) {
+        uint64_t avail = pool.n < SEQ_POOL ? pool.n : SEQ_POOL;
+        seq_t *s = &pool.s[rnd(&w->rng) % avail];
+        reuse = 1 + (uint32_t)(rnd(&w->rng) % (C.seq_blocks - 1));
+        memcpy(hs, s->h, reuse * sizeof *hs);
+    }
+    pthread_mutex_unlock(&pool.mu);
+    for (uint32_t b = reuse; b < C.seq_blocks; b++)
+        make_hash(&hs[b], b ? &hs[b - 1] : NULL, atomic_fetch_add(&uniq_ctr, 1));
+
+    tqkv_put_opts_t po = {.key_bits = C.key_bits, .value_bits = C.value_bits};
+    tqkv_put_t *p;
+    int ok = 1;
+    if (tqkv_client_put_begin(w->cl, &po, &p) != TQKV_OK) {
+        count_error("put_begin");
+        free(hs);
+        return;
+    }
+    for (uint32_t b = reuse; b < C.seq_blocks && ok; b++) {
+        for (uint32_t l = 0; l < C.layers && ok; l++) {
+            tqkv_put_block_t pb = {.ns = C.ns,
+                                   .hash = &hs[b],
+                                   .parent = b ? &hs[b - 1] : NULL,
+                                   .layer = l,
+                                   .num_layers = C.layers,
+                                   .shape = {C.block_tokens, C.heads, C.dim},
+                                   .key = src_tensor(&hs[b], l, 0),
+                                   .value = src_tensor(&hs[b], l, 1)};
+            double t0 = now_s();
+            if (tqkv_client_put_block(p, &pb) != TQKV_OK) {
+                count_error("put_block");
+                ok = 0;
+                break;
+            }
+            if (record) {
+                lat_add(&w->put, now_s() - t0);
+                atomic_fetch_add(&K.put_blocks, 1);
+                atomic_fetch_add(&K.put_bf16, (uint64_t)block_elems * 4);
+            }
+        }
+    }
+    tqkv_put_result_t res;
+    if (tqkv_client_put_end(p, &res) != TQKV_OK) {
+        count_error("put_end");
+        ok = 0;
+    } else if (record) {
+        atomic_fetch_add(&K.put_wire, res.bytes_in);
+    }
+    if (!ok) {
+        free(hs);
+        return;
+    }
+    pthread_mutex_lock(&pool.mu);
+    seq_t *s = &pool.s[pool.n % SEQ_POOL];
+    free(s->h);
+    s->h = hs;
+    pool.n++;
+    pthread_mutex_unlock(&pool.mu);
+}
+
+static void
+op_decode(worker_t *w)
+{
+    tqkv_hash_t *hs = malloc(C.seq_blocks * sizeof *hs);
+    if (hs == NULL)
+        return;
+    pthread_mutex_lock(&pool.mu);
+    if (pool.n == 0) {
+        pthread_mutex_unlock(&pool.mu);
+        free(hs);
+        return;
+    }
+    uint64_t avail = pool.n < SEQ_POOL ? pool.n : SEQ_POOL;
+    memcpy(hs, pool.s[rnd(&w->rng) % avail].h, C.seq_blocks * sizeof *hs);
+    pthread_mutex_unlock(&pool.mu);
+
+    tqkv_lookup_req_t lq = {.ns = C.ns,
+                            .hashes = hs,
+                            .num_hashes = C.seq_blocks,
+                            .num_layers = C.layers,
+                            .lease_ms = 5000};
+    uint32_t prefix = 0;
+    double t0 = now_s();
+    if (tqkv_client_lookup(w->cl, &lq, &prefix, NULL) != TQKV_OK) {
+        count_error("lookup");
+        free(hs);
+        return;
+    }
+    lat_add(&w->lookup, now_s() - t0);
+    atomic_fetch_add(&K.lookup_asked, C.seq_blocks);
+    atomic_fetch_add(&K.lookup_hit, prefix);
+    if (prefix > 0) {
+        tqkv_get_req_t gq = {.ns = C.ns,
+                             .hashes = hs,
+                             .num_hashes = prefix,
+                             .layer_begin = 0,
+                             .layer_end = C.layers,
+                             .encoding = C.encoding};
+        getctx_t g = {.w = w, .hashes = hs, .t0 = now_s()};
+        if (tqkv_client_get(w->cl, &gq, on_page, &g) != TQKV_OK)
+            count_error("get");
+        else
+            lat_add(&w->get, now_s() - g.t0);
+    }
+    free(hs);
+}
+
+static _Atomic uint64_t ops_started;
+
+static void *
+worker_main(void *arg)
+{
+    worker_t *w = arg;
+    while (!atomic_load(&K.stop)) {
+        if (C.ops && atomic_fetch_add(&ops_started, 1) >= C.ops)
+            break;
+        int decode;
+        if (C.phase == PH_PREFILL)
+            decode = 0;
+        else if (C.phase == PH_DECODE)
+            decode = 1;
+        else
+            decode = pool.n > 0 && rndu(&w->rng) < 0.5;
+        if (decode)
+            op_decode(w);
+        else
+            op_prefill(w, 1);
+        atomic_fetch_add(&K.ops, 1);
+    }
+    return NULL;
+}
+
+/* ---- percentiles ---- */
+
+static int
+cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct pct {
+    double p50, p95, p99, p999;
+    size_t n;
+} pct_t;
+
+static pct_t
+percentiles(worker_t *ws, int n, size_t off)
+{
+    lat_t all = {0};
+    pct_t r = {0};
+    for (int i = 0; i < n; i++) {
+        lat_t *l = (lat_t *)((char *)&ws[i] + off);
+        for (size_t j = 0; j < l->n; j++)
+            lat_add(&all, l->v[j] * 1e-6);
+    }
+    if (all.n == 0)
+        return r;
+    qsort(all.v, all.n, sizeof *all.v, cmp_u32);
+#define PCT(q) (double)all.v[(size_t)((double)(all.n - 1) * (q))]
+    r.p50 = PCT(0.50);
+    r.p95 = PCT(0.95);
+    r.p99 = PCT(0.99);
+    r.p999 = PCT(0.999);
+#undef PCT
+    r.n = all.n;
+    free(all.v);
+    return r;
+}
+
+/* ---- spawned processes ---- */
+
+typedef struct child {
+    pid_t pid;
+    int fd;
+    pthread_t drain;
+    int draining;
+} child_t;
+
+static void *
+drain_main(void *arg)
+{
+    child_t *c = arg;
+    char buf[4096];
+    while (read(c->fd, buf, sizeof buf) > 0) {
+    }
+    return NULL;
+}
+
+/* Starts argv with stdout+stderr on a pipe; waits (up to 30 s) for a line containing
+ * "listening on HOST:PORT" when want_port, writing "HOST:PORT" into addr. */
+static int
+child_start(child_t *c, char *const argv[], int want_port, char *addr, size_t addrlen)
+{
+    int pfd[2];
+    memset(c, 0, sizeof *c);
+    if (pipe(pfd) != 0)
+        return -1;
+    c->pid = fork();
+    if (c->pid < 0)
+        return -1;
+    if (c->pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        close(pfd[1]);
+        execv(argv[0], argv);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    c->fd = pfd[0];
+    if (want_port) {
+        char line[4096];
+        size_t n = 0;
+        double t0 = now_s();
+        int found = 0;
+        fcntl(c->fd, F_SETFL, O_NONBLOCK);
+        while (!found && now_s() - t0 < 30) {
+            ssize_t r = read(c->fd, line + n, sizeof line - 1 - n);
+            if (r == 0)
+                break;
+            if (r < 0) {
+                if (errno != EAGAIN)
+                    break;
+                usleep(10000);
+                continue;
+            }
+            n += (size_t)r;
+            line[n] = '\0';
+            char *p = strstr(line, "listening on ");
+            if (p && strchr(p, '\n')) {
+                p += strlen("listening on ");
+                size_t k = strcspn(p, " \t\r\n");
+                if (k < addrlen) {
+                    memcpy(addr, p, k);
+                    addr[k] = '\0';
+                    found = 1;
+                }
+            }
+            char *nl = strrchr(line, '\n');
+            if (!found && nl && n > sizeof line / 2) {
+                size_t rest = n - (size_t)(nl + 1 - line);
+                memmove(line, nl + 1, rest);
+                n = rest;
+            }
+        }
+        fcntl(c->fd, F_SETFL, 0);
+        if (!found) {
+            kill(c->pid, SIGKILL);
+            waitpid(c->pid, NULL, 0);
+            close(c->fd);
+            return -1;
+        }
+    }
+    c->draining = pthread_create(&c->drain, NULL, drain_main, c) == 0;
+    return 0;
+}
+
+static void
+child_stop(child_t *c)
+{
+    if (c->pid <= 0)
+        return;
+    kill(c->pid, SIGTERM);
+    for (int i = 0; i < 100; i++) {
+        if (waitpid(c->pid, NULL, WNOHANG) == c->pid) {
+            c->pid = 0;
+            break;
+        }
+        usleep(50000);
+    }
+    if (c->pid > 0) {
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, NULL, 0);
+        c->pid = 0;
+    }
+    if (c->draining)
+        pthread_join(c->drain, NULL);
+    close(c->fd);
+}
+
+static int
+free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(s, (struct sockaddr *)&a, &al) != 0) {
+        if (s >= 0)
+            close(s);
+        return -1;
+    }
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+static int
+connect_port(int port)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0)
+        return -1;
+    if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(s);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return s;
+}
+
+static int
+send_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int
+recv_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* ---- baseline: raw TCP loopback ---- */
+
+typedef struct tcpctx {
+    int lfd;
+    size_t total, msg;
+    int ok;
+} tcpctx_t;
+
+static void *
+tcp_recv_main(void *arg)
+{
+    tcpctx_t *t = arg;
+    int fd = accept(t->lfd, NULL, NULL);
+    char *buf = malloc(t->msg);
+    size_t got = 0;
+    if (fd >= 0 && buf) {
+        while (got < t->total) {
+            size_t want = t->total - got < t->msg ? t->total - got : t->msg;
+            if (recv_all(fd, buf, want) != 0)
+                break;
+            got += want;
+        }
+    }
+    t->ok = got == t->total;
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+static double
+baseline_tcp(size_t total, size_t msg)
+{
+    tcpctx_t t = {.total = total, .msg = msg};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    pthread_t th;
+    t.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (t.lfd < 0 || bind(t.lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(t.lfd, 1) != 0 ||
+        getsockname(t.lfd, (struct sockaddr *)&a, &al) != 0)
+        return 0;
+    pthread_create(&th, NULL, tcp_recv_main, &t);
+    int fd = connect_port(ntohs(a.sin_port));
+    const uint8_t *src = (const uint8_t *)data_pool;
+    double t0 = now_s();
+    size_t sent = 0;
+    while (fd >= 0 && sent < total) {
+        size_t n = total - sent < msg ? total - sent : msg;
+        if (send_all(fd, src + (sent % (data_elems * 2 - msg)), n) != 0)
+            break;
+        sent += n;
+    }
+    if (fd >= 0)
+        shutdown(fd, SHUT_WR);
+    pthread_join(th, NULL);
+    double dt = now_s() - t0;
+    if (fd >= 0)
+        close(fd);
+    close(t.lfd);
+    return t.ok && dt > 0 ? (double)total / dt / 1e9 : 0;
+}
+
+/* ---- baseline: Redis GET over RESP ---- */
+
+typedef struct rconn {
+    int fd;
+    char buf[65536];
+    size_t pos, len;
+} rconn_t;
+
+static int
+r_getc(rconn_t *r)
+{
+    if (r->pos == r->len) {
+        ssize_t n = recv(r->fd, r->buf, sizeof r->buf, 0);
+        if (n <= 0)
+            return -1;
+        r->pos = 0;
+        r->len = (size_t)n;
+    }
+    return (unsigned char)r->buf[r->pos++];
+}
+
+/* Reads one reply line ("+OK", "$123", "-ERR ..."). */
+static int
+r_line(rconn_t *r, char *line, size_t cap)
+{
+    size_t n = 0;
+    for (;;) {
+        int ch = r_getc(r);
+        if (ch < 0)
+            return -1;
+        if (ch == '\n')
+            break;
+        if (ch != '\r' && n + 1 < cap)
+            line[n++] = (char)ch;
+    }
+    line[n] = '\0';
+    return 0;
+}
+
+static int
+r_read(rconn_t *r, void *dst, size_t n)
+{
+    char *p = dst;
+    size_t have = r->len - r->pos;
+    size_t k = have < n ? have : n;
+    memcpy(p, r->buf + r->pos, k);
+    r->pos += k;
+    return recv_all(r->fd, p + k, n - k);
+}
+
+static int
+r_cmd(rconn_t *r, const char *cmd, const char *key, const void *val, size_t vlen)
+{
+    char hdr[256];
+    int n;
+    if (val)
+        n = snprintf(hdr, sizeof hdr, "*3\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n$%zu\r\n", strlen(cmd),
+                     cmd, strlen(key), key, vlen);
+    else
+        n = snprintf(hdr, sizeof hdr, "*2\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n", strlen(cmd), cmd,
+                     strlen(key), key);
+    if (send_all(r->fd, hdr, (size_t)n) != 0)
+        return -1;
+    if (val && (send_all(r->fd, val, vlen) != 0 || send_all(r->fd, "\r\n", 2) != 0))
+        return -1;
+    return 0;
+}
+
+typedef struct redisctx {
+    int port;
+    size_t nkeys, msg;
+    double until;
+    _Atomic uint64_t bytes;
+    int fail;
+} redisctx_t;
+
+static void *
+redis_get_main(void *arg)
+{
+    redisctx_t *x = arg;
+    rconn_t *r = calloc(1, sizeof *r);
+    char *buf = malloc(x->msg);
+    uint64_t s = (uint64_t)(uintptr_t)r;
+    if (r == NULL || buf == NULL || (r->fd = connect_port(x->port)) < 0) {
+        x->fail = 1;
+        goto out;
+    }
+    while (now_s() < x->until) {
+        char key[32], line[64];
+        snprintf(key, sizeof key, "tqkv:%zu", (size_t)(rnd(&s) % x->nkeys));
+        if (r_cmd(r, "GET", key, NULL, 0) != 0 || r_line(r, line, sizeof line) != 0 ||
+            line[0] != '$' || (size_t)atoll(line + 1) != x->msg || r_read(r, buf, x->msg) != 0 ||
+            r_line(r, line, sizeof line) != 0) {
+            x->fail = 1;
+            break;
+        }
+        atomic_fetch_add(&x->bytes, x->msg);
+    }
+    close(r->fd);
+out:
+    free(r);
+    free(buf);
+    return NULL;
+}
+
+static double
+baseline_redis(size_t msg, int conc, double seconds)
+{
+    int port = free_port();
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    char *argv[] = {"redis-server", "--port",           ps,   "--bind",
+                    "127.0.0.1",    "--save",           "",   "--appendonly",
+                    "no",           "--protected-mode", "no", NULL};
+    child_t ch;
+    if (port <= 0 || child_start(&ch, argv, 0, NULL, 0) != 0)
+        return -1;
+    double rate = -1;
+    rconn_t *r = calloc(1, sizeof *r);
+    r->fd = -1;
+    for (int i = 0; i < 300 && r->fd < 0; i++) {
+        r->fd = connect_port(port);
+        if (r->fd < 0)
+            usleep(10000);
+    }
+    char line[256];
+    if (r->fd < 0 || r_cmd(r, "PING", "x", NULL, 0) != 0 || r_line(r, line, sizeof line) != 0)
+        goto out;
+    size_t nkeys = (256u << 20) / msg;
+    if (nkeys < 4)
+        nkeys = 4;
+    if (nkeys > 1024)
+        nkeys = 1024;
+    for (size_t i = 0; i < nkeys; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "tqkv:%zu", i);
+        const uint8_t *v = (const uint8_t *)data_pool + (i * 4099 * 2) % (data_elems * 2 - msg);
+        if (r_cmd(r, "SET", key, v, msg) != 0 || r_line(r, line, sizeof line) != 0 ||
+            line[0] != '+')
+            goto out;
+    }
+    redisctx_t x = {.port = port, .nkeys = nkeys, .msg = msg};
+    pthread_t th[256];
+    int n = conc < 256 ? conc : 256;
+    double t0 = now_s();
+    x.until = t0 + seconds;
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, redis_get_main, &x);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    double dt = now_s() - t0;
+    if (!x.fail && dt > 0)
+        rate = (double)atomic_load(&x.bytes) / dt / 1e9;
+out:
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r);
+    child_stop(&ch);
+    return rate;
+}
+
+static int
+have_redis(void)
+{
+    const char *path = getenv("PATH");
+    char buf[4096];
+    if (path == NULL)
+        return 0;
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *d = strtok(buf, ":"); d; d = strtok(NULL, ":")) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s/redis-server", d);
+        if (access(f, X_OK) == 0)
+            return 1;
+    }
+    return access("/usr/bin/redis-server", X_OK) == 0;
+}
+
+/* ---- main ---- */
+
+static void
+usage(void)
+{
+    fprintf(
+        stderr,
+        "usage: tqkv-bench [--target HOST:PORT]... | --spawn-server PATH [--server-arg ARG]...\n"
+        "  --duration S (10)  --ops N (0: no limit)  --concurrency N (4)\n"
+        "  --model llama3-8b|llama3-70b|tiny  or --layers N --kv-heads N --head-dim N\n"
+        "  --block-tokens N (256)  --seq-blocks N (4)  --prefix-reuse R (0.5)\n"
+        "  --phase prefill|decode|mixed (mixed)  --encoding packed|bf16 (packed)\n"
+        "  --key-bits B --value-bits B  --namespace NS (bench)  --replicas R (1)\n"
+        "  --channels N (connections per target)  --working-set N (decode: sequences)\n"
+        "  --dram-capacity BYTES (passed to a spawned server)  --verify-every N (8)\n"
+        "  --json FILE|-  --csv FILE  --tls-ca FILE  --token T  --no-baselines  --seed N\n");
+}
+
+static int
+set_model(const char *m)
+{
+    if (!strcmp(m, "llama3-8b")) {
+        C.layers = 32, C.heads = 8, C.dim = 128;
+    } else if (!strcmp(m, "llama3-70b")) {
+        C.layers = 80, C.heads = 8, C.dim = 128;
+    } else if (!strcmp(m, "tiny")) {
+        C.layers = 4, C.heads = 2, C.dim = 64;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+static void
+print_pct(FILE *f, const char *name, pct_t p)
+{
+    fprintf(f, "  %-16s %10zu %10.0f %10.0f %10.0f %10.0f\n", name, p.n, p.p50, p.p95, p.p99,
+            p.p999);
+}
+
+int
+main(int argc, char **argv)
+{
+    static char spawned_addr[128];
+    child_t server = {0};
+    int rc = 1;
+
+    C.duration = 10;
+    C.concurrency = 4;
+    C.block_tokens = 256;
+    C.seq_blocks = 4;
+    C.prefix_reuse = 0.5;
+    C.phase = PH_MIXED;
+    C.encoding = TQKV_CLIENT_PACKED;
+    C.ns = "bench";
+    C.baselines = 1;
+    C.replicas = 1;
+    C.verify_every = 8;
+    C.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    set_model("llama3-8b");
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (!strcmp(a, name) && v && (i++, 1))
+        if (ARG("--target")) {
+            if (C.ntargets < MAX_TARGETS)
+                C.targets[C.ntargets++] = v;
+        } else if (ARG("--duration")) {
+            C.duration = atof(v);
+        } else if (ARG("--ops")) {
+            C.ops = strtoull(v, NULL, 0);
+        } else if (ARG("--concurrency")) {
+            C.concurrency = atoi(v);
+        } else if (ARG("--model")) {
+            if (set_model(v) != 0) {
+                fprintf(stderr, "tqkv-bench: unknown model %s\n", v);
+                return 2;
+            }
+        } else if (ARG("--layers")) {
+            C.layers = (uint32_t)atoi(v);
+        } else if (ARG("--kv-heads")) {
+            C.heads = (uint32_t)atoi(v);
+        } else if (ARG("--head-dim")) {
+            C.dim = (uint32_t)atoi(v);
+        } else if (ARG("--block-tokens")) {
+            C.block_tokens = (uint32_t)atoi(v);
+        } else if (ARG("--seq-blocks")) {
+            C.seq_blocks = (uint32_t)atoi(v);
+        } else if (ARG("--prefix-reuse")) {
+            C.prefix_reuse = atof(v);
+        } else if (ARG("--phase")) {
+            if (!strcmp(v, "prefill"))
+                C.phase = PH_PREFILL;
+            else if (!strcmp(v, "decode"))
+                C.phase = PH_DECODE;
+            else if (!strcmp(v, "mixed"))
+                C.phase = PH_MIXED;
+            else {
+                fprintf(stderr, "tqkv-bench: --phase prefill|decode|mixed\n");
+                return 2;
+            }
+        } else if (ARG("--encoding")) {
+            if (!strcmp(v, "packed"))
+                C.encoding = TQKV_CLIENT_PACKED;
+            else if (!strcmp(v, "bf16"))
+                C.encoding = TQKV_CLIENT_BF16;
+            else {
+                fprintf(stderr, "tqkv-bench: --encoding packed|bf16\n");
+                return 2;
+            }
+        } else if (ARG("--key-bits")) {
+            C.key_bits = (float)atof(v);
+        } else if (ARG("--value-bits")) {
+            C.value_bits = (float)atof(v);
+        } else if (ARG("--namespace")) {
+            C.ns = v;
+        } else if (ARG("--json")) {
+            C.json = v;
+        } else if (ARG("--csv")) {
+            C.csv = v;
+        } else if (ARG("--tls-ca")) {
+            C.tls_ca = v;
+        } else if (ARG("--token")) {
+            C.token = v;
+        } else if (!strcmp(a, "--no-baselines")) {
+            C.baselines = 0;
+        } else if (ARG("--spawn-server")) {
+            C.spawn = v;
+        } else if (ARG("--server-arg")) {
+            if (C.nserver_args < MAX_SERVER_ARGS)
+                C.server_args[C.nserver_args++] = v;
+        } else if (ARG("--dram-capacity")) {
+            if (C.nserver_args + 2 <= MAX_SERVER_ARGS) {
+                C.server_args[C.nserver_args++] = "--dram-capacity";
+                C.server_args[C.nserver_args++] = v;
+            }
+        } else if (ARG("--replicas")) {
+            C.replicas = (uint32_t)atoi(v);
+        } else if (ARG("--channels")) {
+            C.channels = (uint32_t)atoi(v);
+        } else if (ARG("--working-set")) {
+            C.working_set = (uint32_t)atoi(v);
+        } else if (ARG("--verify-every")) {
+            C.verify_every = atoi(v);
+        } else if (ARG("--seed")) {
+            C.seed = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            return 0;
+        } else {
+            fprintf(stderr, "tqkv-bench: unknown or incomplete option %s\n", a);
+            usage();
+            return 2;
+        }
+#undef ARG
+    }
+    if ((C.ntargets == 0 && C.spawn == NULL) || C.concurrency <= 0 || C.concurrency > 1024 ||
+        C.layers == 0 || C.heads == 0 || C.dim == 0 || C.block_tokens == 0 || C.seq_blocks == 0 ||
+        C.seq_blocks > 4096 || (C.duration <= 0 && C.ops == 0)) {
+        usage();
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    block_elems = (size_t)C.block_tokens * C.heads * C.dim;
+    data_elems = block_elems * 2 + ((size_t)8 << 20);
+    data_pool = malloc(data_elems * sizeof *data_pool);
+    vtab = calloc((size_t)1 << VTAB_BITS, sizeof *vtab);
+    if (data_pool == NULL || vtab == NULL) {
+        fprintf(stderr, "tqkv-bench: out of memory\n");
+        return 1;
+    }
+    {
+        uint64_t s = C.seed;
+        for (size_t i = 0; i < data_elems; i += 2) {
+            double u1 = rndu(&s) + 1e-12, u2 = rndu(&s);
+            double r = sqrt(-2 * log(u1));
+            data_pool[i] = f2bf((float)(r * cos(6.283185307179586 * u2)));
+            if (i + 1 < data_elems)
+                data_pool[i + 1] = f2bf((float)(r * sin(6.283185307179586 * u2)));
+        }
+    }
+
+    if (C.spawn) {
+        char *sargv[MAX_SERVER_ARGS + 8];
+        int n = 0;
+        sargv[n++] = (char *)C.spawn;
+        sargv[n++] = "--listen";
+        sargv[n++] = "127.0.0.1:0";
+        for (int i = 0; i < C.nserver_args; i++)
+            sargv[n++] = (char *)C.server_args[i];
+        sargv[n] = NULL;
+        if (child_start(&server, sargv, 1, spawned_addr, sizeof spawned_addr) != 0) {
+            fprintf(stderr, "tqkv-bench: %s did not report 'listening on HOST:PORT'\n", C.spawn);
+            return 1;
+        }
+        C.targets[C.ntargets++] = spawned_addr;
+        fprintf(stderr, "tqkv-bench: spawned %s on %s (pid %d)\n", C.spawn, spawned_addr,
+                (int)server.pid);
+    }
+
+    tqkv_client_opts_t co = {.targets = C.targets,
+                             .num_targets = C.ntargets,
+                             .tls_ca_path = C.tls_ca,
+                             .token = C.token,
+                             .replicas = C.replicas,
+                             .channels_per_target =
+                                 C.channels ? C.channels
+                                            : (uint32_t)(C.concurrency < 4 ? C.concurrency : 4),
+                             .wait_for_ready = C.ntargets == 1,
+                             .deadline_ms = 60000};
+    tqkv_client_t *cl;
+    if (tqkv_client_create(&co, &cl) != TQKV_OK) {
+        fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
+        goto out_server;
+    }
+
+    worker_t *ws = calloc((size_t)C.concurrency, sizeof *ws);
+    for (int i = 0; i < C.concurrency; i++) {
+        ws[i].id = i;
+        ws[i].cl = cl;
+        ws[i].rng = mix64(C.seed + (uint64_t)i * 7919);
+        ws[i].kf = malloc(block_elems * sizeof(float));
+        ws[i].vf = malloc(block_elems * sizeof(float));
+    }
+    if (C.phase == PH_DECODE) {
+        /* An untimed working set to read back. */
+        uint32_t n = C.working_set ? C.working_set : (uint32_t)C.concurrency * 2;
+        for (uint32_t i = 0; i < n; i++)
+            op_prefill(&ws[i % (uint32_t)C.concurrency], 0);
+        if (pool.n == 0) {
+            fprintf(stderr, "tqkv-bench: could not store the working set\n");
+            goto out_client;
+        }
+    }
+    atomic_store(&K.errors, 0);
+
+    FILE *csv = C.csv ? fopen(C.csv, "w") : NULL;
+    if (csv)
+        fprintf(csv, "t_s,put_gbps,get_bf16_gbps,get_wire_gbps,pages_per_s,hit_rate,"
+                     "verify_failures,errors\n");
+    int tty = isatty(2);
+    double t0 = now_s();
+    for (int i = 0; i < C.concurrency; i++)
+        pthread_create(&ws[i].th, NULL, worker_main, &ws[i]);
+    uint64_t lp = 0, lg = 0, lw = 0, lpg = 0;
+    double lt = t0;
+    int running = 1;
+    while (running) {
+        usleep(100000);
+        double t = now_s();
+        if (C.duration > 0 && t - t0 >= C.duration)
+            atomic_store(&K.stop, 1);
+        if (C.ops && atomic_load(&K.ops) >= C.ops)
+            atomic_store(&K.stop, 1);
+        if (atomic_load(&K.stop))
+            running = 0;
+        if (t - lt >= 1.0 || !running) {
+            uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),
+                     w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
+            double dt = t - lt;
+            uint64_t asked = atomic_load(&K.lookup_asked);
+            double hr = asked ? (double)atomic_load(&K.lookup_hit) / (double)asked : 0;
+            if (tty)
+                fprintf(stderr,
+                        "\r[%5.1fs] put %6.2f GB/s  get %6.2f GB/s bf16-eq (%5.2f wire)  %8.0f "
+                        "pages/s  hit %5.1f%%  verify-fail %" PRIu64 "  err %" PRIu64 "   ",
+                        t - t0, (double)(p - lp) / dt / 1e9, (double)(g - lg) / dt / 1e9,
+                        (double)(w - lw) / dt / 1e9, (double)(pg - lpg) / dt, hr * 100,
+                        atomic_load(&K.verify_failures), atomic_load(&K.errors));
+            if (csv)
+                fprintf(csv, "%.2f,%.4f,%.4f,%.4f,%.1f,%.4f,%" PRIu64 ",%" PRIu64 "\n", t - t0,
+                        (double)(p - lp) / dt / 1e9, (double)(g - lg) / dt / 1e9,
+                        (double)(w - lw) / dt / 1e9, (double)(pg - lpg) / dt, hr,
+                        atomic_load(&K.verify_failures), atomic_load(&K.errors));
+            lp = p, lg = g, lw = w, lpg = pg, lt = t;
+        }
+    }
+    for (int i = 0; i < C.concurrency; i++)
+        pthread_join(ws[i].th, NULL);
+    double elapsed = now_s() - t0;
+    if (tty)
+        fputc('\n', stderr);
+    if (csv)
+        fclose(csv);
+
+    tqkv_client_stats_t sst;
+    int have_stats = tqkv_client_stats(cl, C.ns, &sst) == TQKV_OK;
+
+    double put_gbps = (double)K.put_bf16 / elapsed / 1e9;
+    double put_wire_gbps = (double)K.put_wire / elapsed / 1e9;
+    double bf16_gbps = (double)K.get_bf16 / elapsed / 1e9;
+    double wire_gbps = (double)K.get_wire / elapsed / 1e9;
+    double pages_s = (double)K.get_found / elapsed;
+    double hit = K.lookup_asked ? (double)K.lookup_hit / (double)K.lookup_asked : 0;
+    pct_t pp = percentiles(ws, C.concurrency, offsetof(worker_t, put));
+    pct_t pl = percentiles(ws, C.concurrency, offsetof(worker_t, lookup));
+    pct_t pgt = percentiles(ws, C.concurrency, offsetof(worker_t, get));
+    pct_t pf = percentiles(ws, C.concurrency, offsetof(worker_t, first));
+
+    double tcp = -1, redis = -1;
+    size_t msg = block_elems * 4;
+    if (C.baselines) {
+        size_t total = K.get_wire > K.put_wire ? K.get_wire : K.put_wire;
+        if (total < ((size_t)256 << 20))
+            total = (size_t)256 << 20;
+        if (total > ((size_t)2 << 30))
+            total = (size_t)2 << 30;
+        total -= total % msg;
+        tcp = baseline_tcp(total, msg);
+        if (have_redis())
+            redis = baseline_redis(msg, C.concurrency, C.duration < 3 ? C.duration : 3);
+    }
+
+    FILE *o = stdout;
+    fprintf(o, "\ntqkv-bench: %zu target(s), %d workers, %.1f s, phase %s, encoding %s\n",
+            C.ntargets, C.concurrency, elapsed,
+            C.phase == PH_PREFILL  ? "prefill"
+            : C.phase == PH_DECODE ? "decode"
+                                   : "mixed",
+            C.encoding == TQKV_CLIENT_PACKED ? "packed" : "bf16");
+    fprintf(o,
+            "  model: %u layers, %u kv heads, head_dim %u, %u-token blocks (%.2f MiB BF16 "
+            "K+V per block-layer), %u blocks/sequence, prefix reuse %.2f\n",
+            C.layers, C.heads, C.dim, C.block_tokens, (double)msg / 1048576.0, C.seq_blocks,
+            C.prefix_reuse);
+    fprintf(o, "  %-34s %12s\n", "metric", "value");
+    fprintf(o, "  %-34s %12.3f\n", "Get BF16-equivalent GB/s", bf16_gbps);
+    fprintf(o, "  %-34s %12.3f\n", "Get wire GB/s", wire_gbps);
+    fprintf(o, "  %-34s %12.0f\n", "Get pages/s", pages_s);
+    fprintf(o, "  %-34s %12.3f\n", "Put BF16 ingest GB/s", put_gbps);
+    fprintf(o, "  %-34s %12.3f\n", "Put wire GB/s", put_wire_gbps);
+    fprintf(o, "  %-34s %12.1f%%\n", "Lookup hit rate", hit * 100);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "pages found / missing", K.get_found);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "  missing", K.get_missing);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "content checks", K.content_checks);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "verify failures", K.verify_failures);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "errors", K.errors);
+    if (have_stats)
+        fprintf(o, "  %-34s %12.2f\n", "server compression ratio", sst.compression_ratio);
+    fprintf(o, "  latency (us)     %10s %10s %10s %10s %10s\n", "n", "p50", "p95", "p99", "p99.9");
+    print_pct(o, "Put (per block)", pp);
+    print_pct(o, "Lookup", pl);
+    print_pct(o, "Get (per call)", pgt);
+    print_pct(o, "Get first page", pf);
+    if (C.baselines) {
+        fprintf(o, "  baselines (same run, %.2f MiB messages)\n", (double)msg / 1048576.0);
+        fprintf(o, "  %-34s %12.3f\n", "raw TCP loopback GB/s", tcp);
+        if (redis >= 0)
+            fprintf(o, "  %-34s %12.3f\n", "Redis GET GB/s", redis);
+        else
+            fprintf(o, "  %-34s %12s\n", "Redis GET GB/s", "n/a");
+        if (tcp > 0)
+            fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TCP", wire_gbps / tcp);
+        if (tcp > 0)
+            fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / raw TCP", bf16_gbps / tcp);
+        if (redis > 0)
+            fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / Redis", bf16_gbps / redis);
+    }
+    fflush(o);
+
+    if (C.json) {
+        FILE *j = strcmp(C.json, "-") ? fopen(C.json, "w") : stdout;
+        if (j) {
+            fprintf(j,
+                    "{\"bf16_equiv_gbps\": %.6f, \"wire_gbps\": %.6f, \"pages_per_s\": %.3f, "
+                    "\"put_bf16_gbps\": %.6f, \"put_wire_gbps\": %.6f, "
+                    "\"hit_rate\": %.6f, \"verify_failures\": %" PRIu64 ", \"errors\": %" PRIu64
+                    ", \"pages_found\": %" PRIu64 ", \"pages_missing\": %" PRIu64
+                    ", \"content_checks\": %" PRIu64 ", \"elapsed_s\": %.3f, ",
+                    bf16_gbps, wire_gbps, pages_s, put_gbps, put_wire_gbps, hit, K.verify_failures,
+                    K.errors, K.get_found, K.get_missing, K.content_checks, elapsed);
+            fprintf(j, "\"latency_us\": {");
+            const char *names[] = {"Put", "Lookup", "Get", "GetFirstPage"};
+            pct_t ps[] = {pp, pl, pgt, pf};
+            for (int i = 0; i < 4; i++)
+                fprintf(j,
+                        "%s\"%s\": {\"p50\": %.0f, \"p95\": %.0f, \"p99\": %.0f, \"p999\": %.0f, "
+                        "\"n\": %zu}",
+                        i ? ", " : "", names[i], ps[i].p50, ps[i].p95, ps[i].p99, ps[i].p999,
+                        ps[i].n);
+            fprintf(j, "}, \"baselines\": {");
+            if (C.baselines) {
+                fprintf(j, "\"raw_tcp_gbps\": %.6f", tcp);
+                if (redis >= 0)
+                    fprintf(j, ", \"redis_get_gbps\": %.6f", redis);
+                fprintf(j,
+                        ", \"ratios\": {\"wire_vs_raw_tcp\": %.4f, \"bf16_equiv_vs_raw_tcp\": %.4f",
+                        tcp > 0 ? wire_gbps / tcp : 0, tcp > 0 ? bf16_gbps / tcp : 0);
+                if (redis > 0)
+                    fprintf(j, ", \"bf16_equiv_vs_redis\": %.4f", bf16_gbps / redis);
+                fprintf(j, "}");
+            }
+            fprintf(j, "}}\n");
+            if (j != stdout)
+                fclose(j);
+        }
+    }
+    rc = K.verify_failures == 0 ? 0 : 3;
+
+out_client:
+    for (int i = 0; i < C.concurrency; i++) {
+        free(ws[i].put.v);
+        free(ws[i].lookup.v);
+        free(ws[i].get.v);
+        free(ws[i].first.v);
+        free(ws[i].kf);
+        free(ws[i].vf);
+    }
+    free(ws);
+    tqkv_client_destroy(cl);
+out_server:
+    if (C.spawn)
+        child_stop(&server);
+    for (size_t i = 0; i < SEQ_POOL; i++)
+        free(pool.s[i].h);
+    free(vtab);
+    free(data_pool);
+    return rc;
+}
