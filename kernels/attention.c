@@ -1,0 +1,1030 @@
+/* attention.c - fused decode attention on packed pages (driver, scalar kernels, reference)
+ * and the BF16 attention baseline.
+ *
+ * Driver: the sequence (pages in order) is cut into splits of split_tokens tokens. Each
+ * split is processed independently (by the calling thread or by one of num_threads
+ * workers): for every page overlapping it and every KV head, a work item (a task) scores
+ * the page's keys from their codes with the rotated query, runs an online softmax over
+ * tiles of tokens and accumulates values in the rotated domain; the driver rotates the
+ * accumulators back (Pi^T, and S^T for prod values), scatters them to channels and merges
+ * the partial state into the split's state (double, log-sum-exp merge). Split states are
+ * merged at the end. The task kernel (scalar or AVX2) is chosen once at run time.
+ */
+#include "kernels/attention.h"
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/rotation.h"
+#include "kernels/tq_math.h"
+
+#define SQRT_HALF_PI 1.2533141373155003 /* sqrt(pi/2) */
+
+/* ---- dispatch ---- */
+
+static int force_scalar;
+
+static int
+cpu_has_avx2(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+#else
+    return 0;
+#endif
+}
+
+static int
+use_avx2(void)
+{
+    static int cached = -1;
+    if (cached < 0)
+        cached = cpu_has_avx2();
+    return cached && !force_scalar;
+}
+
+const char *
+tqkv_attn_isa(void)
+{
+    return use_avx2() ? "avx2" : "scalar";
+}
+
+void
+tqkv_attn_force_scalar(int on)
+{
+    force_scalar = on;
+}
+
+void
+tqkv_attn_opts_default(tqkv_attn_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->split_tokens = 4096;
+    o->num_threads = 1;
+    o->check_crc = 0;
+    o->sm_scale = 0.0f;
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#include <stdarg.h>
+static void
+set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || !errlen)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- scalar task kernel ---- */
+
+static inline float
+stream_field(const tqkv__attn_stream_t *s, uint32_t t, uint32_t j)
+{
+    return s->table[tqkv_bits_get(s->rows + (size_t)t * s->stride, j, s->bits)];
+}
+
+void
+tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
+{
+    const uint32_t G = tk->G, T = tk->num_tokens;
+    float *sc = tk->scratch; /* [G][TILE] scores, then probabilities */
+
+    for (uint32_t h = 0; h < G; h++) {
+        tk->m[h] = -INFINITY;
+        tk->l[h] = 0.0f;
+    }
+    for (uint32_t s = 0; s < tk->nv; s++)
+        memset(tk->acc[s], 0, sizeof(float) * G * tk->v[s].gdim);
+
+    for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
+        uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t h = 0; h < G; h++) {
+                float score = tk->qbias ? tk->qbias[h] : 0.0f;
+                for (uint32_t s = 0; s < tk->nk; s++) {
+                    const tqkv__attn_stream_t *st = &tk->k[s];
+                    const float *qv = tk->qk[s] + (size_t)h * st->gdim;
+                    float dot = 0.0f;
+                    for (uint32_t j = 0; j < st->gdim; j++)
+                        dot += qv[j] * stream_field(st, t0 + i, j);
+                    score += st->coef[t0 + i] * dot;
+                }
+                sc[h * TQKV__ATTN_TILE + i] = score;
+            }
+        for (uint32_t h = 0; h < G; h++) {
+            float *row = sc + h * TQKV__ATTN_TILE;
+            float mx = tk->m[h], alpha, sum = 0.0f;
+            for (uint32_t i = 0; i < n; i++)
+                mx = row[i] > mx ? row[i] : mx;
+            alpha = expf(tk->m[h] - mx);
+            for (uint32_t i = 0; i < n; i++) {
+                row[i] = expf(row[i] - mx);
+                sum += row[i];
+            }
+            tk->l[h] = tk->l[h] * alpha + sum;
+            tk->m[h] = mx;
+            if (alpha != 1.0f)
+                for (uint32_t s = 0; s < tk->nv; s++) {
+                    float *a = tk->acc[s] + (size_t)h * tk->v[s].gdim;
+                    for (uint32_t j = 0; j < tk->v[s].gdim; j++)
+                        a[j] *= alpha;
+                }
+        }
+        for (uint32_t s = 0; s < tk->nv; s++) {
+            const tqkv__attn_stream_t *st = &tk->v[s];
+            for (uint32_t i = 0; i < n; i++)
+                for (uint32_t h = 0; h < G; h++) {
+                    float w = sc[h * TQKV__ATTN_TILE + i] * st->coef[t0 + i];
+                    float *a = tk->acc[s] + (size_t)h * st->gdim;
+                    for (uint32_t j = 0; j < st->gdim; j++)
+                        a[j] += w * stream_field(st, t0 + i, j);
+                }
+        }
+    }
+}
+
+/* BF16 attention of G query heads over one KV head: k, v point at token 0 of the head,
+ * stride is in elements between tokens. Writes the normalized output [G][D]. */
+void
+tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
+                       size_t stride, uint32_t D, float sm_scale, float *out, float *scratch)
+{
+    float m[64], l[64];
+    float *sc = scratch;
+    memset(out, 0, sizeof(float) * G * D);
+    for (uint32_t h = 0; h < G; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
+        uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint16_t *kr = k + (size_t)(t0 + i) * stride;
+            for (uint32_t h = 0; h < G; h++) {
+                float dot = 0.0f;
+                for (uint32_t j = 0; j < D; j++)
+                    dot += q[(size_t)h * D + j] * tqkv_bf16_to_f32(kr[j]);
+                sc[h * TQKV__ATTN_TILE + i] = dot * sm_scale;
+            }
+        }
+        for (uint32_t h = 0; h < G; h++) {
+            float *row = sc + h * TQKV__ATTN_TILE, mx = m[h], alpha, sum = 0.0f;
+            for (uint32_t i = 0; i < n; i++)
+                mx = row[i] > mx ? row[i] : mx;
+            alpha = expf(m[h] - mx);
+            for (uint32_t i = 0; i < n; i++) {
+                row[i] = expf(row[i] - mx);
+                sum += row[i];
+            }
+            l[h] = l[h] * alpha + sum;
+            m[h] = mx;
+            for (uint32_t j = 0; j < D; j++)
+                out[(size_t)h * D + j] *= alpha;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            const uint16_t *vr = v + (size_t)(t0 + i) * stride;
+            for (uint32_t h = 0; h < G; h++) {
+                float w = sc[h * TQKV__ATTN_TILE + i];
+                for (uint32_t j = 0; j < D; j++)
+                    out[(size_t)h * D + j] += w * tqkv_bf16_to_f32(vr[j]);
+            }
+        }
+    }
+    for (uint32_t h = 0; h < G; h++)
+        for (uint32_t j = 0; j < D; j++)
+            out[(size_t)h * D + j] /= l[h];
+}
+
+/* ---- page checks ---- */
+
+tqkv_status_t
+tqkv_attn_check_pages(const void *const *pages, const size_t *page_lens, size_t n_pages,
+                      int check_crc, uint32_t *num_kv_heads, uint32_t *head_dim,
+                      uint64_t *num_tokens, char *err, size_t errlen)
+{
+    uint32_t H = 0, D = 0;
+    uint64_t total = 0;
+    char why[160];
+    if (!pages || !page_lens || n_pages == 0) {
+        set_err(err, errlen, "no pages");
+        return TQKV_EINVAL;
+    }
+    for (size_t p = 0; p < n_pages; p++) {
+        tqkv_page_info_t info;
+        tqkv_status_t st;
+        if (!pages[p]) {
+            set_err(err, errlen, "page %zu is NULL", p);
+            return TQKV_EINVAL;
+        }
+        why[0] = '\0';
+        st = tqkv_page_validate(pages[p], page_lens[p], check_crc, &info, why, sizeof why);
+        if (st != TQKV_OK) {
+            set_err(err, errlen, "page %zu: %s", p, why[0] ? why : tqkv_strerror(st));
+            return st;
+        }
+        if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0) {
+            set_err(err, errlen, "page %zu holds no %s", p,
+                    info.codec.k.bits_x2 == 0 ? "keys" : "values");
+            return TQKV_EINVAL;
+        }
+        if (p == 0) {
+            H = info.shape.num_kv_heads;
+            D = info.shape.head_dim;
+        } else if (info.shape.num_kv_heads != H || info.shape.head_dim != D) {
+            set_err(err, errlen,
+                    "page %zu has %u KV heads x head_dim %u, page 0 has %u x %u: pages of one "
+                    "sequence must match",
+                    p, info.shape.num_kv_heads, info.shape.head_dim, H, D);
+            return TQKV_EINVAL;
+        }
+        total += info.shape.num_tokens;
+    }
+    if (num_kv_heads)
+        *num_kv_heads = H;
+    if (head_dim)
+        *head_dim = D;
+    if (num_tokens)
+        *num_tokens = total;
+    return TQKV_OK;
+}
+
+/* ---- the page-level plumbing shared by the driver and the reference ---- */
+
+/* One channel group of one tensor of a page, with its transforms acquired. */
+typedef struct group_ctx {
+    int present;
+    tqkv_group_view_t gv;
+    const tqkv_rotation_t *rot; /* Pi (mse_bits > 0) */
+    const tqkv_rotation_t *qjl; /* S (prod) */
+} group_ctx_t;
+
+typedef struct page_ctx {
+    const void *page;
+    const tqkv_page_header_t *hdr;
+    uint32_t T, H, D;
+    const uint8_t *end;
+    group_ctx_t g[2][2]; /* [tensor][group] */
+} page_ctx_t;
+
+static void
+page_ctx_release(page_ctx_t *pc)
+{
+    for (int t = 0; t < 2; t++)
+        for (int g = 0; g < 2; g++) {
+            if (pc->g[t][g].rot)
+                tqkv_rotation_release(pc->g[t][g].rot);
+            if (pc->g[t][g].qjl)
+                tqkv_rotation_release(pc->g[t][g].qjl);
+            pc->g[t][g].rot = pc->g[t][g].qjl = NULL;
+        }
+}
+
+/* Resolves the groups of a validated page and acquires their transforms. */
+static tqkv_status_t
+page_ctx_init(page_ctx_t *pc, const void *page)
+{
+    tqkv_status_t st;
+    memset(pc, 0, sizeof *pc);
+    pc->page = page;
+    pc->hdr = (const tqkv_page_header_t *)page;
+    pc->T = pc->hdr->num_tokens;
+    pc->H = pc->hdr->num_kv_heads;
+    pc->D = pc->hdr->head_dim;
+    pc->end = (const uint8_t *)page + pc->hdr->page_bytes;
+    for (uint32_t t = 0; t < 2; t++)
+        for (uint32_t g = 0; g < 2; g++) {
+            group_ctx_t *gc = &pc->g[t][g];
+            if (tqkv_page_group_view(page, t, g, &gc->gv) != 0)
+                continue;
+            gc->present = 1;
+            if (gc->gv.L.mse_bits > 0) {
+                st =
+                    tqkv_rotation_acquire(gc->gv.rotation, gc->gv.L.dim, gc->gv.rot_seed, &gc->rot);
+                if (st != TQKV_OK)
+                    goto fail;
+            }
+            if (gc->gv.L.mode == TQKV_MODE_PROD) {
+                st = tqkv_rotation_acquire(TQKV_ROT_QJL_GAUSS, gc->gv.L.dim, gc->gv.qjl_seed,
+                                           &gc->qjl);
+                if (st != TQKV_OK)
+                    goto fail;
+            }
+        }
+    return TQKV_OK;
+fail:
+    page_ctx_release(pc);
+    return st;
+}
+
+/* Channels of group g of tensor t for head h, in increasing order; returns the count,
+ * which must equal the group's dimension (checked by the caller). */
+static uint32_t
+group_channels(const page_ctx_t *pc, uint32_t t, uint32_t g, uint32_t h, uint32_t *ch)
+{
+    const uint8_t *mask = tqkv_page_mask(pc->page, t, h);
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < pc->D; c++) {
+        int in_hi = mask ? (mask[c >> 3] >> (c & 7)) & 1 : 1;
+        if ((g == 0) == (in_hi != 0))
+            ch[n++] = c;
+    }
+    return n;
+}
+
+/* The table of a stream: codebook (replicated to 8 entries when b < 4) or {-1, +1}. */
+static void
+stream_table(float *table, const float *z, uint32_t bits)
+{
+    uint32_t n = 1u << bits;
+    for (uint32_t m = 0; m < 16; m++)
+        table[m] = z[m & (n - 1)];
+}
+
+/* ---- driver ---- */
+
+typedef struct split_state {
+    double *m, *l, *o; /* [HQ], [HQ], [HQ][D] */
+} split_state_t;
+
+typedef struct attn_ctx {
+    const float *q;
+    uint32_t HQ, H, D, G;
+    float sm_scale;
+    const void *const *pages;
+    size_t n_pages;
+    const uint64_t *page_start; /* [n_pages + 1] global token offsets */
+    uint64_t split_tokens;      /* > 0 */
+    size_t n_splits;
+    uint32_t max_item_tokens;
+    tqkv__attn_task_fn task_fn;
+    split_state_t *splits;
+    /* worker pool */
+    pthread_mutex_t lock;
+    size_t next_split;
+    tqkv_status_t status;
+} attn_ctx_t;
+
+/* Workspace of one thread. */
+typedef struct attn_ws {
+    float *qk;      /* [4][G][D] */
+    float *acc;     /* [4][G][D] */
+    float *coef;    /* [8][max_item_tokens] */
+    float *scratch; /* [2][G][TILE] */
+    float *qbias;   /* [G] */
+    float *m, *l;   /* [G] */
+    float *tmp;     /* [2][D] */
+    float *o;       /* [G][D] */
+    uint32_t *ch;   /* [2][2][D] channel lists */
+} attn_ws_t;
+
+static void
+ws_free(attn_ws_t *w)
+{
+    free(w->qk);
+    free(w->acc);
+    free(w->coef);
+    free(w->scratch);
+    free(w->qbias);
+    free(w->m);
+    free(w->l);
+    free(w->tmp);
+    free(w->o);
+    free(w->ch);
+    memset(w, 0, sizeof *w);
+}
+
+static tqkv_status_t
+ws_alloc(attn_ws_t *w, uint32_t G, uint32_t D, uint32_t max_tokens)
+{
+    memset(w, 0, sizeof *w);
+    w->qk = aligned_alloc(64, tqkv_align_up(sizeof(float) * 4 * G * D, 64));
+    w->acc = aligned_alloc(64, tqkv_align_up(sizeof(float) * 4 * G * D, 64));
+    w->coef = aligned_alloc(64, tqkv_align_up(sizeof(float) * 8 * (size_t)max_tokens, 64));
+    w->scratch = aligned_alloc(64, sizeof(float) * 2 * G * TQKV__ATTN_TILE);
+    w->qbias = malloc(sizeof(float) * G);
+    w->m = malloc(sizeof(float) * G);
+    w->l = malloc(sizeof(float) * G);
+    w->tmp = malloc(sizeof(float) * 2 * D);
+    w->o = malloc(sizeof(float) * G * D);
+    w->ch = malloc(sizeof(uint32_t) * 4 * D);
+    if (!w->qk || !w->acc || !w->coef || !w->scratch || !w->qbias || !w->m || !w->l || !w->tmp ||
+        !w->o || !w->ch) {
+        ws_free(w);
+        return TQKV_ENOMEM;
+    }
+    return TQKV_OK;
+}
+
+/* Merges a partial state (m, l, o unnormalized) of G heads starting at hq0 into s. */
+static void
+merge_partial(const attn_ctx_t *c, split_state_t *s, uint32_t hq0, const float *m, const float *l,
+              const float *o)
+{
+    for (uint32_t j = 0; j < c->G; j++) {
+        uint32_t hq = hq0 + j;
+        double M, a, b;
+        if (!(l[j] > 0.0f))
+            continue;
+        M = s->m[hq] > m[j] ? s->m[hq] : m[j];
+        a = s->l[hq] > 0.0 ? exp(s->m[hq] - M) : 0.0;
+        b = exp((double)m[j] - M);
+        s->l[hq] = s->l[hq] * a + (double)l[j] * b;
+        s->m[hq] = M;
+        for (uint32_t d = 0; d < c->D; d++)
+            s->o[(size_t)hq * c->D + d] =
+                s->o[(size_t)hq * c->D + d] * a + (double)o[(size_t)j * c->D + d] * b;
+    }
+}
+
+/* Fills the streams of tensor t for head h and tokens [t0, t0 + n) of a page. For K also
+ * builds the query in each stream's domain (times sm_scale). Returns the stream count or
+ * -1 when a mask does not match the group sizes (a corrupt page). */
+static int
+build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t tensor, uint32_t h,
+              uint32_t t0, uint32_t n, tqkv__attn_task_t *tk)
+{
+    tqkv__attn_stream_t *ss = tensor == TQKV_TENSOR_K ? tk->k : tk->v;
+    int ns = 0;
+    for (uint32_t g = 0; g < 2; g++) {
+        const group_ctx_t *gc = &pc->g[tensor][g];
+        const tqkv_group_view_t *gv = &gc->gv;
+        uint32_t gd, *ch = w->ch + (tensor * 2 + g) * c->D;
+        if (!gc->present)
+            continue;
+        gd = gv->L.dim;
+        if (group_channels(pc, tensor, g, h, ch) != gd)
+            return -1;
+        for (int kind = 0; kind < 2; kind++) {
+            tqkv__attn_stream_t *st = &ss[ns];
+            float *coef = w->coef + (size_t)(tensor * 4 + ns) * c->max_item_tokens;
+            uint64_t v0 = (uint64_t)t0 * pc->H + h;
+            if (kind == 0 && gv->L.mse_bits == 0)
+                continue;
+            if (kind == 1 && gv->L.mode != TQKV_MODE_PROD)
+                continue;
+            st->bits = kind == 0 ? gv->L.mse_bits : 1;
+            st->row_bytes = kind == 0 ? gv->L.idx_row_bytes : gv->L.sign_row_bytes;
+            st->rows = (kind == 0 ? gv->idx : gv->signs) + v0 * st->row_bytes;
+            st->stride = (size_t)pc->H * st->row_bytes;
+            st->gdim = gd;
+            st->limit = pc->end;
+            if (kind == 0) {
+                stream_table(st->table, gv->codebook, st->bits);
+                for (uint32_t i = 0; i < n; i++)
+                    coef[i] = gv->scale[v0 + (uint64_t)i * pc->H];
+            } else {
+                static const float pm1[2] = {-1.0f, 1.0f};
+                float k = (float)(SQRT_HALF_PI / sqrt((double)gd));
+                stream_table(st->table, pm1, 1);
+                for (uint32_t i = 0; i < n; i++)
+                    coef[i] = k * gv->gamma[v0 + (uint64_t)i * pc->H];
+            }
+            st->coef = coef;
+            if (tensor == TQKV_TENSOR_K) {
+                float *qk = w->qk + (size_t)ns * c->G * c->D;
+                const tqkv_rotation_t *r = kind == 0 ? gc->rot : gc->qjl;
+                for (uint32_t j = 0; j < c->G; j++) {
+                    const float *qh = c->q + (size_t)(h * c->G + j) * c->D;
+                    for (uint32_t i = 0; i < gd; i++)
+                        w->tmp[i] = qh[ch[i]] * c->sm_scale;
+                    tqkv_rotation_apply(r, w->tmp, qk + (size_t)j * gd);
+                }
+                tk->qk[ns] = qk;
+            } else {
+                tk->acc[ns] = w->acc + (size_t)ns * c->G * c->D;
+            }
+            ns++;
+        }
+    }
+    return ns;
+}
+
+/* Runs the work item (page pc, tokens [t0, t0+n)) for every KV head and merges it into s. */
+static tqkv_status_t
+run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, uint32_t n,
+         split_state_t *s)
+{
+    for (uint32_t h = 0; h < c->H; h++) {
+        tqkv__attn_task_t tk;
+        const float *mu = tqkv_page_key_mean(pc->page, h);
+        int nk, nv;
+        memset(&tk, 0, sizeof tk);
+        nk = build_streams(c, pc, w, TQKV_TENSOR_K, h, t0, n, &tk);
+        nv = build_streams(c, pc, w, TQKV_TENSOR_V, h, t0, n, &tk);
+        if (nk < 0 || nv < 0)
+            return TQKV_ECORRUPT;
+        tk.num_tokens = n;
+        tk.G = c->G;
+        tk.nk = (uint32_t)nk;
+        tk.nv = (uint32_t)nv;
+        tk.qbias = NULL;
+        if (mu) {
+            for (uint32_t j = 0; j < c->G; j++) {
+                const float *qh = c->q + (size_t)(h * c->G + j) * c->D;
+                float dot = 0.0f;
+                for (uint32_t d = 0; d < c->D; d++)
+                    dot += qh[d] * mu[d];
+                w->qbias[j] = dot * c->sm_scale;
+            }
+            tk.qbias = w->qbias;
+        }
+        tk.m = w->m;
+        tk.l = w->l;
+        tk.scratch = w->scratch;
+        c->task_fn(&tk);
+
+        /* Rotate the value accumulators back and scatter them to channels. */
+        memset(w->o, 0, sizeof(float) * c->G * c->D);
+        {
+            int si = 0;
+            for (uint32_t g = 0; g < 2; g++) {
+                const group_ctx_t *gc = &pc->g[TQKV_TENSOR_V][g];
+                const uint32_t *ch = w->ch + (TQKV_TENSOR_V * 2 + g) * c->D;
+                uint32_t gd;
+                if (!gc->present)
+                    continue;
+                gd = gc->gv.L.dim;
+                for (int kind = 0; kind < 2; kind++) {
+                    const tqkv_rotation_t *r = kind == 0 ? gc->rot : gc->qjl;
+                    if (!r)
+                        continue;
+                    for (uint32_t j = 0; j < c->G; j++) {
+                        tqkv_rotation_apply_t(r, tk.acc[si] + (size_t)j * gd, w->tmp);
+                        for (uint32_t i = 0; i < gd; i++)
+                            w->o[(size_t)j * c->D + ch[i]] += w->tmp[i];
+                    }
+                    si++;
+                }
+            }
+        }
+        merge_partial(c, s, h * c->G, w->m, w->l, w->o);
+    }
+    return TQKV_OK;
+}
+
+/* Computes the state of split si. */
+static tqkv_status_t
+run_split(attn_ctx_t *c, attn_ws_t *w, size_t si)
+{
+    uint64_t lo = (uint64_t)si * c->split_tokens, hi = lo + c->split_tokens;
+    split_state_t *s = &c->splits[si];
+    for (uint32_t hq = 0; hq < c->HQ; hq++) {
+        s->m[hq] = -INFINITY;
+        s->l[hq] = 0.0;
+    }
+    memset(s->o, 0, sizeof(double) * c->HQ * c->D);
+    for (size_t p = 0; p < c->n_pages; p++) {
+        uint64_t ps = c->page_start[p], pe = c->page_start[p + 1], a, b;
+        page_ctx_t pc;
+        tqkv_status_t st;
+        if (pe <= lo || ps >= hi)
+            continue;
+        a = ps > lo ? ps : lo;
+        b = pe < hi ? pe : hi;
+        if ((st = page_ctx_init(&pc, c->pages[p])) != TQKV_OK)
+            return st;
+        for (uint64_t t = a; t < b; t += c->max_item_tokens) {
+            uint64_t e = t + c->max_item_tokens < b ? t + c->max_item_tokens : b;
+            st = run_item(c, &pc, w, (uint32_t)(t - ps), (uint32_t)(e - t), s);
+            if (st != TQKV_OK) {
+                page_ctx_release(&pc);
+                return st;
+            }
+        }
+        page_ctx_release(&pc);
+    }
+    return TQKV_OK;
+}
+
+static void *
+worker(void *arg)
+{
+    attn_ctx_t *c = arg;
+    attn_ws_t w;
+    tqkv_status_t st = ws_alloc(&w, c->G, c->D, c->max_item_tokens);
+    for (;;) {
+        size_t si;
+        pthread_mutex_lock(&c->lock);
+        if (st != TQKV_OK && c->status == TQKV_OK)
+            c->status = st;
+        si = c->next_split++;
+        if (c->status != TQKV_OK)
+            si = c->n_splits;
+        pthread_mutex_unlock(&c->lock);
+        if (si >= c->n_splits)
+            break;
+        st = run_split(c, &w, si);
+    }
+    ws_free(&w);
+    return NULL;
+}
+
+tqkv_status_t
+tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pages,
+                    const size_t *page_lens, size_t n_pages, const tqkv_attn_opts_t *opts,
+                    float *out, char *err, size_t errlen)
+{
+    tqkv_attn_opts_t dflt;
+    attn_ctx_t c;
+    uint64_t total, *starts = NULL;
+    uint32_t max_page = 0, nthreads;
+    double *mem = NULL;
+    tqkv_status_t st;
+
+    if (!opts) {
+        tqkv_attn_opts_default(&dflt);
+        opts = &dflt;
+    }
+    if (!q || !out || num_q_heads == 0) {
+        set_err(err, errlen, "NULL query/output or zero query heads");
+        return TQKV_EINVAL;
+    }
+    memset(&c, 0, sizeof c);
+    st = tqkv_attn_check_pages(pages, page_lens, n_pages, opts->check_crc, &c.H, &c.D, &total, err,
+                               errlen);
+    if (st != TQKV_OK)
+        return st;
+    if (num_q_heads % c.H != 0) {
+        set_err(err, errlen, "%u query heads is not a multiple of the pages' %u KV heads",
+                num_q_heads, c.H);
+        return TQKV_EINVAL;
+    }
+    if (total == 0) {
+        set_err(err, errlen, "the pages hold no tokens");
+        return TQKV_EINVAL;
+    }
+    c.q = q;
+    c.HQ = num_q_heads;
+    c.G = num_q_heads / c.H;
+    c.sm_scale = opts->sm_scale > 0.0f ? opts->sm_scale : (float)(1.0 / sqrt((double)c.D));
+    c.pages = pages;
+    c.n_pages = n_pages;
+    c.split_tokens = opts->split_tokens ? opts->split_tokens : total;
+    c.n_splits = (size_t)((total + c.split_tokens - 1) / c.split_tokens);
+    c.task_fn = use_avx2() ? tqkv__attn_task_avx2 : tqkv__attn_task_scalar;
+
+    starts = malloc(sizeof(uint64_t) * (n_pages + 1));
+    c.splits = calloc(c.n_splits, sizeof(split_state_t));
+    mem = malloc(sizeof(double) * c.n_splits * (size_t)c.HQ * (2 + c.D));
+    if (!starts || !c.splits || !mem) {
+        st = TQKV_ENOMEM;
+        set_err(err, errlen, "out of memory");
+        goto done;
+    }
+    starts[0] = 0;
+    for (size_t p = 0; p < n_pages; p++) {
+        uint32_t T = ((const tqkv_page_header_t *)pages[p])->num_tokens;
+        starts[p + 1] = starts[p] + T;
+        max_page = T > max_page ? T : max_page;
+    }
+    c.page_start = starts;
+    c.max_item_tokens = c.split_tokens < max_page ? (uint32_t)c.split_tokens : max_page;
+    for (size_t s = 0; s < c.n_splits; s++) {
+        double *b = mem + s * (size_t)c.HQ * (2 + c.D);
+        c.splits[s].m = b;
+        c.splits[s].l = b + c.HQ;
+        c.splits[s].o = b + 2 * c.HQ;
+    }
+
+    nthreads = opts->num_threads ? opts->num_threads : 1;
+    if (nthreads > c.n_splits)
+        nthreads = (uint32_t)c.n_splits;
+    if (nthreads <= 1) {
+        attn_ws_t w;
+        if ((st = ws_alloc(&w, c.G, c.D, c.max_item_tokens)) != TQKV_OK) {
+            set_err(err, errlen, "out of memory");
+            goto done;
+        }
+        for (size_t s = 0; s < c.n_splits && st == TQKV_OK; s++)
+            st = run_split(&c, &w, s);
+        ws_free(&w);
+    } else {
+        pthread_t *th = malloc(sizeof(pthread_t) * nthreads);
+        uint32_t started = 0;
+        if (!th) {
+            st = TQKV_ENOMEM;
+            set_err(err, errlen, "out of memory");
+            goto done;
+        }
+        pthread_mutex_init(&c.lock, NULL);
+        c.status = TQKV_OK;
+        for (uint32_t i = 1; i < nthreads; i++)
+            if (pthread_create(&th[started], NULL, worker, &c) == 0)
+                started++;
+        worker(&c);
+        for (uint32_t i = 0; i < started; i++)
+            pthread_join(th[i], NULL);
+        pthread_mutex_destroy(&c.lock);
+        free(th);
+        st = c.status;
+    }
+    if (st != TQKV_OK) {
+        set_err(err, errlen, "%s",
+                st == TQKV_ECORRUPT ? "page outlier mask is corrupt" : tqkv_strerror(st));
+        goto done;
+    }
+
+    /* Merge the splits (log-sum-exp) and normalize. */
+    for (uint32_t hq = 0; hq < c.HQ; hq++) {
+        double M = -INFINITY, L = 0.0;
+        for (size_t s = 0; s < c.n_splits; s++)
+            if (c.splits[s].l[hq] > 0.0 && c.splits[s].m[hq] > M)
+                M = c.splits[s].m[hq];
+        for (uint32_t d = 0; d < c.D; d++)
+            out[(size_t)hq * c.D + d] = 0.0f;
+        {
+            double *acc = c.splits[0].o + (size_t)hq * c.D; /* reuse split 0's row */
+            double w0 = c.splits[0].l[hq] > 0.0 ? exp(c.splits[0].m[hq] - M) : 0.0;
+            L = c.splits[0].l[hq] * w0;
+            for (uint32_t d = 0; d < c.D; d++)
+                acc[d] *= w0;
+            for (size_t s = 1; s < c.n_splits; s++) {
+                double ws;
+                if (!(c.splits[s].l[hq] > 0.0))
+                    continue;
+                ws = exp(c.splits[s].m[hq] - M);
+                L += c.splits[s].l[hq] * ws;
+                for (uint32_t d = 0; d < c.D; d++)
+                    acc[d] += c.splits[s].o[(size_t)hq * c.D + d] * ws;
+            }
+            for (uint32_t d = 0; d < c.D; d++)
+                out[(size_t)hq * c.D + d] = (float)(acc[d] / L);
+        }
+    }
+    st = TQKV_OK;
+done:
+    free(mem);
+    free(c.splits);
+    free(starts);
+    return st;
+}
+
+tqkv_status_t
+tqkv_attn_decode(const float *q, uint32_t num_q_heads, const void *const *pages,
+                 const size_t *page_lens, size_t n_pages, const tqkv_attn_opts_t *opts, float *out)
+{
+    return tqkv_attn_decode_ex(q, num_q_heads, pages, page_lens, n_pages, opts, out, NULL, 0);
+}
+
+/* ---- reference ---- */
+
+tqkv_status_t
+tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pages,
+                     const size_t *page_lens, size_t n_pages, const tqkv_attn_opts_t *opts,
+                     float *out)
+{
+    uint32_t H, D, G;
+    uint64_t total;
+    float sm_scale;
+    double *score = NULL, *acc = NULL, *o = NULL;
+    float *qc = NULL, *qr = NULL, *tmp = NULL;
+    uint32_t *ch = NULL;
+    tqkv_status_t st;
+    int check_crc = opts ? opts->check_crc : 0;
+
+    if (!q || !out || num_q_heads == 0)
+        return TQKV_EINVAL;
+    st = tqkv_attn_check_pages(pages, page_lens, n_pages, check_crc, &H, &D, &total, NULL, 0);
+    if (st != TQKV_OK)
+        return st;
+    if (num_q_heads % H != 0 || total == 0)
+        return TQKV_EINVAL;
+    G = num_q_heads / H;
+    sm_scale = opts && opts->sm_scale > 0.0f ? opts->sm_scale : (float)(1.0 / sqrt((double)D));
+    score = malloc(sizeof(double) * total);
+    acc = malloc(sizeof(double) * D);
+    o = malloc(sizeof(double) * D);
+    qc = malloc(sizeof(float) * D);
+    qr = malloc(sizeof(float) * D);
+    tmp = malloc(sizeof(float) * D);
+    ch = malloc(sizeof(uint32_t) * D);
+    if (!score || !acc || !o || !qc || !qr || !tmp || !ch) {
+        st = TQKV_ENOMEM;
+        goto done;
+    }
+
+    for (uint32_t hq = 0; hq < num_q_heads && st == TQKV_OK; hq++) {
+        uint32_t h = hq / G;
+        const float *qh = q + (size_t)hq * D;
+        double mx = -INFINITY, L = 0.0;
+        uint64_t base = 0;
+
+        /* Pass 1: score every key from its codes: <q, k> = sum over groups of
+         * scale * <Pi q_C, z[idx]> (+ sqrt(pi/2)/g * gamma sqrt(g) * <S q_C, sign>) + q.mu. */
+        for (size_t p = 0; p < n_pages && st == TQKV_OK; p++) {
+            page_ctx_t pc;
+            const float *mu;
+            if ((st = page_ctx_init(&pc, pages[p])) != TQKV_OK)
+                break;
+            mu = tqkv_page_key_mean(pages[p], h);
+            for (uint32_t t = 0; t < pc.T; t++) {
+                double s = 0.0;
+                if (mu)
+                    for (uint32_t d = 0; d < D; d++)
+                        s += (double)qh[d] * mu[d];
+                score[base + t] = s;
+            }
+            for (uint32_t g = 0; g < 2; g++) {
+                const group_ctx_t *gc = &pc.g[TQKV_TENSOR_K][g];
+                const tqkv_group_view_t *gv = &gc->gv;
+                uint32_t gd;
+                if (!gc->present)
+                    continue;
+                gd = gv->L.dim;
+                if (group_channels(&pc, TQKV_TENSOR_K, g, h, ch) != gd) {
+                    st = TQKV_ECORRUPT;
+                    break;
+                }
+                for (uint32_t i = 0; i < gd; i++)
+                    qc[i] = qh[ch[i]];
+                if (gc->rot) {
+                    tqkv_rotation_apply(gc->rot, qc, qr);
+                    for (uint32_t t = 0; t < pc.T; t++) {
+                        uint64_t v = (uint64_t)t * H + h;
+                        const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
+                        double dot = 0.0;
+                        for (uint32_t j = 0; j < gd; j++)
+                            dot +=
+                                (double)qr[j] * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
+                        score[base + t] += gv->scale[v] * dot;
+                    }
+                }
+                if (gc->qjl) {
+                    tqkv_rotation_apply(gc->qjl, qc, qr);
+                    for (uint32_t t = 0; t < pc.T; t++) {
+                        uint64_t v = (uint64_t)t * H + h;
+                        const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
+                        double dot = 0.0;
+                        for (uint32_t j = 0; j < gd; j++)
+                            dot += tqkv_bits_get(row, j, 1) ? qr[j] : -qr[j];
+                        score[base + t] +=
+                            SQRT_HALF_PI / gd * ((double)gv->gamma[v] * sqrt((double)gd)) * dot;
+                    }
+                }
+            }
+            for (uint32_t t = 0; t < pc.T; t++) {
+                score[base + t] *= sm_scale;
+                mx = score[base + t] > mx ? score[base + t] : mx;
+            }
+            base += pc.T;
+            page_ctx_release(&pc);
+        }
+        if (st != TQKV_OK)
+            break;
+
+        /* Softmax weights. */
+        for (uint64_t i = 0; i < total; i++) {
+            score[i] = exp(score[i] - mx);
+            L += score[i];
+        }
+
+        /* Pass 2: values, accumulated in the rotated domain per page and group:
+         * Pi^T sum_i p_i scale_i z[idx_i] (+ S^T sum_i p_i sqrt(pi/2)/g gamma_i sqrt(g) sign_i). */
+        memset(o, 0, sizeof(double) * D);
+        base = 0;
+        for (size_t p = 0; p < n_pages && st == TQKV_OK; p++) {
+            page_ctx_t pc;
+            if ((st = page_ctx_init(&pc, pages[p])) != TQKV_OK)
+                break;
+            for (uint32_t g = 0; g < 2; g++) {
+                const group_ctx_t *gc = &pc.g[TQKV_TENSOR_V][g];
+                const tqkv_group_view_t *gv = &gc->gv;
+                uint32_t gd;
+                if (!gc->present)
+                    continue;
+                gd = gv->L.dim;
+                if (group_channels(&pc, TQKV_TENSOR_V, g, h, ch) != gd) {
+                    st = TQKV_ECORRUPT;
+                    break;
+                }
+                for (int kind = 0; kind < 2; kind++) {
+                    const tqkv_rotation_t *r = kind == 0 ? gc->rot : gc->qjl;
+                    if (!r)
+                        continue;
+                    memset(acc, 0, sizeof(double) * gd);
+                    for (uint32_t t = 0; t < pc.T; t++) {
+                        uint64_t v = (uint64_t)t * H + h;
+                        double w = score[base + t] / L;
+                        if (kind == 0) {
+                            const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
+                            w *= gv->scale[v];
+                            for (uint32_t j = 0; j < gd; j++)
+                                acc[j] += w * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
+                        } else {
+                            const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
+                            w *= SQRT_HALF_PI / gd * ((double)gv->gamma[v] * sqrt((double)gd));
+                            for (uint32_t j = 0; j < gd; j++)
+                                acc[j] += tqkv_bits_get(row, j, 1) ? w : -w;
+                        }
+                    }
+                    for (uint32_t j = 0; j < gd; j++)
+                        qr[j] = (float)acc[j];
+                    tqkv_rotation_apply_t(r, qr, tmp);
+                    for (uint32_t j = 0; j < gd; j++)
+                        o[ch[j]] += tmp[j];
+                }
+            }
+            base += pc.T;
+            page_ctx_release(&pc);
+        }
+        for (uint32_t d = 0; d < D; d++)
+            out[(size_t)hq * D + d] = (float)o[d];
+    }
+done:
+    free(score);
+    free(acc);
+    free(o);
+    free(qc);
+    free(qr);
+    free(tmp);
+    free(ch);
+    return st;
+}
+
+/* ---- BF16 baseline ---- */
+
+static tqkv_status_t
+bf16_common(const float *q, uint32_t HQ, const uint16_t *k, const uint16_t *v, uint32_t T,
+            uint32_t H, uint32_t D, float *out, tqkv__attn_bf16_fn fn)
+{
+    uint32_t G;
+    float *scratch;
+    if (!q || !k || !v || !out || T == 0 || H == 0 || D == 0 || HQ == 0 || HQ % H != 0)
+        return TQKV_EINVAL;
+    G = HQ / H;
+    if (G > 64)
+        return TQKV_EINVAL;
+    scratch = aligned_alloc(64, sizeof(float) * 2 * G * TQKV__ATTN_TILE);
+    if (!scratch)
+        return TQKV_ENOMEM;
+    for (uint32_t h = 0; h < H; h++)
+        fn(q + (size_t)h * G * D, G, k + (size_t)h * D, v + (size_t)h * D, T, (size_t)H * D, D,
+           (float)(1.0 / sqrt((double)D)), out + (size_t)h * G * D, scratch);
+    free(scratch);
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_attn_bf16(const float *q, uint32_t num_q_heads, const uint16_t *k_bf16, const uint16_t *v_bf16,
+               uint32_t num_tokens, uint32_t num_kv_heads, uint32_t head_dim, float *out)
+{
+    return bf16_common(q, num_q_heads, k_bf16, v_bf16, num_tokens, num_kv_heads, head_dim, out,
+                       use_avx2() ? tqkv__attn_bf16_avx2 : tqkv__attn_bf16_scalar);
+}
+
+/* Reads like the math: two-pass softmax in double. */
+tqkv_status_t
+tqkv_attn_bf16_ref(const float *q, uint32_t num_q_heads, const uint16_t *k_bf16,
+                   const uint16_t *v_bf16, uint32_t num_tokens, uint32_t num_kv_heads,
+                   uint32_t head_dim, float *out)
+{
+    uint32_t H = num_kv_heads, D = head_dim, T = num_tokens, G;
+    double *s, *o;
+    if (!q || !k_bf16 || !v_bf16 || !out || T == 0 || H == 0 || D == 0 || num_q_heads == 0 ||
+        num_q_heads % H != 0)
+        return TQKV_EINVAL;
+    G = num_q_heads / H;
+    s = malloc(sizeof(double) * T);
+    o = malloc(sizeof(double) * D);
+    if (!s || !o) {
+        free(s);
+        free(o);
+        return TQKV_ENOMEM;
+    }
+    for (uint32_t hq = 0; hq < num_q_heads; hq++) {
+        uint32_t h = hq / G;
+        double mx = -INFINITY, L = 0.0;
+        for (uint32_t t = 0; t < T; t++) {
+            const uint16_t *kr = k_bf16 + ((size_t)t * H + h) * D;
+            double dot = 0.0;
+            for (uint32_t d = 0; d < D; d++)
+                dot += (double)q[(size_t)hq * D + d] * tqkv_bf16_to_f32(kr[d]);
+            s[t] = dot / sqrt((double)D);
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        memset(o, 0, sizeof(double) * D);
+        for (uint32_t t = 0; t < T; t++) {
+            const uint16_t *vr = v_bf16 + ((size_t)t * H + h) * D;
+            double p = exp(s[t] - mx);
+            L += p;
+            for (uint32_t d = 0; d < D; d++)
+                o[d] += p * tqkv_bf16_to_f32(vr[d]);
+        }
+        for (uint32_t d = 0; d < D; d++)
+            out[(size_t)hq * D + d] = (float)(o[d] / L);
+    }
+    free(s);
+    free(o);
+    return TQKV_OK;
+}

@@ -1,0 +1,433 @@
+/* attention_avx2.c - AVX2+FMA kernels of fused decode attention and of the BF16 baseline.
+ *
+ * Both kernels share one structure, so the comparison is fair: tiles of 64 tokens; scores
+ * token by token with the query heads of a KV head sharing each decoded chunk of 8 channels
+ * (one FMA per head per chunk), a vectorized exp for the online softmax, and values
+ * accumulated chunk-outer / token-inner so the accumulators stay in registers. The packed
+ * kernel decodes 8 b-bit codes at once: one 32-bit broadcast load, a variable shift and a
+ * vpermps on the codebook held in a register (two and a blend for 16 centroids).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "kernels/tq_math.h"
+
+#define TILE TQKV__ATTN_TILE
+#define MAXNB 8 /* query heads per register batch */
+
+/* exp(x) for x in [-88, 88] (Cephes expf polynomial, ~1 ulp); smaller x gives ~1e-38. */
+static inline __m256
+exp256(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 fx, y, z;
+    __m256i e;
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, c1, x);
+    x = _mm256_fnmadd_ps(fx, c2, x);
+    z = _mm256_mul_ps(x, x);
+    y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    /* 2^fx in two halves so that fx = -127 stays representable (denormal-free scale). */
+    e = _mm256_cvtps_epi32(fx);
+    {
+        __m256i e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
+        __m256 p1 = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23));
+        __m256 p2 = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23));
+        return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+    }
+}
+
+static inline float
+hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Online-softmax update of one tile for head h: row holds the n scores and becomes the
+ * probabilities relative to the new max. Returns alpha, the factor for the old state. */
+static inline float
+softmax_tile(float *row, uint32_t n, float *m, float *l)
+{
+    float mx = *m, alpha, sum;
+    uint32_t i = 0;
+    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8)
+        vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(row + i));
+    {
+        __m128 a = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+        a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+        a = _mm_max_ss(a, _mm_movehdup_ps(a));
+        mx = _mm_cvtss_f32(a);
+    }
+    for (; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    alpha = expf(*m - mx);
+    vmx = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmx));
+        _mm256_storeu_ps(row + i, p);
+        vs = _mm256_add_ps(vs, p);
+    }
+    sum = hsum256(vs);
+    for (; i < n; i++) {
+        row[i] = expf(row[i] - mx);
+        sum += row[i];
+    }
+    *l = *l * alpha + sum;
+    *m = mx;
+    return alpha;
+}
+
+/* ---- packed streams ---- */
+
+typedef struct sreg {
+    __m256i shifts;
+    __m256 tlo, thi;
+    uint32_t bits, nc, safe; /* full chunks, bytes read by the full chunks */
+} sreg_t;
+
+static inline void
+sreg_init(sreg_t *r, const tqkv__attn_stream_t *s)
+{
+    uint32_t b = s->bits;
+    r->bits = b;
+    r->shifts = _mm256_setr_epi32(0, (int)b, (int)(2 * b), (int)(3 * b), (int)(4 * b), (int)(5 * b),
+                                  (int)(6 * b), (int)(7 * b));
+    r->tlo = _mm256_loadu_ps(s->table);
+    r->thi = _mm256_loadu_ps(s->table + 8);
+    r->nc = s->gdim / 8;
+    r->safe = r->nc ? (r->nc - 1) * b + 4 : 0;
+}
+
+/* The 8 table values of chunk c of a row. */
+static inline __m256
+dec8(const uint8_t *row, uint32_t c, const sreg_t *r, uint32_t b)
+{
+    uint32_t w;
+    __m256i v;
+    memcpy(&w, row + c * b, 4);
+    v = _mm256_srlv_epi32(_mm256_set1_epi32((int)w), r->shifts);
+    if (b == 4) {
+        __m256 lo = _mm256_permutevar8x32_ps(r->tlo, v);
+        __m256 hi = _mm256_permutevar8x32_ps(r->thi, v);
+        return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
+    }
+    return _mm256_permutevar8x32_ps(r->tlo, v);
+}
+
+/* Row pointers of tokens [t0, t0+n) of a stream; rows whose wide loads would cross the
+ * readable limit are copied into pad (at most 4 such rows exist: see sreg_t.safe). */
+static inline void
+tile_rows(const tqkv__attn_stream_t *s, const sreg_t *r, uint32_t t0, uint32_t n,
+          const uint8_t **rp, uint8_t (*pad)[520])
+{
+    uint32_t npad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *row = s->rows + (size_t)(t0 + i) * s->stride;
+        if (row + r->safe > s->limit && npad < 4) {
+            memset(pad[npad], 0, sizeof pad[npad]);
+            memcpy(pad[npad], row, s->row_bytes);
+            row = pad[npad++];
+        }
+        rp[i] = row;
+    }
+}
+
+/* Scores of tile tokens for query heads [h0, h0+NB). */
+static inline __attribute__((always_inline)) void
+score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32_t t0, uint32_t n,
+           uint32_t h0, const int NB, float *sc)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        __m256 tot[MAXNB];
+        float tail[MAXNB];
+        for (int h = 0; h < NB; h++) {
+            tot[h] = _mm256_setzero_ps();
+            tail[h] = tk->qbias ? tk->qbias[h0 + h] : 0.0f;
+        }
+        for (uint32_t s = 0; s < tk->nk; s++) {
+            const tqkv__attn_stream_t *st = &tk->k[s];
+            const uint8_t *row = rp[s][i];
+            const uint32_t gd = st->gdim, b = st->bits;
+            const float *qv = tk->qk[s] + (size_t)h0 * gd;
+            const float coef = st->coef[t0 + i];
+            __m256 acc[MAXNB], vc = _mm256_set1_ps(coef);
+            sreg_t r;
+            sreg_init(&r, st);
+            for (int h = 0; h < NB; h++)
+                acc[h] = _mm256_setzero_ps();
+            if (b == 4) {
+                for (uint32_t c = 0; c < r.nc; c++) {
+                    __m256 z = dec8(row, c, &r, 4);
+                    for (int h = 0; h < NB; h++)
+                        acc[h] = _mm256_fmadd_ps(z, _mm256_loadu_ps(qv + (size_t)h * gd + 8 * c),
+                                                 acc[h]);
+                }
+            } else {
+                for (uint32_t c = 0; c < r.nc; c++) {
+                    __m256 z = dec8(row, c, &r, b);
+                    for (int h = 0; h < NB; h++)
+                        acc[h] = _mm256_fmadd_ps(z, _mm256_loadu_ps(qv + (size_t)h * gd + 8 * c),
+                                                 acc[h]);
+                }
+            }
+            for (uint32_t j = r.nc * 8; j < gd; j++) {
+                float z = st->table[tqkv_bits_get(row, j, b)];
+                for (int h = 0; h < NB; h++)
+                    tail[h] += coef * z * qv[(size_t)h * gd + j];
+            }
+            for (int h = 0; h < NB; h++)
+                tot[h] = _mm256_fmadd_ps(acc[h], vc, tot[h]);
+        }
+        for (int h = 0; h < NB; h++)
+            sc[(h0 + h) * TILE + i] = hsum256(tot[h]) + tail[h];
+    }
+}
+
+/* acc_s[h0..h0+NB) += w[h][i] * decoded row i, for one V stream. */
+static inline __attribute__((always_inline)) void
+value_tile(const tqkv__attn_stream_t *st, const uint8_t *const *rp, uint32_t n, float *accs,
+           const float *w, uint32_t h0, const int NB)
+{
+    const uint32_t gd = st->gdim, b = st->bits;
+    sreg_t r;
+    sreg_init(&r, st);
+    for (uint32_t c = 0; c < r.nc; c++) {
+        __m256 a[MAXNB];
+        for (int h = 0; h < NB; h++)
+            a[h] = _mm256_loadu_ps(accs + (size_t)(h0 + h) * gd + 8 * c);
+        if (b == 4) {
+            for (uint32_t i = 0; i < n; i++) {
+                __m256 z = dec8(rp[i], c, &r, 4);
+                for (int h = 0; h < NB; h++)
+                    a[h] = _mm256_fmadd_ps(z, _mm256_broadcast_ss(w + (h0 + h) * TILE + i), a[h]);
+            }
+        } else {
+            for (uint32_t i = 0; i < n; i++) {
+                __m256 z = dec8(rp[i], c, &r, b);
+                for (int h = 0; h < NB; h++)
+                    a[h] = _mm256_fmadd_ps(z, _mm256_broadcast_ss(w + (h0 + h) * TILE + i), a[h]);
+            }
+        }
+        for (int h = 0; h < NB; h++)
+            _mm256_storeu_ps(accs + (size_t)(h0 + h) * gd + 8 * c, a[h]);
+    }
+    for (uint32_t j = r.nc * 8; j < gd; j++)
+        for (uint32_t i = 0; i < n; i++) {
+            float z = st->table[tqkv_bits_get(rp[i], j, b)];
+            for (int h = 0; h < NB; h++)
+                accs[(size_t)(h0 + h) * gd + j] += w[(h0 + h) * TILE + i] * z;
+        }
+}
+
+#define NB_DISPATCH(NBV, CALL)                                                                     \
+    switch (NBV) {                                                                                 \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        CALL(3);                                                                                   \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        CALL(4);                                                                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        CALL(5);                                                                                   \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        CALL(6);                                                                                   \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        CALL(7);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(8);                                                                                   \
+        break;                                                                                     \
+    }
+
+void
+tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
+{
+    const uint32_t G = tk->G, T = tk->num_tokens;
+    float *sc = tk->scratch, *wb = tk->scratch + (size_t)G * TILE;
+    const uint8_t *rk[4][TILE], *rv[4][TILE];
+    uint8_t pad[8][4][520];
+
+    for (uint32_t h = 0; h < G; h++) {
+        tk->m[h] = -INFINITY;
+        tk->l[h] = 0.0f;
+    }
+    for (uint32_t s = 0; s < tk->nv; s++)
+        memset(tk->acc[s], 0, sizeof(float) * G * tk->v[s].gdim);
+
+    for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
+        uint32_t n = T - t0 < TILE ? T - t0 : TILE;
+        for (uint32_t s = 0; s < tk->nk; s++) {
+            sreg_t r;
+            sreg_init(&r, &tk->k[s]);
+            tile_rows(&tk->k[s], &r, t0, n, rk[s], pad[s]);
+        }
+        for (uint32_t s = 0; s < tk->nv; s++) {
+            sreg_t r;
+            sreg_init(&r, &tk->v[s]);
+            tile_rows(&tk->v[s], &r, t0, n, rv[s], pad[4 + s]);
+        }
+        for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+            uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define SCORE(K) score_tile(tk, (const uint8_t *const(*)[TILE])rk, t0, n, h0, K, sc)
+            NB_DISPATCH(nb, SCORE)
+#undef SCORE
+        }
+        for (uint32_t h = 0; h < G; h++) {
+            float alpha = softmax_tile(sc + h * TILE, n, &tk->m[h], &tk->l[h]);
+            if (alpha != 1.0f) {
+                __m256 va = _mm256_set1_ps(alpha);
+                for (uint32_t s = 0; s < tk->nv; s++) {
+                    float *a = tk->acc[s] + (size_t)h * tk->v[s].gdim;
+                    uint32_t j = 0, gd = tk->v[s].gdim;
+                    for (; j + 8 <= gd; j += 8)
+                        _mm256_storeu_ps(a + j, _mm256_mul_ps(_mm256_loadu_ps(a + j), va));
+                    for (; j < gd; j++)
+                        a[j] *= alpha;
+                }
+            }
+        }
+        for (uint32_t s = 0; s < tk->nv; s++) {
+            const float *coef = tk->v[s].coef + t0;
+            for (uint32_t h = 0; h < G; h++)
+                for (uint32_t i = 0; i < n; i++)
+                    wb[h * TILE + i] = sc[h * TILE + i] * coef[i];
+            for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+                uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define VALUE(K) value_tile(&tk->v[s], rv[s], n, tk->acc[s], wb, h0, K)
+                NB_DISPATCH(nb, VALUE)
+#undef VALUE
+            }
+        }
+    }
+}
+
+/* ---- BF16 baseline ---- */
+
+static inline __m256
+bf16x8(const uint16_t *p)
+{
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static inline __attribute__((always_inline)) void
+bf16_score_tile(const float *q, const uint16_t *k, size_t stride, uint32_t D, uint32_t t0,
+                uint32_t n, uint32_t h0, const int NB, float sm_scale, float *sc)
+{
+    const uint32_t nc = D / 8;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint16_t *row = k + (size_t)(t0 + i) * stride;
+        __m256 acc[MAXNB];
+        float tail[MAXNB];
+        for (int h = 0; h < NB; h++) {
+            acc[h] = _mm256_setzero_ps();
+            tail[h] = 0.0f;
+        }
+        for (uint32_t c = 0; c < nc; c++) {
+            __m256 z = bf16x8(row + 8 * c);
+            for (int h = 0; h < NB; h++)
+                acc[h] =
+                    _mm256_fmadd_ps(z, _mm256_loadu_ps(q + (size_t)(h0 + h) * D + 8 * c), acc[h]);
+        }
+        for (uint32_t j = nc * 8; j < D; j++)
+            for (int h = 0; h < NB; h++)
+                tail[h] += q[(size_t)(h0 + h) * D + j] * tqkv_bf16_to_f32(row[j]);
+        for (int h = 0; h < NB; h++)
+            sc[(h0 + h) * TILE + i] = (hsum256(acc[h]) + tail[h]) * sm_scale;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+bf16_value_tile(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint32_t n, float *out,
+                const float *w, uint32_t h0, const int NB)
+{
+    const uint32_t nc = D / 8;
+    for (uint32_t c = 0; c < nc; c++) {
+        __m256 a[MAXNB];
+        for (int h = 0; h < NB; h++)
+            a[h] = _mm256_loadu_ps(out + (size_t)(h0 + h) * D + 8 * c);
+        for (uint32_t i = 0; i < n; i++) {
+            __m256 z = bf16x8(v + (size_t)(t0 + i) * stride + 8 * c);
+            for (int h = 0; h < NB; h++)
+                a[h] = _mm256_fmadd_ps(z, _mm256_broadcast_ss(w + (h0 + h) * TILE + i), a[h]);
+        }
+        for (int h = 0; h < NB; h++)
+            _mm256_storeu_ps(out + (size_t)(h0 + h) * D + 8 * c, a[h]);
+    }
+    for (uint32_t j = nc * 8; j < D; j++)
+        for (uint32_t i = 0; i < n; i++) {
+            float z = tqkv_bf16_to_f32(v[(size_t)(t0 + i) * stride + j]);
+            for (int h = 0; h < NB; h++)
+                out[(size_t)(h0 + h) * D + j] += w[(h0 + h) * TILE + i] * z;
+        }
+}
+
+void
+tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
+                     size_t stride, uint32_t D, float sm_scale, float *out, float *scratch)
+{
+    float m[64], l[64];
+    float *sc = scratch;
+    memset(out, 0, sizeof(float) * G * D);
+    for (uint32_t h = 0; h < G; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
+        uint32_t n = T - t0 < TILE ? T - t0 : TILE;
+        for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+            uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define SCORE(K) bf16_score_tile(q, k, stride, D, t0, n, h0, K, sm_scale, sc)
+            NB_DISPATCH(nb, SCORE)
+#undef SCORE
+        }
+        for (uint32_t h = 0; h < G; h++) {
+            float alpha = softmax_tile(sc + h * TILE, n, &m[h], &l[h]);
+            if (alpha != 1.0f) {
+                __m256 va = _mm256_set1_ps(alpha);
+                float *a = out + (size_t)h * D;
+                uint32_t j = 0;
+                for (; j + 8 <= D; j += 8)
+                    _mm256_storeu_ps(a + j, _mm256_mul_ps(_mm256_loadu_ps(a + j), va));
+                for (; j < D; j++)
+                    a[j] *= alpha;
+            }
+        }
+        for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+            uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define VALUE(K) bf16_value_tile(v, stride, D, t0, n, out, sc, h0, K)
+            NB_DISPATCH(nb, VALUE)
+#undef VALUE
+        }
+    }
+    for (uint32_t h = 0; h < G; h++) {
+        float inv = 1.0f / l[h];
+        for (uint32_t j = 0; j < D; j++)
+            out[(size_t)h * D + j] *= inv;
+    }
+}
