@@ -1,0 +1,749 @@
+/* handlers_kv.c - the tqkv.v1.KVCache methods: Put (client streaming, codec work on
+ * the encoder pool), Get (server streaming, zero-copy page sends, BF16 decode on the
+ * encoder pool), Lookup, Delete, Stats (unary, on the gRPC worker: store calls only).
+ *
+ * Put semantics on a bad message: the call fails with that message's status; the
+ * blocks of earlier messages of the same stream stay stored (each message is an
+ * independent, idempotent block write). Nothing already stored is touched by a bad
+ * request.
+ */
+#include <grpc/slice.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/page.h"
+#include "kernels/policy.h"
+#include "service/log.h"
+#include "service/service_internal.h"
+#include "service/status_map.h"
+#include "transport/wire.h"
+
+#define ERRLEN 320
+
+/* ---- protobuf hand-encoding of GetResponse prefixes ---- */
+
+static size_t
+put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/* Fields 1 (hash), 2 (layer), 3 (found), 7-9 (shape), 10 (tier) of a GetResponse. */
+static size_t
+get_prefix(uint8_t *p, const ProtobufCBinaryData *hash, uint32_t layer, int found,
+           const tqkv_page_header_t *hdr, int tier)
+{
+    size_t n = 0;
+    p[n++] = 0x0a;
+    n += put_varint(p + n, hash->len);
+    memcpy(p + n, hash->data, hash->len);
+    n += hash->len;
+    p[n++] = 0x10;
+    n += put_varint(p + n, layer);
+    if (found) {
+        p[n++] = 0x18;
+        p[n++] = 1;
+        p[n++] = 0x38;
+        n += put_varint(p + n, hdr->num_tokens);
+        p[n++] = 0x40;
+        n += put_varint(p + n, hdr->num_kv_heads);
+        p[n++] = 0x48;
+        n += put_varint(p + n, hdr->head_dim);
+        p[n++] = 0x50;
+        n += put_varint(p + n, (uint64_t)tier);
+    }
+    return n;
+}
+
+/* ---- Put ---- */
+
+typedef struct put_state {
+    grpc_byte_buffer *bb; /* message handed to the job (owned by the job while in WORK) */
+    /* job results */
+    grpc_status_code code;
+    char err[ERRLEN];
+    int duplicate;
+    uint64_t bytes_in, bytes_stored;
+    /* totals of the stream */
+    uint64_t stored, dups, total_in, total_stored;
+} put_state_t;
+
+/* Encoder-pool job: decode, validate, authorize, encode and store one message. */
+static void
+put_job(void *arg)
+{
+    tqkv__call_t *c = arg;
+    tqkv_server_t *s = c->srv;
+    put_state_t *h = c->h;
+    Tqkv__V1__PutRequest *m = NULL;
+    uint8_t *page = NULL;
+    size_t len = 0;
+    tqkv_status_t st;
+
+    h->code = GRPC_STATUS_OK;
+    h->duplicate = 0;
+    h->bytes_in = h->bytes_stored = 0;
+    uint8_t *buf = tqkv__bb_read(h->bb, &len);
+    grpc_byte_buffer_destroy(h->bb);
+    h->bb = NULL;
+    if (buf == NULL) {
+        h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(h->err, ERRLEN, "out of memory reading the message");
+        goto done;
+    }
+    st = tqkv_validate_put(buf, len, &s->limits, &m, h->err, ERRLEN);
+    free(buf);
+    if (st != TQKV_OK) {
+        h->code = tqkv_status_to_grpc_input(st);
+        goto done;
+    }
+    st = tqkv__call_auth(c, m->namespace_, TQKV_AUTH_WRITE, h->err, ERRLEN);
+    if (st != TQKV_OK) {
+        h->code = tqkv_status_to_grpc(st);
+        goto done;
+    }
+    tqkv_block_key_t key = {m->namespace_, strlen(m->namespace_), m->hash.data, m->hash.len,
+                            m->layer};
+    const void *data;
+    size_t plen;
+    uint64_t bf16_bytes;
+    if (m->page.len) {
+        tqkv_page_info_t info;
+        st = tqkv_page_validate(m->page.data, m->page.len, 0, &info, NULL, 0);
+        if (st != TQKV_OK) {
+            h->code = GRPC_STATUS_INVALID_ARGUMENT;
+            snprintf(h->err, ERRLEN, "page: %s", tqkv_strerror(st));
+            goto done;
+        }
+        data = m->page.data;
+        plen = m->page.len;
+        bf16_bytes = info.bf16_bytes;
+        h->bytes_in = m->page.len;
+    } else {
+        tqkv_block_codec_t codec;
+        tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
+        tqkv_policy_block_codec(&s->cfg.policy, m->layer, m->num_layers, &codec);
+        if (m->codec) {
+            uint8_t b2;
+            if (m->codec->key_bits != 0.0f && tqkv_bits_from_float(m->codec->key_bits, &b2) == 0)
+                codec.k.bits_x2 = b2;
+            if (m->codec->value_bits != 0.0f &&
+                tqkv_bits_from_float(m->codec->value_bits, &b2) == 0)
+                codec.v.bits_x2 = b2;
+            if (m->codec->key_mode != TQKV__V1__MODE__MODE_DEFAULT)
+                codec.k.mode = m->codec->key_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
+                                                                               : TQKV_MODE_MSE;
+            if (m->codec->value_mode != TQKV__V1__MODE__MODE_DEFAULT)
+                codec.v.mode = m->codec->value_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
+                                                                                 : TQKV_MODE_MSE;
+        }
+        size_t cap;
+        st = tqkv_page_check_params(&shape, &codec, h->err, ERRLEN);
+        if (st == TQKV_OK)
+            st = tqkv_page_size(&shape, &codec, &cap);
+        if (st != TQKV_OK) {
+            h->code = tqkv_status_to_grpc_input(st);
+            if (h->err[0] == '\0')
+                snprintf(h->err, ERRLEN, "codec: %s", tqkv_strerror(st));
+            goto done;
+        }
+        page = malloc(cap);
+        if (page == NULL) {
+            h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(h->err, ERRLEN, "out of memory encoding a %zu-byte page", cap);
+            goto done;
+        }
+        double t0 = tqkv__now();
+        st = tqkv_page_encode(&shape, &codec, (const uint16_t *)m->key.data,
+                              (const uint16_t *)m->value.data, page, cap, &plen, h->err, ERRLEN);
+        if (st != TQKV_OK) {
+            h->code = tqkv_status_to_grpc_input(st);
+            goto done;
+        }
+        bf16_bytes = m->key.len + m->value.len;
+        tqkv_metrics_codec(s->metrics, 1, bf16_bytes, tqkv__now() - t0);
+        data = page;
+        h->bytes_in = bf16_bytes;
+    }
+    st = tqkv_store_put(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
+                        m->parent_hash.len, data, plen, bf16_bytes, &h->duplicate);
+    if (st != TQKV_OK) {
+        h->code = tqkv_status_to_grpc(st);
+        if (st == TQKV_ENOSPC)
+            snprintf(h->err, ERRLEN,
+                     "store full: no room for a %zu-byte page in namespace '%s' and nothing "
+                     "may be evicted",
+                     plen, m->namespace_);
+        else
+            snprintf(h->err, ERRLEN, "store: %s", tqkv_strerror(st));
+        goto done;
+    }
+    if (!h->duplicate)
+        h->bytes_stored = plen;
+done:
+    free(page);
+    if (m)
+        tqkv__v1__put_request__free_unpacked(m, NULL);
+    tqkv__call_wake(c);
+}
+
+static void
+put_finish_ok(tqkv__call_t *c)
+{
+    put_state_t *h = c->h;
+    Tqkv__V1__PutResponse r = TQKV__V1__PUT_RESPONSE__INIT;
+    r.blocks_stored = h->stored;
+    r.blocks_duplicate = h->dups;
+    r.bytes_in = h->total_in;
+    r.bytes_stored = h->total_stored;
+    tqkv__call_finish_msg(c, &r.base);
+}
+
+static void
+put_start(tqkv__call_t *c)
+{
+    c->h = calloc(1, sizeof(put_state_t));
+    if (c->h == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    tqkv__call_recv(c);
+}
+
+static void
+put_recv(tqkv__call_t *c, int ok)
+{
+    put_state_t *h = c->h;
+    if (c->recv_bb == NULL) { /* client half-closed: reply */
+        put_finish_ok(c);
+        return;
+    }
+    h->bb = c->recv_bb;
+    c->recv_bb = NULL;
+    if (tqkv__call_work(c, put_job) != TQKV_OK) {
+        grpc_byte_buffer_destroy(h->bb);
+        h->bb = NULL;
+        tqkv__call_finish(c, GRPC_STATUS_UNAVAILABLE, "server is stopping", NULL);
+    }
+}
+
+static void
+put_wake(tqkv__call_t *c)
+{
+    put_state_t *h = c->h;
+    if (c->closed) {
+        tqkv__call_abort(c);
+        return;
+    }
+    if (h->code != GRPC_STATUS_OK) {
+        tqkv__call_finish(c, h->code, h->err, NULL);
+        return;
+    }
+    if (h->duplicate)
+        h->dups++;
+    else
+        h->stored++;
+    h->total_in += h->bytes_in;
+    h->total_stored += h->bytes_stored;
+    tqkv_metrics_add_bytes(c->srv->metrics, h->bytes_in, 0, 0);
+    tqkv__call_recv(c);
+}
+
+static void
+put_free(tqkv__call_t *c)
+{
+    put_state_t *h = c->h;
+    if (h && h->bb)
+        grpc_byte_buffer_destroy(h->bb);
+    free(h);
+    c->h = NULL;
+}
+
+const tqkv__handler_t tqkv__put_handler = {
+    .path = "/tqkv.v1.KVCache/Put",
+    .metric = "Put",
+    .payload_on_new = 0,
+    .drain = 1,
+    .on_start = put_start,
+    .on_recv = put_recv,
+    .on_wake = put_wake,
+    .on_free = put_free,
+};
+
+/* ---- Get ---- */
+
+typedef struct get_state {
+    Tqkv__V1__GetRequest *req;
+    size_t i, total;
+    uint64_t hits, misses;
+    /* BF16 decode job */
+    tqkv_page_ref_t *ref;
+    uint16_t *k, *v;
+    size_t tensor_bytes;
+    tqkv_status_t jst;
+} get_state_t;
+
+static void
+release_ref(void *p)
+{
+    tqkv_page_ref_release(p);
+}
+
+static void get_next(tqkv__call_t *c);
+
+static void
+get_decode_job(void *arg)
+{
+    tqkv__call_t *c = arg;
+    get_state_t *h = c->h;
+    const void *page = tqkv_page_ref_data(h->ref);
+    size_t plen = tqkv_page_ref_len(h->ref);
+    tqkv_page_header_t hdr;
+    memcpy(&hdr, page, sizeof hdr);
+    size_t n = (size_t)hdr.num_tokens * hdr.num_kv_heads * hdr.head_dim;
+    h->tensor_bytes = n * 2;
+    h->k = malloc(n * 2 + 1);
+    h->v = malloc(n * 2 + 1);
+    if (h->k == NULL || h->v == NULL) {
+        h->jst = TQKV_ENOMEM;
+    } else {
+        double t0 = tqkv__now();
+        h->jst = tqkv_page_decode_bf16(page, plen, hdr.tensor[0].bits_x2 ? h->k : NULL,
+                                       hdr.tensor[1].bits_x2 ? h->v : NULL);
+        if (h->jst == TQKV_OK)
+            tqkv_metrics_codec(c->srv->metrics, 0, n * 4, tqkv__now() - t0);
+    }
+    tqkv__call_wake(c);
+}
+
+static uint64_t
+page_bf16_bytes(const tqkv_page_header_t *hdr)
+{
+    uint64_t n = (uint64_t)hdr->num_tokens * hdr->num_kv_heads * hdr->head_dim * 2;
+    return n * ((hdr->tensor[0].bits_x2 != 0) + (hdr->tensor[1].bits_x2 != 0));
+}
+
+static void
+get_send_packed(tqkv__call_t *c, const ProtobufCBinaryData *hash, uint32_t layer,
+                tqkv_page_ref_t *ref)
+{
+    uint8_t pre[128];
+    tqkv_page_header_t hdr;
+    const void *page = tqkv_page_ref_data(ref);
+    size_t plen = tqkv_page_ref_len(ref);
+    memcpy(&hdr, page, sizeof hdr);
+    size_t n = get_prefix(pre, hash, layer, 1, &hdr, (int)tqkv_page_ref_tier(ref));
+    pre[n++] = 0x22;
+    n += put_varint(pre + n, plen);
+    grpc_slice sl[2];
+    sl[0] = grpc_slice_from_copied_buffer((const char *)pre, n);
+    /* Zero copy: the slice wraps the pinned page; its last unref releases the pin. */
+    sl[1] = grpc_slice_new_with_user_data((void *)page, plen, release_ref, ref);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2);
+    grpc_slice_unref(sl[0]);
+    grpc_slice_unref(sl[1]);
+    tqkv_metrics_add_bytes(c->srv->metrics, 0, plen, page_bf16_bytes(&hdr));
+    tqkv__call_send(c, bb);
+}
+
+static void
+get_send_bf16(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
+    uint8_t pre[128], mid[16];
+    tqkv_page_header_t hdr;
+    size_t nh = h->req->n_hashes;
+    uint32_t layer = h->req->layer_begin + (uint32_t)(h->i / nh);
+    memcpy(&hdr, tqkv_page_ref_data(h->ref), sizeof hdr);
+    size_t n = get_prefix(pre, &h->req->hashes[h->i % nh], layer, 1, &hdr,
+                          (int)tqkv_page_ref_tier(h->ref));
+    tqkv_page_ref_release(h->ref);
+    h->ref = NULL;
+    grpc_slice sl[4];
+    size_t ns = 0;
+    if (hdr.tensor[0].bits_x2) {
+        pre[n++] = 0x2a;
+        n += put_varint(pre + n, h->tensor_bytes);
+        sl[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
+        sl[ns++] = grpc_slice_new(h->k, h->tensor_bytes, free);
+    } else {
+        sl[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
+        free(h->k);
+    }
+    h->k = NULL;
+    if (hdr.tensor[1].bits_x2) {
+        size_t m = 0;
+        mid[m++] = 0x32;
+        m += put_varint(mid + m, h->tensor_bytes);
+        sl[ns++] = grpc_slice_from_copied_buffer((const char *)mid, m);
+        sl[ns++] = grpc_slice_new(h->v, h->tensor_bytes, free);
+    } else {
+        free(h->v);
+    }
+    h->v = NULL;
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, ns);
+    for (size_t j = 0; j < ns; j++)
+        grpc_slice_unref(sl[j]);
+    uint64_t out = page_bf16_bytes(&hdr);
+    tqkv_metrics_add_bytes(c->srv->metrics, 0, out, out);
+    tqkv__call_send(c, bb);
+}
+
+static void
+get_done(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
+    const char *ns = h->req->namespace_;
+    tqkv_metrics_ns_access(c->srv->metrics, ns, strlen(ns), h->hits, h->misses);
+    tqkv__call_finish(c, GRPC_STATUS_OK, NULL, NULL);
+}
+
+static void
+get_next(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
+    Tqkv__V1__GetRequest *r = h->req;
+    if (c->closed) { /* cancelled or deadline passed */
+        tqkv__call_abort(c);
+        return;
+    }
+    if (h->i >= h->total) {
+        get_done(c);
+        return;
+    }
+    size_t nh = r->n_hashes;
+    uint32_t layer = r->layer_begin + (uint32_t)(h->i / nh);
+    const ProtobufCBinaryData *hash = &r->hashes[h->i % nh];
+    tqkv_block_key_t key = {r->namespace_, strlen(r->namespace_), hash->data, hash->len, layer};
+    tqkv_page_ref_t *ref = NULL;
+    tqkv_status_t st = tqkv_store_get(c->srv->store, &key, &ref);
+    if (st == TQKV_ENOTFOUND) {
+        uint8_t pre[96];
+        h->misses++;
+        size_t n = get_prefix(pre, hash, layer, 0, NULL, 0);
+        grpc_slice sl = grpc_slice_from_copied_buffer((const char *)pre, n);
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        tqkv__call_send(c, bb);
+        return;
+    }
+    if (st != TQKV_OK) {
+        char msg[ERRLEN];
+        snprintf(msg, sizeof msg, "layer %u, hashes[%zu]: %s", layer, h->i % nh, tqkv_strerror(st));
+        tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+        return;
+    }
+    h->hits++;
+    if (r->encoding == TQKV__V1__ENCODING__ENCODING_PACKED) {
+        get_send_packed(c, hash, layer, ref);
+        return;
+    }
+    h->ref = ref;
+    h->jst = TQKV_OK;
+    if (tqkv__call_work(c, get_decode_job) != TQKV_OK) {
+        tqkv_page_ref_release(ref);
+        h->ref = NULL;
+        tqkv__call_finish(c, GRPC_STATUS_UNAVAILABLE, "server is stopping", NULL);
+    }
+}
+
+static void
+get_start(tqkv__call_t *c)
+{
+    char err[ERRLEN];
+    get_state_t *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    c->h = h;
+    size_t len = 0;
+    uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
+    if (buf == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+        return;
+    }
+    tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, &h->req, err, sizeof err);
+    free(buf);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
+        return;
+    }
+    st = tqkv__call_auth(c, h->req->namespace_, TQKV_AUTH_READ, err, sizeof err);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
+        return;
+    }
+    h->total = (size_t)(h->req->layer_end - h->req->layer_begin) * h->req->n_hashes;
+    get_next(c);
+}
+
+static void
+get_sent(tqkv__call_t *c, int ok)
+{
+    get_state_t *h = c->h;
+    h->i++;
+    get_next(c);
+}
+
+static void
+get_wake(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
+    if (c->closed) {
+        tqkv__call_abort(c);
+        return;
+    }
+    if (h->jst != TQKV_OK) {
+        char msg[ERRLEN];
+        snprintf(msg, sizeof msg, "decoding a stored page: %s", tqkv_strerror(h->jst));
+        tqkv__call_finish(c, tqkv_status_to_grpc(h->jst), msg, NULL);
+        return;
+    }
+    get_send_bf16(c);
+}
+
+static void
+get_free(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
+    if (h == NULL)
+        return;
+    if (h->ref)
+        tqkv_page_ref_release(h->ref);
+    free(h->k);
+    free(h->v);
+    if (h->req)
+        tqkv__v1__get_request__free_unpacked(h->req, NULL);
+    free(h);
+    c->h = NULL;
+}
+
+const tqkv__handler_t tqkv__get_handler = {
+    .path = "/tqkv.v1.KVCache/Get",
+    .metric = "Get",
+    .payload_on_new = 1,
+    .drain = 1,
+    .on_start = get_start,
+    .on_send = get_sent,
+    .on_wake = get_wake,
+    .on_free = get_free,
+};
+
+/* ---- unary methods ---- */
+
+/* Reads and validates the unary request; on failure finishes the call and returns
+ * NULL. */
+#define UNARY_DECODE(c, type, fn, out)                                                             \
+    do {                                                                                           \
+        char err_[ERRLEN];                                                                         \
+        size_t len_ = 0;                                                                           \
+        uint8_t *buf_ = (c)->recv_bb ? tqkv__bb_read((c)->recv_bb, &len_) : NULL;                  \
+        if (buf_ == NULL) {                                                                        \
+            tqkv__call_finish((c), GRPC_STATUS_INVALID_ARGUMENT, "message: missing request",       \
+                              NULL);                                                               \
+            return;                                                                                \
+        }                                                                                          \
+        tqkv_status_t st_ = fn(buf_, len_, &(c)->srv->limits, &(out), err_, sizeof err_);          \
+        free(buf_);                                                                                \
+        if (st_ != TQKV_OK) {                                                                      \
+            tqkv__call_finish((c), tqkv_status_to_grpc_input(st_), err_, NULL);                    \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static int
+auth_or_finish(tqkv__call_t *c, const char *ns, unsigned perm)
+{
+    char err[ERRLEN];
+    tqkv_status_t st = tqkv__call_auth(c, ns, perm, err, sizeof err);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
+        return 0;
+    }
+    return 1;
+}
+
+static void
+lookup_start(tqkv__call_t *c)
+{
+    Tqkv__V1__LookupRequest *r = NULL;
+    UNARY_DECODE(c, Tqkv__V1__LookupRequest, tqkv_validate_lookup, r);
+    size_t n = r->n_hashes;
+    const uint8_t **hp = malloc(n * sizeof *hp);
+    size_t *hl = malloc(n * sizeof *hl);
+    uint8_t *tiers = malloc(n);
+    Tqkv__V1__BlockInfo *infos = malloc(n * sizeof *infos);
+    Tqkv__V1__BlockInfo **iptr = malloc(n * sizeof *iptr);
+    if (!hp || !hl || !tiers || !infos || !iptr) {
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        goto out;
+    }
+    if (!auth_or_finish(c, r->namespace_, TQKV_AUTH_READ))
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        hp[i] = r->hashes[i].data;
+        hl[i] = r->hashes[i].len;
+    }
+    uint32_t prefix = 0;
+    tqkv_status_t st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp,
+                                         hl, n, r->num_layers, r->lease_ms, &prefix, tiers);
+    if (st != TQKV_OK) {
+        char msg[ERRLEN];
+        snprintf(msg, sizeof msg, "lookup: %s", tqkv_strerror(st));
+        tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+        goto out;
+    }
+    uint64_t hits = 0;
+    for (size_t i = 0; i < n; i++) {
+        tqkv__v1__block_info__init(&infos[i]);
+        infos[i].hash = r->hashes[i];
+        infos[i].tier = (Tqkv__V1__Tier)tiers[i];
+        iptr[i] = &infos[i];
+        hits += tiers[i] != TQKV_TIER_NONE;
+    }
+    tqkv_metrics_ns_access(c->srv->metrics, r->namespace_, strlen(r->namespace_), hits, n - hits);
+    Tqkv__V1__LookupResponse resp = TQKV__V1__LOOKUP_RESPONSE__INIT;
+    resp.prefix_blocks = prefix;
+    resp.n_blocks = n;
+    resp.blocks = iptr;
+    tqkv__call_finish_msg(c, &resp.base);
+out:
+    free(hp);
+    free(hl);
+    free(tiers);
+    free(infos);
+    free(iptr);
+    tqkv__v1__lookup_request__free_unpacked(r, NULL);
+}
+
+static void
+delete_start(tqkv__call_t *c)
+{
+    Tqkv__V1__DeleteRequest *r = NULL;
+    char msg[ERRLEN];
+    UNARY_DECODE(c, Tqkv__V1__DeleteRequest, tqkv_validate_delete, r);
+    if (!auth_or_finish(c, r->namespace_, TQKV_AUTH_WRITE))
+        goto out;
+    uint64_t pages = 0, bytes = 0;
+    size_t nsl = strlen(r->namespace_);
+    if (r->all) {
+        tqkv_status_t st =
+            tqkv_store_delete_namespace(c->srv->store, r->namespace_, nsl, &pages, &bytes);
+        if (st == TQKV_ENOTFOUND) {
+            snprintf(msg, sizeof msg, "namespace: '%s' holds no blocks", r->namespace_);
+            tqkv__call_finish(c, GRPC_STATUS_NOT_FOUND, msg, NULL);
+            goto out;
+        }
+        if (st != TQKV_OK) {
+            snprintf(msg, sizeof msg, "delete: %s", tqkv_strerror(st));
+            tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+            goto out;
+        }
+    } else {
+        for (size_t i = 0; i < r->n_hashes; i++) {
+            uint64_t p = 0, b = 0;
+            tqkv_status_t st = tqkv_store_delete(c->srv->store, r->namespace_, nsl,
+                                                 r->hashes[i].data, r->hashes[i].len, &p, &b);
+            if (st != TQKV_OK && st != TQKV_ENOTFOUND) {
+                snprintf(msg, sizeof msg, "hashes[%zu]: %s", i, tqkv_strerror(st));
+                tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+                goto out;
+            }
+            pages += p;
+            bytes += b;
+        }
+    }
+    Tqkv__V1__DeleteResponse resp = TQKV__V1__DELETE_RESPONSE__INIT;
+    resp.pages_deleted = pages;
+    resp.bytes_freed = bytes;
+    tqkv__call_finish_msg(c, &resp.base);
+out:
+    tqkv__v1__delete_request__free_unpacked(r, NULL);
+}
+
+static void
+stats_start(tqkv__call_t *c)
+{
+    Tqkv__V1__StatsRequest *r = NULL;
+    UNARY_DECODE(c, Tqkv__V1__StatsRequest, tqkv_validate_stats, r);
+    int scoped = r->namespace_ && r->namespace_[0];
+    if (!auth_or_finish(c, scoped ? r->namespace_ : NULL, TQKV_AUTH_READ))
+        goto out;
+    tqkv_store_stats_t st;
+    memset(&st, 0, sizeof st);
+    tqkv_status_t rc = tqkv_store_stats(c->srv->store, scoped ? r->namespace_ : NULL,
+                                        scoped ? strlen(r->namespace_) : 0, &st);
+    if (rc != TQKV_OK) {
+        char msg[ERRLEN];
+        snprintf(msg, sizeof msg, "stats: %s", tqkv_strerror(rc));
+        tqkv__call_finish(c, tqkv_status_to_grpc(rc), msg, NULL);
+        goto out;
+    }
+    Tqkv__V1__TierStats ts[2];
+    Tqkv__V1__TierStats *tp[2];
+    size_t nt = 0;
+    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DRAM; t++) {
+        const tqkv_tier_stats_t *x = &st.tier[t];
+        if (t == TQKV_TIER_HBM && x->capacity == 0 && x->pages == 0)
+            continue;
+        tqkv__v1__tier_stats__init(&ts[nt]);
+        ts[nt].tier = (Tqkv__V1__Tier)t;
+        ts[nt].capacity_bytes = x->capacity;
+        ts[nt].bytes_used = x->bytes_used;
+        ts[nt].pages = x->pages;
+        ts[nt].hits = x->hits;
+        ts[nt].misses = x->misses;
+        ts[nt].evictions = x->evictions;
+        ts[nt].demotions = x->demotions;
+        ts[nt].promotions = x->promotions;
+        tp[nt] = &ts[nt];
+        nt++;
+    }
+    Tqkv__V1__StatsResponse resp = TQKV__V1__STATS_RESPONSE__INIT;
+    resp.n_tiers = nt;
+    resp.tiers = tp;
+    resp.hits = st.hits;
+    resp.misses = st.misses;
+    resp.evictions = st.evictions;
+    resp.bytes_in = st.bytes_in;
+    resp.bytes_out = st.bytes_out;
+    resp.pages = st.pages;
+    resp.page_bytes = st.page_bytes;
+    resp.bf16_bytes = st.bf16_bytes;
+    resp.compression_ratio = st.page_bytes ? (double)st.bf16_bytes / (double)st.page_bytes : 0.0;
+    tqkv__call_finish_msg(c, &resp.base);
+out:
+    tqkv__v1__stats_request__free_unpacked(r, NULL);
+}
+
+const tqkv__handler_t tqkv__lookup_handler = {
+    .path = "/tqkv.v1.KVCache/Lookup",
+    .metric = "Lookup",
+    .payload_on_new = 1,
+    .drain = 1,
+    .on_start = lookup_start,
+};
+
+const tqkv__handler_t tqkv__delete_handler = {
+    .path = "/tqkv.v1.KVCache/Delete",
+    .metric = "Delete",
+    .payload_on_new = 1,
+    .drain = 1,
+    .on_start = delete_start,
+};
+
+const tqkv__handler_t tqkv__stats_handler = {
+    .path = "/tqkv.v1.KVCache/Stats",
+    .metric = "Stats",
+    .payload_on_new = 1,
+    .drain = 1,
+    .on_start = stats_start,
+};

@@ -1,0 +1,820 @@
+/* server.c - tqkv-server's event loop on the gRPC C core: worker threads, one
+ * completion queue each, and the call state machine (tqkv__drive).
+ *
+ * Every call is a tqkv__call_t with one embedded tag per op kind and a count of tags
+ * in flight; it is freed only when that count drops to zero (a started batch always
+ * returns its tag, even after a cancel). Each worker keeps one requested call per
+ * registered method plus one generic request (unregistered methods get
+ * UNIMPLEMENTED at once instead of hanging until their deadline).
+ *
+ * Shutdown (tqkv_server_shutdown) follows the core's required order: health
+ * NOT_SERVING, grpc_server_shutdown_and_notify, wait for KV calls up to
+ * drain_seconds, grpc_server_cancel_all_calls, wait for the shutdown tag and for
+ * every call object to be freed, shut down and drain each completion queue, join,
+ * grpc_server_destroy, destroy the queues.
+ */
+#include "service/server.h"
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+
+#include "service/log.h"
+#include "service/service_internal.h"
+#include "service/status_map.h"
+#include "service/tls.h"
+#include "transport/wire.h"
+
+static const tqkv__handler_t *
+handler_of(tqkv__method_t m)
+{
+    switch (m) {
+    case TQKV__M_PUT:
+        return &tqkv__put_handler;
+    case TQKV__M_LOOKUP:
+        return &tqkv__lookup_handler;
+    case TQKV__M_GET:
+        return &tqkv__get_handler;
+    case TQKV__M_DELETE:
+        return &tqkv__delete_handler;
+    case TQKV__M_STATS:
+        return &tqkv__stats_handler;
+    case TQKV__M_HEALTH_CHECK:
+        return &tqkv__health_check_handler;
+    case TQKV__M_HEALTH_WATCH:
+        return &tqkv__health_watch_handler;
+    case TQKV__M_REFLECT_V1:
+    case TQKV__M_REFLECT_V1A:
+        return &tqkv__reflection_handler;
+    default:
+        return NULL;
+    }
+}
+
+static const char *const method_paths[TQKV__M_COUNT] = {
+    "/tqkv.v1.KVCache/Put",
+    "/tqkv.v1.KVCache/Lookup",
+    "/tqkv.v1.KVCache/Get",
+    "/tqkv.v1.KVCache/Delete",
+    "/tqkv.v1.KVCache/Stats",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+};
+
+static const char *const state_names[] = {"REQUESTED", "RECV",   "WORK", "SEND",
+                                          "IDLE",      "STATUS", "DONE"};
+
+double
+tqkv__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void
+tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st)
+{
+    /* DONE is final; nothing leaves it. */
+    if (c->state == TQKV__CS_DONE && st != TQKV__CS_DONE) {
+        tqkv_log(TQKV_LOG_ERROR, "call state machine: transition out of DONE", "method=%d to=%s",
+                 (int)c->method, state_names[st]);
+        abort();
+    }
+    if (tqkv_log_enabled(TQKV_LOG_DEBUG) && c->state != st)
+        tqkv_log(TQKV_LOG_DEBUG, "call state", "call=%p method=%d from=%s to=%s", (void *)c,
+                 (int)c->method, state_names[c->state], state_names[st]);
+    c->state = st;
+}
+
+static grpc_call_error
+start(tqkv__call_t *c, const grpc_op *ops, size_t n, tqkv__tag_kind_t k)
+{
+    c->inflight++;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tags[k], NULL);
+    if (e != GRPC_CALL_OK) {
+        c->inflight--;
+        tqkv_log(TQKV_LOG_ERROR, "grpc_call_start_batch failed", "error=%d tag=%d", (int)e, (int)k);
+    }
+    return e;
+}
+
+void
+tqkv__call_abort(tqkv__call_t *c)
+{
+    if (c->call && !c->closed)
+        grpc_call_cancel(c->call, NULL);
+    if (c->code == GRPC_STATUS_OK)
+        c->code = GRPC_STATUS_CANCELLED;
+    tqkv__call_set_state(c, TQKV__CS_DONE);
+}
+
+void
+tqkv__call_recv(tqkv__call_t *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    if (c->recv_bb) {
+        grpc_byte_buffer_destroy(c->recv_bb);
+        c->recv_bb = NULL;
+    }
+    if (c->closed) {
+        tqkv__call_abort(c);
+        return;
+    }
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv_bb;
+    tqkv__call_set_state(c, TQKV__CS_RECV);
+    if (start(c, &op, 1, TQKV__TAG_RECV) != GRPC_CALL_OK)
+        tqkv__call_abort(c);
+}
+
+void
+tqkv__call_send(tqkv__call_t *c, grpc_byte_buffer *bb)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    if (c->closed) {
+        grpc_byte_buffer_destroy(bb);
+        tqkv__call_abort(c);
+        return;
+    }
+    c->send_bb = bb;
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    tqkv__call_set_state(c, TQKV__CS_SEND);
+    if (start(c, &op, 1, TQKV__TAG_SEND) != GRPC_CALL_OK) {
+        grpc_byte_buffer_destroy(bb);
+        c->send_bb = NULL;
+        tqkv__call_abort(c);
+    }
+}
+
+void
+tqkv__call_finish(tqkv__call_t *c, grpc_status_code code, const char *msg, grpc_byte_buffer *last)
+{
+    grpc_op ops[2];
+    size_t n = 0;
+    memset(ops, 0, sizeof ops);
+    c->code = code;
+    if (c->closed) {
+        if (last)
+            grpc_byte_buffer_destroy(last);
+        tqkv__call_abort(c);
+        return;
+    }
+    if (last) {
+        c->send_bb = last;
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = last;
+        n++;
+    }
+    grpc_slice details = grpc_slice_from_copied_string(msg ? msg : "");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n].data.send_status_from_server.status_details = &details;
+    n++;
+    if (code != GRPC_STATUS_OK && tqkv_log_enabled(TQKV_LOG_DEBUG))
+        tqkv_log(TQKV_LOG_DEBUG, "call failed", "method=%s code=%d detail=\"%s\"",
+                 handler_of(c->method)->metric, (int)code, msg ? msg : "");
+    tqkv__call_set_state(c, TQKV__CS_STATUS);
+    if (start(c, ops, n, TQKV__TAG_STATUS) != GRPC_CALL_OK) {
+        if (last) {
+            grpc_byte_buffer_destroy(last);
+            c->send_bb = NULL;
+        }
+        tqkv__call_abort(c);
+    }
+    grpc_slice_unref(details);
+}
+
+void
+tqkv__call_finish_msg(tqkv__call_t *c, const ProtobufCMessage *m)
+{
+    grpc_byte_buffer *bb = tqkv_wire_encode(m);
+    if (bb == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_INTERNAL, "response encoding failed", NULL);
+        return;
+    }
+    tqkv__call_finish(c, GRPC_STATUS_OK, NULL, bb);
+}
+
+void
+tqkv__call_reserve_wake(tqkv__call_t *c)
+{
+    c->inflight++;
+}
+
+void
+tqkv__call_wake(tqkv__call_t *c)
+{
+    /* The reservation already counted this tag in c->inflight. An empty batch puts
+     * the tag on the call's completion queue at once. */
+    grpc_call_error e = grpc_call_start_batch(c->call, NULL, 0, &c->tags[TQKV__TAG_WAKE], NULL);
+    if (e != GRPC_CALL_OK) {
+        tqkv_log(TQKV_LOG_ERROR, "wake batch failed", "error=%d", (int)e);
+        abort(); /* the call could never be freed: an invariant broke */
+    }
+}
+
+tqkv_status_t
+tqkv__call_work(tqkv__call_t *c, tqkv_encoder_fn fn)
+{
+    tqkv__call_set_state(c, TQKV__CS_WORK);
+    tqkv__call_reserve_wake(c);
+    tqkv_status_t st = tqkv_encoder_submit(c->srv->enc, fn, c);
+    if (st != TQKV_OK)
+        c->inflight--;
+    return st;
+}
+
+uint8_t *
+tqkv__bb_read(grpc_byte_buffer *bb, size_t *len)
+{
+    grpc_byte_buffer_reader rd;
+    size_t n = grpc_byte_buffer_length(bb);
+    uint8_t *out = malloc(n ? n : 1);
+    if (out == NULL)
+        return NULL;
+    if (!grpc_byte_buffer_reader_init(&rd, bb)) {
+        free(out);
+        return NULL;
+    }
+    grpc_slice s;
+    size_t off = 0;
+    while (grpc_byte_buffer_reader_next(&rd, &s)) {
+        size_t sl = GRPC_SLICE_LENGTH(s);
+        if (off + sl <= n)
+            memcpy(out + off, GRPC_SLICE_START_PTR(s), sl);
+        off += sl;
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&rd);
+    if (off != n) {
+        free(out);
+        return NULL;
+    }
+    *len = n;
+    return out;
+}
+
+tqkv_status_t
+tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err, size_t errlen)
+{
+    if (c->srv->auth == NULL)
+        return TQKV_OK;
+    tqkv_status_t st =
+        tqkv_auth_check(c->srv->auth, c->authz, c->authz_len, ns, ns ? strlen(ns) : 0, perm);
+    if (st == TQKV_EAUTH)
+        snprintf(err, errlen, "authorization: missing, malformed or unknown bearer token");
+    else if (st == TQKV_EPERM)
+        snprintf(err, errlen, "authorization: token does not grant %s on namespace '%s'",
+                 perm & TQKV_AUTH_WRITE ? "write" : "read", ns ? ns : "*");
+    else if (st != TQKV_OK)
+        snprintf(err, errlen, "authorization: %s", tqkv_strerror(st));
+    return st;
+}
+
+/* ---- call objects and arming ---- */
+
+static tqkv__call_t *
+call_new(tqkv__worker_t *w, tqkv__method_t m)
+{
+    tqkv__call_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->srv = w->srv;
+    c->w = w;
+    c->method = m;
+    c->state = TQKV__CS_REQUESTED;
+    c->code = GRPC_STATUS_OK;
+    for (int k = 0; k < TQKV__TAG_COUNT; k++) {
+        c->tags[k].call = c;
+        c->tags[k].kind = (tqkv__tag_kind_t)k;
+    }
+    grpc_metadata_array_init(&c->md);
+    if (m == TQKV__M_GENERIC)
+        grpc_call_details_init(&c->details);
+    atomic_fetch_add(&w->srv->live_calls, 1);
+    return c;
+}
+
+static void
+call_free(tqkv__call_t *c)
+{
+    tqkv_server_t *s = c->srv;
+    if (c->started && c->method != TQKV__M_GENERIC) {
+        const tqkv__handler_t *h = handler_of(c->method);
+        if (h->on_free)
+            h->on_free(c);
+        tqkv_metrics_rpc_done(s->metrics, h->metric, (int)c->code, tqkv__now() - c->t_start);
+        tqkv_metrics_streams(s->metrics, -1);
+        if (h->drain)
+            atomic_fetch_sub(&s->work_calls, 1);
+    }
+    if (c->recv_bb)
+        grpc_byte_buffer_destroy(c->recv_bb);
+    if (c->send_bb)
+        grpc_byte_buffer_destroy(c->send_bb);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->method == TQKV__M_GENERIC)
+        grpc_call_details_destroy(&c->details);
+    if (c->call)
+        grpc_call_unref(c->call);
+    free(c->authz);
+    free(c);
+    atomic_fetch_sub(&s->live_calls, 1);
+}
+
+/* Requests the next call of method m on worker w. */
+static void
+arm(tqkv__worker_t *w, tqkv__method_t m)
+{
+    tqkv_server_t *s = w->srv;
+    grpc_call_error e;
+    if (atomic_load(&s->shutting_down))
+        return;
+    tqkv__call_t *c = call_new(w, m);
+    if (c == NULL) {
+        tqkv_log(TQKV_LOG_ERROR, "out of memory arming a call", NULL);
+        return;
+    }
+    c->inflight = 1;
+    if (m == TQKV__M_GENERIC) {
+        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, w->cq, w->cq,
+                                     &c->tags[TQKV__TAG_NEW]);
+    } else {
+        const tqkv__handler_t *h = handler_of(m);
+        e = grpc_server_request_registered_call(
+            s->server, s->method_handles[m], &c->call, &c->deadline, &c->md,
+            h->payload_on_new ? &c->recv_bb : NULL, w->cq, w->cq, &c->tags[TQKV__TAG_NEW]);
+    }
+    if (e != GRPC_CALL_OK) {
+        tqkv_log(TQKV_LOG_ERROR, "request call failed", "method=%d error=%d", (int)m, (int)e);
+        c->inflight = 0;
+        call_free(c);
+    }
+}
+
+/* The generic handler: unregistered method -> UNIMPLEMENTED at once. */
+static void
+generic_start(tqkv__call_t *c)
+{
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    char path[256];
+    size_t pl = GRPC_SLICE_LENGTH(c->details.method);
+    if (pl >= sizeof path - 1)
+        pl = sizeof path - 1;
+    memcpy(path, GRPC_SLICE_START_PTR(c->details.method), pl);
+    path[pl] = '\0';
+    char msg[320];
+    snprintf(msg, sizeof msg, "method %s is not implemented by tqkv-server", path);
+    grpc_slice details = grpc_slice_from_copied_string(msg);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+    ops[1].data.send_status_from_server.status_details = &details;
+    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[2].data.recv_close_on_server.cancelled = &c->cancelled;
+    tqkv__call_set_state(c, TQKV__CS_STATUS);
+    if (start(c, ops, 3, TQKV__TAG_STATUS) != GRPC_CALL_OK)
+        tqkv__call_set_state(c, TQKV__CS_DONE);
+    grpc_slice_unref(details);
+}
+
+static void
+on_new(tqkv__call_t *c, int ok)
+{
+    tqkv_server_t *s = c->srv;
+    if (!ok) {
+        /* Server shutting down: the request is returned unmatched. */
+        tqkv__call_set_state(c, TQKV__CS_DONE);
+        return;
+    }
+    arm(c->w, c->method); /* keep one request outstanding, first */
+    if (c->method == TQKV__M_GENERIC) {
+        generic_start(c);
+        return;
+    }
+    const tqkv__handler_t *h = handler_of(c->method);
+    c->started = 1;
+    c->t_start = tqkv__now();
+    tqkv_metrics_streams(s->metrics, 1);
+    if (h->drain)
+        atomic_fetch_add(&s->work_calls, 1);
+    for (size_t i = 0; i < c->md.count; i++) {
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
+            size_t n = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+            c->authz = malloc(n + 1);
+            if (c->authz) {
+                memcpy(c->authz, GRPC_SLICE_START_PTR(c->md.metadata[i].value), n);
+                c->authz[n] = '\0';
+                c->authz_len = n;
+            }
+            break;
+        }
+    }
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[1].data.recv_close_on_server.cancelled = &c->cancelled;
+    if (start(c, ops, 2, TQKV__TAG_CLOSE) != GRPC_CALL_OK) {
+        tqkv__call_abort(c);
+        return;
+    }
+    h->on_start(c);
+}
+
+/* The state machine: one event of call c. */
+static void
+tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
+{
+    const tqkv__handler_t *h = handler_of(c->method);
+
+    if (kind == TQKV__TAG_CLOSE) {
+        /* The call is over (status sent, or cancelled / deadline / peer gone). */
+        c->closed = 1;
+        if (c->cancelled && c->code == GRPC_STATUS_OK && c->state != TQKV__CS_DONE)
+            c->code = GRPC_STATUS_CANCELLED;
+        if (h && h->on_close)
+            h->on_close(c);
+        return;
+    }
+    switch (c->state) {
+    case TQKV__CS_REQUESTED:
+        if (kind == TQKV__TAG_NEW) {
+            on_new(c, ok);
+            return;
+        }
+        break;
+    case TQKV__CS_RECV:
+        if (kind == TQKV__TAG_RECV) {
+            if (!ok) {
+                tqkv__call_abort(c);
+                return;
+            }
+            h->on_recv(c, ok);
+            return;
+        }
+        break;
+    case TQKV__CS_SEND:
+        if (kind == TQKV__TAG_SEND) {
+            if (c->send_bb) {
+                grpc_byte_buffer_destroy(c->send_bb);
+                c->send_bb = NULL;
+            }
+            if (!ok || c->closed) {
+                tqkv__call_abort(c);
+                return;
+            }
+            h->on_send(c, ok);
+            return;
+        }
+        break;
+    case TQKV__CS_WORK:
+    case TQKV__CS_IDLE:
+        if (kind == TQKV__TAG_WAKE) {
+            h->on_wake(c);
+            return;
+        }
+        break;
+    case TQKV__CS_STATUS:
+        if (kind == TQKV__TAG_STATUS) {
+            if (c->send_bb) {
+                grpc_byte_buffer_destroy(c->send_bb);
+                c->send_bb = NULL;
+            }
+            tqkv__call_set_state(c, TQKV__CS_DONE);
+            return;
+        }
+        break;
+    case TQKV__CS_DONE:
+        if (kind == TQKV__TAG_WAKE && h && h->on_wake) {
+            h->on_wake(c); /* a late wake (call abandoned while working) */
+            return;
+        }
+        if (kind == TQKV__TAG_SEND || kind == TQKV__TAG_STATUS || kind == TQKV__TAG_RECV)
+            return; /* ops that were in flight when the call was abandoned */
+        break;
+    }
+    tqkv_log(TQKV_LOG_ERROR, "unexpected event", "state=%s tag=%d method=%d", state_names[c->state],
+             (int)kind, (int)c->method);
+    abort();
+}
+
+/* ---- workers ---- */
+
+static void *
+worker_main(void *p)
+{
+    tqkv__worker_t *w = p;
+    tqkv_server_t *s = w->srv;
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        tqkv__tag_t *t = ev.tag;
+        if (t->call == NULL) {
+            pthread_mutex_lock(&s->mu);
+            s->shutdown_done = 1;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        tqkv__call_t *c = t->call;
+        c->inflight--;
+        tqkv__drive(c, t->kind, ev.success);
+        if (c->inflight == 0) {
+            if (c->state != TQKV__CS_DONE)
+                tqkv__call_set_state(c, TQKV__CS_DONE);
+            call_free(c);
+            if (atomic_load(&s->shutting_down)) {
+                pthread_mutex_lock(&s->mu);
+                pthread_cond_broadcast(&s->cv);
+                pthread_mutex_unlock(&s->mu);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+static void
+set_arg_int(grpc_arg *a, const char *key, int v)
+{
+    a->type = GRPC_ARG_INTEGER;
+    a->key = (char *)key;
+    a->value.integer = v;
+}
+
+tqkv_status_t
+tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    grpc_server_credentials *creds = NULL;
+    tqkv_server_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    s->cfg = *cfg;
+    tqkv_limits_default(&s->limits);
+    s->limits.max_message_bytes = cfg->max_message_bytes;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    tqkv__health_init(s);
+
+    if ((st = tqkv_store_create(&cfg->store, &s->store)) != TQKV_OK) {
+        snprintf(err, errlen, "store: %s", tqkv_strerror(st));
+        goto fail_store;
+    }
+    if ((st = tqkv_encoder_create(cfg->encoder_threads, &s->enc)) != TQKV_OK) {
+        snprintf(err, errlen, "encoder pool: %s", tqkv_strerror(st));
+        goto fail_enc;
+    }
+    if ((st = tqkv_metrics_create(&s->metrics)) != TQKV_OK) {
+        snprintf(err, errlen, "metrics: %s", tqkv_strerror(st));
+        goto fail_metrics;
+    }
+    if (cfg->auth_tokens[0] &&
+        (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK)
+        goto fail_auth;
+    if ((st = tqkv__reflection_create(&s->refl, err, errlen)) != TQKV_OK)
+        goto fail_refl;
+    if (cfg->tls_cert[0]) {
+        st = tqkv_tls_server_creds(cfg->tls_cert, cfg->tls_key,
+                                   cfg->tls_client_ca[0] ? cfg->tls_client_ca : NULL, &creds, err,
+                                   errlen);
+        if (st != TQKV_OK)
+            goto fail_creds;
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+
+    grpc_init();
+    grpc_arg args[8];
+    int mb = (int)cfg->max_message_bytes;
+    set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
+    set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
+    set_arg_int(&args[2], GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
+    set_arg_int(&args[3], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
+    set_arg_int(&args[4], GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+    set_arg_int(&args[5], GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
+    set_arg_int(&args[6], GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg->max_streams);
+    set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
+    grpc_channel_args chargs = {8, args};
+    s->server = grpc_server_create(&chargs, NULL);
+
+    for (int m = 0; m < TQKV__M_COUNT; m++) {
+        const tqkv__handler_t *h = handler_of((tqkv__method_t)m);
+        s->method_handles[m] = grpc_server_register_method(
+            s->server, method_paths[m], NULL,
+            h->payload_on_new ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE,
+            0);
+    }
+    s->nworkers = cfg->threads ? cfg->threads : 1;
+    s->workers = calloc(s->nworkers, sizeof *s->workers);
+    if (s->workers == NULL) {
+        snprintf(err, errlen, "out of memory");
+        st = TQKV_ENOMEM;
+        goto fail_bind;
+    }
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        s->workers[i].srv = s;
+        s->workers[i].index = i;
+        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->server, s->workers[i].cq, NULL);
+    }
+    s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds);
+    creds = NULL;
+    if (s->port <= 0) {
+        snprintf(err, errlen, "--listen %s: cannot bind (address in use or invalid)", cfg->listen);
+        st = TQKV_EIO;
+        goto fail_bind;
+    }
+    if (cfg->metrics_listen[0]) {
+        st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
+        if (st != TQKV_OK) {
+            snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
+                     tqkv_strerror(st));
+            goto fail_bind;
+        }
+    }
+    *out = s;
+    return TQKV_OK;
+
+fail_bind:
+    /* Not started: the server and queues can be destroyed directly. */
+    grpc_server_destroy(s->server);
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
+        grpc_completion_queue_shutdown(s->workers[i].cq);
+        while (
+            grpc_completion_queue_next(s->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+                .type != GRPC_QUEUE_SHUTDOWN)
+            ;
+        grpc_completion_queue_destroy(s->workers[i].cq);
+    }
+    free(s->workers);
+    grpc_shutdown();
+fail_creds:
+    tqkv__reflection_destroy(s->refl);
+fail_refl:
+    tqkv_auth_destroy(s->auth);
+fail_auth:
+    tqkv_metrics_destroy(s->metrics);
+fail_metrics:
+    tqkv_encoder_destroy(s->enc);
+fail_enc:
+    tqkv_store_destroy(s->store);
+fail_store:
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->health_mu);
+    free(s);
+    return st;
+}
+
+tqkv_status_t
+tqkv_server_start(tqkv_server_t *s)
+{
+    grpc_server_start(s->server);
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        tqkv__worker_t *w = &s->workers[i];
+        for (int m = 0; m < TQKV__M_COUNT; m++)
+            arm(w, (tqkv__method_t)m);
+        arm(w, TQKV__M_GENERIC);
+    }
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0) {
+            tqkv_log(TQKV_LOG_ERROR, "cannot start worker thread", "index=%u", i);
+            abort();
+        }
+    }
+    s->started = 1;
+    tqkv_log(TQKV_LOG_INFO, "serving",
+             "port=%d threads=%u encoder_threads=%u auth=%s tls=%s max_message_bytes=%llu", s->port,
+             s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
+             s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
+    return TQKV_OK;
+}
+
+int
+tqkv_server_port(const tqkv_server_t *s)
+{
+    return s->port;
+}
+
+int
+tqkv_server_metrics_port(const tqkv_server_t *s)
+{
+    return s->metrics_port;
+}
+
+static void
+wait_until(tqkv_server_t *s, double deadline, int (*cond)(tqkv_server_t *))
+{
+    pthread_mutex_lock(&s->mu);
+    while (!cond(s)) {
+        if (deadline > 0 && tqkv__now() >= deadline)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static int
+no_work(tqkv_server_t *s)
+{
+    return atomic_load(&s->work_calls) == 0;
+}
+
+static int
+all_gone(tqkv_server_t *s)
+{
+    return s->shutdown_done && atomic_load(&s->live_calls) == 0;
+}
+
+void
+tqkv_server_shutdown(tqkv_server_t *s)
+{
+    if (s->stopped)
+        return;
+    s->stopped = 1;
+    if (!s->started)
+        return;
+    long inflight = atomic_load(&s->work_calls);
+    tqkv_log(TQKV_LOG_INFO, "draining", "in_flight=%ld drain_seconds=%u", inflight,
+             s->cfg.drain_seconds);
+    tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
+    atomic_store(&s->shutting_down, 1);
+    s->shutdown_tag.call = NULL;
+    grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
+    wait_until(s, tqkv__now() + s->cfg.drain_seconds, no_work);
+    long left = atomic_load(&s->work_calls);
+    if (left)
+        tqkv_log(TQKV_LOG_WARN, "drain time over, cancelling calls", "in_flight=%ld", left);
+    grpc_server_cancel_all_calls(s->server);
+    wait_until(s, 0, all_gone);
+    for (unsigned i = 0; i < s->nworkers; i++)
+        grpc_completion_queue_shutdown(s->workers[i].cq);
+    for (unsigned i = 0; i < s->nworkers; i++)
+        pthread_join(s->workers[i].thread, NULL);
+    tqkv_log(TQKV_LOG_INFO, "stopped", NULL);
+}
+
+void
+tqkv_server_destroy(tqkv_server_t *s)
+{
+    if (s == NULL)
+        return;
+    tqkv_server_shutdown(s);
+    if (s->started) {
+        grpc_server_destroy(s->server);
+        for (unsigned i = 0; i < s->nworkers; i++)
+            grpc_completion_queue_destroy(s->workers[i].cq);
+    } else {
+        grpc_server_destroy(s->server);
+        for (unsigned i = 0; i < s->nworkers; i++) {
+            grpc_completion_queue_shutdown(s->workers[i].cq);
+            while (grpc_completion_queue_next(s->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                              NULL)
+                       .type != GRPC_QUEUE_SHUTDOWN)
+                ;
+            grpc_completion_queue_destroy(s->workers[i].cq);
+        }
+    }
+    free(s->workers);
+    grpc_shutdown();
+    tqkv_encoder_destroy(s->enc);
+    tqkv_metrics_destroy(s->metrics);
+    tqkv__reflection_destroy(s->refl);
+    tqkv_auth_destroy(s->auth);
+    tqkv_store_destroy(s->store);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->health_mu);
+    free(s);
+}

@@ -1,0 +1,195 @@
+/* service_internal.h - the server's call objects, workers and handler table, shared
+ * by server.c (event loop, call state machine), handlers_kv.c, health.c and
+ * reflection.c.
+ *
+ * Threading: W workers, each with its own completion queue. Every event of a call
+ * lands on the worker that requested it, so per-call state needs no lock; the only
+ * cross-thread touches are (a) an encoder job, which owns the call's job fields
+ * while the call is in CS_WORK and ends with tqkv__call_wake(), and (b) the health
+ * notifier, which wakes idle watchers under the health mutex.
+ */
+#ifndef TQKV_SERVICE_SERVICE_INTERNAL_H
+#define TQKV_SERVICE_SERVICE_INTERNAL_H
+
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cache/store.h"
+#include "kernels/policy.h"
+#include "service/auth.h"
+#include "service/config.h"
+#include "service/encoder.h"
+#include "service/metrics.h"
+#include "service/server.h"
+#include "service/validate.h"
+
+typedef struct tqkv__call tqkv__call_t;
+typedef struct tqkv__worker tqkv__worker_t;
+
+/* Methods served (index into the handler table). */
+typedef enum tqkv__method {
+    TQKV__M_PUT,          /* client streaming */
+    TQKV__M_LOOKUP,       /* unary */
+    TQKV__M_GET,          /* server streaming */
+    TQKV__M_DELETE,       /* unary */
+    TQKV__M_STATS,        /* unary */
+    TQKV__M_HEALTH_CHECK, /* unary */
+    TQKV__M_HEALTH_WATCH, /* server streaming, open until cancelled */
+    TQKV__M_REFLECT_V1,   /* bidi */
+    TQKV__M_REFLECT_V1A,  /* bidi, same handler */
+    TQKV__M_COUNT,
+    TQKV__M_GENERIC = TQKV__M_COUNT, /* any unregistered method: UNIMPLEMENTED */
+} tqkv__method_t;
+
+/* What a completion-queue tag stands for. */
+typedef enum tqkv__tag_kind {
+    TQKV__TAG_NEW,    /* a requested call arrived (or the request failed at shutdown) */
+    TQKV__TAG_RECV,   /* RECV_MESSAGE done */
+    TQKV__TAG_SEND,   /* SEND_MESSAGE done */
+    TQKV__TAG_STATUS, /* SEND_STATUS_FROM_SERVER (+ optional final message) done */
+    TQKV__TAG_CLOSE,  /* SEND_INITIAL_METADATA + RECV_CLOSE_ON_SERVER done: call over */
+    TQKV__TAG_WAKE,   /* empty batch: an encoder job finished or a watcher has news */
+    TQKV__TAG_COUNT,
+} tqkv__tag_kind_t;
+
+/* States of a call; transitions go through tqkv__call_set_state(). */
+typedef enum tqkv__call_state {
+    TQKV__CS_REQUESTED, /* armed, waiting for the core to match a client call */
+    TQKV__CS_RECV,      /* one RECV_MESSAGE in flight */
+    TQKV__CS_WORK,      /* a job runs on the encoder pool; TAG_WAKE reserved */
+    TQKV__CS_SEND,      /* one SEND_MESSAGE in flight (the back-pressure) */
+    TQKV__CS_IDLE,      /* health watch waiting for a change; TAG_WAKE reserved */
+    TQKV__CS_STATUS,    /* final status in flight */
+    TQKV__CS_DONE,      /* nothing more to send; waiting for the last tags */
+} tqkv__call_state_t;
+
+typedef struct tqkv__tag {
+    tqkv__call_t *call; /* NULL: the server-shutdown tag */
+    tqkv__tag_kind_t kind;
+} tqkv__tag_t;
+
+/* Per-method behaviour. Every callback runs on the call's worker thread. */
+typedef struct tqkv__handler {
+    const char *path;   /* "/pkg.Service/Method" */
+    const char *metric; /* method label for metrics */
+    int payload_on_new; /* unary request / server-streaming: request with the new call */
+    int drain;          /* counts as in-flight work during a graceful stop */
+    void (*on_start)(tqkv__call_t *c);        /* call matched; close batch started */
+    void (*on_recv)(tqkv__call_t *c, int ok); /* c->recv_bb NULL on half-close */
+    void (*on_send)(tqkv__call_t *c, int ok); /* the one SEND_MESSAGE completed */
+    void (*on_wake)(tqkv__call_t *c);         /* job done / watcher news */
+    void (*on_close)(tqkv__call_t *c);        /* RECV_CLOSE completed (optional) */
+    void (*on_free)(tqkv__call_t *c);         /* release method state (optional) */
+} tqkv__handler_t;
+
+struct tqkv__call {
+    tqkv_server_t *srv;
+    tqkv__worker_t *w;
+    tqkv__method_t method;
+    tqkv__call_state_t state;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_call_details details; /* generic calls only */
+    grpc_byte_buffer *recv_bb; /* last received message (owned) */
+    grpc_byte_buffer *send_bb; /* message in flight (owned until TAG_SEND/STATUS) */
+    int cancelled;             /* written by the core when TAG_CLOSE completes */
+    int closed;                /* TAG_CLOSE came back */
+    int started;               /* TAG_NEW came back ok */
+    int inflight;              /* tags started and not yet back (plus a reserved wake) */
+    grpc_status_code code;     /* final status (metrics) */
+    double t_start;
+    char *authz; /* copy of the `authorization` header or NULL */
+    size_t authz_len;
+    tqkv__tag_t tags[TQKV__TAG_COUNT];
+    void *h; /* method state, freed by on_free */
+    /* health watch: list links and idle flag, under srv->health_mu */
+    tqkv__call_t *watch_next, *watch_prev;
+    int watch_idle;
+};
+
+struct tqkv__worker {
+    tqkv_server_t *srv;
+    unsigned index;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+};
+
+#define TQKV__HEALTH_SERVICES 2 /* "" and "tqkv.v1.KVCache" */
+
+typedef struct tqkv__reflection tqkv__reflection_t;
+
+struct tqkv_server {
+    tqkv_server_config_t cfg;
+    tqkv_limits_t limits;
+    tqkv_store_t *store;
+    tqkv_encoder_t *enc;
+    tqkv_metrics_t *metrics;
+    tqkv_auth_t *auth; /* NULL: no auth */
+    tqkv__reflection_t *refl;
+    grpc_server *server;
+    void *method_handles[TQKV__M_COUNT];
+    tqkv__worker_t *workers;
+    unsigned nworkers;
+    int port;
+    int metrics_port;
+    int started;
+    atomic_int shutting_down; /* no re-arming after this */
+    atomic_long live_calls;   /* call objects allocated (incl. requested ones) */
+    atomic_long work_calls;   /* matched calls with handler->drain */
+    tqkv__tag_t shutdown_tag;
+    pthread_mutex_t mu; /* shutdown handshake: shutdown_done, stopped */
+    pthread_cond_t cv;
+    int shutdown_done;
+    int stopped;
+    /* health: status per service and the watcher list, under health_mu */
+    pthread_mutex_t health_mu;
+    int health_status[TQKV__HEALTH_SERVICES];
+    tqkv__call_t *watchers;
+};
+
+/* Handlers, by file. */
+extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_handler,
+    tqkv__delete_handler, tqkv__stats_handler; /* handlers_kv.c */
+extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_handler; /* health.c */
+extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
+
+/* Call helpers (server.c). All run on the call's worker except tqkv__call_wake. */
+void tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st);
+/* Starts RECV_MESSAGE into c->recv_bb; state CS_RECV. On failure finishes the call. */
+void tqkv__call_recv(tqkv__call_t *c);
+/* Starts SEND_MESSAGE of bb (takes it); state CS_SEND. */
+void tqkv__call_send(tqkv__call_t *c, grpc_byte_buffer *bb);
+/* Sends an optional last message (takes it) and the status; state CS_STATUS. */
+void tqkv__call_finish(tqkv__call_t *c, grpc_status_code code, const char *msg,
+                       grpc_byte_buffer *last);
+/* Packs a protobuf-c message and finishes with it and OK. */
+void tqkv__call_finish_msg(tqkv__call_t *c, const ProtobufCMessage *m);
+/* Abandons a failed or cancelled call (no status sent); state CS_DONE. */
+void tqkv__call_abort(tqkv__call_t *c);
+/* Reserves TAG_WAKE (worker thread) and queues fn(c) on the encoder pool; state
+ * CS_WORK. fn must end with tqkv__call_wake(c). Returns non-OK (nothing queued). */
+tqkv_status_t tqkv__call_work(tqkv__call_t *c, tqkv_encoder_fn fn);
+/* Reserves TAG_WAKE without a job (health watch going idle). */
+void tqkv__call_reserve_wake(tqkv__call_t *c);
+/* Fires a reserved TAG_WAKE: any thread, exactly once per reservation. */
+void tqkv__call_wake(tqkv__call_t *c);
+/* Copies the whole message into a new contiguous buffer (*len); NULL on failure. */
+uint8_t *tqkv__bb_read(grpc_byte_buffer *bb, size_t *len);
+/* Auth check for namespace ns (NULL = every namespace) when auth is on. */
+tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
+                              size_t errlen);
+double tqkv__now(void);
+
+/* health.c */
+void tqkv__health_init(tqkv_server_t *s);
+/* Sets every service to status (a grpc.health.v1 ServingStatus) and notifies watchers. */
+void tqkv__health_set_all(tqkv_server_t *s, int status);
+
+/* reflection.c */
+tqkv_status_t tqkv__reflection_create(tqkv__reflection_t **out, char *err, size_t errlen);
+void tqkv__reflection_destroy(tqkv__reflection_t *r);
+
+#endif
