@@ -338,9 +338,9 @@ now_s(void)
 
 /* Constant-time path: the check scans every entry, so the time for a token matching the
  * FIRST entry, the LAST entry, or none is the same up to noise. An early-exit scan over
- * 4096 entries would make "first" ~4000x faster than "none". Medians of several
- * rounds; the bound (2x) is loose enough for a loaded machine yet far below what an
- * early exit produces. */
+ * 4096 entries would make "first" ~25x faster than "none" (SHA-256 dominates then). The best of
+ * several rounds is compared; the bound (2x) is loose enough for a loaded machine, far below what
+ * an early exit produces. */
 START_TEST(test_constant_time_scan)
 {
     enum { N = 4096 };
@@ -360,33 +360,32 @@ START_TEST(test_constant_time_scan)
     const char *hs[3] = {first, last, none};
     const tqkv_status_t want[3] = {TQKV_OK, TQKV_OK, TQKV_EAUTH};
     int reps = getenv("TQKV_SANITIZED") ? 20 : 200;
-    enum { ROUNDS = 7 };
-    double t[3][ROUNDS];
+    enum { ROUNDS = 15 };
+    double best[3] = {1e9, 1e9, 1e9};
+    /* Rounds interleave the three cases so that machine load hits them alike; the
+     * minimum over rounds is the least noisy estimate of the cost. No ck_assert inside
+     * the timed loops: each one writes to the Check runner's pipe. */
     for (int r = 0; r < ROUNDS; r++) {
         for (int k = 0; k < 3; k++) {
+            unsigned wrong = 0;
             double t0 = now_s();
             for (int i = 0; i < reps; i++)
-                ck_assert_int_eq(check(a, hs[k], "ns", TQKV_AUTH_READ), want[k]);
-            t[k][r] = now_s() - t0;
+                wrong += check(a, hs[k], "ns", TQKV_AUTH_READ) != want[k];
+            double dt = now_s() - t0;
+            ck_assert_uint_eq(wrong, 0);
+            if (dt < best[k])
+                best[k] = dt;
         }
     }
-    double med[3];
-    for (int k = 0; k < 3; k++) {
-        for (int i = 0; i < ROUNDS; i++)
-            for (int j = i + 1; j < ROUNDS; j++)
-                if (t[k][j] < t[k][i]) {
-                    double x = t[k][i];
-                    t[k][i] = t[k][j];
-                    t[k][j] = x;
-                }
-        med[k] = t[k][ROUNDS / 2];
-    }
-    fprintf(stderr, "auth check over %d entries: first %.2f us, last %.2f us, none %.2f us\n", N,
-            med[0] / reps * 1e6, med[1] / reps * 1e6, med[2] / reps * 1e6);
-    ck_assert_msg(med[0] * 2.0 > med[2] && med[2] * 2.0 > med[0],
-                  "first-entry match %.3g s vs no match %.3g s: not constant time", med[0], med[2]);
-    ck_assert_msg(med[1] * 2.0 > med[2] && med[2] * 2.0 > med[1],
-                  "last-entry match %.3g s vs no match %.3g s: not constant time", med[1], med[2]);
+    fprintf(stderr,
+            "auth check over %d entries (best of %d): first %.2f us, last %.2f us, none %.2f us\n",
+            N, ROUNDS, best[0] / reps * 1e6, best[1] / reps * 1e6, best[2] / reps * 1e6);
+    ck_assert_msg(best[0] * 2.0 > best[2] && best[2] * 2.0 > best[0],
+                  "first-entry match %.3g s vs no match %.3g s: not constant time", best[0],
+                  best[2]);
+    ck_assert_msg(best[1] * 2.0 > best[2] && best[2] * 2.0 > best[1],
+                  "last-entry match %.3g s vs no match %.3g s: not constant time", best[1],
+                  best[2]);
     tqkv_auth_destroy(a);
 }
 END_TEST
