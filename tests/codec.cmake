@@ -1,0 +1,19 @@
+# codec.cmake - unit suites of the TurboQuant codec (kernels/codebook.c, rotation.c,
+# page.c and the SIMD kernels): codebook tables, rotations, bit packing and SIMD vs
+# reference, page validation, and distortion / bias against theory.
+
+foreach(_s codebook rotation pack page quality)
+  if(_s STREQUAL "quality")
+    set(_name check_codec_quality)
+  else()
+    set(_name check_${_s})
+  endif()
+  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/tests/check_codec_${_s}.c)
+    continue()
+  endif()
+  tqkv_check_suite(${_name}
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_codec_${_s}.c
+    LIBS tqkv_kernels
+    LABELS unit
+    TIMEOUT 300)
+endforeach()
