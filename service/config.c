@@ -386,6 +386,18 @@ find_opt(const char *name, size_t len)
     return NULL;
 }
 
+/* Non-zero when argv holds --name or --name=... */
+static int
+flag_given(int argc, char **argv, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) &&
+            (argv[i][2 + n] == '\0' || argv[i][2 + n] == '='))
+            return 1;
+    return 0;
+}
+
 tqkv_status_t
 tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, size_t errlen)
 {
@@ -396,6 +408,8 @@ tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, s
         const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
         if (v == NULL || (*v == '\0' && opts[i].kind == OPT_BOOL))
             continue;
+        if (flag_given(argc, argv, opts[i].name))
+            continue; /* the flag wins, even over a malformed variable */
         snprintf(src, sizeof src, "%s", opts[i].env);
         if ((st = apply(cfg, &opts[i], v, src, err, errlen)) != TQKV_OK)
             return st;
