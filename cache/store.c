@@ -36,94 +36,12 @@
 #include "cache/evict.h"
 #include "cache/pool.h"
 #include "cache/store.h"
+#include "kernels/page.h"
 #include "kernels/page_format.h"
 
 #define NSTRIPES 256u
 #define GHOST_SLOTS (1u << 16)
 #define MAX_EVICT_TRIES 100000
-
-/* ---- CRC32C (Castagnoli), the same convention as tqkv_crc32c: ~crc in and out ---- */
-
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-static int crc_hw;
-
-static void
-crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    crc_hw = __builtin_cpu_supports("sse4.2");
-#endif
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t
-crc_update_hw(uint32_t c, const uint8_t *p, size_t n)
-{
-    uint64_t c64 = c;
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c64 = __builtin_ia32_crc32di(c64, v);
-        p += 8;
-        n -= 8;
-    }
-    c = (uint32_t)c64;
-    while (n--)
-        c = __builtin_ia32_crc32qi(c, *p++);
-    return c;
-}
-#endif
-
-static uint32_t
-crc_update_sw(uint32_t c, const uint8_t *p, size_t n)
-{
-    while (n >= 8) {
-        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                           (uint32_t)p[3] << 24);
-        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
-            crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^
-            crc_table[2][p[5]] ^ crc_table[1][p[6]] ^ crc_table[0][p[7]];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
-    return c;
-}
-
-static uint32_t
-crc32c(uint32_t crc, const void *buf, size_t len)
-{
-    uint32_t c = ~crc;
-    pthread_once(&crc_once, crc_init);
-#if defined(__x86_64__)
-    if (crc_hw)
-        return ~crc_update_hw(c, buf, len);
-#endif
-    return ~crc_update_sw(c, buf, len);
-}
-
-/* CRC of a packed page with its crc32c field read as zero. */
-static uint32_t
-page_crc(const uint8_t *page, size_t len)
-{
-    static const uint8_t zero[4];
-    size_t off = offsetof(tqkv_page_header_t, crc32c);
-    uint32_t c = crc32c(0, page, off);
-    c = crc32c(c, zero, 4);
-    return crc32c(c, page + off + 4, len - off - 4);
-}
 
 /* ---- types ---- */
 
@@ -1026,7 +944,7 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
             e->crc = h->crc32c;
             e->crc_kind = CRC_PAGE;
         } else if (s->cfg.verify_crc) {
-            e->crc = crc32c(0, page, len);
+            e->crc = tqkv_crc32c(0, page, len);
             e->crc_kind = CRC_WHOLE;
         }
     }
@@ -1182,9 +1100,9 @@ static int
 crc_ok(const void *data, size_t len, int kind, uint32_t crc)
 {
     if (kind == CRC_PAGE)
-        return page_crc(data, len) == crc;
+        return tqkv_page_crc(data, len) == crc;
     if (kind == CRC_WHOLE)
-        return crc32c(0, data, len) == crc;
+        return tqkv_crc32c(0, data, len) == crc;
     return 1;
 }
 
