@@ -61,23 +61,31 @@ tqkv_status_t tqkv_cuda_page_decode_bf16(const tqkv_page_header_t *hdr, const vo
 /* Checks a host copy of a page header for the device kernels (see decode). */
 tqkv_status_t tqkv_cuda_header_check(const tqkv_page_header_t *hdr);
 
-/* Decode attention of one query token over the pages of a sequence.
- * d_pages: device array of n_pages device pointers, in token order. Every page must
- * have the header fields of `hdr` (host copy of the first page's header) except
- * num_tokens, page_bytes, crc32c and offsets of a shorter last page: the kernels read
- * each page's own header. q: device f32 [num_q_heads][D] (num_q_heads a multiple of
- * the pages' num_kv_heads: GQA), out: device f32 [num_q_heads][D]. sm_scale
- * multiplies the scores (usually 1/sqrt(D)). work: device scratch of
- * tqkv_cuda_attention_workspace() bytes (one split per page, merged at the end). */
+/* Decode attention of one query token over the packed pages of a sequence:
+ * out[hq] = softmax(q[hq] . K^T * sm_scale) . V, query head hq reading KV head
+ * hq / (num_q_heads / H) (GQA). Keys are scored from their codes with a per-query
+ * lookup table T[j][m] = (Pi q)_j z_m in shared memory; values are accumulated in the
+ * rotated domain and rotated back once per split; an online softmax runs over tiles
+ * and a merge kernel combines the splits (log-sum-exp).
+ * d_pages: device array of n_pages device pointers to pages of one sequence, in token
+ * order, all with the K and V codec, rotation, seed, flags, num_kv_heads and head_dim
+ * of `hdr` (a host copy of the first page's header, checked here); each page's own
+ * num_tokens is read on the device. q: device f32 [num_q_heads][D]; out: device f32
+ * [num_q_heads][D]. sm_scale 0 means 1/sqrt(D). work: device scratch of
+ * tqkv_cuda_attention_workspace(tqkv_cuda_attention_packed_splits(hdr, n_pages), ...)
+ * bytes. TQKV_EINVAL for bad arguments (K or V absent, heads not a multiple, small work),
+ * TQKV_EFORMAT for an inconsistent header, TQKV_ECUDA for a failed launch. */
 size_t tqkv_cuda_attention_workspace(uint32_t n_splits, uint32_t num_q_heads, uint32_t head_dim);
+uint32_t tqkv_cuda_attention_packed_splits(const tqkv_page_header_t *hdr, uint32_t n_pages);
 tqkv_status_t tqkv_cuda_attention_packed(const tqkv_page_header_t *hdr, const void *const *d_pages,
                                          uint32_t n_pages, const float *d_q, uint32_t num_q_heads,
                                          float sm_scale, float *d_out, void *d_work,
                                          size_t work_bytes, cudaStream_t stream);
 
 /* Baseline: the same attention over plain BF16 K, V [n_tokens][H][D] (device), split
- * into n_splits token ranges merged at the end (n_splits = 0 chooses). work as above
- * for the number of splits used (tqkv_cuda_attention_bf16_splits tells it). */
+ * into tqkv_cuda_attention_bf16_splits() token ranges (flash-decoding: one block per
+ * split and KV head, a warp per token, online softmax) merged at the end; work sized
+ * by tqkv_cuda_attention_workspace for that many splits. */
 uint32_t tqkv_cuda_attention_bf16_splits(uint32_t n_tokens, uint32_t num_kv_heads);
 tqkv_status_t tqkv_cuda_attention_bf16(const uint16_t *d_k, const uint16_t *d_v, uint32_t n_tokens,
                                        uint32_t num_kv_heads, uint32_t head_dim, const float *d_q,
