@@ -62,7 +62,7 @@ def gen_stubs():
 class Server:
     """A tqkv-server process on 127.0.0.1, port 0."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, target=None, creds=None):
         self.proc = subprocess.Popen(
             [SERVER, "--listen", "127.0.0.1:0", "--threads", "2", "--encoder-threads", "2",
              "--max-message-bytes", str(MAX_MSG), "--dram-capacity", "256M", *extra],
@@ -76,16 +76,25 @@ class Server:
             if "listening on" in line:
                 self.port = int(line.strip().rsplit(":", 1)[1])
                 break
+        self.metrics_port = None
+        if self.port is not None and "--metrics-listen" in extra:
+            line = self.proc.stdout.readline()
+            if "metrics on port" in line:
+                self.metrics_port = int(line.split()[-1])
         if self.port is None:
             self.proc.kill()
+            self.proc.wait()
             raise RuntimeError("server did not start: " + self.proc.stderr.read())
         self.stderr_lines = []
         self._t = threading.Thread(target=self._drain, daemon=True)
         self._t.start()
-        self.channel = grpc.insecure_channel(
-            "127.0.0.1:%d" % self.port,
-            options=[("grpc.max_receive_message_length", 64 << 20),
-                     ("grpc.max_send_message_length", 64 << 20)])
+        opts = [("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20)]
+        addr = "%s:%d" % (target or "127.0.0.1", self.port)
+        if creds is not None:
+            self.channel = grpc.secure_channel(addr, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(addr, options=opts)
         self.stub = pbg.KVCacheStub(self.channel)
 
     def _drain(self):
@@ -481,6 +490,144 @@ class KVTest(unittest.TestCase):
         # the server keeps serving, and the cancelled stream's pins were released:
         d = self.stub.Delete(pb.DeleteRequest(namespace=ns, all=True), timeout=10)
         self.assertEqual(d.pages_deleted, 1)
+
+    def test_deadline_on_a_stalled_get(self):
+        ns = "it-deadline"
+        T, H, D = 128, 8, 128
+        h = rand_hash()
+        self.stub.Put(iter([put_req(ns, h, 0, T, H, D)]), timeout=30)
+        it = self.stub.Get(pb.GetRequest(namespace=ns, hashes=[h] * 3000, layer_begin=0,
+                                         layer_end=1), timeout=0.5)
+        self.assertTrue(next(it).found)
+        time.sleep(1.0)
+        e = rpc_error(lambda: list(it))
+        self.assertEqual(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        d = self.stub.Delete(pb.DeleteRequest(namespace=ns, all=True), timeout=10)
+        self.assertEqual(d.pages_deleted, 1)
+
+    def test_bf16_get_on_many_blocks_in_parallel(self):
+        ns = "it-par"
+        T, H, D = 32, 4, 64
+        hashes = [rand_hash() for _ in range(8)]
+        blocks = {}
+        reqs = []
+        for h in hashes:
+            k, v = rand_block(T, H, D)
+            blocks[h] = (k, v)
+            reqs.append(put_req(ns, h, 0, T, H, D, k, v))
+        self.assertEqual(self.stub.Put(iter(reqs), timeout=30).blocks_stored, 8)
+        results = []
+
+        def reader():
+            got = list(self.stub.Get(pb.GetRequest(namespace=ns, hashes=hashes, layer_begin=0,
+                                                   layer_end=1, encoding=pb.ENCODING_BF16),
+                                     timeout=30))
+            results.append(got)
+
+        ts = [threading.Thread(target=reader) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(len(results), 4)
+        for got in results:
+            self.assertEqual([g.hash for g in got], hashes)
+            self.assertEqual([g.key for g in got], [g.key for g in results[0]])
+            for g in got:
+                x = from_bf16(blocks[g.hash][0])
+                rel = np.linalg.norm(x - from_bf16(g.key)) / np.linalg.norm(x)
+                self.assertLess(rel, 0.25)
+
+
+class SecurityTest(unittest.TestCase):
+    def test_auth_tokens_and_metrics(self):
+        path = os.path.join(TMP, "tokens")
+        with open(path, "w") as f:
+            f.write("# test tokens\nwriter-token-1 rw ns-a\nreader-token-1 r ns-a\nadmin-token-1 r *\n")
+        srv = Server("--auth-tokens", path, "--metrics-listen", "127.0.0.1:0")
+        try:
+            stub = srv.stub
+            T, H, D = 8, 2, 32
+            h = rand_hash()
+            md = lambda tok: [("authorization", "Bearer " + tok)]
+            e = rpc_error(stub.Put, iter([put_req("ns-a", h, 0, T, H, D)]), timeout=10)
+            self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED)
+            self.assertIn("authorization", e.details())
+            e = rpc_error(stub.Put, iter([put_req("ns-a", h, 0, T, H, D)]), timeout=10,
+                          metadata=md("nope-nope-nope"))
+            self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED)
+            e = rpc_error(stub.Put, iter([put_req("ns-a", h, 0, T, H, D)]), timeout=10,
+                          metadata=md("reader-token-1"))
+            self.assertEqual(e.code(), grpc.StatusCode.PERMISSION_DENIED)
+            e = rpc_error(stub.Put, iter([put_req("ns-b", h, 0, T, H, D)]), timeout=10,
+                          metadata=md("writer-token-1"))
+            self.assertEqual(e.code(), grpc.StatusCode.PERMISSION_DENIED)
+            r = stub.Put(iter([put_req("ns-a", h, 0, T, H, D)]), timeout=10, metadata=md("writer-token-1"))
+            self.assertEqual(r.blocks_stored, 1)
+            g = list(stub.Get(pb.GetRequest(namespace="ns-a", hashes=[h], layer_begin=0,
+                                            layer_end=1), timeout=10, metadata=md("reader-token-1")))
+            self.assertTrue(g[0].found)
+            e = rpc_error(lambda: list(stub.Get(pb.GetRequest(
+                namespace="ns-a", hashes=[h], layer_begin=0, layer_end=1), timeout=10)))
+            self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED)
+            e = rpc_error(stub.Delete, pb.DeleteRequest(namespace="ns-a", all=True), timeout=10,
+                          metadata=md("reader-token-1"))
+            self.assertEqual(e.code(), grpc.StatusCode.PERMISSION_DENIED)
+            self.assertEqual(stub.Stats(pb.StatsRequest(namespace="ns-a"), timeout=10,
+                                        metadata=md("reader-token-1")).pages, 1)
+            e = rpc_error(stub.Stats, pb.StatsRequest(), timeout=10, metadata=md("reader-token-1"))
+            self.assertEqual(e.code(), grpc.StatusCode.PERMISSION_DENIED)
+            self.assertEqual(stub.Stats(pb.StatsRequest(), timeout=10, metadata=md("admin-token-1")).pages,
+                             1)
+            check = srv.channel.unary_unary("/grpc.health.v1.Health/Check", **IDENT)
+            self.assertEqual(check(b"", timeout=5), b"\x08\x01")  # no token needed
+
+            self.assertIsNotNone(srv.metrics_port)
+            import urllib.request
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port,
+                                          timeout=10).read().decode()
+            self.assertIn("tqkv_store_pages 1", text)
+            self.assertIn("Put", text)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_tls(self):
+        if shutil.which("openssl") is None:
+            self.skipTest("openssl not installed")
+        key = os.path.join(TMP, "key.pem")
+        cert = os.path.join(TMP, "cert.pem")
+        subprocess.check_call(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                               "-keyout", key, "-out", cert, "-days", "1", "-subj",
+                               "/CN=localhost", "-addext",
+                               "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(cert, "rb") as f:
+            root = f.read()
+        srv = Server("--tls-cert", cert, "--tls-key", key, target="localhost",
+                     creds=grpc.ssl_channel_credentials(root_certificates=root))
+        try:
+            check = srv.channel.unary_unary("/grpc.health.v1.Health/Check", **IDENT)
+            self.assertEqual(check(b"", timeout=10), b"\x08\x01")
+            plain = grpc.insecure_channel("127.0.0.1:%d" % srv.port)
+            e = rpc_error(plain.unary_unary("/grpc.health.v1.Health/Check", **IDENT), b"",
+                          timeout=3)
+            self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE)
+            plain.close()
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_store_full_is_resource_exhausted(self):
+        srv = Server("--dram-capacity", "64K")
+        try:
+            T, H, D = 256, 8, 128  # one page is far larger than the whole tier
+            e = rpc_error(srv.stub.Put, iter([put_req("full", rand_hash(), 0, T, H, D)]),
+                          timeout=30)
+            self.assertEqual(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, e.details())
+            self.assertIn("store", e.details())
+            check = srv.channel.unary_unary("/grpc.health.v1.Health/Check", **IDENT)
+            self.assertEqual(check(b"", timeout=5), b"\x08\x01")
+        finally:
+            self.assertEqual(srv.stop(), 0)
 
 
 class ShutdownTest(unittest.TestCase):
