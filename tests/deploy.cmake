@@ -9,3 +9,31 @@ tqkv_check_suite(check_metrics
   LIBS PkgConfig::MHD
   LABELS unit concurrency
   TIMEOUT 120)
+
+# The real server, driven over gRPC by Python grpcio, scraped with prometheus_client.
+if(TARGET tqkv-server)
+  add_test(NAME metrics_scrape
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/metrics_scrape.py
+            $<TARGET_FILE:tqkv-server> ${PROJECT_SOURCE_DIR}/proto)
+  set_tests_properties(metrics_scrape PROPERTIES LABELS "server" TIMEOUT 300)
+endif()
+
+# Deployment artefacts: node + kubectl are required (the test fails, naming the missing
+# tool, rather than passing without checking anything).
+set(_k8s ${PROJECT_SOURCE_DIR}/tests/k8s/run.sh)
+set(_k8s_env "TQKV_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+if(TARGET tqkv-server)
+  list(APPEND _k8s_env "TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+endif()
+add_test(NAME deploy_k8s_npm COMMAND bash ${_k8s} install)
+set_tests_properties(deploy_k8s_npm PROPERTIES LABELS "deploy" TIMEOUT 600
+  FIXTURES_SETUP deploy_npm)
+add_test(NAME deploy_k8s COMMAND bash ${_k8s} k8s)
+set_tests_properties(deploy_k8s PROPERTIES LABELS "deploy" TIMEOUT 300
+  FIXTURES_REQUIRED deploy_npm ENVIRONMENT "${_k8s_env}")
+add_test(NAME deploy_dockerfile COMMAND bash ${_k8s} dockerfile)
+set_tests_properties(deploy_dockerfile PROPERTIES LABELS "deploy" TIMEOUT 120
+  ENVIRONMENT "${_k8s_env}")
+add_test(NAME deploy_grafana COMMAND bash ${_k8s} grafana)
+set_tests_properties(deploy_grafana PROPERTIES LABELS "deploy" TIMEOUT 120
+  ENVIRONMENT "${_k8s_env}")

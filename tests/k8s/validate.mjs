@@ -378,10 +378,10 @@ function checkServer(variant, objs, envVars) {
     expect(env.TQKV_DEVICE === undefined, cw, "no TQKV_DEVICE on the cpu overlay (built without CUDA it is an error)");
     expect(!/cuda/.test(c.image), cw, `a CPU image (got ${c.image})`);
   }
-  return { svcs, ns: nsName };
+  return { svcs, ns: nsName, replicas: ss.spec.replicas };
 }
 
-function checkBench(objs) {
+function checkBench(objs, replicas) {
   const W = "bench";
   const jobs = objs.filter((o) => o.kind === "Job");
   if (!expect(jobs.length === 1, W, "one Job")) return;
@@ -398,9 +398,15 @@ function checkBench(objs) {
     const i = argv.indexOf(f);
     return i >= 0 ? argv[i + 1] : undefined;
   };
-  const target = flag("--target");
-  expect(target && /^(dns:\/\/\/)?tqkv-headless(\.[a-z0-9.-]+)?:50051$/.test(target), jw,
-    `--target is the headless Service's gRPC port (got ${target})`);
+  const targets = argv.filter((a, i) => argv[i - 1] === "--target");
+  expect(targets.length > 0, jw, "at least one --target");
+  for (const t of targets)
+    expect(/^(dns:\/\/\/)?(tqkv-\d+\.)?tqkv-headless(\.[a-z0-9.-]+)?:50051$/.test(t), jw,
+      `--target ${t} is not the headless Service (or a pod under it) on the gRPC port`);
+  const perPod = targets.filter((t) => /tqkv-\d+\./.test(t)).map((t) => Number(/tqkv-(\d+)\./.exec(t)[1]));
+  if (perPod.length)
+    expect(perPod.length === replicas && perPod.every((n, i) => n === i), jw,
+      `one --target per StatefulSet replica (tqkv-0..tqkv-${replicas - 1}), got ${targets.join(" ")}`);
   expect(Number(flag("--duration")) > 0, jw, "--duration N");
   expect(Number(flag("--duration")) < job.spec.activeDeadlineSeconds, jw, "--duration shorter than the deadline");
   expect(flag("--json") === "-", jw, "--json -");
@@ -420,6 +426,8 @@ function checkMonitoring(objs, serverSvcs, nsName) {
   for (const ep of sm.spec.endpoints || []) {
     expect(ep.port === "metrics", mw, "endpoint port metrics");
     expect((ep.path ?? "/metrics") === "/metrics", mw, "path /metrics");
+    expect(ep.honorLabels === true, mw,
+      "honorLabels true (the tqkv 'namespace' label would become exported_namespace)");
     if (matched[0]) expect((matched[0].spec.ports || []).some((p) => p.name === ep.port), mw, `Service has port ${ep.port}`);
   }
 }
@@ -435,22 +443,24 @@ async function runK8s() {
   }
   const envVars = serverEnvVars();
   expect(envVars.vars.size >= 10, "server", `too few TQKV_* variables found in ${envVars.from}`);
+  console.log(`server variables: ${envVars.vars.size} from ${envVars.from}`);
   let svcs = [];
   let nsName = "tqkv";
+  let replicas = 3;
   for (const variant of ["cpu", "gpu"]) {
     const text = render(`overlays/${variant}`);
     if (!text) continue;
     const objs = await parseDocs(text);
     await validateSchema(`overlays/${variant}`, objs);
     const r = checkServer(variant, objs, envVars);
-    if (r && variant === "cpu") ({ svcs, ns: nsName } = r);
+    if (r && variant === "cpu") ({ svcs, ns: nsName, replicas } = r);
     console.log(`overlays/${variant}: ${objs.length} objects (${objs.map((o) => o.kind).join(", ")})`);
   }
   const bench = render("bench");
   if (bench) {
     const objs = await parseDocs(bench);
     await validateSchema("bench", objs);
-    checkBench(objs);
+    checkBench(objs, replicas);
   }
   const mon = render("monitoring");
   if (mon) {
@@ -545,15 +555,15 @@ function runDockerfile() {
     const names = new Set();
     for (const m of rt.matchAll(pk))
       for (const w of m[0].split(/\s+/).slice(2)) if (/^[a-z0-9][a-z0-9.+-]+$/.test(w)) names.add(w);
-    for (const n of names) {
-      let ok = true;
-      try {
-        ok = /^Package: /m.test(sh("apt-cache", ["show", "--no-all-versions", n]));
-      } catch {
-        ok = false;
-      }
-      expect(ok, W, `runtime package ${n} is not known to apt-cache`);
+    let out = "";
+    try {
+      out = sh("apt-cache", ["show", "--no-all-versions", ...names]);
+    } catch (e) {
+      out = e.stdout || "";
     }
+    for (const n of names)
+      expect(new RegExp(`^Package: ${n.replace(/[.+]/g, "\\$&")}$`, "m").test(out), W,
+        `runtime package ${n} is not known to apt-cache`);
   }
 }
 

@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""Scrapes a real tqkv-server's /metrics with the Prometheus text-format parser.
+
+Usage: metrics_scrape.py TQKV_SERVER_BINARY PROTO_DIR
+
+Starts tqkv-server on loopback with --metrics-listen 127.0.0.1:0 (the server prints the
+port it bound), scrapes, runs Put/Lookup/Get/Stats/Health RPCs and a malformed Put with
+Python grpcio (stubs generated with protoc at test time), scrapes again and checks that
+the counters, the latency histogram, the byte counters, the codec counters and the store
+gauges moved by what the RPCs did. Parsing is prometheus_client.parser (Debian
+python3-prometheus-client), which rejects malformed exposition text. Also checks the
+HTTP surface (content type, 404, 405) and that label values with quotes and backslashes
+round-trip.
+"""
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+SERVER = None
+PROTO_DIR = None
+SEED = int(os.environ.get("TQKV_TEST_SEED", str(int(time.time() * 1000) & 0xFFFFFFFF)))
+print("TQKV_TEST_SEED=%d" % SEED, file=sys.stderr)
+RNG = np.random.default_rng(SEED)
+TMP = None
+pb = None
+pbg = None
+
+
+def gen_stubs():
+    global pb, pbg, TMP
+    TMP = tempfile.mkdtemp(prefix="tqkv-metrics-")
+    plugin = shutil.which("grpc_python_plugin") or "/usr/bin/grpc_python_plugin"
+    subprocess.check_call(["protoc", "-I" + PROTO_DIR, "--python_out=" + TMP,
+                           "--grpc_python_out=" + TMP, "--plugin=protoc-gen-grpc_python=" + plugin,
+                           "tqkv/v1/kvcache.proto"])
+    sys.path.insert(0, TMP)
+    import tqkv.v1.kvcache_pb2 as m1
+    import tqkv.v1.kvcache_pb2_grpc as m2
+    pb, pbg = m1, m2
+
+
+def bf16(a):
+    """float32 array -> BF16 bytes (round to nearest even), little-endian."""
+    u = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype("<u2").tobytes()
+
+
+class Server:
+    """tqkv-server on 127.0.0.1 with a metrics endpoint, both on port 0."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [SERVER, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+             "--threads", "2", "--encoder-threads", "2", "--dram-capacity", "64M",
+             "--key-bits", "3.5", "--value-bits", "3"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.port = self.metrics_port = None
+        deadline = time.time() + 60
+        while time.time() < deadline and (self.port is None or self.metrics_port is None):
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if "listening on" in line:
+                self.port = int(line.strip().rsplit(":", 1)[1])
+            elif "metrics on port" in line:
+                self.metrics_port = int(line.strip().rsplit(" ", 1)[1])
+        if self.port is None or self.metrics_port is None:
+            self.proc.kill()
+            raise RuntimeError("tqkv-server did not print its ports: %s" % self.proc.stderr.read())
+
+    def url(self, path="/metrics"):
+        return "http://127.0.0.1:%d%s" % (self.metrics_port, path)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+
+def scrape(srv):
+    """-> (content type, {(sample name, frozenset(labels)): value}, {family: (type, help)})."""
+    with urllib.request.urlopen(srv.url(), timeout=10) as r:
+        ctype = r.headers.get("Content-Type", "")
+        text = r.read().decode("utf-8")
+    samples, families = {}, {}
+    for fam in text_string_to_metric_families(text):
+        families[fam.name] = (fam.type, fam.documentation)
+        for s in fam.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            if key in samples:
+                raise AssertionError("duplicate sample %s %s" % (s.name, s.labels))
+            samples[key] = s.value
+    return ctype, samples, families
+
+
+def val(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+class MetricsScrape(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        gen_stubs()
+        cls.srv = Server()
+        cls.chan = grpc.insecure_channel("127.0.0.1:%d" % cls.srv.port, options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20)])
+        grpc.channel_ready_future(cls.chan).result(timeout=30)
+        cls.stub = pbg.KVCacheStub(cls.chan)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.chan.close()
+        rc = cls.srv.stop()
+        shutil.rmtree(TMP, ignore_errors=True)
+        assert rc == 0, "tqkv-server exited with %s after SIGTERM" % rc
+
+    def wait_for(self, pred, what, timeout=5.0):
+        """Scrapes until pred(samples) holds (RPC accounting lands when the server
+        finishes the call, which can trail the client's view by a moment)."""
+        deadline = time.time() + timeout
+        while True:
+            _, samples, _ = scrape(self.srv)
+            if pred(samples):
+                return samples
+            if time.time() > deadline:
+                self.fail("metrics never showed %s" % what)
+            time.sleep(0.05)
+
+    def test_http_surface(self):
+        ctype, _, families = scrape(self.srv)
+        self.assertIn("text/plain", ctype)
+        self.assertIn("version=0.0.4", ctype)
+        for name in ["tqkv_requests", "tqkv_request_duration_seconds", "tqkv_bytes_received",
+                     "tqkv_bytes_sent", "tqkv_bf16_equivalent_bytes_delivered", "tqkv_codec_bytes",
+                     "tqkv_codec_seconds", "tqkv_active_streams", "tqkv_tier_capacity_bytes",
+                     "tqkv_tier_bytes", "tqkv_tier_pages", "tqkv_tier_hits", "tqkv_tier_misses",
+                     "tqkv_tier_evictions", "tqkv_tier_demotions", "tqkv_tier_promotions",
+                     "tqkv_compression_ratio", "tqkv_alloc_failures", "tqkv_build_info",
+                     "tqkv_namespace_bytes", "tqkv_namespace_pages", "tqkv_namespace_hits",
+                     "tqkv_namespace_misses"]:
+            self.assertIn(name, families, "family %s missing" % name)
+            self.assertNotEqual(families[name][0], "unknown", name)
+            self.assertTrue(families[name][1], "family %s has no HELP" % name)
+        self.assertEqual(families["tqkv_request_duration_seconds"][0], "histogram")
+        for path, method, code in [("/", "GET", 404), ("/metricsx", "GET", 404),
+                                   ("/metrics", "POST", 405), ("/metrics", "PUT", 405)]:
+            req = urllib.request.Request(self.srv.url(path), method=method,
+                                         data=b"x" if method in ("POST", "PUT") else None)
+            with self.assertRaises(urllib.error.HTTPError) as cm:
+                urllib.request.urlopen(req, timeout=10)
+            self.assertEqual(cm.exception.code, code, "%s %s" % (method, path))
+
+    def test_rpcs_move_the_counters(self):
+        _, before, _ = scrape(self.srv)
+        ns = 'metrics"q"\\test-%d' % (SEED % 1000)  # quote and backslash: escaped labels
+        tokens, heads, dim = 16 + int(RNG.integers(0, 17)), 2, 128
+        nblocks = 3 + int(RNG.integers(0, 4))
+        hashes = [RNG.bytes(16) for _ in range(nblocks)]
+        missing = RNG.bytes(16)
+
+        def puts():
+            for i, h in enumerate(hashes):
+                k = RNG.standard_normal((tokens, heads, dim), dtype=np.float32)
+                v = RNG.standard_normal((tokens, heads, dim), dtype=np.float32)
+                yield pb.PutRequest(namespace=ns, hash=h, parent_hash=hashes[i - 1] if i else b"",
+                                    layer=0, num_tokens=tokens, num_kv_heads=heads, head_dim=dim,
+                                    key=bf16(k), value=bf16(v), num_layers=1)
+
+        t0 = time.time()
+        put = self.stub.Put(puts(), timeout=60)
+        self.assertEqual(put.blocks_stored, nblocks)
+        bf16_in = nblocks * 2 * tokens * heads * dim * 2
+        look = self.stub.Lookup(pb.LookupRequest(namespace=ns, hashes=hashes + [missing],
+                                                 num_layers=1), timeout=30)
+        self.assertEqual(look.prefix_blocks, nblocks)
+        got = list(self.stub.Get(pb.GetRequest(namespace=ns, hashes=hashes + [missing],
+                                               layer_begin=0, layer_end=1,
+                                               encoding=pb.ENCODING_PACKED), timeout=60))
+        found = [r for r in got if r.found]
+        self.assertEqual(len(found), nblocks)
+        page_bytes = sum(len(r.page) for r in found)
+        self.stub.Stats(pb.StatsRequest(namespace=ns), timeout=30)
+        # A malformed Put: key shorter than the shape says.
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.stub.Put(iter([pb.PutRequest(namespace=ns, hash=RNG.bytes(16), layer=0,
+                                              num_tokens=tokens, num_kv_heads=heads,
+                                              head_dim=dim, key=b"\0" * 10, value=b"\0" * 10)]),
+                          timeout=30)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        elapsed = time.time() - t0
+
+        def d(s, name, **labels):
+            return val(s, name, **labels) - val(before, name, **labels)
+
+        after = self.wait_for(
+            lambda s: d(s, "tqkv_requests_total", method="Put", code="INVALID_ARGUMENT") >= 1
+            and d(s, "tqkv_requests_total", method="Get", code="OK") >= 1
+            and d(s, "tqkv_requests_total", method="Stats", code="OK") >= 1,
+            "the Put/Get/Stats requests")
+        for method in ["Put", "Lookup", "Get", "Stats"]:
+            self.assertEqual(d(after, "tqkv_requests_total", method=method, code="OK"), 1, method)
+        self.assertEqual(d(after, "tqkv_requests_total", method="Put", code="INVALID_ARGUMENT"), 1)
+
+        # Histogram: cumulative buckets, +Inf == count, sum within the wall time.
+        for method in ["Put", "Lookup", "Get"]:
+            les = sorted(((float(dict(k[1])["le"]), v) for k, v in after.items()
+                          if k[0] == "tqkv_request_duration_seconds_bucket"
+                          and dict(k[1]).get("method") == method), key=lambda x: x[0])
+            self.assertGreaterEqual(len(les), 17, method)
+            self.assertEqual(les[0][0], 0.0001)
+            self.assertEqual(les[-2][0], 10.0)
+            self.assertEqual(les[-1][0], float("inf"))
+            for (_, a), (_, b) in zip(les, les[1:]):
+                self.assertLessEqual(a, b, "buckets of %s not cumulative" % method)
+            count = val(after, "tqkv_request_duration_seconds_count", method=method)
+            self.assertEqual(les[-1][1], count)
+            dsum = d(after, "tqkv_request_duration_seconds_sum", method=method)
+            self.assertGreater(dsum, 0.0, method)
+            self.assertLess(dsum, elapsed + 1.0, method)
+        self.assertGreaterEqual(d(after, "tqkv_request_duration_seconds_count", method="Put"), 2)
+
+        # Bytes: BF16 in, packed pages out, and what those pages stand for in BF16.
+        self.assertGreaterEqual(d(after, "tqkv_bytes_received_total"), bf16_in)
+        self.assertGreaterEqual(d(after, "tqkv_bytes_sent_total"), page_bytes)
+        bf16_out = d(after, "tqkv_bf16_equivalent_bytes_delivered_total")
+        self.assertGreaterEqual(bf16_out, bf16_in * 0.99)
+        self.assertGreater(bf16_out, 2.0 * d(after, "tqkv_bytes_sent_total") * 0.9)
+        self.assertGreaterEqual(d(after, "tqkv_codec_bytes_total", op="encode"), bf16_in)
+        self.assertGreater(d(after, "tqkv_codec_seconds_total", op="encode"), 0.0)
+
+        # Store gauges, read from the store at scrape time.
+        self.assertEqual(val(after, "tqkv_tier_capacity_bytes", tier="dram"), 64 << 20)
+        self.assertGreaterEqual(d(after, "tqkv_tier_pages", tier="dram"), nblocks)
+        self.assertGreaterEqual(d(after, "tqkv_tier_bytes", tier="dram"), page_bytes)
+        self.assertEqual(val(after, "tqkv_namespace_pages", namespace=ns), nblocks)
+        self.assertEqual(val(after, "tqkv_namespace_bytes", namespace=ns), page_bytes)
+        # Lookup + Get each asked for nblocks present and one missing block.
+        self.assertEqual(val(after, "tqkv_namespace_hits_total", namespace=ns), 2 * nblocks)
+        self.assertEqual(val(after, "tqkv_namespace_misses_total", namespace=ns), 2)
+        self.assertGreaterEqual(d(after, "tqkv_tier_hits_total", tier="dram"), nblocks)
+        ratio = val(after, "tqkv_compression_ratio")
+        self.assertGreater(ratio, 3.0)  # 3.5-bit keys, 3-bit values from 16-bit BF16
+        self.assertLess(ratio, 16.0)
+        self.assertEqual(val(after, "tqkv_active_streams"), 0)
+        self.assertTrue(any(k[0] == "tqkv_build_info" and v == 1 for k, v in after.items()))
+
+
+def main():
+    global SERVER, PROTO_DIR
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    SERVER, PROTO_DIR = sys.argv[1], sys.argv[2]
+    prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
