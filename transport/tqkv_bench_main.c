@@ -896,8 +896,12 @@ baseline_redis(size_t msg, int conc, double seconds)
             usleep(10000);
     }
     char line[256];
-    if (r->fd < 0 || r_cmd(r, "PING", "x", NULL, 0) != 0 || r_line(r, line, sizeof line) != 0)
+    /* PING x answers the bulk string "x": two lines. */
+    if (r->fd < 0 || r_cmd(r, "PING", "x", NULL, 0) != 0 || r_line(r, line, sizeof line) != 0 ||
+        r_line(r, line, sizeof line) != 0 || strcmp(line, "x") != 0) {
+        fprintf(stderr, "tqkv-bench: redis baseline: no PING answer on port %d\n", port);
         goto out;
+    }
     size_t nkeys = (256u << 20) / msg;
     if (nkeys < 4)
         nkeys = 4;
@@ -908,8 +912,10 @@ baseline_redis(size_t msg, int conc, double seconds)
         snprintf(key, sizeof key, "tqkv:%zu", i);
         const uint8_t *v = (const uint8_t *)data_pool + (i * 4099 * 2) % (data_elems * 2 - msg);
         if (r_cmd(r, "SET", key, v, msg) != 0 || r_line(r, line, sizeof line) != 0 ||
-            line[0] != '+')
+            line[0] != '+') {
+            fprintf(stderr, "tqkv-bench: redis baseline: SET failed: %s\n", line);
             goto out;
+        }
     }
     redisctx_t x = {.port = port, .nkeys = nkeys, .msg = msg};
     pthread_t th[256];
@@ -921,7 +927,9 @@ baseline_redis(size_t msg, int conc, double seconds)
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     double dt = now_s() - t0;
-    if (!x.fail && dt > 0)
+    if (x.fail)
+        fprintf(stderr, "tqkv-bench: redis baseline: GET failed\n");
+    else if (dt > 0)
         rate = (double)atomic_load(&x.bytes) / dt / 1e9;
 out:
     if (r->fd >= 0)

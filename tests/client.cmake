@@ -1,0 +1,40 @@
+# client.cmake - libtqkv: unit suite (GetResponse reader, rendezvous placement,
+# back-off), integration against a real tqkv-server (label server), sharding over
+# three servers with one killed and restarted (label shard), and a tqkv-bench smoke
+# run with eviction active (label bench-smoke).
+
+tqkv_check_suite(check_client_unit
+  SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client_unit.c
+  LIBS tqkv
+  LABELS unit
+  TIMEOUT 60)
+
+if(TARGET tqkv-server)
+  tqkv_check_suite(check_client
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client.c
+    LIBS tqkv
+    LABELS server
+    TIMEOUT 300)
+  set_tests_properties(check_client PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+
+  tqkv_check_suite(check_shard
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_shard.c
+    LIBS tqkv
+    LABELS shard
+    TIMEOUT 300)
+  set_tests_properties(check_shard PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+
+  if(TARGET tqkv-bench)
+    # ~5 s mixed tiny-model run against a spawned server whose DRAM tier holds a few
+    # MiB, so eviction runs; the bench exits 3 on any verify failure.
+    add_test(NAME bench_smoke
+      COMMAND tqkv-bench --spawn-server $<TARGET_FILE:tqkv-server> --dram-capacity 4MiB
+              --model tiny --block-tokens 64 --duration 5 --concurrency 3 --phase mixed
+              --prefix-reuse 0.5 --no-baselines --json -)
+    set_tests_properties(bench_smoke PROPERTIES LABELS "bench-smoke;bench" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "\"verify_failures\": 0,"
+      FAIL_REGULAR_EXPRESSION "verify failure")
+  endif()
+endif()
