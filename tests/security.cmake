@@ -66,3 +66,17 @@ tqkv_fuzz_replay(auth SOURCES ${TQKV_FUZZ_DIR}/fuzz_auth.c ${PROJECT_SOURCE_DIR}
 if(TQKV_FUZZ)
   add_subdirectory(${TQKV_FUZZ_DIR} ${PROJECT_BINARY_DIR}/fuzz)
 endif()
+
+# ---- security and fault tests against real tqkv-server processes ----
+# /usr/bin/python3 (Debian's, with grpcio and numpy), stubs generated at test time.
+if(TARGET tqkv-server)
+  function(tqkv_server_pytest name script labels timeout)
+    add_test(NAME ${name} COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/${script})
+    set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout}
+      ENVIRONMENT "TQKV_SERVER=$<TARGET_FILE:tqkv-server>;TQKV_SOURCE_DIR=${PROJECT_SOURCE_DIR};PYTHONDONTWRITEBYTECODE=1")
+  endfunction()
+  tqkv_server_pytest(security_auth tests/security/test_auth.py security 180)
+  tqkv_server_pytest(security_tls tests/security/test_tls.py security 180)
+  tqkv_server_pytest(security_limits tests/security/test_limits.py security 240)
+  tqkv_server_pytest(fault_clients tests/fault/test_faults.py fault 300)
+endif()

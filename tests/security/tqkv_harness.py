@@ -29,8 +29,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.environ.get("TQKV_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 SANITIZED = os.environ.get("TQKV_SANITIZED") == "1"
 
-_TMP = tempfile.mkdtemp(prefix="tqkv-sec-")
-atexit.register(shutil.rmtree, _TMP, True)
+if os.environ.get("TQKV_SEC_TMP") and os.path.isdir(os.environ["TQKV_SEC_TMP"]):
+    _TMP = os.environ["TQKV_SEC_TMP"]  # a child process: the parent owns and removes it
+else:
+    _TMP = tempfile.mkdtemp(prefix="tqkv-sec-")
+    os.environ["TQKV_SEC_TMP"] = _TMP
+    atexit.register(shutil.rmtree, _TMP, True)
 
 
 def tmpdir():
@@ -38,7 +42,13 @@ def tmpdir():
 
 
 def _gen_stubs():
+    # Child processes of a test reuse their parent's stubs (TQKV_STUBS_DIR).
+    given = os.environ.get("TQKV_STUBS_DIR")
+    if given and os.path.isdir(os.path.join(given, "tqkv")):
+        sys.path.append(given)
+        return
     out = os.path.join(_TMP, "stubs")
+    os.environ["TQKV_STUBS_DIR"] = out
     src = os.path.join(_TMP, "proto-src")
     os.makedirs(out, exist_ok=True)
     # health.proto is compiled from a copy under another directory: its module path
