@@ -169,6 +169,26 @@ class MetricsScrape(unittest.TestCase):
                 urllib.request.urlopen(req, timeout=10)
             self.assertEqual(cm.exception.code, code, "%s %s" % (method, path))
 
+    def test_probe_services(self):
+        """The Kubernetes gRPC probes (deploy/k8s/base/statefulset.yaml) ask the health
+        service for "" (startup, liveness) and "tqkv.v1.KVCache" (readiness)."""
+        _, before, _ = scrape(self.srv)
+        check = self.chan.unary_unary("/grpc.health.v1.Health/Check",
+                                      request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+        for service in [b"", b"tqkv.v1.KVCache"]:
+            req = (b"\x0a" + bytes([len(service)]) + service) if service else b""
+            self.assertEqual(check(req, timeout=10), b"\x08\x01", service)  # SERVING
+        with self.assertRaises(grpc.RpcError) as cm:
+            check(b"\x0a\x07nothere", timeout=10)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.wait_for(lambda s: val(s, "tqkv_requests_total", method="Health.Check", code="OK")
+                      - val(before, "tqkv_requests_total", method="Health.Check", code="OK") == 2
+                      and val(s, "tqkv_requests_total", method="Health.Check", code="NOT_FOUND")
+                      - val(before, "tqkv_requests_total", method="Health.Check",
+                            code="NOT_FOUND") == 1,
+                      "2 OK and 1 NOT_FOUND Health.Check")
+
     def test_rpcs_move_the_counters(self):
         _, before, _ = scrape(self.srv)
         ns = 'metrics"q"\\test-%d' % (SEED % 1000)  # quote and backslash: escaped labels

@@ -12,7 +12,8 @@
 // service/config.c is read), KUBECTL (default kubectl).
 //
 // Every failure is printed as "FAIL <where>: <what>"; the exit status is 1 if any.
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
+import http from "node:http";
 import { existsSync, readFileSync, statSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -378,7 +379,7 @@ function checkServer(variant, objs, envVars) {
     expect(env.TQKV_DEVICE === undefined, cw, "no TQKV_DEVICE on the cpu overlay (built without CUDA it is an error)");
     expect(!/cuda/.test(c.image), cw, `a CPU image (got ${c.image})`);
   }
-  return { svcs, ns: nsName, replicas: ss.spec.replicas };
+  return { svcs, ns: nsName, replicas: ss.spec.replicas, env };
 }
 
 function checkBench(objs, replicas) {
@@ -432,6 +433,81 @@ function checkMonitoring(objs, serverSvcs, nsName) {
   }
 }
 
+
+// Starts the real tqkv-server with the overlay's ConfigMap as its environment (listen
+// addresses moved to loopback port 0 and capacities shrunk by flags, which win over
+// variables) and checks that it accepts the configuration, serves /metrics, and stops
+// cleanly on SIGTERM. Without a GPU (or a CUDA build) the HBM tier runs as a host
+// stand-in.
+function runServer(env, args) {
+  return new Promise((resolve) => {
+    const e = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("TQKV_")));
+    const p = spawn(process.env.TQKV_SERVER, args, { env: { ...e, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    let err = "";
+    let done = false;
+    const finish = (r) => {
+      if (!done) {
+        done = true;
+        clearTimeout(timer);
+        resolve({ ...r, out, err, proc: p });
+      }
+    };
+    const timer = setTimeout(() => finish({ started: false, why: "no 'listening on' line in 60 s" }), 60000);
+    p.stdout.on("data", (d) => {
+      out += d;
+      const m = /metrics on port (\d+)/.exec(out);
+      if (/listening on/.test(out) && m) finish({ started: true, metricsPort: Number(m[1]) });
+    });
+    p.stderr.on("data", (d) => (err += d));
+    p.on("exit", (code) => finish({ started: false, why: `exited with ${code}` }));
+  });
+}
+
+function get(port, path) {
+  return new Promise((resolve) => {
+    http.get({ host: "127.0.0.1", port, path, timeout: 10000 }, (res) => {
+      let body = "";
+      res.on("data", (d) => (body += d));
+      res.on("end", () => resolve({ status: res.statusCode, body }));
+    }).on("error", (e) => resolve({ status: 0, body: String(e) }));
+  });
+}
+
+async function serverAccepts(variant, env) {
+  const W = `overlays/${variant} ConfigMap with ${process.env.TQKV_SERVER}`;
+  const args = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--dram-capacity", "64M",
+    "--threads", "2", "--encoder-threads", "2"];
+  if (env.TQKV_HBM_CAPACITY) args.push("--hbm-capacity", "32M");
+  let r = await runServer(env, args);
+  let note = "";
+  if (!r.started && env.TQKV_DEVICE !== undefined && /CUDA|device/i.test(r.err)) {
+    const e2 = { ...env, TQKV_HBM_STANDIN: "true" };
+    delete e2.TQKV_DEVICE;
+    note = " (HBM stand-in: no GPU or no CUDA build here)";
+    r = await runServer(e2, args);
+  }
+  if (!expect(r.started, W, `server did not start: ${r.why}: ${r.err.trim().split("\n").slice(-2).join(" | ")}`)) return;
+  const m = await get(r.metricsPort, "/metrics");
+  expect(m.status === 200 && /\ntqkv_tier_capacity_bytes\{tier="dram"\} 67108864\n/.test(m.body), W,
+    "serves /metrics with the DRAM tier capacity");
+  if (env.TQKV_HBM_CAPACITY)
+    expect(/\ntqkv_tier_capacity_bytes\{tier="hbm"\} 33554432\n/.test(m.body), W, "HBM tier configured");
+  const code = await new Promise((resolve) => {
+    const t = setTimeout(() => {
+      r.proc.kill("SIGKILL");
+      resolve("timeout");
+    }, 60000);
+    r.proc.on("exit", (c) => {
+      clearTimeout(t);
+      resolve(c);
+    });
+    r.proc.kill("SIGTERM");
+  });
+  expect(code === 0, W, `exit status ${code} after SIGTERM`);
+  console.log(`overlays/${variant}: tqkv-server accepted the ConfigMap${note}`);
+}
+
 async function runK8s() {
   for (const [tool, args] of [[kubectl, ["version", "--client"]]]) {
     try {
@@ -453,6 +529,7 @@ async function runK8s() {
     const objs = await parseDocs(text);
     await validateSchema(`overlays/${variant}`, objs);
     const r = checkServer(variant, objs, envVars);
+    if (r && process.env.TQKV_SERVER && existsSync(process.env.TQKV_SERVER)) await serverAccepts(variant, r.env);
     if (r && variant === "cpu") ({ svcs, ns: nsName, replicas } = r);
     console.log(`overlays/${variant}: ${objs.length} objects (${objs.map((o) => o.kind).join(", ")})`);
   }
