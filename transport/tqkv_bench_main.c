@@ -63,6 +63,7 @@ typedef struct cfg {
     uint64_t seed;
     int verify_every;
     uint32_t working_set;
+    uint32_t lease_ms;
 } cfg_t;
 
 static cfg_t C;
@@ -440,7 +441,7 @@ op_decode(worker_t *w)
                             .hashes = hs,
                             .num_hashes = C.seq_blocks,
                             .num_layers = C.layers,
-                            .lease_ms = 5000};
+                            .lease_ms = C.lease_ms};
     uint32_t prefix = 0;
     double t0 = now_s();
     if (tqkv_client_lookup(w->cl, &lq, &prefix, NULL) != TQKV_OK) {
@@ -971,6 +972,7 @@ usage(void)
         "  --key-bits B --value-bits B  --namespace NS (bench)  --replicas R (1)\n"
         "  --channels N (connections per target)  --working-set N (decode: sequences)\n"
         "  --dram-capacity BYTES (passed to a spawned server)  --verify-every N (8)\n"
+        "  --lease-ms N (Lookup pin before Get, 1000)\n"
         "  --json FILE|-  --csv FILE  --tls-ca FILE  --token T  --no-baselines  --seed N\n");
 }
 
@@ -1014,6 +1016,7 @@ main(int argc, char **argv)
     C.baselines = 1;
     C.replicas = 1;
     C.verify_every = 8;
+    C.lease_ms = 1000;
     C.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     set_model("llama3-8b");
 
@@ -1099,6 +1102,8 @@ main(int argc, char **argv)
             C.channels = (uint32_t)atoi(v);
         } else if (ARG("--working-set")) {
             C.working_set = (uint32_t)atoi(v);
+        } else if (ARG("--lease-ms")) {
+            C.lease_ms = (uint32_t)atoi(v);
         } else if (ARG("--verify-every")) {
             C.verify_every = atoi(v);
         } else if (ARG("--seed")) {
