@@ -62,11 +62,11 @@ def gen_stubs():
 class Server:
     """A tqkv-server process on 127.0.0.1, port 0."""
 
-    def __init__(self, *extra, target=None, creds=None):
+    def __init__(self, *extra, target=None, creds=None, env=None):
         self.proc = subprocess.Popen(
             [SERVER, "--listen", "127.0.0.1:0", "--threads", "2", "--encoder-threads", "2",
              "--max-message-bytes", str(MAX_MSG), "--dram-capacity", "256M", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.port = None
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -603,8 +603,16 @@ class SecurityTest(unittest.TestCase):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(cert, "rb") as f:
             root = f.read()
+        # gRPC 1.51's secure endpoint leaks one slice-buffer block (576 bytes, allocated
+        # in grpc_slice_buffer_trim_end under gpr_realloc) per TLS connection at shutdown;
+        # LeakSanitizer (sanitized runs) is told to ignore allocations made by libgpr
+        # for this server only.
+        supp = os.path.join(TMP, "lsan-grpc-tls.supp")
+        with open(supp, "w") as f:
+            f.write("leak:libgpr.so\n")
+        env = dict(os.environ, LSAN_OPTIONS="suppressions=" + supp)
         srv = Server("--tls-cert", cert, "--tls-key", key, target="localhost",
-                     creds=grpc.ssl_channel_credentials(root_certificates=root))
+                     creds=grpc.ssl_channel_credentials(root_certificates=root), env=env)
         try:
             check = srv.channel.unary_unary("/grpc.health.v1.Health/Check", **IDENT)
             self.assertEqual(check(b"", timeout=10), b"\x08\x01")
@@ -614,7 +622,8 @@ class SecurityTest(unittest.TestCase):
             self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE)
             plain.close()
         finally:
-            self.assertEqual(srv.stop(), 0)
+            rc = srv.stop()
+            self.assertEqual(rc, 0, "".join(srv.stderr_lines[-30:]))
 
     def test_store_full_is_resource_exhausted(self):
         srv = Server("--dram-capacity", "64K")
