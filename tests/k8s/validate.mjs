@@ -94,6 +94,33 @@ function serverEnvVars() {
   return { vars, from: "service/config.c" };
 }
 
+// Metric names the server exposes: the families rendered by service/metrics.c (with
+// the histogram series suffixes).
+function knownMetrics() {
+  const src = readFileSync(path.join(root, "service", "metrics.c"), "utf8");
+  const families = new Set([...src.matchAll(/"(tqkv_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
+  const known = new Set();
+  for (const f of families) {
+    known.add(f);
+    for (const s of ["_bucket", "_sum", "_count"]) known.add(f + s);
+  }
+  return known;
+}
+
+// Checks a PromQL expression: balanced brackets, only metrics the server exports.
+function checkPromQL(where, expr, known) {
+  let depth = 0;
+  for (const ch of expr) {
+    if ("({[".includes(ch)) depth++;
+    if (")}]".includes(ch)) depth--;
+    if (depth < 0) break;
+  }
+  expect(depth === 0, where, `unbalanced brackets in ${expr}`);
+  const stripped = expr.replace(/"[^"]*"/g, '""');
+  for (const m of stripped.matchAll(/\b(tqkv_[a-z0-9_]+)\b/g))
+    expect(known.has(m[1]), where, `metric ${m[1]} is not exported by service/metrics.c`);
+}
+
 // ---------------------------------------------------------------- schema validation
 
 const MODEL_PACKAGES = {
@@ -431,6 +458,16 @@ function checkMonitoring(objs, serverSvcs, nsName) {
       "honorLabels true (the tqkv 'namespace' label would become exported_namespace)");
     if (matched[0]) expect((matched[0].spec.ports || []).some((p) => p.name === ep.port), mw, `Service has port ${ep.port}`);
   }
+  const known = knownMetrics();
+  const rules = objs.filter((o) => o.kind === "PrometheusRule").flatMap((o) => o.spec.groups.flatMap((g) => g.rules));
+  expect(rules.length > 0, W, "a PrometheusRule with alerts");
+  for (const r of rules) {
+    const rw = `${W} alert ${r.alert}`;
+    expect(/^[A-Z][A-Za-z0-9]+$/.test(r.alert || ""), rw, "CamelCase alert name");
+    expect(["critical", "warning", "info"].includes(r.labels?.severity), rw, "severity label");
+    expect(r.annotations?.summary, rw, "summary annotation");
+    checkPromQL(rw, r.expr, known);
+  }
 }
 
 
@@ -657,14 +694,7 @@ function runGrafana() {
     fail(W, `not JSON: ${e.message}`);
     return;
   }
-  // Metric names the server exposes: the families rendered by service/metrics.c.
-  const src = readFileSync(path.join(root, "service", "metrics.c"), "utf8");
-  const families = new Set([...src.matchAll(/"(tqkv_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
-  const known = new Set();
-  for (const f of families) {
-    known.add(f);
-    for (const s of ["_bucket", "_sum", "_count"]) known.add(f + s);
-  }
+  const known = knownMetrics();
   expect(typeof d.title === "string" && d.title.length > 0, W, "title");
   expect(typeof d.uid === "string" && d.uid.length > 0 && d.uid.length <= 40, W, "uid (<= 40 chars)");
   expect(Number.isInteger(d.schemaVersion), W, "schemaVersion");
@@ -693,17 +723,7 @@ function runGrafana() {
       expect(typeof t.expr === "string" && t.expr.length > 0, pw, "target has a PromQL expr");
       expect(t.datasource?.uid === "${datasource}", pw, "target uses the datasource variable");
       exprs.push(t.expr);
-      // Balanced brackets and no metric the server does not export.
-      let depth = 0;
-      for (const ch of t.expr) {
-        if ("({[".includes(ch)) depth++;
-        if (")}]".includes(ch)) depth--;
-        if (depth < 0) break;
-      }
-      expect(depth === 0, pw, `unbalanced brackets in ${t.expr}`);
-      const stripped = t.expr.replace(/"[^"]*"/g, '""');
-      for (const m of stripped.matchAll(/\b(tqkv_[a-z0-9_]+)\b/g))
-        expect(known.has(m[1]), pw, `metric ${m[1]} is not exported by service/metrics.c`);
+      checkPromQL(pw, t.expr, known);
     }
   }
   const all = exprs.join("\n");
