@@ -21,13 +21,14 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/page.h"
-#include "kernels/page_format.h"
-#include "kernels/status.h"
-
+/* The kernels' C headers carry no extern "C" of their own. */
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "kernels/page.h"
+#include "kernels/page_format.h"
+#include "kernels/status.h"
 
 /* Number of CUDA devices in *n; TQKV_ENODEV (with *n = 0) when there is none or no
  * driver. */

@@ -10,10 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/codebook.h"
 #include "kernels/cuda.h"
-#include "kernels/rotation.h"
 #include "kernels/tq_cuda_math.cuh"
+
+extern "C" {
+#include "kernels/codebook.h"
+#include "kernels/rotation.h"
+}
 
 tqkv_status_t
 tqkv__cuda_status(cudaError_t e, const char *what)
