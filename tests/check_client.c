@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention.h"
 #include "kernels/page.h"
 #include "tests/check_main.h"
 #include "transport/client.h"
@@ -556,6 +557,51 @@ START_TEST(test_errors)
 }
 END_TEST
 
+START_TEST(test_get_attend)
+{
+    const size_t nh = 3;
+    const uint32_t L = 2, HQ = 4;
+    tqkv_block_shape_t sh = {64, 2, 128};
+    size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
+    tqkv_hash_t hs[3];
+    uint16_t **k, **v;
+    for (size_t i = 0; i < nh; i++)
+        proc_hash(&hs[i], SEED, 800 + i, 16);
+    make_data(nh, L, sh, &k, &v);
+    put_blocks(CL, "attn", hs, nh, L, sh, k, v, NULL);
+    float q[4 * 128], out[4 * 128], ref[4 * 128];
+    for (size_t i = 0; i < HQ * sh.head_dim; i++)
+        q[i] = (float)((double)(proc_rnd(&SEED) >> 11) / 9007199254740992.0 - 0.5) * 0.5f;
+    uint16_t *kc = malloc(nh * n * 2), *vc = malloc(nh * n * 2);
+    for (uint32_t l = 0; l < L; l++) {
+        for (size_t b = 0; b < nh; b++) {
+            memcpy(kc + b * n, k[b * L + l], n * 2);
+            memcpy(vc + b * n, v[b * L + l], n * 2);
+        }
+        tqkv_status_t st = tqkv_client_get_attend(CL, "attn", hs, nh, l, 0, q, HQ, out);
+        ck_assert_msg(st == TQKV_OK, "get_attend: %s", tqkv_client_last_error()->message);
+        ck_assert_int_eq(tqkv_attn_bf16_ref(q, HQ, kc, vc, (uint32_t)(nh * sh.num_tokens),
+                                            sh.num_kv_heads, sh.head_dim, ref),
+                         TQKV_OK);
+        double e = 0, s2 = 0;
+        for (size_t i = 0; i < HQ * sh.head_dim; i++) {
+            e += (out[i] - ref[i]) * (double)(out[i] - ref[i]);
+            s2 += (double)ref[i] * ref[i];
+        }
+        ck_assert_msg(sqrt(e / s2) < 0.25, "layer %u: attention rel err %g", l, sqrt(e / s2));
+    }
+    /* A missing block: ENOTFOUND, and the message names it. */
+    tqkv_hash_t with_gap[3] = {hs[0], hs[1], hs[2]};
+    proc_hash(&with_gap[1], SEED, 99999, 16);
+    ck_assert_int_eq(tqkv_client_get_attend(CL, "attn", with_gap, nh, 0, 0, q, HQ, out),
+                     TQKV_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(tqkv_client_last_error()->message, "block 1"));
+    free(kc);
+    free(vc);
+    free_data(nh, L, k, v);
+}
+END_TEST
+
 static Suite *
 client_suite(void)
 {
@@ -570,6 +616,7 @@ client_suite(void)
     tcase_add_test(tc, test_cancel_midstream);
     tcase_add_test(tc, test_sigterm_midstream);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_get_attend);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -86,6 +86,12 @@ set_err(tqkv_status_t st, int code, const char *fmt, ...)
     return st;
 }
 
+tqkv_status_t
+tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg)
+{
+    return set_err(st, grpc_code, "%s", msg);
+}
+
 static tqkv_status_t
 status_from_grpc(grpc_status_code code)
 {

@@ -229,6 +229,21 @@ tqkv_status_t tqkv_client_health(tqkv_client_t *c, size_t target, const char *se
 tqkv_status_t tqkv_client_decode_page(const void *page, size_t len, uint16_t *k, uint16_t *v,
                                       tqkv_block_shape_t *shape);
 
+/* Fused decode attention (kernels/attention.h) of one query token over packed pages
+ * the caller received (borrowed; consecutive blocks of one sequence, one layer). q and
+ * out are float [num_q_heads][head_dim]. Page CRCs are checked. Returns the statuses
+ * of tqkv_attn_decode. */
+tqkv_status_t tqkv_client_attend(const float *q, uint32_t num_q_heads, const void *const *pages,
+                                 const size_t *page_lens, size_t n_pages, float *out);
+
+/* Gets the packed pages of hashes[0..num_hashes) at one layer and runs fused decode
+ * attention of q over them (the whole prefix as one sequence). Returns TQKV_ENOTFOUND
+ * (with the index in the error message) when a block is missing, the Get's status, or
+ * tqkv_client_attend's. deadline_ms 0 = the client default. */
+tqkv_status_t tqkv_client_get_attend(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes,
+                                     size_t num_hashes, uint32_t layer, uint32_t deadline_ms,
+                                     const float *q, uint32_t num_q_heads, float *out);
+
 /* ---- Internal, exposed for the tests ---- */
 
 /* A GetResponse read in place (pointers borrow the message bytes). */
@@ -242,5 +257,8 @@ typedef struct tqkv__get_msg {
 /* Parses a serialized tqkv.v1.GetResponse without copying. Returns 0, or -1 when
  * p[0..n) is not a well-formed message. */
 int tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m);
+
+/* Sets the calling thread's last error (for transport/client_*.c). Returns st. */
+tqkv_status_t tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg);
 
 #endif
