@@ -8,6 +8,7 @@
  * request.
  */
 #include <grpc/slice.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,16 +63,36 @@ get_prefix(uint8_t *p, const ProtobufCBinaryData *hash, uint32_t layer, int foun
     return n;
 }
 
-/* ---- Put ---- */
+/* ---- Put ----
+ *
+ * Messages of one stream are encoded in parallel: up to `window` jobs run on the
+ * encoder pool while the next RECV_MESSAGE is in flight. Each job reserved one
+ * TAG_WAKE and, when done, pushes itself on the call's done list and fires it. The
+ * first failing message (in completion order) fails the call: no more messages are
+ * read, the jobs in flight finish, then the status goes out. Blocks of messages
+ * that succeeded stay stored, including ones sent after the bad message that were
+ * already being encoded.
+ */
 
-typedef struct put_state {
-    grpc_byte_buffer *bb; /* message handed to the job (owned by the job while in WORK) */
-    /* job results */
+typedef struct put_job {
+    struct put_job *next;
+    tqkv__call_t *call;
+    grpc_byte_buffer *bb; /* the message (owned by the job) */
     grpc_status_code code;
     char err[ERRLEN];
     int duplicate;
     uint64_t bytes_in, bytes_stored;
-    /* totals of the stream */
+} put_job_t;
+
+typedef struct put_state {
+    pthread_mutex_t mu; /* protects done (pushed by encoder threads) */
+    put_job_t *done;
+    unsigned window;       /* jobs allowed in flight */
+    unsigned jobs;         /* jobs in flight (worker thread only) */
+    int recv_active;       /* a RECV_MESSAGE is in flight */
+    int eof;               /* the client half-closed */
+    grpc_status_code code; /* first failure */
+    char err[ERRLEN];
     uint64_t stored, dups, total_in, total_stored;
 } put_state_t;
 
@@ -79,7 +100,8 @@ typedef struct put_state {
 static void
 put_job(void *arg)
 {
-    tqkv__call_t *c = arg;
+    put_job_t *j = arg;
+    tqkv__call_t *c = j->call;
     tqkv_server_t *s = c->srv;
     put_state_t *h = c->h;
     Tqkv__V1__PutRequest *m = NULL;
@@ -87,26 +109,24 @@ put_job(void *arg)
     size_t len = 0;
     tqkv_status_t st;
 
-    h->code = GRPC_STATUS_OK;
-    h->duplicate = 0;
-    h->bytes_in = h->bytes_stored = 0;
-    uint8_t *buf = tqkv__bb_read(h->bb, &len);
-    grpc_byte_buffer_destroy(h->bb);
-    h->bb = NULL;
+    j->code = GRPC_STATUS_OK;
+    uint8_t *buf = tqkv__bb_read(j->bb, &len);
+    grpc_byte_buffer_destroy(j->bb);
+    j->bb = NULL;
     if (buf == NULL) {
-        h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-        snprintf(h->err, ERRLEN, "out of memory reading the message");
+        j->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(j->err, ERRLEN, "out of memory reading the message");
         goto done;
     }
-    st = tqkv_validate_put(buf, len, &s->limits, &m, h->err, ERRLEN);
+    st = tqkv_validate_put(buf, len, &s->limits, &m, j->err, ERRLEN);
     free(buf);
     if (st != TQKV_OK) {
-        h->code = tqkv_status_to_grpc_input(st);
+        j->code = tqkv_status_to_grpc_input(st);
         goto done;
     }
-    st = tqkv__call_auth(c, m->namespace_, TQKV_AUTH_WRITE, h->err, ERRLEN);
+    st = tqkv__call_auth(c, m->namespace_, TQKV_AUTH_WRITE, j->err, ERRLEN);
     if (st != TQKV_OK) {
-        h->code = tqkv_status_to_grpc(st);
+        j->code = tqkv_status_to_grpc(st);
         goto done;
     }
     tqkv_block_key_t key = {m->namespace_, strlen(m->namespace_), m->hash.data, m->hash.len,
@@ -118,24 +138,25 @@ put_job(void *arg)
         tqkv_page_info_t info;
         st = tqkv_page_validate(m->page.data, m->page.len, 0, &info, NULL, 0);
         if (st != TQKV_OK) {
-            h->code = GRPC_STATUS_INVALID_ARGUMENT;
-            snprintf(h->err, ERRLEN, "page: %s", tqkv_strerror(st));
+            j->code = GRPC_STATUS_INVALID_ARGUMENT;
+            snprintf(j->err, ERRLEN, "page: %s", tqkv_strerror(st));
             goto done;
         }
         data = m->page.data;
         plen = m->page.len;
         bf16_bytes = info.bf16_bytes;
-        h->bytes_in = m->page.len;
+        j->bytes_in = m->page.len;
     } else {
         tqkv_block_codec_t codec;
         tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
         tqkv_policy_block_codec(&s->cfg.policy, m->layer, m->num_layers, &codec);
         if (m->codec) {
             uint8_t b2;
-            if (m->codec->key_bits != 0.0f && tqkv_bits_from_float(m->codec->key_bits, &b2) == 0)
+            if (m->codec->key_bits != 0.0f &&
+                tqkv_bits_from_float(m->codec->key_bits, &b2) == TQKV_OK)
                 codec.k.bits_x2 = b2;
             if (m->codec->value_bits != 0.0f &&
-                tqkv_bits_from_float(m->codec->value_bits, &b2) == 0)
+                tqkv_bits_from_float(m->codec->value_bits, &b2) == TQKV_OK)
                 codec.v.bits_x2 = b2;
             if (m->codec->key_mode != TQKV__V1__MODE__MODE_DEFAULT)
                 codec.k.mode = m->codec->key_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
@@ -145,97 +166,62 @@ put_job(void *arg)
                                                                                  : TQKV_MODE_MSE;
         }
         size_t cap;
-        st = tqkv_page_check_params(&shape, &codec, h->err, ERRLEN);
+        j->err[0] = '\0';
+        st = tqkv_page_check_params(&shape, &codec, j->err, ERRLEN);
         if (st == TQKV_OK)
             st = tqkv_page_size(&shape, &codec, &cap);
         if (st != TQKV_OK) {
-            h->code = tqkv_status_to_grpc_input(st);
-            if (h->err[0] == '\0')
-                snprintf(h->err, ERRLEN, "codec: %s", tqkv_strerror(st));
+            j->code = tqkv_status_to_grpc_input(st);
+            if (j->err[0] == '\0')
+                snprintf(j->err, ERRLEN, "codec: %s", tqkv_strerror(st));
             goto done;
         }
         page = malloc(cap);
         if (page == NULL) {
-            h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-            snprintf(h->err, ERRLEN, "out of memory encoding a %zu-byte page", cap);
+            j->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(j->err, ERRLEN, "out of memory encoding a %zu-byte page", cap);
             goto done;
         }
         double t0 = tqkv__now();
         st = tqkv_page_encode(&shape, &codec, (const uint16_t *)m->key.data,
-                              (const uint16_t *)m->value.data, page, cap, &plen, h->err, ERRLEN);
+                              (const uint16_t *)m->value.data, page, cap, &plen, j->err, ERRLEN);
         if (st != TQKV_OK) {
-            h->code = tqkv_status_to_grpc_input(st);
+            j->code = tqkv_status_to_grpc_input(st);
             goto done;
         }
         bf16_bytes = m->key.len + m->value.len;
         tqkv_metrics_codec(s->metrics, 1, bf16_bytes, tqkv__now() - t0);
         data = page;
-        h->bytes_in = bf16_bytes;
+        j->bytes_in = bf16_bytes;
     }
     st = tqkv_store_put(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
-                        m->parent_hash.len, data, plen, bf16_bytes, &h->duplicate);
+                        m->parent_hash.len, data, plen, bf16_bytes, &j->duplicate);
     if (st != TQKV_OK) {
-        h->code = tqkv_status_to_grpc(st);
+        j->code = tqkv_status_to_grpc(st);
         if (st == TQKV_ENOSPC)
-            snprintf(h->err, ERRLEN,
+            snprintf(j->err, ERRLEN,
                      "store full: no room for a %zu-byte page in namespace '%s' and nothing "
                      "may be evicted",
                      plen, m->namespace_);
         else
-            snprintf(h->err, ERRLEN, "store: %s", tqkv_strerror(st));
+            snprintf(j->err, ERRLEN, "store: %s", tqkv_strerror(st));
         goto done;
     }
-    if (!h->duplicate)
-        h->bytes_stored = plen;
+    if (!j->duplicate)
+        j->bytes_stored = plen;
 done:
     free(page);
     if (m)
         tqkv__v1__put_request__free_unpacked(m, NULL);
+    pthread_mutex_lock(&h->mu);
+    j->next = h->done;
+    h->done = j;
+    pthread_mutex_unlock(&h->mu);
     tqkv__call_wake(c);
 }
 
 static void
-put_finish_ok(tqkv__call_t *c)
-{
-    put_state_t *h = c->h;
-    Tqkv__V1__PutResponse r = TQKV__V1__PUT_RESPONSE__INIT;
-    r.blocks_stored = h->stored;
-    r.blocks_duplicate = h->dups;
-    r.bytes_in = h->total_in;
-    r.bytes_stored = h->total_stored;
-    tqkv__call_finish_msg(c, &r.base);
-}
-
-static void
-put_start(tqkv__call_t *c)
-{
-    c->h = calloc(1, sizeof(put_state_t));
-    if (c->h == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
-        return;
-    }
-    tqkv__call_recv(c);
-}
-
-static void
-put_recv(tqkv__call_t *c, int ok)
-{
-    put_state_t *h = c->h;
-    if (c->recv_bb == NULL) { /* client half-closed: reply */
-        put_finish_ok(c);
-        return;
-    }
-    h->bb = c->recv_bb;
-    c->recv_bb = NULL;
-    if (tqkv__call_work(c, put_job) != TQKV_OK) {
-        grpc_byte_buffer_destroy(h->bb);
-        h->bb = NULL;
-        tqkv__call_finish(c, GRPC_STATUS_UNAVAILABLE, "server is stopping", NULL);
-    }
-}
-
-static void
-put_wake(tqkv__call_t *c)
+put_finish(tqkv__call_t *c)
 {
     put_state_t *h = c->h;
     if (c->closed) {
@@ -246,22 +232,135 @@ put_wake(tqkv__call_t *c)
         tqkv__call_finish(c, h->code, h->err, NULL);
         return;
     }
-    if (h->duplicate)
-        h->dups++;
-    else
-        h->stored++;
-    h->total_in += h->bytes_in;
-    h->total_stored += h->bytes_stored;
-    tqkv_metrics_add_bytes(c->srv->metrics, h->bytes_in, 0, 0);
-    tqkv__call_recv(c);
+    Tqkv__V1__PutResponse r = TQKV__V1__PUT_RESPONSE__INIT;
+    r.blocks_stored = h->stored;
+    r.blocks_duplicate = h->dups;
+    r.bytes_in = h->total_in;
+    r.bytes_stored = h->total_stored;
+    tqkv__call_finish_msg(c, &r.base);
+}
+
+/* Decides what a Put does next once an event has been absorbed. */
+static void
+put_step(tqkv__call_t *c)
+{
+    put_state_t *h = c->h;
+    if (c->state == TQKV__CS_DONE || h->recv_active)
+        return;
+    int stop = h->eof || h->code != GRPC_STATUS_OK || c->closed;
+    if (stop) {
+        if (h->jobs == 0)
+            put_finish(c);
+        else
+            tqkv__call_set_state(c, TQKV__CS_WORK);
+        return;
+    }
+    if (h->jobs < h->window) {
+        h->recv_active = 1;
+        tqkv__call_recv(c);
+        if (c->state == TQKV__CS_DONE)
+            h->recv_active = 0;
+        return;
+    }
+    tqkv__call_set_state(c, TQKV__CS_WORK);
+}
+
+static void
+put_start(tqkv__call_t *c)
+{
+    put_state_t *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    h->window = c->srv->cfg.encoder_threads < 8 ? c->srv->cfg.encoder_threads : 8;
+    if (h->window == 0)
+        h->window = 1;
+    h->code = GRPC_STATUS_OK;
+    c->h = h;
+    put_step(c);
+}
+
+static void
+put_recv(tqkv__call_t *c, int ok)
+{
+    put_state_t *h = c->h;
+    h->recv_active = 0;
+    if (c->recv_bb == NULL) { /* client half-closed */
+        h->eof = 1;
+        put_step(c);
+        return;
+    }
+    if (h->code != GRPC_STATUS_OK) { /* failing already: drop */
+        put_step(c);
+        return;
+    }
+    put_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(h->err, ERRLEN, "out of memory");
+        put_step(c);
+        return;
+    }
+    j->call = c;
+    j->bb = c->recv_bb;
+    c->recv_bb = NULL;
+    if (tqkv__call_submit(c, put_job, j) != TQKV_OK) {
+        grpc_byte_buffer_destroy(j->bb);
+        free(j);
+        h->code = GRPC_STATUS_UNAVAILABLE;
+        snprintf(h->err, ERRLEN, "server is stopping");
+    } else {
+        h->jobs++;
+    }
+    put_step(c);
+}
+
+static void
+put_wake(tqkv__call_t *c)
+{
+    put_state_t *h = c->h;
+    pthread_mutex_lock(&h->mu);
+    put_job_t *j = h->done;
+    if (j)
+        h->done = j->next;
+    pthread_mutex_unlock(&h->mu);
+    if (j == NULL) {
+        tqkv_log(TQKV_LOG_ERROR, "put: wake without a finished job", NULL);
+        abort();
+    }
+    h->jobs--;
+    if (j->code != GRPC_STATUS_OK) {
+        if (h->code == GRPC_STATUS_OK) {
+            h->code = j->code;
+            memcpy(h->err, j->err, ERRLEN);
+        }
+    } else {
+        if (j->duplicate)
+            h->dups++;
+        else
+            h->stored++;
+        h->total_in += j->bytes_in;
+        h->total_stored += j->bytes_stored;
+        tqkv_metrics_add_bytes(c->srv->metrics, j->bytes_in, 0, 0);
+    }
+    free(j);
+    put_step(c);
 }
 
 static void
 put_free(tqkv__call_t *c)
 {
     put_state_t *h = c->h;
-    if (h && h->bb)
-        grpc_byte_buffer_destroy(h->bb);
+    if (h == NULL)
+        return;
+    while (h->done) { /* cannot happen: every job's wake came back first */
+        put_job_t *j = h->done;
+        h->done = j->next;
+        free(j);
+    }
+    pthread_mutex_destroy(&h->mu);
     free(h);
     c->h = NULL;
 }

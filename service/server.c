@@ -100,7 +100,9 @@ static grpc_call_error
 start(tqkv__call_t *c, const grpc_op *ops, size_t n, tqkv__tag_kind_t k)
 {
     c->inflight++;
+    pthread_mutex_lock(&c->batch_mu);
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tags[k], NULL);
+    pthread_mutex_unlock(&c->batch_mu);
     if (e != GRPC_CALL_OK) {
         c->inflight--;
         tqkv_log(TQKV_LOG_ERROR, "grpc_call_start_batch failed", "error=%d tag=%d", (int)e, (int)k);
@@ -219,7 +221,9 @@ tqkv__call_wake(tqkv__call_t *c)
 {
     /* The reservation already counted this tag in c->inflight. An empty batch puts
      * the tag on the call's completion queue at once. */
+    pthread_mutex_lock(&c->batch_mu);
     grpc_call_error e = grpc_call_start_batch(c->call, NULL, 0, &c->tags[TQKV__TAG_WAKE], NULL);
+    pthread_mutex_unlock(&c->batch_mu);
     if (e != GRPC_CALL_OK) {
         tqkv_log(TQKV_LOG_ERROR, "wake batch failed", "error=%d", (int)e);
         abort(); /* the call could never be freed: an invariant broke */
@@ -227,14 +231,20 @@ tqkv__call_wake(tqkv__call_t *c)
 }
 
 tqkv_status_t
-tqkv__call_work(tqkv__call_t *c, tqkv_encoder_fn fn)
+tqkv__call_submit(tqkv__call_t *c, tqkv_encoder_fn fn, void *arg)
 {
-    tqkv__call_set_state(c, TQKV__CS_WORK);
     tqkv__call_reserve_wake(c);
-    tqkv_status_t st = tqkv_encoder_submit(c->srv->enc, fn, c);
+    tqkv_status_t st = tqkv_encoder_submit(c->srv->enc, fn, arg);
     if (st != TQKV_OK)
         c->inflight--;
     return st;
+}
+
+tqkv_status_t
+tqkv__call_work(tqkv__call_t *c, tqkv_encoder_fn fn)
+{
+    tqkv__call_set_state(c, TQKV__CS_WORK);
+    return tqkv__call_submit(c, fn, c);
 }
 
 uint8_t *
@@ -302,6 +312,7 @@ call_new(tqkv__worker_t *w, tqkv__method_t m)
         c->tags[k].kind = (tqkv__tag_kind_t)k;
     }
     grpc_metadata_array_init(&c->md);
+    pthread_mutex_init(&c->batch_mu, NULL);
     if (m == TQKV__M_GENERIC)
         grpc_call_details_init(&c->details);
     atomic_fetch_add(&w->srv->live_calls, 1);
@@ -331,6 +342,7 @@ call_free(tqkv__call_t *c)
     if (c->call)
         grpc_call_unref(c->call);
     free(c->authz);
+    pthread_mutex_destroy(&c->batch_mu);
     free(c);
     atomic_fetch_sub(&s->live_calls, 1);
 }
@@ -459,6 +471,10 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         }
         break;
     case TQKV__CS_RECV:
+        if (kind == TQKV__TAG_WAKE && h->on_wake) { /* Put: a job finished meanwhile */
+            h->on_wake(c);
+            return;
+        }
         if (kind == TQKV__TAG_RECV) {
             if (!ok) {
                 tqkv__call_abort(c);

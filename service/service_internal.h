@@ -4,9 +4,10 @@
  *
  * Threading: W workers, each with its own completion queue. Every event of a call
  * lands on the worker that requested it, so per-call state needs no lock; the only
- * cross-thread touches are (a) an encoder job, which owns the call's job fields
- * while the call is in CS_WORK and ends with tqkv__call_wake(), and (b) the health
- * notifier, which wakes idle watchers under the health mutex.
+ * cross-thread touches are (a) encoder jobs, which own their job object and end with
+ * tqkv__call_wake(), and (b) the health notifier, which wakes idle watchers under
+ * the health mutex. grpc_call_start_batch needs external synchronisation, so every
+ * batch on a call is started under the call's batch_mu.
  */
 #ifndef TQKV_SERVICE_SERVICE_INTERNAL_H
 #define TQKV_SERVICE_SERVICE_INTERNAL_H
@@ -57,8 +58,8 @@ typedef enum tqkv__tag_kind {
 /* States of a call; transitions go through tqkv__call_set_state(). */
 typedef enum tqkv__call_state {
     TQKV__CS_REQUESTED, /* armed, waiting for the core to match a client call */
-    TQKV__CS_RECV,      /* one RECV_MESSAGE in flight */
-    TQKV__CS_WORK,      /* a job runs on the encoder pool; TAG_WAKE reserved */
+    TQKV__CS_RECV,      /* one RECV_MESSAGE in flight (Put: encoder jobs may run too) */
+    TQKV__CS_WORK,      /* only encoder jobs in flight; a TAG_WAKE reserved per job */
     TQKV__CS_SEND,      /* one SEND_MESSAGE in flight (the back-pressure) */
     TQKV__CS_IDLE,      /* health watch waiting for a change; TAG_WAKE reserved */
     TQKV__CS_STATUS,    /* final status in flight */
@@ -104,7 +105,8 @@ struct tqkv__call {
     char *authz; /* copy of the `authorization` header or NULL */
     size_t authz_len;
     tqkv__tag_t tags[TQKV__TAG_COUNT];
-    void *h; /* method state, freed by on_free */
+    pthread_mutex_t batch_mu; /* serializes grpc_call_start_batch (worker vs. wakers) */
+    void *h;                  /* method state, freed by on_free */
     /* health watch: list links and idle flag, under srv->health_mu */
     tqkv__call_t *watch_next, *watch_prev;
     int watch_idle;
@@ -172,6 +174,9 @@ void tqkv__call_abort(tqkv__call_t *c);
 /* Reserves TAG_WAKE (worker thread) and queues fn(c) on the encoder pool; state
  * CS_WORK. fn must end with tqkv__call_wake(c). Returns non-OK (nothing queued). */
 tqkv_status_t tqkv__call_work(tqkv__call_t *c, tqkv_encoder_fn fn);
+/* Reserves TAG_WAKE (worker thread) and queues fn(arg) without changing the state;
+ * fn must end with tqkv__call_wake(c). Several may be in flight (Put). */
+tqkv_status_t tqkv__call_submit(tqkv__call_t *c, tqkv_encoder_fn fn, void *arg);
 /* Reserves TAG_WAKE without a job (health watch going idle). */
 void tqkv__call_reserve_wake(tqkv__call_t *c);
 /* Fires a reserved TAG_WAKE: any thread, exactly once per reservation. */
