@@ -106,7 +106,7 @@ tqkv_status_t tqkv__store_debug_corrupt(tqkv_store_t *s, const tqkv_block_key_t 
 /* Runs one demotion/lease-reaping pass synchronously (what the background thread does). */
 void tqkv__store_maintain(tqkv_store_t *s);
 /* Checks internal invariants (accounting vs. index contents); TQKV_EINTERNAL on a
- * mismatch, with a reason on stderr. Takes every lock; for tests. */
+ * mismatch, with a reason on stderr. For tests, with no other thread using the store. */
 tqkv_status_t tqkv__store_check(tqkv_store_t *s);
 
 #endif

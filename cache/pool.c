@@ -7,6 +7,10 @@
  * that freed page memory returns to the tier's arena and not to a thread cache.
  * Device pools forward to tqkv__pool_dev_* (pool_cuda.c) after the same accounting.
  *
+ * Under AddressSanitizer or ThreadSanitizer host pools use the system allocator
+ * instead (TQKV__POOL_SYSTEM_MALLOC): the sanitizers then see every page allocation,
+ * and TSan does not misreport jemalloc's internal locks.
+ *
  * The sub-allocator is first-fit over a free list sorted by offset, coalescing
  * neighbours on free; its lock is the innermost lock of cache/.
  */
@@ -19,6 +23,14 @@
 
 #include "cache/cache_internal.h"
 #include "cache/pool.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TQKV__POOL_SYSTEM_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TQKV__POOL_SYSTEM_MALLOC 1
+#endif
+#endif
 
 /* ---- capacity accounting ---- */
 
@@ -56,10 +68,14 @@ tqkv_pool_create_host(uint64_t capacity, tqkv_pool_t **out)
     p = calloc(1, sizeof(*p));
     if (p == NULL)
         return TQKV_ENOMEM;
+#ifndef TQKV__POOL_SYSTEM_MALLOC
     if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0) {
         free(p);
         return TQKV_ENOMEM;
     }
+#else
+    (void)sz;
+#endif
     p->kind = TQKV__POOL_HOST;
     p->capacity = capacity;
     p->arena = arena;
@@ -95,12 +111,14 @@ tqkv_pool_destroy(tqkv_pool_t *p)
         free(p);
         return;
     }
+#ifndef TQKV__POOL_SYSTEM_MALLOC
     if (atomic_load(&p->allocs) == 0) {
         /* Give the arena's memory back to the OS. Only safe with nothing left in it. */
         char name[64];
         snprintf(name, sizeof(name), "arena.%u.destroy", p->arena);
         (void)mallctl(name, NULL, NULL, NULL, 0);
     }
+#endif
     free(p);
 }
 
@@ -131,7 +149,11 @@ tqkv_pool_alloc(tqkv_pool_t *p, size_t len, void **ptr)
         m = NULL;
 #endif
     } else {
+#ifdef TQKV__POOL_SYSTEM_MALLOC
+        m = malloc(len);
+#else
         m = mallocx(len, MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
+#endif
         if (m == NULL)
             st = TQKV_ENOMEM;
     }
@@ -155,7 +177,11 @@ tqkv_pool_free(tqkv_pool_t *p, void *ptr, size_t len)
         tqkv__pool_dev_free(p, ptr, len);
 #endif
     } else {
+#ifdef TQKV__POOL_SYSTEM_MALLOC
+        free(ptr);
+#else
         dallocx(ptr, MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
+#endif
     }
     atomic_fetch_sub_explicit(&p->allocs, 1, memory_order_relaxed);
     unreserve(p, len);

@@ -10,6 +10,7 @@
  * the evictor/demoter; the struct is freed when it drops to zero.
  *
  * Locks, in acquisition order (never the reverse; never two stripe locks at once):
+ *   0. maint_lock: one background maintenance pass (demotion) at a time.
  *   1. ns_lock (rwlock): the namespace table. Taken alone; namespace records live
  *      until the store is destroyed, so pointers to them need no lock.
  *   2. stripe[i].lock: the stripe's buckets and blocks, each entry's `cur` copy
@@ -133,7 +134,8 @@ struct tqkv_store {
 
     struct timespec epoch;
 
-    pthread_mutex_t bg_lock; /* bg_stop and bg_cond */
+    pthread_mutex_t maint_lock; /* one maintenance pass at a time (outermost lock) */
+    pthread_mutex_t bg_lock;    /* bg_stop and bg_cond */
     pthread_cond_t bg_cond;
     int bg_stop, bg_running;
     pthread_t bg;
@@ -619,7 +621,11 @@ make_room(tqkv_store_t *s, int tier, size_t len, void **ptr)
         if (len > tqkv_pool_capacity(s->pool[tier]))
             return TQKV_ENOSPC;
         if (tier == TQKV_TIER_DRAM) {
-            if (!evict_one(s, TQKV_TIER_DRAM, NULL))
+            /* Leaf-first across tiers: when every DRAM page is the parent of a kept
+             * block, the leaves are in HBM; dropping the coldest HBM leaf makes its
+             * parent evictable. */
+            if (!evict_one(s, TQKV_TIER_DRAM, NULL) &&
+                (s->pool[TQKV_TIER_HBM] == NULL || !evict_one(s, TQKV_TIER_HBM, NULL)))
                 return TQKV_ENOSPC;
         } else {
             if (!demote_one(s))
@@ -643,10 +649,12 @@ tqkv__store_maintain(tqkv_store_t *s)
         return;
     if (tqkv_pool_used(h) <= hbm_mark(s, s->cfg.high_watermark))
         return;
+    pthread_mutex_lock(&s->maint_lock);
     uint64_t low = hbm_mark(s, s->cfg.low_watermark);
     while (tqkv_pool_used(h) > low)
         if (!demote_one(s))
             break;
+    pthread_mutex_unlock(&s->maint_lock);
 }
 
 static void *
@@ -755,6 +763,10 @@ tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out)
         st = TQKV_ENOMEM;
         goto fail_nslock;
     }
+    if (pthread_mutex_init(&s->maint_lock, NULL) != 0) {
+        st = TQKV_ENOMEM;
+        goto fail_maint;
+    }
     if (pthread_mutex_init(&s->bg_lock, NULL) != 0) {
         st = TQKV_ENOMEM;
         goto fail_bglock;
@@ -778,6 +790,8 @@ fail_thread:
 fail_bgcond:
     pthread_mutex_destroy(&s->bg_lock);
 fail_bglock:
+    pthread_mutex_destroy(&s->maint_lock);
+fail_maint:
     pthread_rwlock_destroy(&s->ns_lock);
 fail_nslock:
     pthread_mutex_destroy(&s->evict_lock);
@@ -835,6 +849,7 @@ tqkv_store_destroy(tqkv_store_t *s)
         tqkv__evq_fini(&s->q[t]);
     pthread_cond_destroy(&s->bg_cond);
     pthread_mutex_destroy(&s->bg_lock);
+    pthread_mutex_destroy(&s->maint_lock);
     pthread_rwlock_destroy(&s->ns_lock);
     pthread_mutex_destroy(&s->evict_lock);
     tqkv_pool_destroy(s->pool[TQKV_TIER_HBM]);
@@ -1535,11 +1550,11 @@ tqkv__store_check(tqkv_store_t *s)
     uint64_t pages[TQKV_TIER_COUNT] = {0}, bytes[TQKV_TIER_COUNT] = {0};
     tqkv_status_t st = TQKV_OK;
 
-    for (unsigned i = 0; i < NSTRIPES; i++)
-        pthread_mutex_lock(&s->stripes[i].lock);
-    pthread_mutex_lock(&s->evict_lock);
+    pthread_mutex_lock(&s->maint_lock); /* no demotion by the background thread meanwhile */
     for (unsigned i = 0; i < NSTRIPES; i++) {
         stripe_t *sp = &s->stripes[i];
+        pthread_mutex_lock(&sp->lock);
+        pthread_mutex_lock(&s->evict_lock);
         for (size_t k = 0; k < sp->nb; k++)
             for (block_t *b = sp->buckets[k]; b; b = b->hnext) {
                 uint32_t live = 0;
@@ -1565,7 +1580,10 @@ tqkv__store_check(tqkv_store_t *s)
                     st = TQKV_EINTERNAL;
                 }
             }
+        pthread_mutex_unlock(&s->evict_lock);
+        pthread_mutex_unlock(&sp->lock);
     }
+    pthread_mutex_lock(&s->evict_lock);
     for (int t = 1; t < TQKV_TIER_COUNT; t++) {
         tqkv__evq_t *q = &s->q[t];
         uint64_t qn = q->small.count + q->main.count + q->parked.count;
@@ -1584,7 +1602,6 @@ tqkv__store_check(tqkv_store_t *s)
         }
     }
     pthread_mutex_unlock(&s->evict_lock);
-    for (unsigned i = NSTRIPES; i-- > 0;)
-        pthread_mutex_unlock(&s->stripes[i].lock);
+    pthread_mutex_unlock(&s->maint_lock);
     return st;
 }

@@ -524,6 +524,32 @@ START_TEST(test_capacity_never_exceeded)
 }
 END_TEST
 
+/* Regression: every DRAM page the parent of a block kept in HBM (each block demoted
+ * just before its child arrived) left DRAM nothing to evict and puts failed with
+ * ENOSPC. Eviction now drops the coldest HBM leaf, which unblocks its parent. */
+START_TEST(test_regression_parents_in_dram_leaf_in_hbm)
+{
+    tqkv_store_config_t c;
+    tqkv_store_t *s;
+    tqkv_store_config_default(&c);
+    c.dram_capacity = 3000;
+    c.hbm_capacity = 2000;
+    c.hbm_standin = 1;
+    c.high_watermark = 1.0; /* demotion only on demand, in the putting thread */
+    c.low_watermark = 0.9;
+    c.policy = TQKV_EVICT_LRU;
+    ck_assert_int_eq(tqkv_store_create(&c, &s), TQKV_OK);
+    for (int i = 0; i < 12; i++) {
+        ck_assert_int_eq(put_page(s, NS_A, 40, (uint64_t)i, 0, 1000, 1, NULL), TQKV_OK);
+        ck_assert(present(s, NS_A, 40, (uint64_t)i, 1));
+        ck_assert(tqkv_pool_used(tqkv__store_pool(s, TQKV_TIER_DRAM)) <= 3000);
+        ck_assert(tqkv_pool_used(tqkv__store_pool(s, TQKV_TIER_HBM)) <= 2000);
+        ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    }
+    drain_and_destroy(s);
+}
+END_TEST
+
 START_TEST(test_pinned_survives_eviction)
 {
     tqkv_store_t *s = mkstore(5 * 1000, 0, TQKV_EVICT_LRU);
@@ -786,6 +812,7 @@ store_suite(void)
     tcase_add_test(tc, test_leaf_first_lru);
     tcase_add_test(tc, test_leaf_first_s3fifo);
     tcase_add_test(tc, test_capacity_never_exceeded);
+    tcase_add_test(tc, test_regression_parents_in_dram_leaf_in_hbm);
     tcase_add_test(tc, test_pinned_survives_eviction);
     tcase_add_test(tc, test_lease_pins);
     tcase_add_test(tc, test_demotion_and_promotion);
