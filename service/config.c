@@ -492,7 +492,17 @@ tqkv_config_usage(FILE *out)
             fprintf(out, " [%s]", opts[i].env);
         fputc('\n', out);
     }
-    fprintf(out, "\nBoolean flags take an optional =true/false. Exit status 2 on bad flags.\n");
+    tqkv_policy_t p;
+    tqkv_policy_default(&p);
+    fprintf(out,
+            "\nCodec defaults: keys %g bits %s, values %g bits %s; the first and last %u layers "
+            "at %g/%g bits; rotation %s; key centering %s; seed %llu.\n",
+            p.k.bits_x2 / 2.0, p.k.mode == TQKV_MODE_PROD ? "prod" : "mse", p.v.bits_x2 / 2.0,
+            p.v.mode == TQKV_MODE_PROD ? "prod" : "mse", p.boundary_layers,
+            p.k_boundary.bits_x2 / 2.0, p.v_boundary.bits_x2 / 2.0,
+            p.rotation == TQKV_ROT_HADAMARD ? "hadamard" : "dense", p.key_centering ? "on" : "off",
+            (unsigned long long)p.seed);
+    fprintf(out, "Boolean flags take an optional =true/false. Exit status 2 on bad flags.\n");
 }
 
 int
