@@ -24,6 +24,9 @@
 #include "cache/cache_internal.h"
 #include "cache/pool.h"
 
+/* Allocations this large are page-aligned (see tqkv_pool_alloc). */
+#define LARGE_PAGE_ALIGN_MIN (16u << 10)
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TQKV__POOL_SYSTEM_MALLOC 1
 #elif defined(__has_feature)
@@ -152,7 +155,12 @@ tqkv_pool_alloc(tqkv_pool_t *p, size_t len, void **ptr)
 #ifdef TQKV__POOL_SYSTEM_MALLOC
         m = malloc(len);
 #else
-        m = mallocx(len, MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE);
+        int flags = MALLOCX_ARENA(p->arena) | MALLOCX_TCACHE_NONE;
+        /* Page-align large pages: jemalloc then skips its random cache-line offset,
+         * which would make every page straddle one more OS page (+4 KiB RSS each). */
+        if (len >= LARGE_PAGE_ALIGN_MIN)
+            flags |= MALLOCX_ALIGN(4096);
+        m = mallocx(len, flags);
 #endif
         if (m == NULL)
             st = TQKV_ENOMEM;
