@@ -8,10 +8,12 @@
  * (kind, dim, seed) and device into a process-wide device cache (thread-safe; the
  * first use of a new (kind, dim, seed) does a synchronous upload).
  *
- * The per-vector math is the TQKV_HD code of kernels/tq_math.h (one thread per vector
- * and group, no FMA contraction), so GPU pages equal CPU pages byte for byte where
- * the CPU encoder computes the same f32 operations; page CRCs are computed on the
- * device (parallel CRC32C with register shifting, see tqkv_crc32c_shift).
+ * Encode and decode run one warp per vector and group, performing the operations of
+ * tqkv_group_encode_vec / tqkv_group_decode_vec (kernels/tq_math.h, which mirror the
+ * scalar reference codec of page.c) in the same order and rounding with no FMA
+ * contraction, so GPU pages equal tqkv_page_encode_ref pages byte for byte and GPU
+ * decodes equal tqkv_page_decode_f32_ref. Page CRCs are computed on the device
+ * (parallel CRC32C with register shifts, tqkv_crc32c_shift).
  */
 #ifndef TQKV_KERNELS_CUDA_H
 #define TQKV_KERNELS_CUDA_H
@@ -45,6 +47,17 @@ tqkv_status_t tqkv_cuda_page_encode(const tqkv_block_shape_t *shape,
                                     const uint16_t *d_v, void *d_page, size_t cap, size_t *written,
                                     cudaStream_t stream);
 
+/* Encodes n_blocks blocks of the same shape and codec in one set of launches: block b
+ * reads d_k + b * in_stride and d_v + b * in_stride (elements; >= T*H*D when
+ * n_blocks > 1) and is written at d_pages + b * page_stride (bytes; a multiple of 16,
+ * >= the page size when n_blocks > 1; the gaps are zeroed). d_pages 16-byte aligned,
+ * n_blocks <= 65535. *page_bytes gets the size of each page. Statuses as above. */
+tqkv_status_t tqkv_cuda_page_encode_batch(const tqkv_block_shape_t *shape,
+                                          const tqkv_block_codec_t *codec, uint32_t n_blocks,
+                                          const uint16_t *d_k, const uint16_t *d_v,
+                                          size_t in_stride, void *d_pages, size_t page_stride,
+                                          size_t *page_bytes, cudaStream_t stream);
+
 /* Synchronizes `stream` and checks the page header encoded into d_page: TQKV_OK, or
  * TQKV_ERANGE when the input held NaN/Inf, TQKV_ECUDA on a device error. */
 tqkv_status_t tqkv_cuda_page_encode_status(const void *d_page, cudaStream_t stream);
@@ -58,6 +71,17 @@ tqkv_status_t tqkv_cuda_page_decode_f32(const tqkv_page_header_t *hdr, const voi
                                         float *d_k, float *d_v, cudaStream_t stream);
 tqkv_status_t tqkv_cuda_page_decode_bf16(const tqkv_page_header_t *hdr, const void *d_page,
                                          uint16_t *d_k, uint16_t *d_v, cudaStream_t stream);
+
+/* Decodes n_blocks pages that share the header fields of hdr (a host copy of the
+ * first page's header: same shape, codec and layout), page b at d_pages + b *
+ * page_stride, into d_k/d_v + b * out_stride (elements; either may be NULL). */
+tqkv_status_t tqkv_cuda_page_decode_bf16_batch(const tqkv_page_header_t *hdr, uint32_t n_blocks,
+                                               const void *d_pages, size_t page_stride,
+                                               uint16_t *d_k, uint16_t *d_v, size_t out_stride,
+                                               cudaStream_t stream);
+tqkv_status_t tqkv_cuda_page_decode_f32_batch(const tqkv_page_header_t *hdr, uint32_t n_blocks,
+                                              const void *d_pages, size_t page_stride, float *d_k,
+                                              float *d_v, size_t out_stride, cudaStream_t stream);
 
 /* Checks a host copy of a page header for the device kernels (see decode). */
 tqkv_status_t tqkv_cuda_header_check(const tqkv_page_header_t *hdr);

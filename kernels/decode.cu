@@ -1,12 +1,16 @@
-/* decode.cu - packed page (device memory) -> f32 or BF16 [T][H][D] on the device.
+/* decode.cu - packed pages (device memory) -> f32 or BF16 [T][H][D] on the device.
  *
- * One launch per (tensor, group), one thread per vector: tqkv_group_decode_vec with
- * its rows in shared memory, then the group's values are scattered to their channels
- * (outlier mask) with the key mean added back. The two groups of a tensor write
- * disjoint channels, so the launches need no ordering beyond the stream's.
+ * One launch per (tensor, group), one warp per vector: the warp runs the operations of
+ * tqkv_group_decode_vec (tq_math.h) in the same order and rounding (element-wise steps
+ * and FWHT butterflies over the lanes, columns of dense matrices over the lanes with
+ * each sum in row order), then scatters the group's values to their channels (outlier
+ * mask, prefix counts by ballot) with the key mean added back, as the reference decoder
+ * does. The two groups of a tensor write disjoint channels.
  */
 #include "kernels/cuda.h"
 #include "kernels/tq_cuda_math.cuh"
+
+#define DEC_WARPS 4
 
 template <typename OutT> static __device__ inline OutT to_out(float f);
 template <>
@@ -22,57 +26,133 @@ to_out<uint16_t>(float f)
     return tqkv_f32_to_bf16_sat(f);
 }
 
-/* Shared-memory row of one decode thread: out (g doubles) then 2g floats of work. */
+/* Shared memory of one decode warp, in floats: out (g doubles), y, a (g floats). */
 static __host__ __device__ inline size_t
-dec_row_floats(uint32_t g)
+dec_warp_floats(uint32_t g)
 {
-    return 4 * (size_t)g + 2;
+    return 4 * (size_t)g;
 }
 
+static __device__ inline void
+warp_fwht(float *x, uint32_t n, uint32_t lane)
+{
+    for (uint32_t h = 1; h < n; h <<= 1) {
+        __syncwarp();
+        for (uint32_t k = lane; k < n / 2; k += 32) {
+            uint32_t i = (k / h) * 2 * h + (k % h);
+            float a = x[i], c = x[i + h];
+            x[i] = __fadd_rn(a, c);
+            x[i + h] = __fsub_rn(a, c);
+        }
+    }
+    __syncwarp();
+}
+
+/* x = M^T y for a row-major g x g matrix, columns over the lanes (as tqkv_matvec_t). */
+static __device__ inline void
+warp_matvec_t(const float *__restrict__ M, const float *y, float *x, uint32_t g, uint32_t lane)
+{
+    for (uint32_t j = lane; j < g; j += 32) {
+        float s = 0.0f;
+        for (uint32_t i = 0; i < g; i++)
+            s = __fadd_rn(s, __fmul_rn(M[(size_t)i * g + j], y[i]));
+        x[j] = s;
+    }
+    __syncwarp();
+}
+
+/* grid (ceil(n / DEC_WARPS), pages); warp w decodes vector blockIdx.x * DEC_WARPS + w. */
 template <typename OutT>
 static __global__ void
-decode_kernel(tqkv_page_header_t hdr, tqkv_group_codec_t G, uint32_t ten, uint32_t grp,
-              const uint8_t *__restrict__ page, OutT *__restrict__ out)
+__launch_bounds__(DEC_WARPS * 32)
+    decode_kernel(tqkv_page_header_t hdr, tqkv_group_codec_t G, uint32_t ten, uint32_t grp,
+                  const uint8_t *__restrict__ pages, size_t page_stride, OutT *__restrict__ out_all,
+                  size_t out_stride)
 {
     extern __shared__ double shd[];
-    uint32_t D = hdr.head_dim, H = hdr.num_kv_heads, g = G.dim;
-    uint64_t n = (uint64_t)hdr.num_tokens * H;
-    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    double *val = (double *)((float *)shd + (uint64_t)threadIdx.x * dec_row_floats(g));
-    float *work = (float *)(val + g);
+    const uint32_t D = hdr.head_dim, H = hdr.num_kv_heads, g = G.dim, b = G.mse_bits;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const uint64_t n = (uint64_t)hdr.num_tokens * H;
+    const uint64_t i = (uint64_t)blockIdx.x * DEC_WARPS + warp;
+    const uint8_t *page = pages + blockIdx.y * page_stride;
+    double *val = (double *)((float *)shd + warp * dec_warp_floats(g));
+    float *y = (float *)(val + g), *a = y + g;
     tqkv_group_view_t gv;
 
     if (i >= n || tqkv_page_group_view(page, ten, grp, &gv) != 0)
         return;
-    G.z = gv.codebook; /* the page's own codebook copy */
-    uint32_t h = (uint32_t)(i % H);
-    tqkv_group_decode_vec(&G, gv.scale[i], gv.gamma ? gv.gamma[i] : 0.0f,
-                          gv.idx + i * gv.L.idx_row_bytes,
-                          gv.signs ? gv.signs + i * gv.L.sign_row_bytes : 0, work, val);
+    const float scale = gv.scale[i];
+    if (b) {
+        const uint8_t *row = gv.idx + i * gv.L.idx_row_bytes;
+        for (uint32_t j = lane; j < g; j += 32)
+            y[j] = gv.codebook[tqkv_bits_get(row, j, b)]; /* the page's own codebook */
+        __syncwarp();
+        if (G.rotation == TQKV_ROT_HADAMARD) { /* a = Pi^T y, as tqkv_group_rotate_t */
+            float inv = 1.0f / (float)g;
+            for (uint32_t j = lane; j < g; j += 32)
+                a[j] = y[j];
+            warp_fwht(a, g, lane);
+            for (uint32_t j = lane; j < g; j += 32)
+                a[j] = __fmul_rn(a[j], G.signs[g + j]);
+            warp_fwht(a, g, lane);
+            for (uint32_t j = lane; j < g; j += 32)
+                a[j] = __fmul_rn(a[j], __fmul_rn(G.signs[j], inv));
+            __syncwarp();
+        } else {
+            warp_matvec_t(G.matrix, y, a, g, lane);
+        }
+        for (uint32_t j = lane; j < g; j += 32)
+            val[j] = __dmul_rn((double)scale, (double)a[j]);
+    } else {
+        for (uint32_t j = lane; j < g; j += 32)
+            val[j] = 0;
+    }
+    if (gv.signs) {
+        const uint8_t *srow = gv.signs + i * gv.L.sign_row_bytes;
+        double c = __dmul_rn(TQKV_SQRT_HALF_PI / sqrt((double)g), (double)gv.gamma[i]);
+        __syncwarp();
+        for (uint32_t j = lane; j < g; j += 32)
+            y[j] = ((srow[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
+        __syncwarp();
+        warp_matvec_t(G.qjl, y, a, g, lane);
+        for (uint32_t j = lane; j < g; j += 32)
+            val[j] = __dadd_rn(val[j], __dmul_rn(c, (double)a[j]));
+    }
+    __syncwarp();
+    const uint32_t h = (uint32_t)(i % H);
     const uint8_t *mask = tqkv_page_mask(page, ten, h);
     const float *mu = ten == TQKV_TENSOR_K ? tqkv_page_key_mean(page, h) : 0;
-    OutT *row = out + i * D;
-    uint32_t j = 0;
-    for (uint32_t c = 0; c < D && j < g; c++) {
-        uint32_t hi = mask ? (mask[c >> 3] >> (c & 7u)) & 1u : 1u;
-        if (hi != (grp == 0 ? 1u : 0u))
-            continue;
-        double f = val[j++];
-        row[c] = to_out<OutT>(tqkv_clamp_flt(mu ? __dadd_rn(f, (double)mu[c]) : f));
+    OutT *orow = out_all + blockIdx.y * out_stride + i * D;
+    uint32_t jbase = 0;
+    for (uint32_t c0 = 0; c0 < D; c0 += 32) {
+        uint32_t c = c0 + lane, mine = 0;
+        if (c < D) {
+            uint32_t hi = mask ? (mask[c >> 3] >> (c & 7u)) & 1u : 1u;
+            mine = hi == (grp == 0 ? 1u : 0u);
+        }
+        uint32_t bal = __ballot_sync(0xffffffffu, mine);
+        if (mine) {
+            uint32_t j = jbase + __popc(bal & ((1u << lane) - 1u));
+            double f = val[j];
+            orow[c] = to_out<OutT>(tqkv_clamp_flt(mu ? __dadd_rn(f, (double)mu[c]) : f));
+        }
+        jbase += __popc(bal);
     }
 }
 
 template <typename OutT>
 static tqkv_status_t
-decode_page(const tqkv_page_header_t *hdr, const void *d_page, OutT *d_k, OutT *d_v,
-            cudaStream_t stream)
+decode_pages(const tqkv_page_header_t *hdr, uint32_t n_blocks, const void *d_pages,
+             size_t page_stride, OutT *d_k, OutT *d_v, size_t out_stride, cudaStream_t stream)
 {
     tqkv_status_t st;
-    if (!hdr || !d_page)
+    if (!hdr || !d_pages || n_blocks == 0 || n_blocks > 65535)
         return TQKV_EINVAL;
     if ((st = tqkv_cuda_header_check(hdr)) != TQKV_OK)
         return st;
     uint64_t n = (uint64_t)hdr->num_tokens * hdr->num_kv_heads;
+    if (n_blocks > 1 && (page_stride < hdr->page_bytes || out_stride < n * hdr->head_dim))
+        return TQKV_EINVAL;
     for (uint32_t t = 0; t < 2; t++) {
         OutT *out = t == 0 ? d_k : d_v;
         if (!out || !hdr->tensor[t].bits_x2)
@@ -83,11 +163,7 @@ decode_page(const tqkv_page_header_t *hdr, const void *d_page, OutT *d_k, OutT *
                 continue;
             if ((st = tqkv__cuda_group_codec(hdr, t, g, &G)) != TQKV_OK)
                 return st;
-            size_t row = dec_row_floats(G.dim) * sizeof(float);
-            uint32_t threads = 64;
-            while (threads > 1 && row * threads > 96 * 1024)
-                threads >>= 1;
-            size_t smem = row * threads;
+            size_t smem = dec_warp_floats(G.dim) * sizeof(float) * DEC_WARPS;
             if (smem > 48 * 1024) {
                 st = tqkv__cuda_status(
                     cudaFuncSetAttribute(decode_kernel<OutT>,
@@ -96,9 +172,9 @@ decode_page(const tqkv_page_header_t *hdr, const void *d_page, OutT *d_k, OutT *
                 if (st != TQKV_OK)
                     return st;
             }
-            uint64_t blocks = (n + threads - 1) / threads;
-            decode_kernel<OutT><<<(unsigned)blocks, threads, smem, stream>>>(
-                *hdr, G, t, g, (const uint8_t *)d_page, out);
+            dim3 grid((unsigned)((n + DEC_WARPS - 1) / DEC_WARPS), n_blocks);
+            decode_kernel<OutT><<<grid, DEC_WARPS * 32, smem, stream>>>(
+                *hdr, G, t, g, (const uint8_t *)d_pages, page_stride, out, out_stride);
             TQKV__CUDA_LAUNCH_CHECK("decode_kernel");
         }
     }
@@ -109,12 +185,29 @@ extern "C" tqkv_status_t
 tqkv_cuda_page_decode_f32(const tqkv_page_header_t *hdr, const void *d_page, float *d_k, float *d_v,
                           cudaStream_t stream)
 {
-    return decode_page<float>(hdr, d_page, d_k, d_v, stream);
+    return decode_pages<float>(hdr, 1, d_page, 0, d_k, d_v, 0, stream);
 }
 
 extern "C" tqkv_status_t
 tqkv_cuda_page_decode_bf16(const tqkv_page_header_t *hdr, const void *d_page, uint16_t *d_k,
                            uint16_t *d_v, cudaStream_t stream)
 {
-    return decode_page<uint16_t>(hdr, d_page, d_k, d_v, stream);
+    return decode_pages<uint16_t>(hdr, 1, d_page, 0, d_k, d_v, 0, stream);
+}
+
+extern "C" tqkv_status_t
+tqkv_cuda_page_decode_f32_batch(const tqkv_page_header_t *hdr, uint32_t n_blocks,
+                                const void *d_pages, size_t page_stride, float *d_k, float *d_v,
+                                size_t out_stride, cudaStream_t stream)
+{
+    return decode_pages<float>(hdr, n_blocks, d_pages, page_stride, d_k, d_v, out_stride, stream);
+}
+
+extern "C" tqkv_status_t
+tqkv_cuda_page_decode_bf16_batch(const tqkv_page_header_t *hdr, uint32_t n_blocks,
+                                 const void *d_pages, size_t page_stride, uint16_t *d_k,
+                                 uint16_t *d_v, size_t out_stride, cudaStream_t stream)
+{
+    return decode_pages<uint16_t>(hdr, n_blocks, d_pages, page_stride, d_k, d_v, out_stride,
+                                  stream);
 }

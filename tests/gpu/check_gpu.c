@@ -145,6 +145,64 @@ START_TEST(test_gpu_page_equals_cpu_reference)
 }
 END_TEST
 
+/* The batch encoder/decoder: every page equals the reference page of its block. */
+START_TEST(test_gpu_batch_equals_cpu_reference)
+{
+    rng_state = tqkv_test_seed() ^ 0x111;
+    for (int tr = 0; tr < 6; tr++) {
+        tqkv_block_shape_t s = {1 + (uint32_t)(rnd() % 40), 1 + (uint32_t)(rnd() % 4),
+                                tr % 2 ? 128 : 96};
+        tqkv_block_codec_t c;
+        uint32_t nb = 2 + (uint32_t)(rnd() % 5);
+        size_t blk = (size_t)s.num_tokens * s.num_kv_heads * s.head_dim, cap, w, pb;
+        random_codec(&c, tr);
+        ck_assert_int_eq(tqkv_page_size(&s, &c, &cap), TQKV_OK);
+        size_t stride = cap + 64; /* a gap between pages */
+        uint16_t *k = malloc(blk * nb * 2), *v = malloc(blk * nb * 2);
+        fill_kv(k, (uint64_t)s.num_tokens * nb, s.num_kv_heads, s.head_dim, 0.25);
+        fill_kv(v, (uint64_t)s.num_tokens * nb, s.num_kv_heads, s.head_dim, 0.0);
+        void *dk = dev_copy_of(k, blk * nb * 2), *dv = dev_copy_of(v, blk * nb * 2), *dp, *dout;
+        CU(cudaMalloc(&dp, stride * nb));
+        CU(cudaMalloc(&dout, blk * nb * 4));
+        ck_assert_int_eq(tqkv_cuda_page_encode_batch(&s, &c, nb, dk, dv, blk, dp, stride, &pb, 0),
+                         TQKV_OK);
+        ck_assert_uint_eq(pb, cap);
+        ck_assert_int_eq(tqkv_cuda_page_encode_status(dp, 0), TQKV_OK);
+        uint8_t *gp = malloc(stride * nb), *ref = malloc(cap);
+        float *dec = malloc(blk * nb * 4), *rdec = malloc(blk * 4);
+        CU(cudaMemcpy(gp, dp, stride * nb, cudaMemcpyDeviceToHost));
+        int has_v = c.v.bits_x2 != 0;
+        ck_assert_int_eq(tqkv_cuda_page_decode_f32_batch((const tqkv_page_header_t *)gp, nb, dp,
+                                                         stride, has_v ? NULL : dout,
+                                                         has_v ? dout : NULL, blk, 0),
+                         TQKV_OK);
+        CU(cudaMemcpy(dec, dout, blk * nb * 4, cudaMemcpyDeviceToHost));
+        for (uint32_t bi = 0; bi < nb; bi++) {
+            ck_assert_int_eq(
+                tqkv_page_encode_ref(&s, &c, k + bi * blk, v + bi * blk, ref, cap, &w, NULL, 0),
+                TQKV_OK);
+            ck_assert_msg(memcmp(ref, gp + bi * stride, cap) == 0, "trial %d block %u differs", tr,
+                          bi);
+            ck_assert_int_eq(
+                tqkv_page_decode_f32_ref(ref, cap, has_v ? NULL : rdec, has_v ? rdec : NULL),
+                TQKV_OK);
+            ck_assert_msg(memcmp(rdec, dec + bi * blk, blk * 4) == 0,
+                          "trial %d block %u decode differs", tr, bi);
+        }
+        cudaFree(dk);
+        cudaFree(dv);
+        cudaFree(dp);
+        cudaFree(dout);
+        free(k);
+        free(v);
+        free(gp);
+        free(ref);
+        free(dec);
+        free(rdec);
+    }
+}
+END_TEST
+
 START_TEST(test_gpu_decode_equals_cpu)
 {
     static const uint32_t dims[] = {128, 96, 64, 129};
@@ -468,6 +526,7 @@ gpu_suite(void)
     TCase *tc = tcase_create("cuda");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_gpu_page_equals_cpu_reference);
+    tcase_add_test(tc, test_gpu_batch_equals_cpu_reference);
     tcase_add_test(tc, test_gpu_decode_equals_cpu);
     tcase_add_test(tc, test_gpu_encode_nonfinite_is_refused);
     tcase_add_test(tc, test_gpu_attention_packed_vs_cpu);

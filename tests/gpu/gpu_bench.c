@@ -112,12 +112,9 @@ static void
 run_encode(void *p)
 {
     codec_arg_t *a = p;
-    size_t blk = (size_t)a->shape.num_tokens * a->shape.num_kv_heads * a->shape.head_dim;
-    for (uint32_t b = 0; b < a->nblocks; b++) {
-        size_t w;
-        ST(tqkv_cuda_page_encode(&a->shape, &a->codec, a->dk + b * blk, a->dv + b * blk,
-                                 a->dpages + b * a->page_bytes, a->page_bytes, &w, 0));
-    }
+    size_t blk = (size_t)a->shape.num_tokens * a->shape.num_kv_heads * a->shape.head_dim, w;
+    ST(tqkv_cuda_page_encode_batch(&a->shape, &a->codec, a->nblocks, a->dk, a->dv, blk, a->dpages,
+                                   a->page_bytes, &w, 0));
 }
 
 static void
@@ -125,9 +122,8 @@ run_decode(void *p)
 {
     codec_arg_t *a = p;
     size_t blk = (size_t)a->shape.num_tokens * a->shape.num_kv_heads * a->shape.head_dim;
-    for (uint32_t b = 0; b < a->nblocks; b++)
-        ST(tqkv_cuda_page_decode_bf16(&a->hdr, a->dpages + b * a->page_bytes, a->dk + b * blk,
-                                      a->dv + b * blk, 0));
+    ST(tqkv_cuda_page_decode_bf16_batch(&a->hdr, a->nblocks, a->dpages, a->page_bytes, a->dk, a->dv,
+                                        blk, 0));
 }
 
 /* ---- attention ---- */
@@ -296,11 +292,10 @@ main(int argc, char **argv)
             uint8_t *dp;
             CK(cudaMalloc((void **)&dp, pb * t.npages));
             void **ptrs = malloc(sizeof(void *) * t.npages);
-            for (uint32_t p = 0; p < t.npages; p++) {
-                size_t off = (size_t)p * 256 * t.H * t.D;
-                ST(tqkv_cuda_page_encode(&s, &c, t.dk + off, t.dv + off, dp + p * pb, pb, &w, 0));
+            ST(tqkv_cuda_page_encode_batch(&s, &c, t.npages, t.dk, t.dv, (size_t)256 * t.H * t.D,
+                                           dp, pb, &w, 0));
+            for (uint32_t p = 0; p < t.npages; p++)
                 ptrs[p] = dp + p * pb;
-            }
             ST(tqkv_cuda_page_encode_status(dp, 0));
             tqkv_page_header_t hdr;
             CK(cudaMemcpy(&hdr, dp, sizeof hdr, cudaMemcpyDeviceToHost));
