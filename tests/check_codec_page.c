@@ -1,0 +1,571 @@
+/* check_codec_page.c - page parameters, round trips over awkward shapes, BF16 extremes,
+ * NaN/Inf rejection, CRC32C, and validation of every kind of corruption. */
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/codebook.h"
+#include "kernels/page.h"
+#include "kernels/tq_math.h"
+#include "tests/check_main.h"
+
+static uint64_t rng;
+
+static double
+unif(void)
+{
+    return ((tqkv_splitmix64(&rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static double
+gauss(void)
+{
+    return sqrt(-2 * log(unif())) * cos(2 * M_PI * unif());
+}
+
+static int
+sanitized(void)
+{
+    return getenv("TQKV_SANITIZED") != NULL;
+}
+
+/* KV-like data: per-channel scales, a per-channel offset (what centering removes), a
+ * few outlier channels. */
+static uint16_t *
+make_kv(uint32_t T, uint32_t H, uint32_t D)
+{
+    uint16_t *x = malloc(sizeof(uint16_t) * T * H * D);
+    double *sc = malloc(sizeof(double) * H * D), *off = malloc(sizeof(double) * H * D);
+    for (uint32_t i = 0; i < H * D; i++) {
+        sc[i] = exp(0.5 * gauss()) * (unif() < 0.05 ? 8 : 1);
+        off[i] = unif() < 0.3 ? 2 * gauss() : 0;
+    }
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t i = 0; i < H * D; i++)
+            x[(size_t)t * H * D + i] = tqkv_f32_to_bf16((float)(off[i] + sc[i] * gauss()));
+    free(sc);
+    free(off);
+    return x;
+}
+
+static void *
+encode_or_fail(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, const uint16_t *k,
+               const uint16_t *v, size_t *sz, int ref)
+{
+    char err[256] = "";
+    size_t w = 0;
+    void *p;
+    ck_assert_int_eq(tqkv_page_size(s, c, sz), TQKV_OK);
+    p = malloc(*sz);
+    tqkv_status_t st = ref ? tqkv_page_encode_ref(s, c, k, v, p, *sz, &w, err, sizeof err)
+                           : tqkv_page_encode(s, c, k, v, p, *sz, &w, err, sizeof err);
+    ck_assert_msg(st == TQKV_OK, "encode: %s (%s)", tqkv_status_name(st), err);
+    ck_assert_uint_eq(w, *sz);
+    ck_assert_uint_eq(*sz % TQKV_PAGE_ALIGN, 0);
+    return p;
+}
+
+/* relative squared error of a decoded tensor */
+static double
+rel_err(const uint16_t *x, const float *y, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double a = tqkv_bf16_to_f32(x[i]);
+        e += (a - y[i]) * (a - y[i]);
+        s += a * a;
+    }
+    return s > 0 ? e / s : e;
+}
+
+/* loose per-setting bound on relative error: the mse part at the smallest group width
+ * plus the QJL variance (~(pi/2 - 1) of the residual) for prod */
+static double
+err_bound(uint32_t bits_x2, uint32_t mode, uint32_t d)
+{
+    uint32_t hi = 0, lo = 0, nhi = 0, b;
+    const tqkv_codebook_t *cb;
+    double dm = 1.0;
+    tqkv_bits_split(bits_x2, d, &hi, &lo, &nhi);
+    b = lo ? lo : hi;
+    if (mode == TQKV_MODE_PROD)
+        b--;
+    if (b && tqkv_codebook_get(lo ? d - nhi : d, b, &cb) == TQKV_OK)
+        dm = cb->d_mse;
+    if (mode == TQKV_MODE_PROD)
+        dm *= M_PI / 2;
+    return 1.6 * dm + 0.02;
+}
+
+START_TEST(test_params)
+{
+    tqkv_block_shape_t s = {16, 2, 128};
+    tqkv_block_codec_t c = {0};
+    char err[200];
+    size_t sz;
+    uint16_t k[16 * 2 * 128];
+    c.k.bits_x2 = 6;
+    c.rotation = TQKV_ROT_HADAMARD;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_OK);
+    s.head_dim = 15;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err, "head_dim"));
+    s.head_dim = 1025;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EUNSUPPORTED);
+    s.head_dim = 128;
+    s.num_kv_heads = 0;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EINVAL);
+    s.num_kv_heads = 1025;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EINVAL);
+    s.num_kv_heads = 2;
+    s.num_tokens = 0;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EINVAL);
+    s.num_tokens = 65537;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EINVAL);
+    s.num_tokens = 16;
+    for (int b = 0; b < 12; b++) {
+        c.k.bits_x2 = (uint8_t)b;
+        ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err) == TQKV_OK,
+                         b >= 2 && b <= 8);
+    }
+    c.k.bits_x2 = 6;
+    c.k.mode = 2;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EUNSUPPORTED);
+    c.k.mode = TQKV_MODE_PROD;
+    c.rotation = 2;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EUNSUPPORTED);
+    c.rotation = TQKV_ROT_DENSE;
+    /* a huge page is refused, not wrapped */
+    s.num_tokens = 65536;
+    s.num_kv_heads = 1024;
+    s.head_dim = 1024;
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_EINVAL);
+    s = (tqkv_block_shape_t){16, 2, 128};
+    /* V requested but missing; buffer too small */
+    c.v.bits_x2 = 4;
+    memset(k, 0, sizeof k);
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+    {
+        void *p = malloc(sz);
+        ck_assert_int_eq(tqkv_page_encode(&s, &c, k, NULL, p, sz, NULL, err, sizeof err),
+                         TQKV_EINVAL);
+        c.v.bits_x2 = 0;
+        ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+        ck_assert_int_eq(tqkv_page_encode(&s, &c, k, NULL, p, sz - 64, NULL, err, sizeof err),
+                         TQKV_ENOSPC);
+        free(p);
+    }
+    c.k.bits_x2 = 0;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EINVAL);
+}
+END_TEST
+
+START_TEST(test_roundtrip_shapes)
+{
+    static const uint32_t Ts[] = {1, 7, 127, 256};
+    static const uint32_t Hs[] = {1, 3, 8};
+    static const uint32_t Ds[] = {16, 64, 96, 100, 128, 129, 256, 1024};
+    static const uint8_t bits[] = {2, 3, 4, 5, 6, 7, 8};
+    uint32_t combo = 0, ncombos = 0;
+    rng = tqkv_test_seed();
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+        for (size_t ti = 0; ti < 4; ti++)
+            for (size_t hi = 0; hi < 3; hi++) {
+                uint32_t T = Ts[ti], H = Hs[hi], D = Ds[di];
+                tqkv_block_shape_t s = {T, H, D};
+                tqkv_block_codec_t c = {0};
+                size_t n = (size_t)T * H * D, sz;
+                uint16_t *k, *v, *kh;
+                float *kf, *vf, *kr;
+                void *p;
+                tqkv_page_info_t info;
+                char err[256];
+                if ((uint64_t)T * H * D > (sanitized() ? 100000u : 400000u) && ti != 0)
+                    continue;
+                combo++;
+                /* walk every bits x mode x flag setting over the shapes */
+                c.k.bits_x2 = bits[combo % 7];
+                c.v.bits_x2 = bits[(combo / 7 + 3) % 7];
+                c.k.mode = (combo / 3) % 2;
+                c.v.mode = (combo / 5) % 2;
+                c.k.norm_correction = (combo / 2) % 2;
+                c.v.norm_correction = combo % 2;
+                c.key_centering = (combo / 4) % 2;
+                c.rotation = (D == 1024 || combo % 3) ? TQKV_ROT_HADAMARD : TQKV_ROT_DENSE;
+                if (combo % 11 == 5)
+                    c.v.bits_x2 = 0;
+                c.seed = tqkv_splitmix64(&rng);
+                k = make_kv(T, H, D);
+                v = make_kv(T, H, D);
+                kf = malloc(n * 4);
+                vf = malloc(n * 4);
+                kr = malloc(n * 4);
+                kh = malloc(n * 2);
+                p = encode_or_fail(&s, &c, k, v, &sz, 0);
+                ck_assert_int_eq(tqkv_page_validate(p, sz, 1, &info, err, sizeof err), TQKV_OK);
+                ck_assert_uint_eq(info.page_bytes, sz);
+                ck_assert_uint_eq(info.shape.num_tokens, T);
+                ck_assert_uint_eq(info.shape.num_kv_heads, H);
+                ck_assert_uint_eq(info.shape.head_dim, D);
+                ck_assert_uint_eq(info.codec.k.bits_x2, c.k.bits_x2);
+                ck_assert_uint_eq(info.codec.v.bits_x2, c.v.bits_x2);
+                ck_assert_uint_eq(info.codec.k.mode, c.k.mode);
+                ck_assert_uint_eq(info.codec.key_centering, c.key_centering);
+                ck_assert(info.codec.seed == c.seed);
+                ck_assert_uint_eq(info.bf16_bytes, 2 * n * (c.v.bits_x2 ? 2 : 1));
+                ck_assert_int_eq(tqkv_page_decode_f32(p, sz, kf, c.v.bits_x2 ? vf : NULL), TQKV_OK);
+                ck_assert_int_eq(tqkv_page_decode_f32_ref(p, sz, kr, NULL), TQKV_OK);
+                ck_assert_int_eq(tqkv_page_decode_bf16(p, sz, kh, NULL), TQKV_OK);
+                {
+                    /* (Check logs every passing assertion: count, then assert once) */
+                    size_t bad = 0;
+                    for (size_t i = 0; i < n; i++)
+                        bad += !isfinite(kf[i]) ||
+                               !(fabsf(kf[i] - kr[i]) <= 1e-5f * (1 + fabsf(kr[i]))) ||
+                               kh[i] != tqkv_f32_to_bf16_sat(kf[i]);
+                    ck_assert_msg(bad == 0, "%zu decoded values differ between paths", bad);
+                }
+                /* T = 1 with centering: the key is its own mean, the page stores it */
+                {
+                    double ek = rel_err(k, kf, n), bk = err_bound(c.k.bits_x2, c.k.mode, D);
+                    if (c.key_centering && T == 1)
+                        bk = 1e-4;
+                    ck_assert_msg(
+                        ek < bk, "T=%u H=%u D=%u K bits %u/2 mode %u nc %u cen %u: %g > %g", T, H,
+                        D, c.k.bits_x2, c.k.mode, c.k.norm_correction, c.key_centering, ek, bk);
+                    if (c.v.bits_x2) {
+                        double ev = rel_err(v, vf, n), bv = err_bound(c.v.bits_x2, c.v.mode, D);
+                        ck_assert_msg(ev < bv, "T=%u H=%u D=%u V bits %u/2 mode %u: %g > %g", T, H,
+                                      D, c.v.bits_x2, c.v.mode, ev, bv);
+                    }
+                }
+                /* the reference encoder accepts its own layout and decodes alike */
+                {
+                    size_t sz2;
+                    void *p2 = encode_or_fail(&s, &c, k, v, &sz2, 1);
+                    ck_assert_uint_eq(sz2, sz);
+                    ck_assert_int_eq(tqkv_page_validate(p2, sz2, 1, NULL, err, sizeof err),
+                                     TQKV_OK);
+                    ck_assert(memcmp(p2, p, TQKV_PAGE_HEADER_BYTES - 116) == 0);
+                    free(p2);
+                }
+                ncombos++;
+                free(p);
+                free(k);
+                free(v);
+                free(kf);
+                free(vf);
+                free(kr);
+                free(kh);
+            }
+    ck_assert_uint_gt(ncombos, 40);
+}
+END_TEST
+
+START_TEST(test_bf16_extremes)
+{
+    const uint32_t T = 9, H = 2, D = 64;
+    size_t n = (size_t)T * H * D;
+    uint16_t *k = malloc(n * 2);
+    float *out = malloc(n * 4);
+    for (int cen = 0; cen < 2; cen++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int nc = 0; nc < 2; nc++) {
+                tqkv_block_shape_t s = {T, H, D};
+                tqkv_block_codec_t c = {0};
+                size_t sz;
+                void *p;
+                c.k.bits_x2 = mode ? 8 : 6;
+                c.k.mode = (uint8_t)mode;
+                c.k.norm_correction = (uint8_t)nc;
+                c.key_centering = (uint8_t)cen;
+                c.rotation = TQKV_ROT_HADAMARD;
+                c.seed = 77;
+                /* token 0: +-max finite; 1: all +max; 2: subnormals; 3: zero;
+                 * 4: one max, rest tiny; 5..: mixed magnitudes */
+                for (uint32_t t = 0; t < T; t++)
+                    for (uint32_t i = 0; i < H * D; i++) {
+                        uint16_t h;
+                        switch (t) {
+                        case 0:
+                            h = (i & 1) ? 0x7f7f : 0xff7f;
+                            break;
+                        case 1:
+                            h = 0x7f7f;
+                            break;
+                        case 2:
+                            h = (uint16_t)((i % 7 + 1) | (i & 8 ? 0x8000 : 0));
+                            break;
+                        case 3:
+                            h = (i & 1) ? 0x8000 : 0x0000;
+                            break;
+                        case 4:
+                            h = (i % D == 5) ? 0x7f7f : 0x0001;
+                            break;
+                        default:
+                            h = tqkv_f32_to_bf16(
+                                (float)(gauss() * pow(10.0, (double)(t * 7) - 40.0)));
+                        }
+                        k[(size_t)t * H * D + i] = h;
+                    }
+                p = encode_or_fail(&s, &c, k, NULL, &sz, 0);
+                ck_assert_int_eq(tqkv_page_validate(p, sz, 1, NULL, NULL, 0), TQKV_OK);
+                ck_assert_int_eq(tqkv_page_decode_f32(p, sz, out, NULL), TQKV_OK);
+                for (uint32_t t = 0; t < T; t++)
+                    for (uint32_t hh = 0; hh < H; hh++) {
+                        const uint16_t *x = k + ((size_t)t * H + hh) * D;
+                        const float *y = out + ((size_t)t * H + hh) * D;
+                        double e = 0, s2 = 0;
+                        int finite = 1;
+                        for (uint32_t j = 0; j < D; j++) {
+                            double a = tqkv_bf16_to_f32(x[j]);
+                            finite &= isfinite(y[j]) != 0;
+                            e += (a - y[j]) * (a - y[j]);
+                            s2 += a * a;
+                        }
+                        ck_assert_msg(finite, "t=%u cen=%d mode=%d: non-finite", t, cen, mode);
+                        if (t == 3 && !cen)
+                            ck_assert(e == 0); /* zero vector decodes to exactly zero */
+                        else if (!cen && t != 4)
+                            /* saturation at the f32 range can cost a little on top */
+                            ck_assert_msg(e <= 0.6 * s2, "t=%u mode=%d nc=%d rel %g", t, mode, nc,
+                                          e / s2);
+                    }
+                free(p);
+            }
+    free(k);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_nonfinite_rejected)
+{
+    const uint32_t T = 8, H = 3, D = 32;
+    size_t n = (size_t)T * H * D, sz;
+    uint16_t *k = calloc(n, 2), *v = calloc(n, 2);
+    tqkv_block_shape_t s = {T, H, D};
+    tqkv_block_codec_t c = {0};
+    char err[256];
+    void *p;
+    c.k.bits_x2 = 6;
+    c.v.bits_x2 = 5;
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+    p = malloc(sz);
+    k[(size_t)(5 * H + 1) * D + 17] = 0x7fc0; /* NaN */
+    ck_assert_int_eq(tqkv_page_encode(&s, &c, k, v, p, sz, NULL, err, sizeof err), TQKV_ERANGE);
+    ck_assert_msg(strstr(err, "K") && strstr(err, "token 5") && strstr(err, "head 1") &&
+                      strstr(err, "channel 17"),
+                  "%s", err);
+    ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, k, v, p, sz, NULL, err, sizeof err), TQKV_ERANGE);
+    k[(size_t)(5 * H + 1) * D + 17] = 0;
+    v[(size_t)(7 * H + 2) * D + 31] = 0xff80; /* -Inf */
+    ck_assert_int_eq(tqkv_page_encode(&s, &c, k, v, p, sz, NULL, err, sizeof err), TQKV_ERANGE);
+    ck_assert_msg(strstr(err, "V") && strstr(err, "token 7") && strstr(err, "head 2") &&
+                      strstr(err, "channel 31"),
+                  "%s", err);
+    v[(size_t)(7 * H + 2) * D + 31] = 0x7f80; /* +Inf */
+    ck_assert_int_eq(tqkv_page_encode(&s, &c, k, v, p, sz, NULL, err, sizeof err), TQKV_ERANGE);
+    free(p);
+    free(k);
+    free(v);
+}
+END_TEST
+
+START_TEST(test_crc32c)
+{
+    uint8_t buf[4096 + 8];
+    ck_assert_uint_eq(tqkv_crc32c_ref(0, "123456789", 9), 0xE3069283u);
+    ck_assert_uint_eq(tqkv_crc32c(0, "123456789", 9), 0xE3069283u);
+    ck_assert_uint_eq(tqkv_crc32c(0, "", 0), 0);
+    rng = tqkv_test_seed();
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = (uint8_t)tqkv_splitmix64(&rng);
+    for (int r = 0; r < 500; r++) {
+        size_t off = tqkv_splitmix64(&rng) % 8, len = tqkv_splitmix64(&rng) % 4097,
+               cut = len ? tqkv_splitmix64(&rng) % len : 0;
+        uint32_t a = tqkv_crc32c_ref(0, buf + off, len);
+        ck_assert_uint_eq(tqkv_crc32c(0, buf + off, len), a);
+        ck_assert_uint_eq(tqkv_crc32c(tqkv_crc32c(0, buf + off, cut), buf + off + cut, len - cut),
+                          a);
+    }
+}
+END_TEST
+
+/* A page with every section: centered K at 2.5 bits prod, V at 3.5 bits mse. */
+static void *
+full_page(size_t *sz)
+{
+    const uint32_t T = 12, H = 3, D = 100;
+    tqkv_block_shape_t s = {T, H, D};
+    tqkv_block_codec_t c = {0};
+    uint16_t *k, *v;
+    void *p;
+    c.k.bits_x2 = 5;
+    c.k.mode = TQKV_MODE_PROD;
+    c.v.bits_x2 = 7;
+    c.v.norm_correction = 1;
+    c.key_centering = 1;
+    c.rotation = TQKV_ROT_HADAMARD;
+    c.seed = 99;
+    k = make_kv(T, H, D);
+    v = make_kv(T, H, D);
+    p = encode_or_fail(&s, &c, k, v, sz, 0);
+    free(k);
+    free(v);
+    return p;
+}
+
+static void
+refresh_crc(void *p)
+{
+    tqkv_page_header_t *h = p;
+    h->crc32c = tqkv_page_crc(p, h->page_bytes);
+}
+
+START_TEST(test_validate_rejects)
+{
+    size_t sz;
+    uint8_t *p, *q;
+    tqkv_page_header_t *h;
+    tqkv_page_info_t info;
+    char err[256];
+    float *out;
+    rng = tqkv_test_seed();
+    p = full_page(&sz);
+    q = malloc(sz + 256);
+    out = malloc(sizeof(float) * 12 * 3 * 100);
+    h = (tqkv_page_header_t *)q;
+    ck_assert_int_eq(tqkv_page_validate(p, sz, 1, &info, err, sizeof err), TQKV_OK);
+    /* a longer buffer (a file of pages) is fine */
+    memcpy(q, p, sz);
+    memset(q + sz, 0xAB, 256);
+    ck_assert_int_eq(tqkv_page_validate(q, sz + 256, 1, NULL, err, sizeof err), TQKV_OK);
+    /* short and truncated */
+    ck_assert_int_eq(tqkv_page_validate(p, 100, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "short"));
+    ck_assert_int_eq(tqkv_page_validate(p, sz - 1, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "truncated"));
+    ck_assert_int_eq(tqkv_page_decode_f32(p, sz - 64, out, NULL), TQKV_EFORMAT);
+    /* named header fields */
+    memcpy(q, p, sz);
+    h->magic ^= 1;
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "magic"));
+    memcpy(q, p, sz);
+    h->version = 2;
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "version"));
+    memcpy(q, p, sz);
+    h->header_bytes = 64;
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->page_bytes -= 4;
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->page_bytes += 64; /* fits the buffer, but not the layout */
+    refresh_crc(q);
+    ck_assert_int_eq(tqkv_page_validate(q, sz + 256, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->tensor[1].group_offset[1] += 64; /* offsets are recomputed, not trusted */
+    refresh_crc(q);
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    ck_assert_int_eq(tqkv_page_decode_f32(q, sz, out, NULL), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->tensor[0].n_hi = 50; /* split that tqkv_bits_split would not produce */
+    refresh_crc(q);
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->tensor[0].mode = 3;
+    refresh_crc(q);
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->rotation = 9;
+    refresh_crc(q);
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    memcpy(q, p, sz);
+    h->head_dim = 8;
+    refresh_crc(q);
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_EFORMAT);
+    /* every header byte: any single-bit change is caught (by layout or CRC) */
+    for (uint32_t i = 0; i < TQKV_PAGE_HEADER_BYTES; i++)
+        for (int bit = 0; bit < 8; bit += 3) {
+            memcpy(q, p, sz);
+            q[i] ^= (uint8_t)(1u << bit);
+            ck_assert_msg(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err) != TQKV_OK,
+                          "header byte %u bit %d accepted", i, bit);
+        }
+    /* random bytes of every section: the CRC catches it */
+    for (int r = 0; r < 300; r++) {
+        size_t at = TQKV_PAGE_HEADER_BYTES + tqkv_splitmix64(&rng) % (sz - TQKV_PAGE_HEADER_BYTES);
+        tqkv_status_t st;
+        memcpy(q, p, sz);
+        q[at] ^= (uint8_t)(1u + tqkv_splitmix64(&rng) % 255);
+        st = tqkv_page_validate(q, sz, 1, NULL, err, sizeof err);
+        ck_assert_msg(st == TQKV_ECORRUPT, "byte %zu: %s", at, tqkv_status_name(st));
+        /* without the CRC check the decoder still never crashes on it */
+        if (tqkv_page_validate(q, sz, 0, NULL, NULL, 0) == TQKV_OK)
+            ck_assert_int_eq(tqkv_page_decode_f32(q, sz, out, NULL), TQKV_OK);
+    }
+    /* content checks behind a valid CRC */
+    {
+        tqkv_group_view_t gv;
+        uint8_t *mask;
+        float bad = NAN;
+        memcpy(q, p, sz);
+        mask = (uint8_t *)tqkv_page_mask(q, TQKV_TENSOR_K, 1);
+        mask[0] ^= 0x01; /* popcount now off by one */
+        refresh_crc(q);
+        ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
+        ck_assert_ptr_nonnull(strstr(err, "mask"));
+        ck_assert_int_eq(tqkv_page_decode_f32(q, sz, out, NULL), TQKV_ECORRUPT);
+
+        memcpy(q, p, sz);
+        ck_assert_int_eq(tqkv_page_group_view(q, TQKV_TENSOR_V, 1, &gv), 0);
+        memcpy((uint8_t *)gv.scale + 4 * 7, &bad, 4);
+        refresh_crc(q);
+        ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
+
+        memcpy(q, p, sz);
+        ck_assert_int_eq(tqkv_page_group_view(q, TQKV_TENSOR_K, 0, &gv), 0);
+        bad = -1.0f;
+        memcpy((uint8_t *)gv.gamma + 4 * 3, &bad, 4);
+        refresh_crc(q);
+        ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
+
+        memcpy(q, p, sz);
+        ck_assert_int_eq(tqkv_page_group_view(q, TQKV_TENSOR_V, 0, &gv), 0);
+        memcpy((uint8_t *)gv.codebook + 4, gv.codebook, 4); /* not ascending */
+        refresh_crc(q);
+        ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
+
+        memcpy(q, p, sz);
+        bad = INFINITY;
+        memcpy(q + h->mean_offset + 4 * 5, &bad, 4);
+        refresh_crc(q);
+        ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
+    }
+    free(p);
+    free(q);
+    free(out);
+}
+END_TEST
+
+static Suite *
+page_suite(void)
+{
+    Suite *s = suite_create("page");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_params);
+    tcase_add_test(tc, test_roundtrip_shapes);
+    tcase_add_test(tc, test_bf16_extremes);
+    tcase_add_test(tc, test_nonfinite_rejected);
+    tcase_add_test(tc, test_crc32c);
+    tcase_add_test(tc, test_validate_rejects);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TQKV_CHECK_MAIN(page_suite)
