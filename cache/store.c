@@ -1111,6 +1111,23 @@ promote(tqkv_store_t *s, entry_t *e, copy_t *old)
         bg_kick(s);
 }
 
+/* Unlinks e when its current copy is still c (which failed its CRC check), so that the
+ * block reads as missing and can be put again. */
+static void
+drop_corrupt(tqkv_store_t *s, stripe_t *sp, entry_t *e, copy_t *c)
+{
+    pthread_mutex_lock(&sp->lock);
+    pthread_mutex_lock(&s->evict_lock);
+    if (e->linked && e->cur == c) {
+        block_t *b = e->blk;
+        do_unlink(s, e, 0);
+        if (b->nlive == 0)
+            do_block_unlink_free(sp, b);
+    }
+    pthread_mutex_unlock(&s->evict_lock);
+    pthread_mutex_unlock(&sp->lock);
+}
+
 static int
 crc_ok(const void *data, size_t len, int kind, uint32_t crc)
 {
@@ -1130,7 +1147,7 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
     entry_t *e;
     copy_t *c;
     tqkv_page_ref_t *r;
-    int crc_kind, want_promote = 0;
+    int crc_kind, want_promote, held;
     uint32_t crc;
 
     if (out != NULL)
@@ -1168,10 +1185,11 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
     } else {
         tqkv__evq_touch(&s->q[c->tier], &e->node);
     }
-    if (s->cfg.promote_on_access && c->tier == TQKV_TIER_DRAM && s->pool[TQKV_TIER_HBM]) {
-        want_promote = 1;
+    want_promote =
+        s->cfg.promote_on_access && c->tier == TQKV_TIER_DRAM && s->pool[TQKV_TIER_HBM] != NULL;
+    held = want_promote || crc_kind != CRC_NONE;
+    if (held)
         entry_hold(e);
-    }
     pthread_mutex_unlock(&sp->lock);
 
     r->s = s;
@@ -1188,7 +1206,7 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
         else
             st = tqkv_pool_copy_out(s->pool[c->tier], r->buf, c->data, c->len);
         if (st != TQKV_OK) {
-            if (want_promote)
+            if (held)
                 entry_put(e);
             tqkv_page_ref_release(r);
             return st;
@@ -1196,8 +1214,8 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
         r->host = r->buf;
     }
     if (crc_kind != CRC_NONE && !crc_ok(r->host, r->len, crc_kind, crc)) {
-        if (want_promote)
-            entry_put(e);
+        drop_corrupt(s, sp, e, c);
+        entry_put(e);
         tqkv_page_ref_release(r);
         return TQKV_ECORRUPT;
     }
@@ -1205,10 +1223,10 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
     cnt_add(&ns->c.hits[r->tier], 1);
     cnt_add(&s->g.bytes_out, r->len);
     cnt_add(&ns->c.bytes_out, r->len);
-    if (want_promote) {
+    if (want_promote)
         promote(s, e, c);
+    if (held)
         entry_put(e);
-    }
     *out = r;
     return TQKV_OK;
 }

@@ -75,7 +75,9 @@ tqkv_status_t tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key,
                              size_t len, uint64_t bf16_bytes, int *duplicate);
 
 /* Looks up and pins a page: *out is valid until tqkv_page_ref_release(). Returns
- * TQKV_ENOTFOUND on a miss (counted), TQKV_ECORRUPT when verify_crc fails. */
+ * TQKV_ENOTFOUND on a miss (counted), TQKV_ECORRUPT when verify_crc fails (the corrupt
+ * page is then dropped from the store, so the block reads as missing and can be put
+ * again). */
 tqkv_status_t tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out);
 
 /* Host-readable bytes of a pinned page, borrowed until release. */

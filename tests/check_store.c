@@ -723,10 +723,17 @@ START_TEST(test_verify_crc)
     st_hash(h, 21, 0);
     tqkv_block_key_t k = mkkey(NS_A, h, 0);
     size_t off = (size_t)(st_splitmix(&x) % 3333);
+    ck_assert_int_eq(tqkv__store_debug_corrupt(s, &k, 3333), TQKV_EINVAL);
     ck_assert_int_eq(tqkv__store_debug_corrupt(s, &k, off), TQKV_OK);
     ck_assert_int_eq(tqkv_store_get(s, &k, &r), TQKV_ECORRUPT);
     ck_assert_ptr_null(r);
-    ck_assert_int_eq(tqkv__store_debug_corrupt(s, &k, 3333), TQKV_EINVAL);
+    /* the corrupt page was dropped: a miss now, and a fresh put is stored again */
+    ck_assert(!present(s, NS_A, 21, 0, 1));
+    ck_assert_int_eq(get_page(s, NS_A, 21, 0, 0, 3333, NULL), TQKV_ENOTFOUND);
+    int dup = -1;
+    ck_assert_int_eq(put_page(s, NS_A, 21, 0, 0, 3333, 0, &dup), TQKV_OK);
+    ck_assert_int_eq(dup, 0);
+    ck_assert_int_eq(get_page(s, NS_A, 21, 0, 0, 3333, NULL), TQKV_OK);
     /* a packed page: its header's CRC is used */
     {
         size_t len = 1024;
