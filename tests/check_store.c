@@ -3,6 +3,7 @@
  * leaf-first eviction, pins, leases, demotion/promotion, CRC checks, stats).
  */
 #include <check.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -801,6 +802,52 @@ START_TEST(test_device_tier)
 }
 END_TEST
 
+typedef struct same_key_arg {
+    tqkv_store_t *s;
+    pthread_barrier_t *bar;
+    int stored;
+} same_key_arg_t;
+
+static void *
+same_key_worker(void *p)
+{
+    same_key_arg_t *a = p;
+    int dup = -1;
+    pthread_barrier_wait(a->bar);
+    ck_assert_int_eq(put_page(a->s, NS_A, 50, 0, 1, 70000, 0, &dup), TQKV_OK);
+    a->stored = dup == 0;
+    return NULL;
+}
+
+/* Concurrent puts of one key store exactly one page; the losers' copies are freed. */
+START_TEST(test_concurrent_same_key)
+{
+    enum { T = 4 };
+    for (int round = 0; round < 20; round++) {
+        tqkv_store_t *s = mkstore(16 << 20, 0, TQKV_EVICT_S3FIFO);
+        pthread_barrier_t bar;
+        pthread_t th[T];
+        same_key_arg_t a[T];
+        int stored = 0;
+        pthread_barrier_init(&bar, NULL, T);
+        for (int i = 0; i < T; i++) {
+            a[i] = (same_key_arg_t){s, &bar, 0};
+            ck_assert_int_eq(pthread_create(&th[i], NULL, same_key_worker, &a[i]), 0);
+        }
+        for (int i = 0; i < T; i++) {
+            pthread_join(th[i], NULL);
+            stored += a[i].stored;
+        }
+        pthread_barrier_destroy(&bar);
+        ck_assert_int_eq(stored, 1);
+        ck_assert_uint_eq(tqkv_pool_used(tqkv__store_pool(s, TQKV_TIER_DRAM)), 70000);
+        ck_assert_uint_eq(tqkv__pool_live_allocs(tqkv__store_pool(s, TQKV_TIER_DRAM)), 1);
+        ck_assert_int_eq(get_page(s, NS_A, 50, 0, 1, 70000, NULL), TQKV_OK);
+        drain_and_destroy(s);
+    }
+}
+END_TEST
+
 static Suite *
 store_suite(void)
 {
@@ -825,6 +872,7 @@ store_suite(void)
     tcase_add_test(tc, test_demotion_and_promotion);
     tcase_add_test(tc, test_hbm_full_put);
     tcase_add_test(tc, test_verify_crc);
+    tcase_add_test(tc, test_concurrent_same_key);
     tcase_add_test(tc, test_device_tier);
     suite_add_tcase(s, tc);
     return s;
