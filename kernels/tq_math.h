@@ -406,8 +406,8 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
  * reference decoder: x_mse = scale * Pi^T z[idx], plus for prod
  * sqrt(pi/2) / sqrt(g) * gamma * S^T sign. work: 2g floats. */
 TQKV_HD void
-tqkv_group_decode_vec(const tqkv_group_codec_t *G, float scale, float gamma,
-                      const uint8_t *idx_row, const uint8_t *sign_row, float *work, double *out)
+tqkv_group_decode_vec(const tqkv_group_codec_t *G, float scale, float gamma, const uint8_t *idx_row,
+                      const uint8_t *sign_row, float *work, double *out)
 {
     const uint32_t g = G->dim, b = G->mse_bits;
     float *y = work, *a = work + g;
@@ -449,9 +449,9 @@ tqkv_energy_rank(const double *energy, uint32_t d, uint32_t c)
  * layout in order header, key mean (centering with K present), then per tensor mask,
  * group 0, group 1. crc32c is left 0. Returns 0, or -1 for an unsupported bits_x2. */
 TQKV_HD int
-tqkv_page_plan(uint32_t T, uint32_t H, uint32_t D, const uint8_t bits_x2[2],
-               const uint8_t mode[2], const uint8_t norm_corrected[2], uint32_t rotation,
-               uint32_t centering, uint64_t seed, tqkv_page_header_t *h)
+tqkv_page_plan(uint32_t T, uint32_t H, uint32_t D, const uint8_t bits_x2[2], const uint8_t mode[2],
+               const uint8_t norm_corrected[2], uint32_t rotation, uint32_t centering,
+               uint64_t seed, tqkv_page_header_t *h)
 {
     uint64_t off = TQKV_PAGE_HEADER_BYTES, n = (uint64_t)T * H;
     uint8_t *raw = (uint8_t *)h;
@@ -519,8 +519,8 @@ tqkv_channel_mean(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_
 
 /* max_t |x - mu| (a head whose maximum over channels exceeds 2^126 keeps mu = 0). */
 TQKV_HD double
-tqkv_channel_maxdev(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h,
-                    uint32_t c, float mu)
+tqkv_channel_maxdev(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h, uint32_t c,
+                    float mu)
 {
     uint64_t stride = (uint64_t)H * D, base = (uint64_t)h * D + c;
     double m = 0;
@@ -533,8 +533,8 @@ tqkv_channel_maxdev(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint3
 
 /* sum_t (x - mu)^2 (mu = 0 when not centering): the energy outliers are chosen by. */
 TQKV_HD double
-tqkv_channel_energy(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h,
-                    uint32_t c, float mu)
+tqkv_channel_energy(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint32_t h, uint32_t c,
+                    float mu)
 {
     uint64_t stride = (uint64_t)H * D, base = (uint64_t)h * D + c;
     double e = 0;
