@@ -1,0 +1,230 @@
+/* check_codec_pack.c - bit packing, and the SIMD kernels against the scalar reference:
+ * index rows bit-exact except at documented near-ties, scales to float rounding,
+ * decode equal. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/codebook.h"
+#include "kernels/page.h"
+#include "kernels/rotation.h"
+#include "kernels/tq_math.h"
+#include "tests/check_main.h"
+
+static uint64_t rng;
+
+static double
+unif(void)
+{
+    return ((tqkv_splitmix64(&rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static double
+gauss(void)
+{
+    return sqrt(-2 * log(unif())) * cos(2 * M_PI * unif());
+}
+
+/* The LSB-first stream: bit k of the row is bit (k - j b) of field j. */
+START_TEST(test_bits_stream)
+{
+    uint8_t row[200];
+    uint32_t vals[400];
+    rng = tqkv_test_seed();
+    for (uint32_t b = 1; b <= 8; b++)
+        for (uint32_t n = 1; n < 400 && n * b <= 8 * sizeof row; n += 1 + n / 3) {
+            size_t bad = 0;
+            memset(row, 0, sizeof row);
+            for (uint32_t j = 0; j < n; j++) {
+                vals[j] = (uint32_t)tqkv_splitmix64(&rng) & ((1u << b) - 1);
+                tqkv_bits_put(row, j, b, vals[j]);
+            }
+            for (uint32_t k = 0; k < n * b; k++)
+                bad += ((row[k / 8] >> (k % 8)) & 1u) != ((vals[k / b] >> (k % b)) & 1u);
+            for (uint32_t k = n * b; k < 8 * sizeof row; k++)
+                bad += (row[k / 8] >> (k % 8)) & 1u;
+            for (uint32_t j = 0; j < n; j++)
+                bad += tqkv_bits_get(row, j, b) != vals[j];
+            ck_assert_msg(bad == 0, "b=%u n=%u: %zu bad bits", b, n, bad);
+        }
+}
+END_TEST
+
+/* Encodes the same data with tqkv_page_encode (SIMD where available) and
+ * tqkv_page_encode_ref and compares field by field. */
+static void
+compare_paths(uint32_t T, uint32_t H, uint32_t D, uint32_t bits, int nc, double scale_mag,
+              size_t *n_coords, size_t *n_ties)
+{
+    tqkv_block_shape_t s = {T, H, D};
+    tqkv_block_codec_t c = {0};
+    size_t n = (size_t)T * H * D, sz, sz2;
+    uint16_t *x = malloc(n * 2), *of = malloc(n * 2), *orf = malloc(n * 2);
+    float *ff = malloc(n * 4), *fr = malloc(n * 4);
+    uint8_t *pf, *pr;
+    char err[200];
+    tqkv_group_view_t gf, gr;
+    const tqkv_codebook_t *cb;
+    const tqkv_rotation_t *rot;
+    float *u = malloc(D * 4), *y = malloc(D * 4);
+    size_t bad_scale = 0, far_mismatch = 0, bad_dec = 0;
+
+    c.k.bits_x2 = (uint8_t)(2 * bits);
+    c.k.norm_correction = (uint8_t)nc;
+    c.rotation = TQKV_ROT_HADAMARD;
+    c.seed = tqkv_splitmix64(&rng);
+    for (size_t i = 0; i < n; i++)
+        x[i] = tqkv_f32_to_bf16((float)(gauss() * scale_mag * (1 + (i % D == 3) * 20)));
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+    pf = malloc(sz);
+    pr = malloc(sz);
+    ck_assert_int_eq(tqkv_page_encode(&s, &c, x, NULL, pf, sz, &sz2, err, sizeof err), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, x, NULL, pr, sz, &sz2, err, sizeof err), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_validate(pf, sz, 1, NULL, err, sizeof err), TQKV_OK);
+    /* header and codebook identical (crc differs with the payload) */
+    ck_assert(memcmp(pf, pr, 12) == 0 &&
+              memcmp(pf + 16, pr + 16, TQKV_PAGE_HEADER_BYTES - 16) == 0);
+    ck_assert_int_eq(tqkv_page_group_view(pf, 0, 0, &gf), 0);
+    ck_assert_int_eq(tqkv_page_group_view(pr, 0, 0, &gr), 0);
+    ck_assert(memcmp(gf.codebook, gr.codebook, 64) == 0);
+    ck_assert_int_eq(tqkv_codebook_get(D, bits, &cb), TQKV_OK);
+    ck_assert_int_eq(tqkv_rotation_acquire(TQKV_ROT_HADAMARD, D, gf.rot_seed, &rot), TQKV_OK);
+    for (size_t i = 0; i < (size_t)T * H; i++) {
+        const uint16_t *xv = x + i * D;
+        const uint8_t *rf = gf.idx + i * gf.L.idx_row_bytes, *rr = gr.idx + i * gr.L.idx_row_bytes;
+        double ss = 0, sd;
+        if (!(fabsf(gf.scale[i] - gr.scale[i]) <= 2e-6f * gr.scale[i]))
+            bad_scale++;
+        if (!memcmp(rf, rr, gf.L.idx_row_bytes)) {
+            *n_coords += D;
+            continue;
+        }
+        /* the reference's rotated coordinates, to locate the mismatches */
+        for (uint32_t j = 0; j < D; j++)
+            ss += (double)tqkv_bf16_to_f32(xv[j]) * tqkv_bf16_to_f32(xv[j]);
+        sd = sqrt(ss);
+        for (uint32_t j = 0; j < D; j++)
+            u[j] = (float)(tqkv_bf16_to_f32(xv[j]) / sd);
+        tqkv_rotation_apply(rot, u, y);
+        for (uint32_t j = 0; j < D; j++) {
+            uint32_t a = tqkv_bits_get(rf, j, bits), b = tqkv_bits_get(rr, j, bits);
+            (*n_coords)++;
+            if (a == b)
+                continue;
+            (*n_ties)++;
+            {
+                float v = y[j] * sqrtf((float)D);
+                uint32_t lo = a < b ? a : b;
+                /* near-tie: adjacent indices, and the coordinate within 1e-5 (z domain,
+                 * relative to max(1, |v|)) of the threshold between them */
+                if ((a > b ? a - b : b - a) != 1 ||
+                    !(fabsf(v - cb->thr[lo]) <= 1e-5f * fmaxf(1.0f, fabsf(v))))
+                    far_mismatch++;
+            }
+        }
+    }
+    ck_assert_msg(bad_scale == 0, "%zu scales differ beyond rounding", bad_scale);
+    ck_assert_msg(far_mismatch == 0, "D=%u b=%u: %zu index mismatches are not near-ties", D, bits,
+                  far_mismatch);
+    /* decoding: SIMD and reference agree to float rounding, BF16 outputs exactly or by one
+     * unit in the last place */
+    ck_assert_int_eq(tqkv_page_decode_f32(pr, sz, ff, NULL), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_decode_f32_ref(pr, sz, fr, NULL), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_decode_bf16(pr, sz, of, NULL), TQKV_OK);
+    for (size_t i = 0; i < n; i++) {
+        int d = (int)of[i] - (int)tqkv_f32_to_bf16_sat(fr[i]);
+        bad_dec += !(fabsf(ff[i] - fr[i]) <= 1e-6f * fabsf(fr[i]) + 1e-30f) || d > 1 || d < -1;
+    }
+    ck_assert_msg(bad_dec == 0, "%zu decoded values differ", bad_dec);
+    tqkv_rotation_release(rot);
+    free(x);
+    free(of);
+    free(orf);
+    free(ff);
+    free(fr);
+    free(pf);
+    free(pr);
+    free(u);
+    free(y);
+}
+
+START_TEST(test_simd_vs_ref)
+{
+    size_t coords = 0, ties = 0;
+    int san = getenv("TQKV_SANITIZED") != NULL;
+    rng = tqkv_test_seed();
+    fprintf(stderr, "kernels: %s\n", tqkv_kernels_isa());
+    for (uint32_t D = 16; D <= 1024; D *= 2)
+        for (uint32_t b = 1; b <= 4; b++)
+            for (int nc = 0; nc < 2; nc++) {
+                uint32_t T = (san ? 4096 : 32768) / D + 1;
+                /* magnitudes across the range the kernel takes itself, plus tiny and huge
+                 * rows it hands back to the reference */
+                double mag = (b + nc) % 3 == 0 ? 1e-25 : ((b + nc) % 3 == 1 ? 1.0 : 1e17);
+                compare_paths(T, 3, D, b, nc, mag, &coords, &ties);
+            }
+    fprintf(stderr, "simd vs ref: %zu near-ties in %zu coordinates (%.2g)\n", ties, coords,
+            (double)ties / coords);
+    /* near-ties are rare: about (rounding error / cell width) of the coordinates */
+    ck_assert_msg(ties <= coords / 2000, "%zu near-ties in %zu coordinates", ties, coords);
+}
+END_TEST
+
+/* All-zero, constant and single-spike rows through the fast path and the reference. */
+START_TEST(test_simd_special_rows)
+{
+    const uint32_t D = 128, T = 6;
+    uint16_t x[6 * 128];
+    tqkv_block_shape_t s = {T, 1, D};
+    tqkv_block_codec_t c = {0};
+    size_t sz;
+    uint8_t *a, *b;
+    c.k.bits_x2 = 6;
+    c.rotation = TQKV_ROT_HADAMARD;
+    c.seed = 3;
+    for (uint32_t j = 0; j < D; j++) {
+        x[0 * D + j] = 0;
+        x[1 * D + j] = tqkv_f32_to_bf16(1.5f);
+        x[2 * D + j] = j == 7 ? tqkv_f32_to_bf16(-3.0f) : 0;
+        x[3 * D + j] = 0x0001;                            /* smallest subnormal */
+        x[4 * D + j] = (j & 1) ? 0x7f7f : 0xff7f;         /* +-max finite */
+        x[5 * D + j] = tqkv_f32_to_bf16((float)j - 64.f); /* a ramp */
+    }
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+    a = malloc(sz);
+    b = malloc(sz);
+    ck_assert_int_eq(tqkv_page_encode(&s, &c, x, NULL, a, sz, NULL, NULL, 0), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, x, NULL, b, sz, NULL, NULL, 0), TQKV_OK);
+    /* rows 0, 3, 4 go to the reference inside the fast encoder: identical bytes */
+    {
+        tqkv_group_view_t ga, gb;
+        ck_assert_int_eq(tqkv_page_group_view(a, 0, 0, &ga), 0);
+        ck_assert_int_eq(tqkv_page_group_view(b, 0, 0, &gb), 0);
+        for (int r = 0; r < 6; r++)
+            if (r == 0 || r == 3 || r == 4) {
+                ck_assert(ga.scale[r] == gb.scale[r]);
+                ck_assert(!memcmp(ga.idx + r * 48, gb.idx + r * 48, 48));
+            }
+        ck_assert(ga.scale[0] == 0.0f);
+        ck_assert(ga.scale[3] > 0.0f);
+    }
+    free(a);
+    free(b);
+}
+END_TEST
+
+static Suite *
+pack_suite(void)
+{
+    Suite *s = suite_create("pack");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_bits_stream);
+    tcase_add_test(tc, test_simd_vs_ref);
+    tcase_add_test(tc, test_simd_special_rows);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TQKV_CHECK_MAIN(pack_suite)
