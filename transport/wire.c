@@ -1,6 +1,7 @@
 /* wire.c - protobuf-c <-> grpc byte buffer conversion. */
 #include "transport/wire.h"
 
+#include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
 
 grpc_byte_buffer *
