@@ -577,6 +577,10 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             goto fail;
         }
     }
+    if (c->nt > TQKV_CLIENT_MAX_TARGETS) {
+        st = set_err(TQKV_EINVAL, 0, "%zu targets: at most %u", c->nt, TQKV_CLIENT_MAX_TARGETS);
+        goto fail;
+    }
     if (c->replicas > c->nt)
         c->replicas = (uint32_t)c->nt;
 

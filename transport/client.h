@@ -31,6 +31,7 @@ typedef struct tqkv_put tqkv_put_t;
 #define TQKV_CLIENT_DEFAULT_MAX_MESSAGE (64u << 20)
 #define TQKV_CLIENT_DEFAULT_DEADLINE_MS 30000u
 #define TQKV_HASH_MAX 64u
+#define TQKV_CLIENT_MAX_TARGETS 64u /* after DNS expansion */
 
 /* Client options. Zero-initialise, then set what you need. Strings are borrowed
  * for the duration of tqkv_client_create only. */
@@ -76,7 +77,8 @@ typedef struct tqkv_client_error {
 /* Returns borrowed, thread-local, valid until the thread's next client call. */
 const tqkv_client_error_t *tqkv_client_last_error(void);
 
-/* Creates a client. Returns TQKV_EINVAL (no target, unreadable TLS file), TQKV_ENOMEM.
+/* Creates a client. Returns TQKV_EINVAL (no target, more than TQKV_CLIENT_MAX_TARGETS,
+ * unreadable TLS file), TQKV_ENOMEM.
  * Connections are made lazily. Returns new in *out (tqkv_client_destroy). */
 tqkv_status_t tqkv_client_create(const tqkv_client_opts_t *opts, tqkv_client_t **out);
 
