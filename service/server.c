@@ -578,6 +578,33 @@ set_arg_int(grpc_arg *a, const char *key, int v)
     a->value.integer = v;
 }
 
+/* Server created (maybe bound) but never started, no worker threads: shut it down
+ * on the first queue (no calls exist), destroy it, then shut down and drain every
+ * queue before destroying it (P7 without the calls). */
+static void
+destroy_unstarted(tqkv_server_t *s)
+{
+    if (s->workers && s->nworkers > 0) {
+        s->shutdown_tag.call = NULL;
+        grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
+        for (;;) {
+            grpc_event ev = grpc_completion_queue_next(s->workers[0].cq,
+                                                       gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            if (ev.type == GRPC_QUEUE_SHUTDOWN || ev.tag == &s->shutdown_tag)
+                break;
+        }
+    }
+    grpc_server_destroy(s->server);
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
+        grpc_completion_queue_shutdown(s->workers[i].cq);
+        while (
+            grpc_completion_queue_next(s->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+                .type != GRPC_QUEUE_SHUTDOWN)
+            ;
+        grpc_completion_queue_destroy(s->workers[i].cq);
+    }
+}
+
 tqkv_status_t
 tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *err, size_t errlen)
 {
@@ -623,7 +650,7 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     }
 
     grpc_init();
-    grpc_arg args[8];
+    grpc_arg args[9];
     int mb = (int)cfg->max_message_bytes;
     set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
     set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
@@ -633,7 +660,9 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     set_arg_int(&args[5], GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
     set_arg_int(&args[6], GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg->max_streams);
     set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
-    grpc_channel_args chargs = {8, args};
+    /* A second server on a busy port must fail, not share it silently. */
+    set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
+    grpc_channel_args chargs = {9, args};
     s->server = grpc_server_create(&chargs, NULL);
 
     for (int m = 0; m < TQKV__M_COUNT; m++) {
@@ -676,16 +705,7 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     return TQKV_OK;
 
 fail_bind:
-    /* Not started: the server and queues can be destroyed directly. */
-    grpc_server_destroy(s->server);
-    for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
-        grpc_completion_queue_shutdown(s->workers[i].cq);
-        while (
-            grpc_completion_queue_next(s->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
-                .type != GRPC_QUEUE_SHUTDOWN)
-            ;
-        grpc_completion_queue_destroy(s->workers[i].cq);
-    }
+    destroy_unstarted(s);
     free(s->workers);
     grpc_shutdown();
 fail_creds:
@@ -812,15 +832,7 @@ tqkv_server_destroy(tqkv_server_t *s)
         for (unsigned i = 0; i < s->nworkers; i++)
             grpc_completion_queue_destroy(s->workers[i].cq);
     } else {
-        grpc_server_destroy(s->server);
-        for (unsigned i = 0; i < s->nworkers; i++) {
-            grpc_completion_queue_shutdown(s->workers[i].cq);
-            while (grpc_completion_queue_next(s->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                              NULL)
-                       .type != GRPC_QUEUE_SHUTDOWN)
-                ;
-            grpc_completion_queue_destroy(s->workers[i].cq);
-        }
+        destroy_unstarted(s);
     }
     free(s->workers);
     grpc_shutdown();

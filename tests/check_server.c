@@ -16,6 +16,7 @@
 #include "service/config.h"
 #include "service/encoder.h"
 #include "service/log.h"
+#include "service/server.h"
 #include "service/status_map.h"
 #include "service/validate.h"
 
@@ -489,6 +490,44 @@ START_TEST(test_encoder_runs_every_job)
 }
 END_TEST
 
+/* ---- server lifecycle ---- */
+
+START_TEST(test_server_lifecycle_and_bind_error)
+{
+    tqkv_server_config_t cfg;
+    char err[256];
+    tqkv_server_t *a = NULL, *b = NULL;
+    tqkv_config_default(&cfg);
+    snprintf(cfg.listen, sizeof cfg.listen, "127.0.0.1:0");
+    cfg.threads = 2;
+    cfg.encoder_threads = 1;
+    cfg.store.dram_capacity = 16u << 20;
+    tqkv_log_setup(TQKV_LOG_WARN, TQKV_LOG_TEXT, NULL);
+    ck_assert_int_eq(tqkv_server_create(&cfg, &a, err, sizeof err), TQKV_OK);
+    int port = tqkv_server_port(a);
+    ck_assert_int_gt(port, 0);
+    ck_assert_int_eq(tqkv_server_start(a), TQKV_OK);
+    /* The same port again: a start-up error naming --listen, nothing leaked. */
+    snprintf(cfg.listen, sizeof cfg.listen, "127.0.0.1:%d", port);
+    ck_assert_int_ne(tqkv_server_create(&cfg, &b, err, sizeof err), TQKV_OK);
+    ck_assert_ptr_null(b);
+    ck_assert_ptr_nonnull(strstr(err, "--listen"));
+    /* A token file that does not exist. */
+    snprintf(cfg.listen, sizeof cfg.listen, "127.0.0.1:0");
+    snprintf(cfg.auth_tokens, sizeof cfg.auth_tokens, "/nonexistent/tqkv-tokens");
+    ck_assert_int_ne(tqkv_server_create(&cfg, &b, err, sizeof err), TQKV_OK);
+    ck_assert_ptr_null(b);
+    tqkv_server_shutdown(a);
+    tqkv_server_shutdown(a); /* idempotent */
+    tqkv_server_destroy(a);
+    tqkv_server_destroy(NULL);
+    /* Created but never started. */
+    cfg.auth_tokens[0] = '\0';
+    ck_assert_int_eq(tqkv_server_create(&cfg, &b, err, sizeof err), TQKV_OK);
+    tqkv_server_destroy(b);
+}
+END_TEST
+
 static Suite *
 server_suite(void)
 {
@@ -504,6 +543,7 @@ server_suite(void)
     tcase_add_test(tc, test_validate_garbage_and_limits);
     tcase_add_test(tc, test_log_lines);
     tcase_add_test(tc, test_encoder_runs_every_job);
+    tcase_add_test(tc, test_server_lifecycle_and_bind_error);
     suite_add_tcase(s, tc);
     return s;
 }
