@@ -154,19 +154,13 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
     }
 }
 
-/* BF16 attention of G query heads over one KV head: k, v point at token 0 of the head,
- * stride is in elements between tokens. Writes the normalized output [G][D]. */
+/* BF16 attention state update (see tqkv__attn_bf16_fn). */
 void
 tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
-                       size_t stride, uint32_t D, float sm_scale, float *out, float *scratch)
+                       size_t stride, uint32_t D, float sm_scale, float *out, float *m, float *l,
+                       float *scratch)
 {
-    float m[64], l[64];
     float *sc = scratch;
-    memset(out, 0, sizeof(float) * G * D);
-    for (uint32_t h = 0; h < G; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-    }
     for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
         uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
         for (uint32_t i = 0; i < n; i++) {
@@ -201,9 +195,34 @@ tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint
             }
         }
     }
-    for (uint32_t h = 0; h < G; h++)
-        for (uint32_t j = 0; j < D; j++)
-            out[(size_t)h * D + j] /= l[h];
+}
+
+/* Rotation of the fused driver: the AVX2 Hadamard when available (it runs once per page,
+ * head, group and query head, so the scalar FWHT would cost as much as the scoring),
+ * else the rotation module's own. */
+static void
+rot_apply(const tqkv_rotation_t *r, const float *x, float *y, int transpose)
+{
+    if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 8 && use_avx2()) {
+        tqkv__attn_hadamard_avx2(r->signs, r->dim, x, y, transpose);
+        return;
+    }
+    if (transpose)
+        tqkv_rotation_apply_t(r, x, y);
+    else
+        tqkv_rotation_apply(r, x, y);
+}
+
+/* Brings bytes [p, p+len) towards the cache ahead of use (never faults). The kernels walk
+ * one KV head at a time through token-major data, a strided pattern the hardware
+ * prefetchers follow poorly; the drivers stream the next block or page in with this while
+ * the current one is computed. */
+static void
+prefetch_range(const void *p, size_t len)
+{
+    const char *c = p;
+    for (size_t i = 0; i < len; i += 64)
+        __builtin_prefetch(c + i, 0, 2);
 }
 
 /* ---- page checks ---- */
@@ -498,7 +517,7 @@ build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t 
                     const float *qh = c->q + (size_t)(h * c->G + j) * c->D;
                     for (uint32_t i = 0; i < gd; i++)
                         w->tmp[i] = qh[ch[i]] * c->sm_scale;
-                    tqkv_rotation_apply(r, w->tmp, qk + (size_t)j * gd);
+                    rot_apply(r, w->tmp, qk + (size_t)j * gd, 0);
                 }
                 tk->qk[ns] = qk;
             } else {
@@ -513,8 +532,9 @@ build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t 
 /* Runs the work item (page pc, tokens [t0, t0+n)) for every KV head and merges it into s. */
 static tqkv_status_t
 run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, uint32_t n,
-         split_state_t *s)
+         split_state_t *s, const uint8_t *next, size_t next_bytes)
 {
+    size_t part = (next_bytes + c->H - 1) / c->H;
     for (uint32_t h = 0; h < c->H; h++) {
         tqkv__attn_task_t tk;
         const float *mu = tqkv_page_key_mean(pc->page, h);
@@ -524,6 +544,10 @@ run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, u
         nv = build_streams(c, pc, w, TQKV_TENSOR_V, h, t0, n, &tk);
         if (nk < 0 || nv < 0)
             return TQKV_ECORRUPT;
+        if (next && (size_t)h * part < next_bytes)
+            prefetch_range(next + (size_t)h * part, next_bytes - (size_t)h * part < part
+                                                        ? next_bytes - (size_t)h * part
+                                                        : part);
         tk.num_tokens = n;
         tk.G = c->G;
         tk.nk = (uint32_t)nk;
@@ -560,7 +584,7 @@ run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, u
                     if (!r)
                         continue;
                     for (uint32_t j = 0; j < c->G; j++) {
-                        tqkv_rotation_apply_t(r, tk.acc[si] + (size_t)j * gd, w->tmp);
+                        rot_apply(r, tk.acc[si] + (size_t)j * gd, w->tmp, 1);
                         for (uint32_t i = 0; i < gd; i++)
                             w->o[(size_t)j * c->D + ch[i]] += w->tmp[i];
                     }
@@ -596,7 +620,13 @@ run_split(attn_ctx_t *c, attn_ws_t *w, size_t si)
             return st;
         for (uint64_t t = a; t < b; t += c->max_item_tokens) {
             uint64_t e = t + c->max_item_tokens < b ? t + c->max_item_tokens : b;
-            st = run_item(c, &pc, w, (uint32_t)(t - ps), (uint32_t)(e - t), s);
+            const uint8_t *next = NULL;
+            size_t next_bytes = 0;
+            if (e == pe && e < hi && p + 1 < c->n_pages) {
+                next = c->pages[p + 1];
+                next_bytes = ((const tqkv_page_header_t *)next)->page_bytes;
+            }
+            st = run_item(c, &pc, w, (uint32_t)(t - ps), (uint32_t)(e - t), s, next, next_bytes);
             if (st != TQKV_OK) {
                 page_ctx_release(&pc);
                 return st;
@@ -954,23 +984,48 @@ done:
 
 /* ---- BF16 baseline ---- */
 
+/* Tokens per block of the BF16 baseline: like the fused path's pages, all KV heads of a
+ * block are processed before the next block, so memory is read as one forward stream. */
+#define BF16_BLOCK 64
+
 static tqkv_status_t
 bf16_common(const float *q, uint32_t HQ, const uint16_t *k, const uint16_t *v, uint32_t T,
             uint32_t H, uint32_t D, float *out, tqkv__attn_bf16_fn fn)
 {
+    float *scratch, *m, *l, sm_scale;
     uint32_t G;
-    float *scratch;
     if (!q || !k || !v || !out || T == 0 || H == 0 || D == 0 || HQ == 0 || HQ % H != 0)
         return TQKV_EINVAL;
     G = HQ / H;
-    if (G > 64)
-        return TQKV_EINVAL;
-    scratch = aligned_alloc(64, sizeof(float) * 2 * G * TQKV__ATTN_TILE);
+    scratch =
+        aligned_alloc(64, tqkv_align_up(sizeof(float) * (2 * G * TQKV__ATTN_TILE + 2 * HQ), 64));
     if (!scratch)
         return TQKV_ENOMEM;
-    for (uint32_t h = 0; h < H; h++)
-        fn(q + (size_t)h * G * D, G, k + (size_t)h * D, v + (size_t)h * D, T, (size_t)H * D, D,
-           (float)(1.0 / sqrt((double)D)), out + (size_t)h * G * D, scratch);
+    m = scratch + 2 * G * TQKV__ATTN_TILE;
+    l = m + HQ;
+    sm_scale = (float)(1.0 / sqrt((double)D));
+    for (uint32_t i = 0; i < HQ; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    memset(out, 0, sizeof(float) * HQ * D);
+    for (uint32_t t0 = 0; t0 < T; t0 += BF16_BLOCK) {
+        uint32_t n = T - t0 < BF16_BLOCK ? T - t0 : BF16_BLOCK;
+        uint32_t n2 = T - t0 - n < BF16_BLOCK ? T - t0 - n : BF16_BLOCK;
+        size_t part = (size_t)n2 * D; /* elements of the next block per head-sized part */
+        for (uint32_t h = 0; h < H; h++) {
+            size_t off = ((size_t)t0 * H + h) * D, nxt = ((size_t)(t0 + n) * H + h) * D;
+            if (n2) {
+                prefetch_range(k + nxt - (size_t)h * D + (size_t)h * part, part * 2);
+                prefetch_range(v + nxt - (size_t)h * D + (size_t)h * part, part * 2);
+            }
+            fn(q + (size_t)h * G * D, G, k + off, v + off, n, (size_t)H * D, D, sm_scale,
+               out + (size_t)h * G * D, m + h * G, l + h * G, scratch);
+        }
+    }
+    for (uint32_t i = 0; i < HQ; i++)
+        for (uint32_t d = 0; d < D; d++)
+            out[(size_t)i * D + d] /= l[i];
     free(scratch);
     return TQKV_OK;
 }

@@ -110,17 +110,28 @@ typedef struct tqkv__attn_task {
 #define TQKV__ATTN_TILE 64
 
 typedef void (*tqkv__attn_task_fn)(const tqkv__attn_task_t *t);
+/* BF16 attention state update of G query heads over tokens [0, T) of one KV head: k, v point
+ * at the first token of the head, stride is in elements between tokens. Updates the online
+ * softmax state m[G], l[G] and the unnormalized output acc[G][D] (start: -inf, 0, 0). */
 typedef void (*tqkv__attn_bf16_fn)(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
                                    uint32_t T, size_t stride, uint32_t D, float sm_scale,
-                                   float *out, float *scratch);
+                                   float *acc, float *m, float *l, float *scratch);
+
+/* Randomized Hadamard rotation of kernels/rotation.h for a power-of-two n >= 8, with the
+ * signs D1 = signs[0..n), D2 = signs[n..2n): forward y = H D2 H D1 x / n, transposed
+ * (transpose != 0) y = D1 H D2 H x / n. x and y may not alias. */
+typedef void (*tqkv__attn_had_fn)(const float *signs, uint32_t n, const float *x, float *y,
+                                  int transpose);
+void tqkv__attn_hadamard_avx2(const float *signs, uint32_t n, const float *x, float *y,
+                              int transpose);
 
 void tqkv__attn_task_scalar(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
-                            uint32_t T, size_t stride, uint32_t D, float sm_scale, float *out,
-                            float *scratch);
+                            uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
+                            float *m, float *l, float *scratch);
 void tqkv__attn_task_avx2(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
-                          uint32_t T, size_t stride, uint32_t D, float sm_scale, float *out,
-                          float *scratch);
+                          uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
+                          float *m, float *l, float *scratch);
 
 #endif

@@ -59,6 +59,24 @@ hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* Horizontal sums of NB accumulators plus tail[h], stored to out[h * TILE]: four at a time
+ * with two rounds of hadd (5 shuffles/adds for 4 sums instead of 4 x 5). */
+static inline __attribute__((always_inline)) void
+hsum_nb(const __m256 *tot, const float *tail, const int NB, float *out)
+{
+    for (int h = 0; h < NB; h += 4) {
+        __m256 a = tot[h], b = h + 1 < NB ? tot[h + 1] : _mm256_setzero_ps();
+        __m256 c = h + 2 < NB ? tot[h + 2] : _mm256_setzero_ps();
+        __m256 d = h + 3 < NB ? tot[h + 3] : _mm256_setzero_ps();
+        __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        float f[4];
+        _mm_storeu_ps(f, r);
+        for (int j = 0; j < 4 && h + j < NB; j++)
+            out[(h + j) * TILE] = f[j] + tail[h + j];
+    }
+}
+
 /* Online-softmax update of one tile for head h: row holds the n scores and becomes the
  * probabilities relative to the new max. Returns alpha, the factor for the old state. */
 static inline float
@@ -195,8 +213,7 @@ score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32
             for (int h = 0; h < NB; h++)
                 tot[h] = _mm256_fmadd_ps(acc[h], vc, tot[h]);
         }
-        for (int h = 0; h < NB; h++)
-            sc[(h0 + h) * TILE + i] = hsum256(tot[h]) + tail[h];
+        hsum_nb(tot, tail, NB, sc + h0 * TILE + i);
     }
 }
 
@@ -326,6 +343,58 @@ tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
     }
 }
 
+/* ---- randomized Hadamard ---- */
+
+/* In-place unnormalized FWHT of n = 8k floats, same butterflies as tqkv_fwht: stages 1, 2, 4
+ * inside each register, then pairs of registers. */
+static void
+fwht_avx2(float *x, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), t;
+        t = _mm256_permute_ps(v, 0xB1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xAA);
+        t = _mm256_permute_ps(v, 0x4E);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xCC);
+        t = _mm256_permute2f128_ps(v, v, 0x01);
+        v = _mm256_blend_ps(_mm256_add_ps(v, t), _mm256_sub_ps(t, v), 0xF0);
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (uint32_t h = 8; h < n; h <<= 1)
+        for (uint32_t i = 0; i < n; i += h << 1)
+            for (uint32_t j = i; j < i + h; j += 8) {
+                __m256 a = _mm256_loadu_ps(x + j), c = _mm256_loadu_ps(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, c));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, c));
+            }
+}
+
+void
+tqkv__attn_hadamard_avx2(const float *signs, uint32_t n, const float *x, float *y, int transpose)
+{
+    const __m256 inv = _mm256_set1_ps(1.0f / (float)n);
+    const float *first = transpose ? signs + n : signs, *second = transpose ? signs : signs + n;
+    uint32_t i;
+    if (transpose) {
+        memcpy(y, x, sizeof(float) * n);
+    } else {
+        for (i = 0; i < n; i += 8)
+            _mm256_storeu_ps(y + i,
+                             _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(first + i)));
+    }
+    fwht_avx2(y, n);
+    for (i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i),
+                                              _mm256_loadu_ps((transpose ? first : second) + i)));
+    fwht_avx2(y, n);
+    for (i = 0; i < n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(y + i), inv);
+        if (transpose)
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(second + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+}
+
 /* ---- BF16 baseline ---- */
 
 static inline __m256
@@ -358,7 +427,10 @@ bf16_score_tile(const float *q, const uint16_t *k, size_t stride, uint32_t D, ui
             for (int h = 0; h < NB; h++)
                 tail[h] += q[(size_t)(h0 + h) * D + j] * tqkv_bf16_to_f32(row[j]);
         for (int h = 0; h < NB; h++)
-            sc[(h0 + h) * TILE + i] = (hsum256(acc[h]) + tail[h]) * sm_scale;
+            acc[h] = _mm256_mul_ps(acc[h], _mm256_set1_ps(sm_scale));
+        for (int h = 0; h < NB; h++)
+            tail[h] *= sm_scale;
+        hsum_nb(acc, tail, NB, sc + h0 * TILE + i);
     }
 }
 
@@ -389,15 +461,10 @@ bf16_value_tile(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint3
 
 void
 tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
-                     size_t stride, uint32_t D, float sm_scale, float *out, float *scratch)
+                     size_t stride, uint32_t D, float sm_scale, float *out, float *m, float *l,
+                     float *scratch)
 {
-    float m[64], l[64];
     float *sc = scratch;
-    memset(out, 0, sizeof(float) * G * D);
-    for (uint32_t h = 0; h < G; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-    }
     for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
         uint32_t n = T - t0 < TILE ? T - t0 : TILE;
         for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
@@ -424,10 +491,5 @@ tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16
             NB_DISPATCH(nb, VALUE)
 #undef VALUE
         }
-    }
-    for (uint32_t h = 0; h < G; h++) {
-        float inv = 1.0f / l[h];
-        for (uint32_t j = 0; j < D; j++)
-            out[(size_t)h * D + j] *= inv;
     }
 }

@@ -80,6 +80,76 @@ gen_q(rng_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t 
     }
 }
 
+/* The attn-eval harness generators (kernels/kv_cli.c), copied so the quality test runs on
+ * the same kind of data. */
+/* Keys: per-channel offsets (N(0, 0.5^2)), 4 outlier channels per head with 5x amplitude
+ * and a large offset, plus a slow per-channel drift along tokens (like RoPE'd keys);
+ * values: N(0, 1) with no structure. */
+static void
+synth_kv(rng_t *r, uint32_t T, uint32_t H, uint32_t D, uint16_t *k, uint16_t *v)
+{
+    size_t HD = (size_t)H * D;
+    float *off = malloc(sizeof(float) * HD), *amp = malloc(sizeof(float) * HD);
+    float *freq = malloc(sizeof(float) * HD);
+    for (size_t i = 0; i < HD; i++) {
+        off[i] = (float)(0.5 * rng_normal(r));
+        amp[i] = 1.0f;
+        freq[i] = (float)(rng_u01(r) * 0.05);
+    }
+    for (uint32_t h = 0; h < H; h++)
+        for (int o = 0; o < 4; o++) {
+            uint32_t c = (uint32_t)(rng_u01(r) * D) % D;
+            amp[(size_t)h * D + c] = 5.0f;
+            off[(size_t)h * D + c] = (float)(4.0 * rng_normal(r));
+        }
+    for (uint64_t t = 0; t < T; t++)
+        for (size_t i = 0; i < HD; i++) {
+            float drift = 0.5f * sinf(freq[i] * (float)t);
+            k[t * HD + i] = tqkv_f32_to_bf16(off[i] + drift + amp[i] * (float)rng_normal(r));
+            v[t * HD + i] = tqkv_f32_to_bf16((float)rng_normal(r));
+        }
+    free(off);
+    free(amp);
+    free(freq);
+}
+
+/* Queries: each query head aims at 4 random keys of its KV head (centered by the head's
+ * key mean) with weights that make attention peaked but not one-hot, plus noise. */
+static void
+synth_q(rng_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t *k, float peak,
+        float *q)
+{
+    uint32_t G = HQ / H;
+    double *mean = calloc((size_t)H * D, sizeof(double));
+    for (uint64_t t = 0; t < T; t++)
+        for (size_t i = 0; i < (size_t)H * D; i++)
+            mean[i] += tqkv_bf16_to_f32(k[t * H * D + i]);
+    for (size_t i = 0; i < (size_t)H * D; i++)
+        mean[i] /= T;
+    for (uint32_t hq = 0; hq < HQ; hq++) {
+        uint32_t h = hq / G;
+        float *qh = q + (size_t)hq * D;
+        for (uint32_t d = 0; d < D; d++)
+            qh[d] = (float)(0.3 * rng_normal(r));
+        for (int j = 0; j < 4; j++) {
+            uint32_t t = (uint32_t)(rng_u01(r) * T) % T;
+            double nrm = 0.0, w = peak * (1.0 - 0.15 * j);
+            for (uint32_t d = 0; d < D; d++) {
+                double x =
+                    tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) - mean[(size_t)h * D + d];
+                nrm += x * x;
+            }
+            nrm = sqrt(nrm) + 1e-12;
+            for (uint32_t d = 0; d < D; d++) {
+                double x =
+                    tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) - mean[(size_t)h * D + d];
+                qh[d] += (float)(w * sqrt((double)D) * x / nrm);
+            }
+        }
+    }
+    free(mean);
+}
+
 /* ---- pages ---- */
 
 typedef struct seq {
@@ -582,14 +652,14 @@ attn_err_pages(const tqkv_block_codec_t *codec, const uint16_t *k, const uint16_
 START_TEST(test_turboquant_beats_kivi)
 {
     rng_t r = {tqkv_test_seed() ^ 0x100a};
-    uint32_t T = sanitized() ? 512 : 2048, H = 4, D = 128, HQ = 16;
+    uint32_t T = sanitized() ? 512 : 2048, H = 4, D = 128, HQ = 32;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2), *kq = malloc(n * 2), *vq = malloc(n * 2);
     float *q = malloc(sizeof(float) * HQ * D), *ref = malloc(sizeof(float) * HQ * D);
     float *o = malloc(sizeof(float) * HQ * D), *kf = malloc(n * 4), *vf = malloc(n * 4);
     double kivi[2], tq[2];
-    gen_kv(&r, T, H, D, k, v);
-    gen_q(&r, HQ, H, D, T, k, q);
+    synth_kv(&r, T, H, D, k, v);
+    synth_q(&r, HQ, H, D, T, k, 1.0f, q);
     ck_assert_int_eq(tqkv_attn_bf16_ref(q, HQ, k, v, T, H, D, ref), TQKV_OK);
     for (int i = 0; i < 2; i++) {
         double num = 0, den = 0;
