@@ -234,6 +234,7 @@ def main():
     for t in (test_health_needs_no_token, test_unauthenticated, test_permissions, test_isolation):
         r.run(t, srv)
     r.check("server alive after the auth tests", srv.alive(), srv.stderr())
+    r.stop(srv)
     r.run(test_bad_token_files)
     r.finish()
 

@@ -49,7 +49,7 @@ def test_message_size(r):
     resp = stub.Put(iter([small]), timeout=30)
     r.check("server still serves after oversize messages", resp.blocks_stored == 1, str(resp))
     r.check("server alive", srv.alive(), srv.stderr())
-    srv.kill()
+    r.stop(srv)
 
 
 def test_malformed_requests(r, srv):
@@ -149,7 +149,7 @@ def test_quota(r):
     r.check("Put over quota with everything pinned -> RESOURCE_EXHAUSTED",
             SC.RESOURCE_EXHAUSTED in extra, str([c.name for c in extra]))
     r.check("ns-a still within its quota", ns_pages(stub, "ns-a").page_bytes <= quota)
-    srv.kill()
+    r.stop(srv)
 
 
 def test_max_streams(r):
@@ -179,7 +179,7 @@ def test_max_streams(r):
     after = code_of(lambda: s1.Stats(pb.StatsRequest(namespace="s"), timeout=10))
     r.check("the connection is usable once the streams end", after == SC.OK, str(after))
     r.check("server alive", srv.alive(), srv.stderr())
-    srv.kill()
+    r.stop(srv)
 
 
 def main():
@@ -188,7 +188,7 @@ def main():
     srv = H.Server("--dram-capacity", "64M")
     r.run(test_malformed_requests, srv)
     r.check("server alive after malformed requests", srv.alive(), srv.stderr())
-    srv.kill()
+    r.stop(srv)
     r.run(test_quota)
     r.run(test_max_streams)
     r.finish()

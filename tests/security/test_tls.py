@@ -64,7 +64,7 @@ def test_tls(r, pki):
     code = stats_code(secure(srv, pki, host="not-the-server.example"), timeout=5)
     r.check("wrong server name fails verification", code != SC.OK, str(code))
     r.check("TLS server alive after the failed handshakes", srv.alive(), srv.stderr())
-    srv.kill()
+    r.stop(srv)
 
 
 def test_mtls(r, pki):
@@ -80,7 +80,7 @@ def test_mtls(r, pki):
     code = stats_code(grpc.insecure_channel(srv.addr), timeout=5)
     r.check("plaintext client against the mTLS server fails", code != SC.OK, str(code))
     r.check("mTLS server alive after the failed handshakes", srv.alive(), srv.stderr())
-    srv.kill()
+    r.stop(srv)
 
 
 def test_tls_with_tokens(r, pki):
@@ -93,7 +93,7 @@ def test_tls_with_tokens(r, pki):
     r.check("TLS + token: OK", stats_code(ch, H.md("tls-token-000000001")) == SC.OK)
     code = stats_code(ch)
     r.check("TLS without token: UNAUTHENTICATED", code == SC.UNAUTHENTICATED, str(code))
-    srv.kill()
+    r.stop(srv)
 
 
 def test_bad_pem(r, pki):

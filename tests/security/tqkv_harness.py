@@ -105,6 +105,13 @@ class Server:
         e = dict(os.environ)
         if env:
             e.update(env)
+        supp = "suppressions=" + os.path.join(HERE, "lsan.supp")
+        e["LSAN_OPTIONS"] = (e["LSAN_OPTIONS"] + ":" + supp) if e.get("LSAN_OPTIONS") else supp
+        if "--tls-cert" in self.args:
+            # Full malloc stacks so the suppression can see frames inside libgrpc
+            # (the fast unwinder stops at libgpr, built without frame pointers).
+            slow = "fast_unwind_on_malloc=0"
+            e["ASAN_OPTIONS"] = (e["ASAN_OPTIONS"] + ":" + slow) if e.get("ASAN_OPTIONS") else slow
         cmd = [server_binary(), "--listen", "127.0.0.1:0", "--log-level", "warn"] + self.args
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=e)
         self.port = None
@@ -134,10 +141,11 @@ class Server:
         self.addr = "127.0.0.1:%d" % self.port
         _servers.append(self)
 
-    def stderr(self):
+    def stderr(self, full=False):
         self.log.flush()
         with open(self.log_path, errors="replace") as f:
-            return f.read()[-4000:]
+            text = f.read()
+        return text if full else text[-4000:]
 
     def rss_bytes(self):
         with open("/proc/%d/status" % self.proc.pid) as f:
@@ -339,7 +347,24 @@ class Runner:
             self.check(fn.__name__ + " raised", False, repr(e))
         print("  (%s: %.1fs)" % (fn.__name__, time.time() - t), flush=True)
 
+    def stop(self, srv, what="server"):
+        """SIGTERMs srv and checks a clean exit (status 0, no sanitizer report)."""
+        try:
+            rc = srv.terminate(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            rc = "timeout"
+        self.check("%s exits 0 on SIGTERM" % what, rc == 0, "rc %s: %s" % (rc, srv.stderr()[-1500:]))
+
     def finish(self):
+        for s in _servers:
+            log = s.stderr(full=True)
+            for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                           "ThreadSanitizer"):
+                if marker in log:
+                    self.check("no sanitizer report from the server on port %s" % s.port, False,
+                               log[log.index(marker):][:1500])
+                    break
         bad = [r for r in self.results if not r[1]]
         print("%s: %d checks, %d failed, %.1fs" % (self.name, len(self.results), len(bad),
                                                   time.time() - self.t0), flush=True)
