@@ -133,6 +133,7 @@ typedef struct packed_params {
     uint32_t nk, nv;               /* groups of K and V */
     uint32_t H, D, HQ, G;          /* kv heads, head_dim, query heads, query heads per kv head */
     uint32_t lut_n;                /* floats of one query head's tables */
+    uint32_t qc;                   /* query heads per block (<= QC, fits shared memory) */
     uint32_t splits_per_page;
     float sm_scale;
     int k_prod, v_prod, centered;
@@ -144,23 +145,23 @@ typedef struct packed_smem {
 } packed_smem_t;
 
 static __host__ __device__ inline packed_smem_t
-packed_smem_layout(uint32_t D, uint32_t lut_n)
+packed_smem_layout(uint32_t D, uint32_t lut_n, uint32_t qc)
 {
     packed_smem_t S;
     uint32_t o = 0;
-    S.qk = o, o += QC * D;
-    S.sq = o, o += QC * D;
-    S.lut = o, o += QC * lut_n;
-    S.bias = o, o += QC;
-    S.score = o, o += QC * ATTN_TILE;
+    S.qk = o, o += qc * D;
+    S.sq = o, o += qc * D;
+    S.lut = o, o += qc * lut_n;
+    S.bias = o, o += qc;
+    S.score = o, o += qc * ATTN_TILE;
     S.vcoef = o, o += 4 * ATTN_TILE;
-    S.acc = o, o += QC * D;
-    S.accs = o, o += QC * D;
-    S.m = o, o += QC;
-    S.l = o, o += QC;
-    S.alpha = o, o += QC;
+    S.acc = o, o += qc * D;
+    S.accs = o, o += qc * D;
+    S.m = o, o += qc;
+    S.l = o, o += qc;
+    S.alpha = o, o += qc;
     S.tmp = o, o += 2 * D;
-    S.red = o, o += QC * (ATTN_TILE / 32);
+    S.red = o, o += qc * (ATTN_TILE / 32);
     S.zv = o, o += 32;
     S.total = o;
     return S;
@@ -180,11 +181,11 @@ __launch_bounds__(ATTN_TILE)
                        const float *__restrict__ q, partials_t P, uint32_t n_splits)
 {
     extern __shared__ float sm[];
-    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n);
-    const uint32_t split = blockIdx.x, h = blockIdx.y, q0 = blockIdx.z * QC;
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    const uint32_t split = blockIdx.x, h = blockIdx.y, q0 = blockIdx.z * A.qc;
     const uint32_t page_i = split / A.splits_per_page, part = split % A.splits_per_page;
     const uint32_t D = A.D, H = A.H, tid = threadIdx.x;
-    const uint32_t nq = min((uint32_t)QC, A.G - q0);
+    const uint32_t nq = min(A.qc, A.G - q0);
     const uint8_t *page = (const uint8_t *)pages[page_i];
     const tqkv_page_header_t *hdr = (const tqkv_page_header_t *)page;
     const uint32_t Tp = hdr->num_tokens;
@@ -212,7 +213,7 @@ __launch_bounds__(ATTN_TILE)
     const float *mu = tqkv_page_key_mean(page, h);
 
     /* 1. per query head: gather, rotate, tables, bias */
-    for (uint32_t qi = 0; qi < QC; qi++) {
+    for (uint32_t qi = 0; qi < A.qc; qi++) {
         if (tid == 0) {
             mrun[qi] = -INFINITY;
             lrun[qi] = 0.0f;
@@ -271,7 +272,7 @@ __launch_bounds__(ATTN_TILE)
         if (tid < tn) {
             uint64_t i = (uint64_t)t * H + h;
             for (uint32_t qi = 0; qi < QC; qi++)
-                s[qi] = bias[qi];
+                s[qi] = qi < nq ? bias[qi] : -INFINITY;
             for (uint32_t gi = 0; gi < A.nk; gi++) {
                 const tqkv_group_view_t &gv = kv[gi];
                 uint32_t g = gv.L.dim, b = gv.L.mse_bits, n = gv.L.n_centroids;
@@ -282,7 +283,8 @@ __launch_bounds__(ATTN_TILE)
                     for (uint32_t j = 0; j < g; j++) {
                         uint32_t k = tqkv_bits_get(row, j, b);
                         for (uint32_t qi = 0; qi < QC; qi++)
-                            a[qi] += L0[qi * A.lut_n + j * n + k];
+                            if (qi < nq)
+                                a[qi] += L0[qi * A.lut_n + j * n + k];
                     }
                 }
                 float sc = gv.scale[i];
@@ -294,7 +296,7 @@ __launch_bounds__(ATTN_TILE)
                     for (uint32_t j = 0; j < g; j++) {
                         int bit = (srow[j >> 3] >> (j & 7u)) & 1u;
                         for (uint32_t qi = 0; qi < QC; qi++) {
-                            float v = sq[qi * D + goff_k[gi] + j];
+                            float v = qi < nq ? sq[qi * D + goff_k[gi] + j] : 0.0f;
                             c2[qi] += bit ? v : -v;
                         }
                     }
@@ -314,12 +316,14 @@ __launch_bounds__(ATTN_TILE)
         /* tile max per query head */
         uint32_t lane = tid & 31u, warp = tid >> 5;
         for (uint32_t qi = 0; qi < QC; qi++) {
+            if (qi >= A.qc) /* uniform: the whole block skips */
+                break;
             float mx = tqkv__warp_max(s[qi]);
             if (lane == 0)
                 red[qi * (ATTN_TILE / 32) + warp] = mx;
         }
         __syncthreads();
-        if (tid < QC) {
+        if (tid < A.qc) {
             float mx = -INFINITY;
             for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
                 mx = fmaxf(mx, red[tid * (ATTN_TILE / 32) + w]);
@@ -329,6 +333,8 @@ __launch_bounds__(ATTN_TILE)
         }
         __syncthreads();
         for (uint32_t qi = 0; qi < QC; qi++) {
+            if (qi >= A.qc)
+                break;
             float p = (tid < tn && qi < nq) ? __expf(s[qi] - mrun[qi]) : 0.0f;
             score[qi * ATTN_TILE + tid] = p;
             float ps = tqkv__warp_sum(p);
@@ -336,7 +342,7 @@ __launch_bounds__(ATTN_TILE)
                 red[qi * (ATTN_TILE / 32) + warp] = ps;
         }
         __syncthreads();
-        if (tid < QC) {
+        if (tid < A.qc) {
             float ps = 0.0f;
             for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
                 ps += red[tid * (ATTN_TILE / 32) + w];
@@ -454,8 +460,11 @@ tqkv_cuda_attention_packed(const tqkv_page_header_t *hdr, const void *const *d_p
     uint32_t n_splits = n_pages * A.splits_per_page;
     if (work_bytes < tqkv_cuda_attention_workspace(n_splits, num_q_heads, A.D))
         return TQKV_EINVAL;
-    packed_smem_t S = packed_smem_layout(A.D, A.lut_n);
-    size_t smem = (size_t)S.total * sizeof(float);
+    size_t smem = 0;
+    for (A.qc = QC; A.qc > 1; A.qc >>= 1) /* fewer query heads per block for big tables */
+        if (packed_smem_layout(A.D, A.lut_n, A.qc).total * sizeof(float) <= 200 * 1024)
+            break;
+    smem = (size_t)packed_smem_layout(A.D, A.lut_n, A.qc).total * sizeof(float);
     if (smem > 48 * 1024) {
         st = tqkv__cuda_status(cudaFuncSetAttribute(attn_packed_kernel,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -465,7 +474,7 @@ tqkv_cuda_attention_packed(const tqkv_page_header_t *hdr, const void *const *d_p
             return st;
     }
     partials_t P = partials_at(d_work, n_splits, num_q_heads, A.D);
-    dim3 grid(n_splits, A.H, (A.G + QC - 1) / QC);
+    dim3 grid(n_splits, A.H, (A.G + A.qc - 1) / A.qc);
     attn_packed_kernel<<<grid, ATTN_TILE, smem, stream>>>(A, d_pages, d_q, P, n_splits);
     TQKV__CUDA_LAUNCH_CHECK("attn_packed_kernel");
     return launch_merge(d_work, n_splits, num_q_heads, A.D, d_out, stream);

@@ -306,6 +306,7 @@ START_TEST(test_gpu_attention_packed_vs_cpu)
         {5, 0, 4, 0, TQKV_ROT_HADAMARD, 0, 128, 1, 1, 256, 3},
         {8, 1, 6, 1, TQKV_ROT_DENSE, 1, 96, 3, 6, 17, 4},
         {6, 0, 7, 0, TQKV_ROT_HADAMARD, 0, 64, 2, 10, 1500, 2}, /* > SPLIT_TOKENS */
+        {8, 0, 6, 1, TQKV_ROT_HADAMARD, 1, 1024, 1, 4, 40, 2},  /* big tables: 2 q heads/block */
     };
     rng_state = tqkv_test_seed() ^ 0x404;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
