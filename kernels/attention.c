@@ -26,39 +26,92 @@
 
 /* ---- dispatch ---- */
 
-static int force_scalar;
+enum { LEVEL_SCALAR = 1, LEVEL_AVX2 = 2, LEVEL_AVX512 = 3 };
+
+static int isa_cap = -1; /* TQKV_ATTN_ISA_*; -1 = not read from the environment yet */
 
 static int
-cpu_has_avx2(void)
+cpu_level(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    static int cached;
+    if (!cached) {
+        int lvl = LEVEL_SCALAR;
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2")) {
+            lvl = LEVEL_AVX2;
+            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                __builtin_cpu_supports("avx512vbmi"))
+                lvl = LEVEL_AVX512;
+        }
+        cached = lvl;
+    }
+    return cached;
 #else
-    return 0;
+    return LEVEL_SCALAR;
 #endif
+}
+
+static int
+level(void)
+{
+    int lvl = cpu_level();
+    if (isa_cap < 0) {
+        const char *e = getenv("TQKV_ATTN_ISA");
+        isa_cap = e && !strcmp(e, "scalar") ? TQKV_ATTN_ISA_SCALAR
+                  : e && !strcmp(e, "avx2") ? TQKV_ATTN_ISA_AVX2
+                                            : TQKV_ATTN_ISA_BEST;
+    }
+    if (isa_cap == TQKV_ATTN_ISA_SCALAR)
+        return LEVEL_SCALAR;
+    if (isa_cap == TQKV_ATTN_ISA_AVX2 && lvl > LEVEL_AVX2)
+        return LEVEL_AVX2;
+    return lvl;
 }
 
 static int
 use_avx2(void)
 {
-    static int cached = -1;
-    if (cached < 0)
-        cached = cpu_has_avx2();
-    return cached && !force_scalar;
+    return level() >= LEVEL_AVX2;
 }
 
 const char *
 tqkv_attn_isa(void)
 {
-    return use_avx2() ? "avx2" : "scalar";
+    int lvl = level();
+    return lvl == LEVEL_AVX512 ? "avx512" : lvl == LEVEL_AVX2 ? "avx2" : "scalar";
+}
+
+void
+tqkv_attn_set_isa_cap(int cap)
+{
+    isa_cap = cap;
 }
 
 void
 tqkv_attn_force_scalar(int on)
 {
-    force_scalar = on;
+    isa_cap = on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST;
+}
+
+static tqkv__attn_task_fn
+task_kernel(void)
+{
+    int lvl = level();
+    return lvl == LEVEL_AVX512 ? tqkv__attn_task_avx512
+           : lvl == LEVEL_AVX2 ? tqkv__attn_task_avx2
+                               : tqkv__attn_task_scalar;
+}
+
+static tqkv__attn_bf16_fn
+bf16_kernel(void)
+{
+    int lvl = level();
+    return lvl == LEVEL_AVX512 ? tqkv__attn_bf16_avx512
+           : lvl == LEVEL_AVX2 ? tqkv__attn_bf16_avx2
+                               : tqkv__attn_bf16_scalar;
 }
 
 void
@@ -346,6 +399,24 @@ fail:
     return st;
 }
 
+/* Channels of both groups of tensor t for head h, in increasing order, in one branchless
+ * pass: hi[] gets the outlier (group 0) channels, lo[] the others; returns the count of hi.
+ * Without a mask every channel is in group 0. */
+static uint32_t
+split_channels(const page_ctx_t *pc, uint32_t t, uint32_t h, uint32_t *hi, uint32_t *lo)
+{
+    const uint8_t *mask = tqkv_page_mask(pc->page, t, h);
+    uint32_t nh = 0, nl = 0;
+    for (uint32_t c = 0; c < pc->D; c++) {
+        uint32_t bit = mask ? (mask[c >> 3] >> (c & 7)) & 1u : 1u;
+        hi[nh] = c;
+        lo[nl] = c;
+        nh += bit;
+        nl += bit ^ 1u;
+    }
+    return nh;
+}
+
 /* Channels of group g of tensor t for head h, in increasing order; returns the count,
  * which must equal the group's dimension (checked by the caller). */
 static uint32_t
@@ -475,6 +546,8 @@ build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t 
 {
     tqkv__attn_stream_t *ss = tensor == TQKV_TENSOR_K ? tk->k : tk->v;
     int ns = 0;
+    uint32_t nhi =
+        split_channels(pc, tensor, h, w->ch + (tensor * 2) * c->D, w->ch + (tensor * 2 + 1) * c->D);
     for (uint32_t g = 0; g < 2; g++) {
         const group_ctx_t *gc = &pc->g[tensor][g];
         const tqkv_group_view_t *gv = &gc->gv;
@@ -482,7 +555,7 @@ build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t 
         if (!gc->present)
             continue;
         gd = gv->L.dim;
-        if (group_channels(pc, tensor, g, h, ch) != gd)
+        if ((g == 0 ? nhi : c->D - nhi) != gd)
             return -1;
         for (int kind = 0; kind < 2; kind++) {
             tqkv__attn_stream_t *st = &ss[ns];
@@ -702,7 +775,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     c.n_pages = n_pages;
     c.split_tokens = opts->split_tokens ? opts->split_tokens : total;
     c.n_splits = (size_t)((total + c.split_tokens - 1) / c.split_tokens);
-    c.task_fn = use_avx2() ? tqkv__attn_task_avx2 : tqkv__attn_task_scalar;
+    c.task_fn = task_kernel();
 
     starts = malloc(sizeof(uint64_t) * (n_pages + 1));
     c.splits = calloc(c.n_splits, sizeof(split_state_t));
@@ -1035,7 +1108,7 @@ tqkv_attn_bf16(const float *q, uint32_t num_q_heads, const uint16_t *k_bf16, con
                uint32_t num_tokens, uint32_t num_kv_heads, uint32_t head_dim, float *out)
 {
     return bf16_common(q, num_q_heads, k_bf16, v_bf16, num_tokens, num_kv_heads, head_dim, out,
-                       use_avx2() ? tqkv__attn_bf16_avx2 : tqkv__attn_bf16_scalar);
+                       bf16_kernel());
 }
 
 /* Reads like the math: two-pass softmax in double. */

@@ -11,7 +11,7 @@
  * whose partial (max, sum, output) states are merged with a log-sum-exp merge.
  *
  * Thread safety: every function is reentrant; the only shared state is the rotation cache
- * of kernels/rotation.h. SIMD kernels (AVX2) are chosen once at run time.
+ * of kernels/rotation.h. SIMD kernels (AVX-512 with VBMI, AVX2) are chosen once at run time.
  */
 #ifndef TQKV_KERNELS_ATTENTION_H
 #define TQKV_KERNELS_ATTENTION_H
@@ -71,11 +71,15 @@ tqkv_status_t tqkv_attn_bf16_ref(const float *q, uint32_t num_q_heads, const uin
                                  const uint16_t *v_bf16, uint32_t num_tokens, uint32_t num_kv_heads,
                                  uint32_t head_dim, float *out);
 
-/* Name of the attention kernels in use ("avx2" or "scalar"). */
+/* Name of the attention kernels in use ("avx512", "avx2" or "scalar"). */
 const char *tqkv_attn_isa(void);
 
-/* Forces the scalar kernels (nonzero) or the best available (0); for tests and benches.
- * Not thread-safe against concurrent attention calls. */
+/* Caps the kernels used (for tests and benches; not thread-safe against concurrent attention
+ * calls): TQKV_ATTN_ISA_BEST (default), _SCALAR, _AVX2. The environment variable
+ * TQKV_ATTN_ISA=scalar|avx2 sets the initial cap. */
+enum { TQKV_ATTN_ISA_BEST = 0, TQKV_ATTN_ISA_SCALAR = 1, TQKV_ATTN_ISA_AVX2 = 2 };
+void tqkv_attn_set_isa_cap(int cap);
+/* Same as tqkv_attn_set_isa_cap(on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST). */
 void tqkv_attn_force_scalar(int on);
 
 /* ---- internal: the kernel table shared by attention.c and attention_avx2.c ---- */
@@ -125,6 +129,10 @@ typedef void (*tqkv__attn_had_fn)(const float *signs, uint32_t n, const float *x
 void tqkv__attn_hadamard_avx2(const float *signs, uint32_t n, const float *x, float *y,
                               int transpose);
 
+void tqkv__attn_task_avx512(const tqkv__attn_task_t *t);
+void tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
+                            uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
+                            float *m, float *l, float *scratch);
 void tqkv__attn_task_scalar(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
                             uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,

@@ -288,10 +288,13 @@ run_cfg(const cfg_t *c, rng_t *r)
     oracle(&s, q, c->HQ, c->H, c->D, c->T, ref);
     tqkv_attn_opts_default(&opts);
     opts.split_tokens = c->split;
-    for (int pass = 0; pass < 3; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
+        static const char *const names[] = {"best", "scalar", "ref", "avx2"};
         tqkv_status_t st;
-        tqkv_attn_force_scalar(pass == 1);
-        if (pass < 2)
+        tqkv_attn_set_isa_cap(pass == 1   ? TQKV_ATTN_ISA_SCALAR
+                              : pass == 3 ? TQKV_ATTN_ISA_AVX2
+                                          : TQKV_ATTN_ISA_BEST);
+        if (pass != 2)
             st = tqkv_attn_decode(q, c->HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o);
         else
             st =
@@ -301,15 +304,12 @@ run_cfg(const cfg_t *c, rng_t *r)
         ck_assert_msg(e <= FUSED_TOL,
                       "pass %d (%s) T=%u H=%u D=%u HQ=%u K=%u/2 m%u nc%u V=%u/2 m%u nc%u "
                       "center=%u rot=%u split=%u blocks[0]=%u: rel err %.3g",
-                      pass,
-                      pass == 0   ? tqkv_attn_isa()
-                      : pass == 1 ? "scalar"
-                                  : "ref",
-                      c->T, c->H, c->D, c->HQ, c->kb, c->kmode, c->knc, c->vb, c->vmode, c->vnc,
-                      c->center, c->rot, c->split, c->blocks[0], e);
+                      pass, pass == 0 ? tqkv_attn_isa() : names[pass], c->T, c->H, c->D, c->HQ,
+                      c->kb, c->kmode, c->knc, c->vb, c->vmode, c->vnc, c->center, c->rot, c->split,
+                      c->blocks[0], e);
         worst = e > worst ? e : worst;
     }
-    tqkv_attn_force_scalar(0);
+    tqkv_attn_set_isa_cap(TQKV_ATTN_ISA_BEST);
     seq_free(&s);
     free(k);
     free(v);
@@ -438,7 +438,8 @@ START_TEST(test_simd_equals_scalar_and_threads)
     uint32_t T = 3000, H = 2, D = 128, HQ = 8;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
-    float q[8 * 128], o1[8 * 128], o2[8 * 128], o3[8 * 128];
+    float q[8 * 128], o1[8 * 128], o2[8 * 128], o3[8 * 128], o4[8 * 128];
+    double num4 = 0;
     tqkv_block_codec_t codec = {{7, 0, 1}, {5, 1, 0}, TQKV_ROT_HADAMARD, 1, 77};
     tqkv_attn_opts_t opts;
     seq_t s;
@@ -453,17 +454,23 @@ START_TEST(test_simd_equals_scalar_and_threads)
     tqkv_attn_force_scalar(1);
     ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o2),
                      TQKV_OK);
-    tqkv_attn_force_scalar(0);
+    tqkv_attn_set_isa_cap(TQKV_ATTN_ISA_AVX2);
+    ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o4),
+                     TQKV_OK);
+    tqkv_attn_set_isa_cap(TQKV_ATTN_ISA_BEST);
     opts.num_threads = 3;
     ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o3),
                      TQKV_OK);
     for (size_t i = 0; i < HQ * D; i++) {
         num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
+        num4 += (double)(o4[i] - o2[i]) * (o4[i] - o2[i]);
         den += (double)o2[i] * o2[i];
         /* same kernel, same split order: threads must give identical bits */
         ck_assert_msg(o1[i] == o3[i], "threads differ at %zu: %g vs %g", i, o1[i], o3[i]);
     }
-    ck_assert_msg(sqrt(num / den) <= 2e-6, "simd vs scalar rel err %.3g", sqrt(num / den));
+    ck_assert_msg(sqrt(num / den) <= 2e-6, "%s vs scalar rel err %.3g", tqkv_attn_isa(),
+                  sqrt(num / den));
+    ck_assert_msg(sqrt(num4 / den) <= 2e-6, "avx2 vs scalar rel err %.3g", sqrt(num4 / den));
     seq_free(&s);
     free(k);
     free(v);
@@ -555,18 +562,22 @@ START_TEST(test_bf16_baseline)
             size_t n = (size_t)T * H * D;
             uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
             float *q = malloc(sizeof(float) * HQ * D), *o1 = malloc(sizeof(float) * HQ * D),
-                  *o2 = malloc(sizeof(float) * HQ * D), *o3 = malloc(sizeof(float) * HQ * D);
-            double num = 0, num2 = 0, den = 0;
+                  *o2 = malloc(sizeof(float) * HQ * D), *o3 = malloc(sizeof(float) * HQ * D),
+                  *o4 = malloc(sizeof(float) * HQ * D);
+            double num = 0, num2 = 0, num4 = 0, den = 0;
             gen_kv(&r, T, H, D, k, v);
             gen_q(&r, HQ, H, D, T, k, q);
             ck_assert_int_eq(tqkv_attn_bf16(q, HQ, k, v, T, H, D, o1), TQKV_OK);
             tqkv_attn_force_scalar(1);
             ck_assert_int_eq(tqkv_attn_bf16(q, HQ, k, v, T, H, D, o3), TQKV_OK);
+            tqkv_attn_set_isa_cap(TQKV_ATTN_ISA_AVX2);
+            ck_assert_int_eq(tqkv_attn_bf16(q, HQ, k, v, T, H, D, o4), TQKV_OK);
             tqkv_attn_force_scalar(0);
             ck_assert_int_eq(tqkv_attn_bf16_ref(q, HQ, k, v, T, H, D, o2), TQKV_OK);
             for (size_t i = 0; i < (size_t)HQ * D; i++) {
                 num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
                 num2 += (double)(o3[i] - o2[i]) * (o3[i] - o2[i]);
+                num4 += (double)(o4[i] - o2[i]) * (o4[i] - o2[i]);
                 den += (double)o2[i] * o2[i];
             }
             ck_assert_msg(sqrt(num / den) <= FUSED_TOL, "bf16 %s T=%u D=%u G=%u: %.3g",
@@ -579,6 +590,7 @@ START_TEST(test_bf16_baseline)
             free(o1);
             free(o2);
             free(o3);
+            free(o4);
         }
     {
         uint16_t kk[64] = {0};

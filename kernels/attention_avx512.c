@@ -1,0 +1,419 @@
+/* attention_avx512.c - AVX-512 (F/BW/VL/DQ/VBMI) kernels of fused decode attention and of
+ * the BF16 baseline.
+ *
+ * Same structure as attention_avx2.c (tiles of 64 tokens, GQA heads sharing each decoded
+ * chunk, online softmax, chunk-outer value accumulation), on 16 channels per register. The
+ * packed kernel decodes 16 b-bit codes with three instructions: a 64-bit broadcast load,
+ * vpmultishiftqb (each dword lane picks the 8 bits at its field's bit offset) and vpermps on
+ * the 16-entry table held in a register (tables of b < 4 bits are replicated with period
+ * 2^b, so the bits above the field do not matter). The BF16 kernel gets the same ISA.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "kernels/tq_math.h"
+
+#define TILE TQKV__ATTN_TILE
+#define MAXNB 8
+
+static inline __m256
+exp256(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 fx, y, z;
+    __m256i e, e1, e2;
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, c1, x);
+    x = _mm256_fnmadd_ps(fx, c2, x);
+    z = _mm256_mul_ps(x, x);
+    y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    e = _mm256_cvtps_epi32(fx);
+    e1 = _mm256_srai_epi32(e, 1);
+    e2 = _mm256_sub_epi32(e, e1);
+    return _mm256_mul_ps(
+        _mm256_mul_ps(y, _mm256_castsi256_ps(
+                             _mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23))),
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23)));
+}
+
+static inline float
+hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256
+fold512(__m512 v)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+/* Horizontal sums of NB accumulators plus tail[h], stored to out[h * TILE]. */
+static inline __attribute__((always_inline)) void
+hsum_nb(const __m512 *tot, const float *tail, const int NB, float *out)
+{
+    for (int h = 0; h < NB; h += 4) {
+        __m256 a = fold512(tot[h]);
+        __m256 b = h + 1 < NB ? fold512(tot[h + 1]) : _mm256_setzero_ps();
+        __m256 c = h + 2 < NB ? fold512(tot[h + 2]) : _mm256_setzero_ps();
+        __m256 d = h + 3 < NB ? fold512(tot[h + 3]) : _mm256_setzero_ps();
+        __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        float f[4];
+        _mm_storeu_ps(f, r);
+        for (int j = 0; j < 4 && h + j < NB; j++)
+            out[(h + j) * TILE] = f[j] + tail[h + j];
+    }
+}
+
+static inline float
+softmax_tile(float *row, uint32_t n, float *m, float *l)
+{
+    float mx = *m, alpha, sum;
+    uint32_t i = 0;
+    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8)
+        vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(row + i));
+    {
+        __m128 a = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+        a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+        a = _mm_max_ss(a, _mm_movehdup_ps(a));
+        mx = _mm_cvtss_f32(a);
+    }
+    for (; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    alpha = expf(*m - mx);
+    vmx = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmx));
+        _mm256_storeu_ps(row + i, p);
+        vs = _mm256_add_ps(vs, p);
+    }
+    sum = hsum256(vs);
+    for (; i < n; i++) {
+        row[i] = expf(row[i] - mx);
+        sum += row[i];
+    }
+    *l = *l * alpha + sum;
+    *m = mx;
+    return alpha;
+}
+
+/* ---- packed streams ---- */
+
+typedef struct sreg {
+    __m512i ctrl; /* vpmultishiftqb control: byte 0 and 4 of qword k -> fields 2k, 2k+1 */
+    __m512 table;
+    uint32_t bits, nc, safe;
+} sreg_t;
+
+static inline void
+sreg_init(sreg_t *r, const tqkv__attn_stream_t *s)
+{
+    uint32_t b = s->bits;
+    uint8_t ctrl[64];
+    memset(ctrl, 0, sizeof ctrl);
+    for (int k = 0; k < 8; k++) {
+        ctrl[8 * k] = (uint8_t)(b * (2 * k));
+        ctrl[8 * k + 4] = (uint8_t)(b * (2 * k + 1));
+    }
+    r->bits = b;
+    r->ctrl = _mm512_loadu_si512(ctrl);
+    r->table = _mm512_loadu_ps(s->table);
+    r->nc = s->gdim / 16;
+    /* chunk c reads 8 bytes at byte 2bc */
+    r->safe = r->nc ? (r->nc - 1) * 2 * b + 8 : 0;
+}
+
+static inline __m512
+dec16(const uint8_t *row, uint32_t c, const sreg_t *r, uint32_t b)
+{
+    uint64_t w;
+    memcpy(&w, row + 2 * c * b, 8);
+    return _mm512_permutexvar_ps(
+        _mm512_multishift_epi64_epi8(r->ctrl, _mm512_set1_epi64((long long)w)), r->table);
+}
+
+static inline void
+tile_rows(const tqkv__attn_stream_t *s, const sreg_t *r, uint32_t t0, uint32_t n,
+          const uint8_t **rp, uint8_t (*pad)[528])
+{
+    uint32_t npad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *row = s->rows + (size_t)(t0 + i) * s->stride;
+        if (row + r->safe > s->limit && npad < 8) {
+            memset(pad[npad], 0, sizeof pad[npad]);
+            memcpy(pad[npad], row, s->row_bytes);
+            row = pad[npad++];
+        }
+        rp[i] = row;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32_t t0, uint32_t n,
+           uint32_t h0, const int NB, float *sc)
+{
+    sreg_t r[4];
+    for (uint32_t s = 0; s < tk->nk; s++)
+        sreg_init(&r[s], &tk->k[s]);
+    for (uint32_t i = 0; i < n; i++) {
+        __m512 tot[MAXNB];
+        float tail[MAXNB];
+        for (int h = 0; h < NB; h++) {
+            tot[h] = _mm512_setzero_ps();
+            tail[h] = tk->qbias ? tk->qbias[h0 + h] : 0.0f;
+        }
+        for (uint32_t s = 0; s < tk->nk; s++) {
+            const tqkv__attn_stream_t *st = &tk->k[s];
+            const uint8_t *row = rp[s][i];
+            const uint32_t gd = st->gdim, b = st->bits;
+            const float *qv = tk->qk[s] + (size_t)h0 * gd;
+            const float coef = st->coef[t0 + i];
+            __m512 acc[MAXNB];
+            for (int h = 0; h < NB; h++)
+                acc[h] = _mm512_setzero_ps();
+            for (uint32_t c = 0; c < r[s].nc; c++) {
+                __m512 z = dec16(row, c, &r[s], b);
+                for (int h = 0; h < NB; h++)
+                    acc[h] =
+                        _mm512_fmadd_ps(z, _mm512_loadu_ps(qv + (size_t)h * gd + 16 * c), acc[h]);
+            }
+            for (uint32_t j = r[s].nc * 16; j < gd; j++) {
+                float z = st->table[tqkv_bits_get(row, j, b)];
+                for (int h = 0; h < NB; h++)
+                    tail[h] += coef * z * qv[(size_t)h * gd + j];
+            }
+            for (int h = 0; h < NB; h++)
+                tot[h] = _mm512_fmadd_ps(acc[h], _mm512_set1_ps(coef), tot[h]);
+        }
+        hsum_nb(tot, tail, NB, sc + h0 * TILE + i);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+value_tile(const tqkv__attn_stream_t *st, const uint8_t *const *rp, uint32_t n, float *accs,
+           const float *w, uint32_t h0, const int NB)
+{
+    const uint32_t gd = st->gdim, b = st->bits;
+    sreg_t r;
+    sreg_init(&r, st);
+    for (uint32_t c = 0; c < r.nc; c++) {
+        __m512 a[MAXNB];
+        for (int h = 0; h < NB; h++)
+            a[h] = _mm512_loadu_ps(accs + (size_t)(h0 + h) * gd + 16 * c);
+        for (uint32_t i = 0; i < n; i++) {
+            __m512 z = dec16(rp[i], c, &r, b);
+            for (int h = 0; h < NB; h++)
+                a[h] = _mm512_fmadd_ps(z, _mm512_set1_ps(w[(h0 + h) * TILE + i]), a[h]);
+        }
+        for (int h = 0; h < NB; h++)
+            _mm512_storeu_ps(accs + (size_t)(h0 + h) * gd + 16 * c, a[h]);
+    }
+    for (uint32_t j = r.nc * 16; j < gd; j++)
+        for (uint32_t i = 0; i < n; i++) {
+            float z = st->table[tqkv_bits_get(rp[i], j, b)];
+            for (int h = 0; h < NB; h++)
+                accs[(size_t)(h0 + h) * gd + j] += w[(h0 + h) * TILE + i] * z;
+        }
+}
+
+#define NB_DISPATCH(NBV, CALL)                                                                     \
+    switch (NBV) {                                                                                 \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        CALL(3);                                                                                   \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        CALL(4);                                                                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        CALL(5);                                                                                   \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        CALL(6);                                                                                   \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        CALL(7);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(8);                                                                                   \
+        break;                                                                                     \
+    }
+
+static inline void
+rescale(float *a, uint32_t n, float alpha)
+{
+    __m512 va = _mm512_set1_ps(alpha);
+    uint32_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(a + j, _mm512_mul_ps(_mm512_loadu_ps(a + j), va));
+    for (; j < n; j++)
+        a[j] *= alpha;
+}
+
+void
+tqkv__attn_task_avx512(const tqkv__attn_task_t *tk)
+{
+    const uint32_t G = tk->G, T = tk->num_tokens;
+    float *sc = tk->scratch, *wb = tk->scratch + (size_t)G * TILE;
+    const uint8_t *rk[4][TILE], *rv[4][TILE];
+    uint8_t pad[8][8][528];
+
+    for (uint32_t h = 0; h < G; h++) {
+        tk->m[h] = -INFINITY;
+        tk->l[h] = 0.0f;
+    }
+    for (uint32_t s = 0; s < tk->nv; s++)
+        memset(tk->acc[s], 0, sizeof(float) * G * tk->v[s].gdim);
+
+    for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
+        uint32_t n = T - t0 < TILE ? T - t0 : TILE;
+        for (uint32_t s = 0; s < tk->nk; s++) {
+            sreg_t r;
+            sreg_init(&r, &tk->k[s]);
+            tile_rows(&tk->k[s], &r, t0, n, rk[s], pad[s]);
+        }
+        for (uint32_t s = 0; s < tk->nv; s++) {
+            sreg_t r;
+            sreg_init(&r, &tk->v[s]);
+            tile_rows(&tk->v[s], &r, t0, n, rv[s], pad[4 + s]);
+        }
+        for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+            uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define SCORE(K) score_tile(tk, (const uint8_t *const(*)[TILE])rk, t0, n, h0, K, sc)
+            NB_DISPATCH(nb, SCORE)
+#undef SCORE
+        }
+        for (uint32_t h = 0; h < G; h++) {
+            float alpha = softmax_tile(sc + h * TILE, n, &tk->m[h], &tk->l[h]);
+            if (alpha != 1.0f)
+                for (uint32_t s = 0; s < tk->nv; s++)
+                    rescale(tk->acc[s] + (size_t)h * tk->v[s].gdim, tk->v[s].gdim, alpha);
+        }
+        for (uint32_t s = 0; s < tk->nv; s++) {
+            const float *coef = tk->v[s].coef + t0;
+            for (uint32_t h = 0; h < G; h++)
+                for (uint32_t i = 0; i < n; i++)
+                    wb[h * TILE + i] = sc[h * TILE + i] * coef[i];
+            for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+                uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define VALUE(K) value_tile(&tk->v[s], rv[s], n, tk->acc[s], wb, h0, K)
+                NB_DISPATCH(nb, VALUE)
+#undef VALUE
+            }
+        }
+    }
+}
+
+/* ---- BF16 baseline ---- */
+
+static inline __m512
+bf16x16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static inline __attribute__((always_inline)) void
+bf16_score_tile(const float *q, const uint16_t *k, size_t stride, uint32_t D, uint32_t t0,
+                uint32_t n, uint32_t h0, const int NB, float sm_scale, float *sc)
+{
+    const uint32_t nc = D / 16;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint16_t *row = k + (size_t)(t0 + i) * stride;
+        __m512 acc[MAXNB];
+        float tail[MAXNB];
+        for (int h = 0; h < NB; h++) {
+            acc[h] = _mm512_setzero_ps();
+            tail[h] = 0.0f;
+        }
+        for (uint32_t c = 0; c < nc; c++) {
+            __m512 z = bf16x16(row + 16 * c);
+            for (int h = 0; h < NB; h++)
+                acc[h] =
+                    _mm512_fmadd_ps(z, _mm512_loadu_ps(q + (size_t)(h0 + h) * D + 16 * c), acc[h]);
+        }
+        for (uint32_t j = nc * 16; j < D; j++)
+            for (int h = 0; h < NB; h++)
+                tail[h] += q[(size_t)(h0 + h) * D + j] * tqkv_bf16_to_f32(row[j]);
+        for (int h = 0; h < NB; h++) {
+            acc[h] = _mm512_mul_ps(acc[h], _mm512_set1_ps(sm_scale));
+            tail[h] *= sm_scale;
+        }
+        hsum_nb(acc, tail, NB, sc + h0 * TILE + i);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+bf16_value_tile(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint32_t n, float *out,
+                const float *w, uint32_t h0, const int NB)
+{
+    const uint32_t nc = D / 16;
+    for (uint32_t c = 0; c < nc; c++) {
+        __m512 a[MAXNB];
+        for (int h = 0; h < NB; h++)
+            a[h] = _mm512_loadu_ps(out + (size_t)(h0 + h) * D + 16 * c);
+        for (uint32_t i = 0; i < n; i++) {
+            __m512 z = bf16x16(v + (size_t)(t0 + i) * stride + 16 * c);
+            for (int h = 0; h < NB; h++)
+                a[h] = _mm512_fmadd_ps(z, _mm512_set1_ps(w[(h0 + h) * TILE + i]), a[h]);
+        }
+        for (int h = 0; h < NB; h++)
+            _mm512_storeu_ps(out + (size_t)(h0 + h) * D + 16 * c, a[h]);
+    }
+    for (uint32_t j = nc * 16; j < D; j++)
+        for (uint32_t i = 0; i < n; i++) {
+            float z = tqkv_bf16_to_f32(v[(size_t)(t0 + i) * stride + j]);
+            for (int h = 0; h < NB; h++)
+                out[(size_t)(h0 + h) * D + j] += w[(h0 + h) * TILE + i] * z;
+        }
+}
+
+void
+tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
+                       size_t stride, uint32_t D, float sm_scale, float *out, float *m, float *l,
+                       float *scratch)
+{
+    float *sc = scratch;
+    for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
+        uint32_t n = T - t0 < TILE ? T - t0 : TILE;
+        for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+            uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define SCORE(K) bf16_score_tile(q, k, stride, D, t0, n, h0, K, sm_scale, sc)
+            NB_DISPATCH(nb, SCORE)
+#undef SCORE
+        }
+        for (uint32_t h = 0; h < G; h++) {
+            float alpha = softmax_tile(sc + h * TILE, n, &m[h], &l[h]);
+            if (alpha != 1.0f)
+                rescale(out + (size_t)h * D, D, alpha);
+        }
+        for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
+            uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
+#define VALUE(K) bf16_value_tile(v, stride, D, t0, n, out, sc, h0, K)
+            NB_DISPATCH(nb, VALUE)
+#undef VALUE
+        }
+    }
+}
