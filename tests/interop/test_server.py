@@ -639,6 +639,29 @@ class SecurityTest(unittest.TestCase):
             self.assertEqual(srv.stop(), 0)
 
 
+class TierTest(unittest.TestCase):
+    def test_hbm_standin_tier_reported(self):
+        srv = Server("--hbm-standin", "--hbm-capacity", "32M", "--eviction", "lru")
+        try:
+            T, H, D = 16, 2, 64
+            h = rand_hash()
+            srv.stub.Put(iter([put_req("tier", h, 0, T, H, D)]), timeout=30)
+            lk = srv.stub.Lookup(pb.LookupRequest(namespace="tier", hashes=[h], num_layers=1),
+                                 timeout=10)
+            self.assertEqual(lk.prefix_blocks, 1)
+            self.assertEqual(lk.blocks[0].tier, pb.TIER_HBM)
+            g = next(iter(srv.stub.Get(pb.GetRequest(namespace="tier", hashes=[h],
+                                                     layer_begin=0, layer_end=1), timeout=10)))
+            self.assertEqual(g.tier, pb.TIER_HBM)
+            st = srv.stub.Stats(pb.StatsRequest(), timeout=10)
+            tiers = {t.tier: t for t in st.tiers}
+            self.assertEqual(tiers[pb.TIER_HBM].capacity_bytes, 32 << 20)
+            self.assertEqual(tiers[pb.TIER_HBM].pages, 1)
+            self.assertEqual(tiers[pb.TIER_DRAM].pages, 0)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_drains_get_and_health_goes_not_serving(self):
         srv = Server("--drain-seconds", "20")
