@@ -310,105 +310,45 @@ group_ctx_init(group_ctx_t *G, uint32_t g, uint32_t bits, uint32_t mode, uint64_
     return TQKV_OK;
 }
 
-static float
-clamp_flt(double v)
+/* The tq_math.h view of a group (the per-vector code shared with the CUDA kernels). */
+static void
+group_codec(const group_ctx_t *G, tqkv_group_codec_t *C)
 {
-    if (v > FLT_MAX)
-        return FLT_MAX;
-    if (v < -FLT_MAX)
-        return -FLT_MAX;
-    return (float)v;
+    memset(C, 0, sizeof *C);
+    C->dim = G->L.dim;
+    C->mode = G->L.mode;
+    C->mse_bits = G->L.mse_bits;
+    C->n_centroids = G->L.n_centroids;
+    C->rotation = G->rot ? G->rot->kind : TQKV_ROT_DENSE;
+    C->norm_corrected = (uint32_t)G->norm_corrected;
+    C->z = G->z;
+    C->thr = G->cb ? G->cb->thr : NULL;
+    C->matrix = G->rot ? G->rot->matrix : NULL;
+    C->signs = G->rot ? G->rot->signs : NULL;
+    C->qjl = G->qjl ? G->qjl->matrix : NULL;
 }
 
-/* Reference encode of one group vector x[g] (double: centered BF16 values).
- * work: 3g floats. idx_row and sign_row must be zeroed. */
+/* Reference encode of one group vector x[g] (double: centered BF16 values): exactly
+ * tqkv_group_encode_vec of tq_math.h, so the CPU reference and the CUDA encoder
+ * produce the same bytes. work: 3g floats; idx_row and sign_row zeroed. */
 static void
 encode_vec_ref(const group_ctx_t *G, const double *x, float *work, float *scale, float *gamma,
                uint8_t *idx_row, uint8_t *sign_row)
 {
-    const uint32_t g = G->L.dim, b = G->L.mse_bits;
-    float *u = work, *y = work + g, *a = work + 2 * g;
-    double s = 0, zn2 = 0, sc, rn = 0;
-
-    for (uint32_t j = 0; j < g; j++)
-        s += x[j] * x[j];
-    s = sqrt(s);
-    if (s == 0) {
-        /* zero vector: scale 0, indices 0, gamma 0, signs all set (S 0 >= 0) */
-        *scale = 0;
-        if (G->L.mode == TQKV_MODE_PROD) {
-            *gamma = 0;
-            for (uint32_t j = 0; j < g; j++)
-                sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
-        }
-        return;
-    }
-    for (uint32_t j = 0; j < g; j++)
-        u[j] = (float)(x[j] / s);
-    if (b) {
-        tqkv_rotation_apply(G->rot, u, y);
-        for (uint32_t j = 0; j < g; j++) {
-            uint32_t k = tqkv_nearest_index(y[j] * G->sqrt_g, G->cb->thr, G->L.n_centroids);
-            tqkv_bits_put(idx_row, j, b, k);
-            y[j] = G->cb->z[k];
-            zn2 += (double)y[j] * y[j];
-        }
-    }
-    if (G->norm_corrected && b && zn2 > 0)
-        sc = s / sqrt(zn2);
-    else
-        sc = s / sqrt((double)g);
-    *scale = clamp_flt(sc);
-    if (G->L.mode != TQKV_MODE_PROD)
-        return;
-    /* r = x - scale * Pi^T z[idx] (what the decoder rebuilds), in units of s */
-    if (b)
-        tqkv_rotation_apply_t(G->rot, y, a);
-    {
-        double *r = (double *)malloc(sizeof(double) * g);
-        double sf = (double)*scale;
-        for (uint32_t j = 0; j < g; j++) {
-            r[j] = b ? x[j] - sf * a[j] : x[j];
-            rn += r[j] * r[j];
-        }
-        rn = sqrt(rn);
-        for (uint32_t j = 0; j < g; j++)
-            u[j] = rn > 0 ? (float)(r[j] / rn) : 0.0f;
-        free(r);
-    }
-    *gamma = clamp_flt(rn / sqrt((double)g));
-    tqkv_rotation_apply(G->qjl, u, y);
-    for (uint32_t j = 0; j < g; j++)
-        if (y[j] >= 0.0f)
-            sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
+    tqkv_group_codec_t C;
+    group_codec(G, &C);
+    tqkv_group_encode_vec(&C, x, work, scale, gamma, idx_row, sign_row);
 }
 
-/* Reference decode of one group vector into out[g] (double, before un-centering).
- * work: 2g floats. */
+/* Reference decode of one group vector into out[g] (double, before un-centering):
+ * tqkv_group_decode_vec. work: 2g floats. */
 static void
 decode_vec_ref(const group_ctx_t *G, float scale, float gamma, const uint8_t *idx_row,
                const uint8_t *sign_row, float *work, double *out)
 {
-    const uint32_t g = G->L.dim, b = G->L.mse_bits;
-    float *y = work, *a = work + g;
-    for (uint32_t j = 0; j < g; j++)
-        out[j] = 0;
-    if (b) {
-        for (uint32_t j = 0; j < g; j++)
-            y[j] = G->z[tqkv_bits_get(idx_row, j, b)];
-        tqkv_rotation_apply_t(G->rot, y, a);
-        for (uint32_t j = 0; j < g; j++)
-            out[j] = (double)scale * a[j];
-    }
-    if (G->L.mode == TQKV_MODE_PROD) {
-        /* + sqrt(pi/2) / g * (gamma sqrt(g)) * S^T sign */
-        double c = sqrt(M_PI / 2) / sqrt((double)g) * gamma;
-        for (uint32_t j = 0; j < g; j++)
-            y[j] = ((sign_row[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
-        tqkv_rotation_apply_t(G->qjl, y, a);
-        for (uint32_t j = 0; j < g; j++)
-            out[j] += c * a[j];
-    }
+    tqkv_group_codec_t C;
+    group_codec(G, &C);
+    tqkv_group_decode_vec(&C, scale, gamma, idx_row, sign_row, work, out);
 }
 
 /* ---- encode ---- */
@@ -887,7 +827,7 @@ decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, floa
                     row[chan[gi][j]] = o[j];
             }
             for (uint32_t c = 0; c < D; c++) {
-                float f = clamp_flt(mu ? row[c] + mu[c] : row[c]);
+                float f = tqkv_clamp_flt(mu ? row[c] + mu[c] : row[c]);
                 if (out_f)
                     out_f[i * D + c] = f;
                 if (out_h)
