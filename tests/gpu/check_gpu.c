@@ -489,7 +489,7 @@ START_TEST(test_gpu_store_hbm_tier)
         for (int j = 0; j < LEN; j++)
             pages[i][j] = (uint8_t)rnd();
         for (int j = 0; j < 8; j++)
-            hash[i][j] = (uint8_t)(i * 8 + j);
+            hash[i][j] = (uint8_t)(j == 0 ? i : 0xa0 + j); /* unique per page */
         tqkv_block_key_t key = {"gpu", 3, hash[i], 8, 0};
         int dup = 0;
         ck_assert_int_eq(tqkv_store_put(s, &key, i ? hash[i - 1] : NULL, i ? 8 : 0, pages[i], LEN,
