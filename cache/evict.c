@@ -251,19 +251,6 @@ tqkv__evq_victim(tqkv__evq_t *q, int (*ok)(tqkv__evq_node_t *n, void *arg), void
 }
 
 tqkv__evq_node_t *
-tqkv__evq_find(tqkv__evq_t *q, int (*ok)(tqkv__evq_node_t *n, void *arg), void *arg)
-{
-    tqkv__evq_node_t *n;
-    for (n = q->small.tail; n != NULL; n = n->prev)
-        if (ok == NULL || ok(n, arg))
-            return n;
-    for (n = q->main.tail; n != NULL; n = n->prev)
-        if (ok == NULL || ok(n, arg))
-            return n;
-    return NULL;
-}
-
-tqkv__evq_node_t *
 tqkv__evq_coldest_parked(tqkv__evq_t *q)
 {
     return q->parked.tail;

@@ -72,10 +72,6 @@ void tqkv__evq_touch(tqkv__evq_t *q, tqkv__evq_node_t *n);
  * small -> main, second chances). NULL when no candidate. Does not unlink it. */
 tqkv__evq_node_t *tqkv__evq_victim(tqkv__evq_t *q, int (*ok)(tqkv__evq_node_t *n, void *arg),
                                    void *arg);
-/* The coldest leaf (small, then main, cold end first) for which ok holds, without
- * reordering anything: for scans restricted to a subset (one namespace). */
-tqkv__evq_node_t *tqkv__evq_find(tqkv__evq_t *q, int (*ok)(tqkv__evq_node_t *n, void *arg),
-                                 void *arg);
 /* The cold end of the parked list, or NULL. */
 tqkv__evq_node_t *tqkv__evq_coldest_parked(tqkv__evq_t *q);
 

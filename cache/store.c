@@ -62,13 +62,14 @@ typedef struct block block_t;
 /* Page metadata. `node` first (the queues hand back node pointers). */
 typedef struct entry {
     tqkv__evq_node_t node;
-    block_t *blk;                 /* owning block, valid while linked */
-    struct entry *parent;         /* counted parent (holds an sref on it), or NULL */
-    copy_t *cur;                  /* current copy: stripe lock (+ evict lock to swap) */
-    uint64_t bf16;                /* BF16 bytes represented */
-    _Atomic uint32_t lease_until; /* ms since the store epoch; evictor skips until then */
-    _Atomic uint32_t sref;        /* struct lifetime */
-    uint32_t children;            /* linked children counting us: evict_lock */
+    block_t *blk;                    /* owning block, valid while linked */
+    struct entry *parent;            /* counted parent (holds an sref on it), or NULL */
+    struct entry *ns_prev, *ns_next; /* namespace list, oldest at the tail: evict_lock */
+    copy_t *cur;                     /* current copy: stripe lock (+ evict lock to swap) */
+    uint64_t bf16;                   /* BF16 bytes represented */
+    _Atomic uint32_t lease_until;    /* ms since the store epoch; evictor skips until then */
+    _Atomic uint32_t sref;           /* struct lifetime */
+    uint32_t children;               /* linked children counting us: evict_lock */
     uint32_t layer;
     uint32_t crc;
     uint8_t tier;     /* tqkv_tier_t of cur: stripe + evict lock */
@@ -100,6 +101,7 @@ struct ns_rec {
     uint64_t hv;
     _Atomic uint64_t quota;    /* 0 = unlimited */
     _Atomic uint64_t reserved; /* bytes linked + puts in flight */
+    struct entry *head, *tail; /* linked pages by insertion, newest first: evict_lock */
     counters_t c;
 };
 
@@ -435,6 +437,15 @@ do_unlink(tqkv_store_t *s, entry_t *e, int evicted)
     entry_t *p = e->parent;
 
     tqkv__evq_remove(&s->q[e->tier], &e->node, evicted, b->hv);
+    if (e->ns_prev)
+        e->ns_prev->ns_next = e->ns_next;
+    else
+        ns->head = e->ns_next;
+    if (e->ns_next)
+        e->ns_next->ns_prev = e->ns_prev;
+    else
+        ns->tail = e->ns_prev;
+    e->ns_prev = e->ns_next = NULL;
     b->layers[e->layer] = NULL;
     b->nlive--;
     e->linked = 0;
@@ -478,8 +489,9 @@ evictable(tqkv__evq_node_t *n, void *arg)
     return lease == 0 || (int32_t)(lease - f->now) <= 0;
 }
 
-/* Evicts one page of `tier` (restricted to ns when non-NULL). Returns 1 when a page
- * went, 0 when there is no candidate. */
+/* Evicts one page of `tier` by the policy, or with ns non-NULL the oldest evictable leaf
+ * of that namespace in any tier (tier is then ignored). Returns 1 when a page went, 0
+ * when there is no candidate. */
 static int
 evict_one(tqkv_store_t *s, int tier, ns_rec_t *ns)
 {
@@ -491,8 +503,18 @@ evict_one(tqkv_store_t *s, int tier, ns_rec_t *ns)
         int done = 0;
 
         pthread_mutex_lock(&s->evict_lock);
-        n = ns ? tqkv__evq_find(&s->q[tier], evictable, &f)
-               : tqkv__evq_victim(&s->q[tier], evictable, &f);
+        if (ns != NULL) {
+            /* Oldest leaf of the namespace, in any tier: the scan is bounded by the
+             * namespace's own pages, not the whole store. */
+            entry_t *c = ns->tail;
+            while (c != NULL && (c->children > 0 || !evictable(&c->node, &f)))
+                c = c->ns_prev;
+            n = c ? &c->node : NULL;
+            if (c != NULL)
+                tier = c->tier;
+        } else {
+            n = tqkv__evq_victim(&s->q[tier], evictable, &f);
+        }
         if (n == NULL) {
             pthread_mutex_unlock(&s->evict_lock);
             return 0;
@@ -916,9 +938,7 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
         }
     }
     for (int tries = 0; !quota_reserve(ns, len); tries++) {
-        if (tries > MAX_EVICT_TRIES ||
-            (!evict_one(s, TQKV_TIER_DRAM, ns) &&
-             (s->pool[TQKV_TIER_HBM] == NULL || !evict_one(s, TQKV_TIER_HBM, ns)))) {
+        if (tries > MAX_EVICT_TRIES || !evict_one(s, TQKV_TIER_DRAM, ns)) {
             cnt_add(&s->g.alloc_failures, 1);
             cnt_add(&ns->c.alloc_failures, 1);
             return TQKV_ENOSPC;
@@ -1009,6 +1029,12 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
 
     pthread_mutex_lock(&s->evict_lock);
     e->linked = 1;
+    e->ns_next = ns->head;
+    if (ns->head)
+        ns->head->ns_prev = e;
+    else
+        ns->tail = e;
+    ns->head = e;
     do_account(s, e, tier, 1);
     tqkv__evq_insert(&s->q[tier], &e->node, hv);
     if (parent != NULL) {
@@ -1435,8 +1461,7 @@ tqkv_store_set_quota(tqkv_store_t *s, const char *ns_name, size_t ns_len, uint64
     atomic_store(&ns->quota, bytes);
     /* Bring the namespace under its new quota, coldest pages first. */
     while (bytes != 0 && atomic_load(&ns->reserved) > bytes)
-        if (!evict_one(s, TQKV_TIER_DRAM, ns) &&
-            (s->pool[TQKV_TIER_HBM] == NULL || !evict_one(s, TQKV_TIER_HBM, ns)))
+        if (!evict_one(s, TQKV_TIER_DRAM, ns))
             break;
     return TQKV_OK;
 }
@@ -1601,7 +1626,33 @@ tqkv__store_check(tqkv_store_t *s)
         pthread_mutex_unlock(&s->evict_lock);
         pthread_mutex_unlock(&sp->lock);
     }
+    pthread_rwlock_rdlock(&s->ns_lock);
     pthread_mutex_lock(&s->evict_lock);
+    {
+        uint64_t listed = 0, all = 0;
+        for (size_t i = 0; i < s->ns_cap; i++) {
+            ns_rec_t *r = s->ns_tab[i];
+            uint64_t n = 0;
+            if (r == NULL)
+                continue;
+            for (entry_t *e = r->tail; e != NULL; e = e->ns_prev, n++)
+                if (!e->linked || e->blk->ns != r)
+                    st = TQKV_EINTERNAL;
+            if (n != cnt_get(&r->c.pages[TQKV_TIER_HBM]) + cnt_get(&r->c.pages[TQKV_TIER_DRAM])) {
+                fprintf(stderr, "store check: namespace list %llu pages, counters differ\n",
+                        (unsigned long long)n);
+                st = TQKV_EINTERNAL;
+            }
+            listed += n;
+        }
+        for (int t = 1; t < TQKV_TIER_COUNT; t++)
+            all += pages[t];
+        if (listed != all) {
+            fprintf(stderr, "store check: %llu pages in namespace lists, %llu indexed\n",
+                    (unsigned long long)listed, (unsigned long long)all);
+            st = TQKV_EINTERNAL;
+        }
+    }
     for (int t = 1; t < TQKV_TIER_COUNT; t++) {
         tqkv__evq_t *q = &s->q[t];
         uint64_t qn = q->small.count + q->main.count + q->parked.count;
@@ -1620,6 +1671,7 @@ tqkv__store_check(tqkv_store_t *s)
         }
     }
     pthread_mutex_unlock(&s->evict_lock);
+    pthread_rwlock_unlock(&s->ns_lock);
     pthread_mutex_unlock(&s->maint_lock);
     return st;
 }
