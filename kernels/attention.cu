@@ -141,7 +141,7 @@ typedef struct packed_params {
 
 /* Shared memory layout of the packed kernel, in floats. */
 typedef struct packed_smem {
-    uint32_t qk, sq, lut, bias, score, vcoef, acc, accs, m, l, alpha, tmp, red, zv, total;
+    uint32_t qk, sq, lut, bias, score, vcoef, acc, accs, m, l, alpha, tmp, red, zv, part, total;
 } packed_smem_t;
 
 static __host__ __device__ inline packed_smem_t
@@ -163,6 +163,7 @@ packed_smem_layout(uint32_t D, uint32_t lut_n, uint32_t qc)
     S.tmp = o, o += 2 * D;
     S.red = o, o += qc * (ATTN_TILE / 32);
     S.zv = o, o += 32;
+    S.part = o, o += 4 * qc * D;
     S.total = o;
     return S;
 }
@@ -194,7 +195,7 @@ __launch_bounds__(ATTN_TILE)
     float *qk = sm + S.qk, *sq = sm + S.sq, *lut = sm + S.lut, *bias = sm + S.bias;
     float *score = sm + S.score, *vcoef = sm + S.vcoef, *acc = sm + S.acc, *accs = sm + S.accs;
     float *mrun = sm + S.m, *lrun = sm + S.l, *alpha = sm + S.alpha, *tmp = sm + S.tmp;
-    float *red = sm + S.red, *zv = sm + S.zv;
+    float *red = sm + S.red, *zv = sm + S.zv, *vpart = sm + S.part;
     tqkv_group_view_t kv[2], vv[2];
     uint32_t goff_k[2] = {0, 0}, goff_v[2] = {0, 0}, lutoff[2] = {0, 0};
 
@@ -348,30 +349,47 @@ __launch_bounds__(ATTN_TILE)
                 ps += red[tid * (ATTN_TILE / 32) + w];
             lrun[tid] = lrun[tid] * alpha[tid] + ps;
         }
-        /* values: one thread per (query head, rotated channel) */
-        for (uint32_t e = tid; e < nq * D; e += blockDim.x) {
-            uint32_t qi = e / D, j = e % D;
+        /* values: one thread per (rotated channel, half of the tile) covers every query
+         * head, so each code is unpacked once; the halves meet in `vpart` */
+        uint32_t half_len = (tn + 1) / 2;
+        for (uint32_t e = tid; e < 2 * D; e += blockDim.x) {
+            uint32_t j = e % D, half = e / D;
             uint32_t gi = (A.nv == 2 && j >= goff_v[1]) ? 1 : 0, jj = j - goff_v[gi];
             const tqkv_group_view_t &gv = vv[gi];
             uint32_t b = gv.L.mse_bits;
-            const float *pp = score + qi * ATTN_TILE;
             const float *vs = vcoef + (2 * gi) * ATTN_TILE, *vg = vs + ATTN_TILE;
             const float *z = zv + gi * 16;
-            float a = 0.0f, as = 0.0f;
+            float a[QC] = {0.0f}, as[QC] = {0.0f};
+            uint32_t tb = half * half_len, te = min(tn, tb + half_len);
             uint64_t i0 = (uint64_t)t0 * H + h;
             if (b)
-                for (uint32_t tt = 0; tt < tn; tt++) {
+                for (uint32_t tt = tb; tt < te; tt++) {
                     const uint8_t *row = gv.idx + (i0 + (uint64_t)tt * H) * gv.L.idx_row_bytes;
-                    a += pp[tt] * vs[tt] * z[tqkv_bits_get(row, jj, b)];
+                    float zk = vs[tt] * z[tqkv_bits_get(row, jj, b)];
+                    for (uint32_t qi = 0; qi < QC; qi++)
+                        if (qi < nq)
+                            a[qi] += score[qi * ATTN_TILE + tt] * zk;
                 }
             if (gv.signs)
-                for (uint32_t tt = 0; tt < tn; tt++) {
+                for (uint32_t tt = tb; tt < te; tt++) {
                     const uint8_t *row = gv.signs + (i0 + (uint64_t)tt * H) * gv.L.sign_row_bytes;
-                    float w = pp[tt] * vg[tt];
-                    as += ((row[jj >> 3] >> (jj & 7u)) & 1u) ? w : -w;
+                    float w = ((row[jj >> 3] >> (jj & 7u)) & 1u) ? vg[tt] : -vg[tt];
+                    for (uint32_t qi = 0; qi < QC; qi++)
+                        if (qi < nq)
+                            as[qi] += score[qi * ATTN_TILE + tt] * w;
                 }
-            acc[qi * D + j] = acc[qi * D + j] * alpha[qi] + a;
-            accs[qi * D + j] = accs[qi * D + j] * alpha[qi] + as;
+            for (uint32_t qi = 0; qi < QC; qi++)
+                if (qi < nq) {
+                    vpart[(half * A.qc + qi) * D + j] = a[qi];
+                    vpart[((2 + half) * A.qc + qi) * D + j] = as[qi];
+                }
+        }
+        __syncthreads();
+        for (uint32_t e = tid; e < nq * D; e += blockDim.x) {
+            uint32_t qi = e / D, j = e % D;
+            acc[e] = acc[e] * alpha[qi] + (vpart[qi * D + j] + vpart[(A.qc + qi) * D + j]);
+            accs[e] = accs[e] * alpha[qi] +
+                      (vpart[(2 * A.qc + qi) * D + j] + vpart[(3 * A.qc + qi) * D + j]);
         }
         __syncthreads();
     }
