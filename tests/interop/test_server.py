@@ -491,6 +491,47 @@ class KVTest(unittest.TestCase):
         d = self.stub.Delete(pb.DeleteRequest(namespace=ns, all=True), timeout=10)
         self.assertEqual(d.pages_deleted, 1)
 
+    def test_concurrent_mixed_streams(self):
+        """Threads putting, reading (both encodings, some cancelled), looking up and deleting
+        at once on a shared namespace: no call fails unexpectedly and the server survives."""
+        ns = "it-mixed"
+        T, H, D = 16, 2, 64
+        rounds = 4 if SANITIZED else 12
+        errors = []
+
+        def worker(tid):
+            rng = np.random.default_rng(SEED + tid)
+            try:
+                for r in range(rounds):
+                    hs = [rng.integers(0, 256, 16, dtype=np.uint8).tobytes() for _ in range(3)]
+                    self.stub.Put(iter([put_req(ns, h, l, T, H, D) for l in range(2) for h in hs]),
+                                  timeout=60)
+                    enc = pb.ENCODING_BF16 if r % 2 else pb.ENCODING_PACKED
+                    it = self.stub.Get(pb.GetRequest(namespace=ns, hashes=hs, layer_begin=0,
+                                                     layer_end=2, encoding=enc), timeout=60)
+                    if r % 3 == 2:
+                        next(it)
+                        it.cancel()
+                    else:
+                        got = list(it)
+                        assert len(got) == 6 and all(g.found for g in got)
+                    lk = self.stub.Lookup(pb.LookupRequest(namespace=ns, hashes=hs, num_layers=2,
+                                                           lease_ms=50), timeout=60)
+                    assert lk.prefix_blocks == 3
+                    d = self.stub.Delete(pb.DeleteRequest(namespace=ns, hashes=hs[:1]), timeout=60)
+                    assert d.pages_deleted == 2
+            except Exception as e:  # reported below with the thread id
+                errors.append((tid, repr(e)))
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+        st = self.stub.Stats(pb.StatsRequest(namespace=ns), timeout=10)
+        self.assertEqual(st.pages, 8 * rounds * 2 * 2)
+
     def test_deadline_on_a_stalled_get(self):
         ns = "it-deadline"
         T, H, D = 128, 8, 128
