@@ -91,6 +91,45 @@ gpu_encode(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, const uint1
     return page;
 }
 
+/* Names the section of a page that byte `off` belongs to (for failure messages). */
+static const char *
+section_of(const uint8_t *page, size_t off, char *buf, size_t len)
+{
+    const tqkv_page_header_t *h = (const tqkv_page_header_t *)page;
+    uint64_t n = (uint64_t)h->num_tokens * h->num_kv_heads;
+    if (off < TQKV_PAGE_HEADER_BYTES)
+        return snprintf(buf, len, "header"), buf;
+    if (h->mean_offset && off >= h->mean_offset &&
+        off < h->mean_offset + 4ull * h->num_kv_heads * h->head_dim)
+        return snprintf(buf, len, "key mean"), buf;
+    for (uint32_t t = 0; t < 2; t++) {
+        const tqkv_page_tensor_desc_t *td = &h->tensor[t];
+        if (td->mask_offset && off >= td->mask_offset && off < td->group_offset[0])
+            return snprintf(buf, len, "%c mask", "KV"[t]), buf;
+        for (uint32_t g = 0; g < 2; g++) {
+            tqkv_group_view_t gv;
+            if (tqkv_page_group_view(page, t, g, &gv) != 0)
+                continue;
+            uint64_t r = off - td->group_offset[g];
+            if (off < td->group_offset[g] || r >= gv.L.bytes)
+                continue;
+            const char *what = r < gv.L.off_scale                             ? "codebook"
+                               : r < gv.L.off_scale + 4 * n                   ? "scale"
+                               : gv.L.off_gamma && r < gv.L.off_gamma + 4 * n ? "gamma"
+                               : r < gv.L.off_idx                             ? "padding"
+                               : r < gv.L.off_idx + n * gv.L.idx_row_bytes    ? "index"
+                                                                              : "signs/padding";
+            uint64_t vec = r >= gv.L.off_idx && r < gv.L.off_idx + n * gv.L.idx_row_bytes
+                               ? (r - gv.L.off_idx) / gv.L.idx_row_bytes
+                               : (r - gv.L.off_scale) / 4 % (n ? n : 1);
+            return snprintf(buf, len, "%c group %u %s (vector ~%llu)", "KV"[t], g, what,
+                            (unsigned long long)vec),
+                   buf;
+        }
+    }
+    return snprintf(buf, len, "unknown section"), buf;
+}
+
 static void
 random_codec(tqkv_block_codec_t *c, int tr)
 {
@@ -131,11 +170,14 @@ START_TEST(test_gpu_page_equals_cpu_reference)
         for (size_t i = 0; i < w; i++)
             if (ref[i] != gp[i] && diff++ == 0)
                 first = i;
+        char where[96];
         ck_assert_msg(diff == 0,
-                      "trial %d T=%u H=%u D=%u k=%u/%u v=%u/%u rot=%u ctr=%u: %zu bytes differ, "
-                      "first at %zu of %zu",
+                      "trial %d T=%u H=%u D=%u k=%u/%u/nc%u v=%u/%u/nc%u rot=%u ctr=%u: %zu bytes "
+                      "differ, first at %zu of %zu (%s)",
                       tr, s.num_tokens, s.num_kv_heads, s.head_dim, c.k.bits_x2, c.k.mode,
-                      c.v.bits_x2, c.v.mode, c.rotation, c.key_centering, diff, first, w);
+                      c.k.norm_correction, c.v.bits_x2, c.v.mode, c.v.norm_correction, c.rotation,
+                      c.key_centering, diff, first, w,
+                      diff ? section_of(ref, first, where, sizeof where) : "");
         ck_assert_int_eq(tqkv_page_validate(gp, wg, 1, NULL, NULL, 0), TQKV_OK);
         free(k);
         free(v);
