@@ -1,6 +1,7 @@
 /* gen_corpus.c - writes the seed corpora of the fuzz targets: valid pages from
  * tqkv_page_encode over many shapes and codecs (fuzz_page), valid requests of every
- * kind (fuzz_validate_*), and token files with headers (fuzz_auth).
+ * kind (fuzz_validate_*), and token files with headers (fuzz_auth). The page seeds
+ * also seed fuzz_attention (same input format).
  *
  * Usage: tqkv-fuzz-corpus OUTDIR   (creates OUTDIR/<target>/seed-NNN)
  */
@@ -130,8 +131,10 @@ main(int argc, char **argv)
             }
             /* fuzz_page input: control byte then the page (0: as is, 1: CRC rewritten). */
             uint8_t ctl = (uint8_t)(npage & 1);
-            if (write_seed("page", npage++, &ctl, 1, page, written) != 0)
+            if (write_seed("page", npage, &ctl, 1, page, written) != 0 ||
+                write_seed("attention", npage, &ctl, 1, page, written) != 0)
                 return 1;
+            npage++;
             /* A Put carrying the page, and (small shapes) one carrying BF16 K/V. */
             uint8_t hash[32], parent[32];
             for (int i = 0; i < 32; i++) {

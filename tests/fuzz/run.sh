@@ -5,9 +5,10 @@
 #
 #   tests/fuzz/run.sh [SECONDS]
 #
-# SECONDS (default 60) is the budget of the stage per target group: each of the 7
-# targets fuzzes for SECONDS/3 (at least 2 s), up to $(nproc) (at most 4) at a time,
-# so 60 gives 20 s per target, about 70 s of wall time on 2 cores plus the build.
+# SECONDS (default 60) sets the time per target: each target (7, or 8 with
+# fuzz_attention) fuzzes for SECONDS/3 (at least 2 s), up to $(nproc) (at most 4) at a
+# time, so 60 gives 20 s per target: about 80 s of wall time on 2 cores, plus the
+# first build (several minutes: ASan+UBSan+coverage of the SIMD kernels).
 # Exits non-zero when the build fails, a recorded regression still crashes, or
 # fuzzing finds a new crash (the input is saved for the next run and the replay tests).
 # TQKV_FUZZ_BUILD overrides the build directory; the evolving corpus lives there too.
