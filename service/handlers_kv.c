@@ -376,50 +376,55 @@ const tqkv__handler_t tqkv__put_handler = {
     .on_free = put_free,
 };
 
-/* ---- Get ---- */
+/* ---- Get ----
+ *
+ * Layer-major order, one SEND_MESSAGE in flight (the back-pressure). PACKED sends
+ * each pinned page without a copy (a slice whose destroy callback drops the pin).
+ * BF16 decodes on the encoder pool with a read-ahead window: up to `window` blocks
+ * after the one being sent are looked up and decoding, and they are sent strictly in
+ * order. A store error on a block fails the call once the jobs in flight are back.
+ */
+
+#define GET_WINDOW_MAX 8
+
+typedef enum slot_state {
+    SLOT_FREE = 0, /* unused */
+    SLOT_BUSY,     /* decode job running */
+    SLOT_READY,    /* result ready to send (found or missing or failed) */
+} slot_state_t;
+
+typedef struct get_slot {
+    tqkv__call_t *call;
+    slot_state_t state; /* BUSY -> READY written by the job under the state's mu */
+    int found;
+    tqkv_status_t st;     /* store or decode status */
+    tqkv_page_ref_t *ref; /* pinned while decoding (released by the job) */
+    tqkv_page_header_t hdr;
+    int tier;
+    uint16_t *k, *v; /* decoded tensors, handed to the slices when sent */
+    size_t tensor_bytes;
+} get_slot_t;
 
 typedef struct get_state {
     Tqkv__V1__GetRequest *req;
-    size_t i, total;
+    size_t i;     /* next block to send */
+    size_t j;     /* next block to look up (BF16 read-ahead) */
+    size_t total; /* (layer_end - layer_begin) * n_hashes */
     uint64_t hits, misses;
-    /* BF16 decode job */
-    tqkv_page_ref_t *ref;
-    uint16_t *k, *v;
-    size_t tensor_bytes;
-    tqkv_status_t jst;
+    /* BF16 */
+    pthread_mutex_t mu; /* slot state transitions made by jobs */
+    unsigned window;
+    unsigned jobs; /* decode jobs in flight (worker thread only) */
+    int sending;   /* a SEND_MESSAGE is in flight */
+    grpc_status_code fail;
+    char err[ERRLEN];
+    get_slot_t slots[GET_WINDOW_MAX];
 } get_state_t;
 
 static void
 release_ref(void *p)
 {
     tqkv_page_ref_release(p);
-}
-
-static void get_next(tqkv__call_t *c);
-
-static void
-get_decode_job(void *arg)
-{
-    tqkv__call_t *c = arg;
-    get_state_t *h = c->h;
-    const void *page = tqkv_page_ref_data(h->ref);
-    size_t plen = tqkv_page_ref_len(h->ref);
-    tqkv_page_header_t hdr;
-    memcpy(&hdr, page, sizeof hdr);
-    size_t n = (size_t)hdr.num_tokens * hdr.num_kv_heads * hdr.head_dim;
-    h->tensor_bytes = n * 2;
-    h->k = malloc(n * 2 + 1);
-    h->v = malloc(n * 2 + 1);
-    if (h->k == NULL || h->v == NULL) {
-        h->jst = TQKV_ENOMEM;
-    } else {
-        double t0 = tqkv__now();
-        h->jst = tqkv_page_decode_bf16(page, plen, hdr.tensor[0].bits_x2 ? h->k : NULL,
-                                       hdr.tensor[1].bits_x2 ? h->v : NULL);
-        if (h->jst == TQKV_OK)
-            tqkv_metrics_codec(c->srv->metrics, 0, n * 4, tqkv__now() - t0);
-    }
-    tqkv__call_wake(c);
 }
 
 static uint64_t
@@ -430,11 +435,52 @@ page_bf16_bytes(const tqkv_page_header_t *hdr)
 }
 
 static void
-get_send_packed(tqkv__call_t *c, const ProtobufCBinaryData *hash, uint32_t layer,
-                tqkv_page_ref_t *ref)
+block_of(const get_state_t *h, size_t idx, uint32_t *layer, const ProtobufCBinaryData **hash)
+{
+    size_t nh = h->req->n_hashes;
+    *layer = h->req->layer_begin + (uint32_t)(idx / nh);
+    *hash = &h->req->hashes[idx % nh];
+}
+
+static tqkv_status_t
+lookup_block(tqkv__call_t *c, size_t idx, tqkv_page_ref_t **ref)
+{
+    get_state_t *h = c->h;
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    block_of(h, idx, &layer, &hash);
+    tqkv_block_key_t key = {h->req->namespace_, strlen(h->req->namespace_), hash->data, hash->len,
+                            layer};
+    tqkv_status_t st = tqkv_store_get(c->srv->store, &key, ref);
+    if (st == TQKV_OK)
+        h->hits++;
+    else if (st == TQKV_ENOTFOUND)
+        h->misses++;
+    return st;
+}
+
+static void
+get_send_missing(tqkv__call_t *c, size_t idx)
+{
+    uint8_t pre[96];
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    block_of(c->h, idx, &layer, &hash);
+    size_t n = get_prefix(pre, hash, layer, 0, NULL, 0);
+    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)pre, n);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    tqkv__call_send(c, bb);
+}
+
+static void
+get_send_packed(tqkv__call_t *c, size_t idx, tqkv_page_ref_t *ref)
 {
     uint8_t pre[128];
     tqkv_page_header_t hdr;
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    block_of(c->h, idx, &layer, &hash);
     const void *page = tqkv_page_ref_data(ref);
     size_t plen = tqkv_page_ref_len(ref);
     memcpy(&hdr, page, sizeof hdr);
@@ -452,45 +498,40 @@ get_send_packed(tqkv__call_t *c, const ProtobufCBinaryData *hash, uint32_t layer
     tqkv__call_send(c, bb);
 }
 
+/* Sends a decoded block; the slices take the slot's tensors. */
 static void
-get_send_bf16(tqkv__call_t *c)
+get_send_bf16(tqkv__call_t *c, size_t idx, get_slot_t *sl)
 {
-    get_state_t *h = c->h;
     uint8_t pre[128], mid[16];
-    tqkv_page_header_t hdr;
-    size_t nh = h->req->n_hashes;
-    uint32_t layer = h->req->layer_begin + (uint32_t)(h->i / nh);
-    memcpy(&hdr, tqkv_page_ref_data(h->ref), sizeof hdr);
-    size_t n = get_prefix(pre, &h->req->hashes[h->i % nh], layer, 1, &hdr,
-                          (int)tqkv_page_ref_tier(h->ref));
-    tqkv_page_ref_release(h->ref);
-    h->ref = NULL;
-    grpc_slice sl[4];
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    block_of(c->h, idx, &layer, &hash);
+    size_t n = get_prefix(pre, hash, layer, 1, &sl->hdr, sl->tier);
+    grpc_slice s[4];
     size_t ns = 0;
-    if (hdr.tensor[0].bits_x2) {
+    if (sl->hdr.tensor[0].bits_x2) {
         pre[n++] = 0x2a;
-        n += put_varint(pre + n, h->tensor_bytes);
-        sl[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
-        sl[ns++] = grpc_slice_new(h->k, h->tensor_bytes, free);
+        n += put_varint(pre + n, sl->tensor_bytes);
+        s[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
+        s[ns++] = grpc_slice_new(sl->k, sl->tensor_bytes, free);
     } else {
-        sl[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
-        free(h->k);
+        s[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
+        free(sl->k);
     }
-    h->k = NULL;
-    if (hdr.tensor[1].bits_x2) {
+    if (sl->hdr.tensor[1].bits_x2) {
         size_t m = 0;
         mid[m++] = 0x32;
-        m += put_varint(mid + m, h->tensor_bytes);
-        sl[ns++] = grpc_slice_from_copied_buffer((const char *)mid, m);
-        sl[ns++] = grpc_slice_new(h->v, h->tensor_bytes, free);
+        m += put_varint(mid + m, sl->tensor_bytes);
+        s[ns++] = grpc_slice_from_copied_buffer((const char *)mid, m);
+        s[ns++] = grpc_slice_new(sl->v, sl->tensor_bytes, free);
     } else {
-        free(h->v);
+        free(sl->v);
     }
-    h->v = NULL;
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, ns);
-    for (size_t j = 0; j < ns; j++)
-        grpc_slice_unref(sl[j]);
-    uint64_t out = page_bf16_bytes(&hdr);
+    sl->k = sl->v = NULL;
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, ns);
+    for (size_t q = 0; q < ns; q++)
+        grpc_slice_unref(s[q]);
+    uint64_t out = page_bf16_bytes(&sl->hdr);
     tqkv_metrics_add_bytes(c->srv->metrics, 0, out, out);
     tqkv__call_send(c, bb);
 }
@@ -505,10 +546,23 @@ get_done(tqkv__call_t *c)
 }
 
 static void
-get_next(tqkv__call_t *c)
+get_fail(tqkv__call_t *c, size_t idx, tqkv_status_t st)
+{
+    char msg[ERRLEN];
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    block_of(c->h, idx, &layer, &hash);
+    snprintf(msg, sizeof msg, "layer %u, hashes[%zu]: %s", layer,
+             idx % ((get_state_t *)c->h)->req->n_hashes, tqkv_strerror(st));
+    tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+}
+
+/* PACKED: look up and send block h->i (no read-ahead needed: no codec work). */
+static void
+packed_next(tqkv__call_t *c)
 {
     get_state_t *h = c->h;
-    Tqkv__V1__GetRequest *r = h->req;
+    tqkv_page_ref_t *ref = NULL;
     if (c->closed) { /* cancelled or deadline passed */
         tqkv__call_abort(c);
         return;
@@ -517,40 +571,127 @@ get_next(tqkv__call_t *c)
         get_done(c);
         return;
     }
-    size_t nh = r->n_hashes;
-    uint32_t layer = r->layer_begin + (uint32_t)(h->i / nh);
-    const ProtobufCBinaryData *hash = &r->hashes[h->i % nh];
-    tqkv_block_key_t key = {r->namespace_, strlen(r->namespace_), hash->data, hash->len, layer};
+    tqkv_status_t st = lookup_block(c, h->i, &ref);
+    if (st == TQKV_ENOTFOUND)
+        get_send_missing(c, h->i);
+    else if (st != TQKV_OK)
+        get_fail(c, h->i, st);
+    else
+        get_send_packed(c, h->i, ref);
+}
+
+/* Encoder-pool job: decode one pinned page into BF16 K and V. */
+static void
+get_decode_job(void *arg)
+{
+    get_slot_t *sl = arg;
+    tqkv__call_t *c = sl->call;
+    get_state_t *h = c->h;
+    const void *page = tqkv_page_ref_data(sl->ref);
+    size_t plen = tqkv_page_ref_len(sl->ref);
+    tqkv_status_t st;
+    memcpy(&sl->hdr, page, sizeof sl->hdr);
+    sl->tier = (int)tqkv_page_ref_tier(sl->ref);
+    size_t n = (size_t)sl->hdr.num_tokens * sl->hdr.num_kv_heads * sl->hdr.head_dim;
+    sl->tensor_bytes = n * 2;
+    sl->k = malloc(n * 2 + 1);
+    sl->v = malloc(n * 2 + 1);
+    if (sl->k == NULL || sl->v == NULL) {
+        st = TQKV_ENOMEM;
+    } else {
+        double t0 = tqkv__now();
+        st = tqkv_page_decode_bf16(page, plen, sl->hdr.tensor[0].bits_x2 ? sl->k : NULL,
+                                   sl->hdr.tensor[1].bits_x2 ? sl->v : NULL);
+        if (st == TQKV_OK)
+            tqkv_metrics_codec(c->srv->metrics, 0, page_bf16_bytes(&sl->hdr), tqkv__now() - t0);
+    }
+    tqkv_page_ref_release(sl->ref);
+    pthread_mutex_lock(&h->mu);
+    sl->ref = NULL;
+    sl->st = st;
+    sl->found = 1;
+    sl->state = SLOT_READY;
+    pthread_mutex_unlock(&h->mu);
+    tqkv__call_wake(c);
+}
+
+/* BF16: looks up block idx into its slot and starts its decode. */
+static void
+bf16_issue(tqkv__call_t *c, size_t idx)
+{
+    get_state_t *h = c->h;
+    get_slot_t *sl = &h->slots[idx % h->window];
     tqkv_page_ref_t *ref = NULL;
-    tqkv_status_t st = tqkv_store_get(c->srv->store, &key, &ref);
-    if (st == TQKV_ENOTFOUND) {
-        uint8_t pre[96];
-        h->misses++;
-        size_t n = get_prefix(pre, hash, layer, 0, NULL, 0);
-        grpc_slice sl = grpc_slice_from_copied_buffer((const char *)pre, n);
-        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-        grpc_slice_unref(sl);
-        tqkv__call_send(c, bb);
-        return;
-    }
+    memset(sl, 0, sizeof *sl);
+    sl->call = c;
+    tqkv_status_t st = lookup_block(c, idx, &ref);
     if (st != TQKV_OK) {
-        char msg[ERRLEN];
-        snprintf(msg, sizeof msg, "layer %u, hashes[%zu]: %s", layer, h->i % nh, tqkv_strerror(st));
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+        sl->st = st == TQKV_ENOTFOUND ? TQKV_OK : st;
+        sl->found = 0;
+        sl->state = SLOT_READY;
         return;
     }
-    h->hits++;
-    if (r->encoding == TQKV__V1__ENCODING__ENCODING_PACKED) {
-        get_send_packed(c, hash, layer, ref);
-        return;
-    }
-    h->ref = ref;
-    h->jst = TQKV_OK;
-    if (tqkv__call_work(c, get_decode_job) != TQKV_OK) {
+    sl->ref = ref;
+    sl->state = SLOT_BUSY;
+    if (tqkv__call_submit(c, get_decode_job, sl) != TQKV_OK) {
         tqkv_page_ref_release(ref);
-        h->ref = NULL;
-        tqkv__call_finish(c, GRPC_STATUS_UNAVAILABLE, "server is stopping", NULL);
+        sl->ref = NULL;
+        sl->st = TQKV_EUNAVAILABLE;
+        sl->state = SLOT_READY;
+        return;
     }
+    h->jobs++;
+}
+
+/* BF16: keeps the read-ahead window full and sends the next block when ready. */
+static void
+bf16_pump(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
+    if (c->state == TQKV__CS_DONE || h->sending)
+        return;
+    if (c->closed || h->fail != GRPC_STATUS_OK) {
+        if (h->jobs > 0) {
+            tqkv__call_set_state(c, TQKV__CS_WORK); /* wait for the decodes */
+        } else if (c->closed) {
+            tqkv__call_abort(c);
+        } else {
+            tqkv__call_finish(c, h->fail, h->err, NULL);
+        }
+        return;
+    }
+    while (h->j < h->total && h->j - h->i < h->window)
+        bf16_issue(c, h->j++);
+    if (h->i >= h->total) {
+        get_done(c);
+        return;
+    }
+    get_slot_t *sl = &h->slots[h->i % h->window];
+    pthread_mutex_lock(&h->mu);
+    slot_state_t state = sl->state;
+    pthread_mutex_unlock(&h->mu);
+    if (state != SLOT_READY) {
+        tqkv__call_set_state(c, TQKV__CS_WORK);
+        return;
+    }
+    if (sl->st != TQKV_OK) {
+        uint32_t layer;
+        const ProtobufCBinaryData *hash;
+        block_of(h, h->i, &layer, &hash);
+        h->fail = tqkv_status_to_grpc(sl->st);
+        snprintf(h->err, ERRLEN, "layer %u, hashes[%zu]: %s", layer, h->i % h->req->n_hashes,
+                 tqkv_strerror(sl->st));
+        bf16_pump(c);
+        return;
+    }
+    h->sending = 1;
+    if (sl->found)
+        get_send_bf16(c, h->i, sl);
+    else
+        get_send_missing(c, h->i);
+    sl->state = SLOT_FREE;
+    if (c->state == TQKV__CS_DONE)
+        h->sending = 0;
 }
 
 static void
@@ -562,6 +703,8 @@ get_start(tqkv__call_t *c)
         tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
         return;
     }
+    pthread_mutex_init(&h->mu, NULL);
+    h->fail = GRPC_STATUS_OK;
     c->h = h;
     size_t len = 0;
     uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
@@ -581,7 +724,12 @@ get_start(tqkv__call_t *c)
         return;
     }
     h->total = (size_t)(h->req->layer_end - h->req->layer_begin) * h->req->n_hashes;
-    get_next(c);
+    unsigned w = c->srv->cfg.encoder_threads + 1;
+    h->window = w > GET_WINDOW_MAX ? GET_WINDOW_MAX : w;
+    if (h->req->encoding == TQKV__V1__ENCODING__ENCODING_BF16)
+        bf16_pump(c);
+    else
+        packed_next(c);
 }
 
 static void
@@ -589,24 +737,20 @@ get_sent(tqkv__call_t *c, int ok)
 {
     get_state_t *h = c->h;
     h->i++;
-    get_next(c);
+    if (h->req->encoding == TQKV__V1__ENCODING__ENCODING_BF16) {
+        h->sending = 0;
+        bf16_pump(c);
+    } else {
+        packed_next(c);
+    }
 }
 
 static void
 get_wake(tqkv__call_t *c)
 {
     get_state_t *h = c->h;
-    if (c->closed) {
-        tqkv__call_abort(c);
-        return;
-    }
-    if (h->jst != TQKV_OK) {
-        char msg[ERRLEN];
-        snprintf(msg, sizeof msg, "decoding a stored page: %s", tqkv_strerror(h->jst));
-        tqkv__call_finish(c, tqkv_status_to_grpc(h->jst), msg, NULL);
-        return;
-    }
-    get_send_bf16(c);
+    h->jobs--;
+    bf16_pump(c);
 }
 
 static void
@@ -615,12 +759,15 @@ get_free(tqkv__call_t *c)
     get_state_t *h = c->h;
     if (h == NULL)
         return;
-    if (h->ref)
-        tqkv_page_ref_release(h->ref);
-    free(h->k);
-    free(h->v);
+    for (unsigned q = 0; q < GET_WINDOW_MAX; q++) {
+        if (h->slots[q].ref)
+            tqkv_page_ref_release(h->slots[q].ref);
+        free(h->slots[q].k);
+        free(h->slots[q].v);
+    }
     if (h->req)
         tqkv__v1__get_request__free_unpacked(h->req, NULL);
+    pthread_mutex_destroy(&h->mu);
     free(h);
     c->h = NULL;
 }

@@ -485,6 +485,10 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         }
         break;
     case TQKV__CS_SEND:
+        if (kind == TQKV__TAG_WAKE && h->on_wake) { /* Get: a read-ahead decode finished */
+            h->on_wake(c);
+            return;
+        }
         if (kind == TQKV__TAG_SEND) {
             if (c->send_bb) {
                 grpc_byte_buffer_destroy(c->send_bb);

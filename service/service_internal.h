@@ -60,7 +60,7 @@ typedef enum tqkv__call_state {
     TQKV__CS_REQUESTED, /* armed, waiting for the core to match a client call */
     TQKV__CS_RECV,      /* one RECV_MESSAGE in flight (Put: encoder jobs may run too) */
     TQKV__CS_WORK,      /* only encoder jobs in flight; a TAG_WAKE reserved per job */
-    TQKV__CS_SEND,      /* one SEND_MESSAGE in flight (the back-pressure) */
+    TQKV__CS_SEND,      /* one SEND_MESSAGE in flight (the back-pressure; Get: decodes too) */
     TQKV__CS_IDLE,      /* health watch waiting for a change; TAG_WAKE reserved */
     TQKV__CS_STATUS,    /* final status in flight */
     TQKV__CS_DONE,      /* nothing more to send; waiting for the last tags */

@@ -243,13 +243,19 @@ class KVTest(unittest.TestCase):
             self.assertEqual(crc32c(zeroed), crc, "page CRC32C")
         self.__class__.packed_ref = (ns, hashes[0], got[0].page)
 
-        # BF16: decoded values close to what was sent.
-        got = list(self.stub.Get(pb.GetRequest(namespace=ns, hashes=hashes, layer_begin=1,
+        # BF16: same order with the missing block in place, decoded values close to what
+        # was sent (the server decodes ahead on its pool but must keep the order).
+        mixed = [hashes[0], missing, hashes[1], hashes[2], missing]
+        got = list(self.stub.Get(pb.GetRequest(namespace=ns, hashes=mixed, layer_begin=0,
                                                layer_end=2, encoding=pb.ENCODING_BF16),
                                  timeout=30))
-        self.assertEqual(len(got), 3)
+        self.assertEqual([(g.layer, g.hash) for g in got],
+                         [(l, h) for l in range(2) for h in mixed])
+        self.assertEqual([g.found for g in got], [h != missing for h in mixed] * 2)
+        got = [g for g in got if g.found]
+        self.assertEqual(len(got), 6)
         for g in got:
-            self.assertTrue(g.found)
+            self.assertEqual((g.num_tokens, g.num_kv_heads, g.head_dim), (T, H, D))
             k, v = blocks[(g.hash, g.layer)]
             self.assertEqual(len(g.key), len(k))
             self.assertEqual(len(g.value), len(v))
