@@ -17,3 +17,14 @@ foreach(_s codebook rotation pack page quality)
     LABELS unit
     TIMEOUT 300)
 endforeach()
+
+# The tool itself, run as a user would (needs the tqkv-codec target).
+if(TARGET tqkv-codec AND EXISTS ${PROJECT_SOURCE_DIR}/tests/check_codec_cli.c)
+  tqkv_check_suite(check_codec_cli
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_codec_cli.c
+    LIBS tqkv_kernels
+    LABELS unit
+    TIMEOUT 300)
+  target_compile_definitions(check_codec_cli PRIVATE TQKV_CODEC_BIN="$<TARGET_FILE:tqkv-codec>")
+  add_dependencies(check_codec_cli tqkv-codec)
+endif()
