@@ -62,14 +62,16 @@ typedef struct block block_t;
 /* Page metadata. `node` first (the queues hand back node pointers). */
 typedef struct entry {
     tqkv__evq_node_t node;
-    block_t *blk;                    /* owning block, valid while linked */
-    struct entry *parent;            /* counted parent (holds an sref on it), or NULL */
-    struct entry *ns_prev, *ns_next; /* namespace list, oldest at the tail: evict_lock */
-    copy_t *cur;                     /* current copy: stripe lock (+ evict lock to swap) */
-    uint64_t bf16;                   /* BF16 bytes represented */
-    _Atomic uint32_t lease_until;    /* ms since the store epoch; evictor skips until then */
-    _Atomic uint32_t sref;           /* struct lifetime */
-    uint32_t children;               /* linked children counting us: evict_lock */
+    block_t *blk;                      /* owning block, valid while linked */
+    struct entry *parent;              /* counted parent (holds an sref on it), or NULL */
+    struct entry *ns_prev, *ns_next;   /* namespace list, oldest at the tail: evict_lock */
+    struct orphan *orphan;             /* waiting for its absent parent, or NULL: evict_lock */
+    struct entry *sib_prev, *sib_next; /* the orphan's kids list: evict_lock */
+    copy_t *cur;                       /* current copy: stripe lock (+ evict lock to swap) */
+    uint64_t bf16;                     /* BF16 bytes represented */
+    _Atomic uint32_t lease_until;      /* ms since the store epoch; evictor skips until then */
+    _Atomic uint32_t sref;             /* struct lifetime */
+    uint32_t children;                 /* linked children counting us: evict_lock */
     uint32_t layer;
     uint32_t crc;
     uint8_t tier;     /* tqkv_tier_t of cur: stripe + evict lock */
@@ -88,6 +90,18 @@ struct block {
     uint8_t hash_len;
     uint8_t hash[];
 };
+
+/* Pages whose parent (ns, hash, layer) was absent when they were put: when the parent
+ * arrives it counts them as children (puts of one sequence may complete out of order). */
+typedef struct orphan {
+    struct orphan *hnext;
+    ns_rec_t *ns;
+    uint64_t hv; /* key_hash of the parent's (ns, hash) */
+    uint32_t layer;
+    entry_t *kids; /* via sib_prev/sib_next */
+    uint8_t hash_len;
+    uint8_t hash[];
+} orphan_t;
 
 typedef struct counters {
     _Atomic uint64_t pages[TQKV_TIER_COUNT], bytes[TQKV_TIER_COUNT], hits[TQKV_TIER_COUNT];
@@ -127,6 +141,8 @@ struct tqkv_store {
 
     pthread_mutex_t evict_lock; /* queues, entry tier/children/linked: see the top */
     tqkv__evq_t q[TQKV_TIER_COUNT];
+    orphan_t **orph_tab; /* evict_lock: orphan records, chained, orph_nb buckets */
+    size_t orph_nb, orph_count;
 
     counters_t g;
 
@@ -426,6 +442,117 @@ do_account(tqkv_store_t *s, entry_t *e, int tier, int add)
     }
 }
 
+/* ---- orphans (evict_lock held) ---- */
+
+static size_t
+orph_slot(const tqkv_store_t *s, uint64_t hv, uint32_t layer)
+{
+    return (size_t)(mix64(hv ^ ((uint64_t)layer * 0x9E3779B97F4A7C15ULL)) & (s->orph_nb - 1));
+}
+
+static orphan_t *
+do_orphan_find(tqkv_store_t *s, ns_rec_t *ns, uint64_t hv, const uint8_t *hash, size_t hlen,
+               uint32_t layer)
+{
+    if (s->orph_nb == 0)
+        return NULL;
+    for (orphan_t *o = s->orph_tab[orph_slot(s, hv, layer)]; o != NULL; o = o->hnext)
+        if (o->hv == hv && o->ns == ns && o->layer == layer && o->hash_len == hlen &&
+            memcmp(o->hash, hash, hlen) == 0)
+            return o;
+    return NULL;
+}
+
+/* Records e as waiting for parent (ns, hash, layer). Best effort: 0 when out of memory. */
+static int
+do_orphan_add(tqkv_store_t *s, entry_t *e, ns_rec_t *ns, const uint8_t *hash, size_t hlen,
+              uint32_t layer)
+{
+    uint64_t hv = key_hash(ns->hv, hash, hlen);
+    orphan_t *o = do_orphan_find(s, ns, hv, hash, hlen, layer);
+    if (o == NULL) {
+        if (s->orph_count >= s->orph_nb) {
+            size_t nnb = s->orph_nb ? s->orph_nb * 2 : 64, onb = s->orph_nb;
+            orphan_t **nt = calloc(nnb, sizeof(*nt)), **ot = s->orph_tab;
+            if (nt != NULL) {
+                s->orph_tab = nt;
+                s->orph_nb = nnb;
+                for (size_t i = 0; i < onb; i++)
+                    for (orphan_t *x = ot[i], *nx; x != NULL; x = nx) {
+                        nx = x->hnext;
+                        size_t k = orph_slot(s, x->hv, x->layer);
+                        x->hnext = nt[k];
+                        nt[k] = x;
+                    }
+                free(ot);
+            } else if (onb == 0) {
+                return 0;
+            }
+        }
+        o = calloc(1, sizeof(*o) + hlen);
+        if (o == NULL)
+            return 0;
+        o->ns = ns;
+        o->hv = hv;
+        o->layer = layer;
+        o->hash_len = (uint8_t)hlen;
+        memcpy(o->hash, hash, hlen);
+        size_t k = orph_slot(s, hv, layer);
+        o->hnext = s->orph_tab[k];
+        s->orph_tab[k] = o;
+        s->orph_count++;
+    }
+    e->sib_prev = NULL;
+    e->sib_next = o->kids;
+    if (o->kids)
+        o->kids->sib_prev = e;
+    o->kids = e;
+    e->orphan = o;
+    return 1;
+}
+
+/* Takes e off its orphan record, freeing the record when it was the last kid. */
+static void
+do_orphan_remove(tqkv_store_t *s, entry_t *e)
+{
+    orphan_t *o = e->orphan;
+    if (e->sib_prev)
+        e->sib_prev->sib_next = e->sib_next;
+    else
+        o->kids = e->sib_next;
+    if (e->sib_next)
+        e->sib_next->sib_prev = e->sib_prev;
+    e->sib_prev = e->sib_next = NULL;
+    e->orphan = NULL;
+    if (o->kids == NULL) {
+        orphan_t **pp = &s->orph_tab[orph_slot(s, o->hv, o->layer)];
+        while (*pp != o)
+            pp = &(*pp)->hnext;
+        *pp = o->hnext;
+        s->orph_count--;
+        free(o);
+    }
+}
+
+/* Makes p the counted parent of the orphan kid, unless that would close a cycle (p
+ * descends from kid: possible only with colliding or forged hashes) or the ancestry is
+ * too deep to check. */
+static void
+do_adopt(tqkv_store_t *s, entry_t *p, entry_t *kid)
+{
+    int depth = 0;
+    if (!p->linked || !kid->linked || kid->orphan == NULL)
+        return;
+    for (entry_t *a = p; a != NULL; a = a->parent)
+        if (a == kid || ++depth > 4096)
+            return;
+    do_orphan_remove(s, kid);
+    entry_hold(p);
+    kid->parent = p;
+    if (p->children++ == 0)
+        tqkv__evq_park(&s->q[p->tier], &p->node);
+}
+
 /* Removes e from the index and its queue (stripe lock and evict_lock held). The block is
  * left in place (the caller frees it when nlive reaches 0). Drops the index's copy
  * reference and the link sref: e may be freed on return unless the caller holds one. */
@@ -446,6 +573,8 @@ do_unlink(tqkv_store_t *s, entry_t *e, int evicted)
     else
         ns->tail = e->ns_prev;
     e->ns_prev = e->ns_next = NULL;
+    if (e->orphan != NULL)
+        do_orphan_remove(s, e);
     b->layers[e->layer] = NULL;
     b->nlive--;
     e->linked = 0;
@@ -867,6 +996,7 @@ tqkv_store_destroy(tqkv_store_t *s)
             free(s->ns_tab[i]);
         }
     free(s->ns_tab);
+    free(s->orph_tab); /* records went with their last kid */
     for (int t = 1; t < TQKV_TIER_COUNT; t++)
         tqkv__evq_fini(&s->q[t]);
     pthread_cond_destroy(&s->bg_cond);
@@ -907,7 +1037,7 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
     copy_t *c = NULL;
     block_t *b;
     void *mem = NULL;
-    int tier;
+    int tier, recheck = 0;
 
     if (duplicate)
         *duplicate = 0;
@@ -1037,16 +1167,36 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
     ns->head = e;
     do_account(s, e, tier, 1);
     tqkv__evq_insert(&s->q[tier], &e->node, hv);
-    if (parent != NULL) {
-        if (parent->linked) {
-            if (parent->children++ == 0)
-                tqkv__evq_park(&s->q[parent->tier], &parent->node);
-            e->parent = parent; /* keeps our sref */
-            parent = NULL;
+    if (parent != NULL && parent->linked) {
+        if (parent->children++ == 0)
+            tqkv__evq_park(&s->q[parent->tier], &parent->node);
+        e->parent = parent; /* keeps our sref */
+        parent = NULL;
+    } else if (parent_len > 0 && do_orphan_add(s, e, ns, parent_hash, parent_len, key->layer)) {
+        recheck = 1; /* the parent may have been linked since we looked */
+        entry_hold(e);
+    }
+    {
+        /* Pages put before us that name us as their parent. */
+        orphan_t *o = do_orphan_find(s, ns, hv, key->hash, key->hash_len, key->layer);
+        for (entry_t *k = o ? o->kids : NULL, *next; k != NULL; k = next) {
+            next = k->sib_next;
+            do_adopt(s, e, k);
         }
     }
     pthread_mutex_unlock(&s->evict_lock);
     pthread_mutex_unlock(&sp->lock);
+
+    if (recheck) {
+        entry_t *p = entry_lookup_hold(s, ns, parent_hash, parent_len, key->layer);
+        if (p != NULL) {
+            pthread_mutex_lock(&s->evict_lock);
+            do_adopt(s, p, e);
+            pthread_mutex_unlock(&s->evict_lock);
+            entry_put(p);
+        }
+        entry_put(e);
+    }
 
     cnt_add(&s->g.bytes_in, len);
     cnt_add(&ns->c.bytes_in, len);
@@ -1607,6 +1757,7 @@ tqkv__store_check(tqkv_store_t *s)
                         continue;
                     live++;
                     if (!e->linked || e->tier != e->cur->tier || e->blk != b ||
+                        (e->orphan != NULL && e->parent != NULL) ||
                         e->node.where == TQKV__EVQ_NONE ||
                         (e->children > 0) != (e->node.where == TQKV__EVQ_PARKED)) {
                         fprintf(stderr,
@@ -1647,6 +1798,20 @@ tqkv__store_check(tqkv_store_t *s)
         }
         for (int t = 1; t < TQKV_TIER_COUNT; t++)
             all += pages[t];
+        uint64_t records = 0;
+        for (size_t i = 0; i < s->orph_nb; i++)
+            for (orphan_t *o = s->orph_tab[i]; o != NULL; o = o->hnext, records++) {
+                if (o->kids == NULL)
+                    st = TQKV_EINTERNAL;
+                for (entry_t *k = o->kids; k != NULL; k = k->sib_next)
+                    if (k->orphan != o || !k->linked)
+                        st = TQKV_EINTERNAL;
+            }
+        if (records != s->orph_count || st != TQKV_OK) {
+            fprintf(stderr, "store check: orphan records %llu (count %llu) or a bad kid\n",
+                    (unsigned long long)records, (unsigned long long)s->orph_count);
+            st = TQKV_EINTERNAL;
+        }
         if (listed != all) {
             fprintf(stderr, "store check: %llu pages in namespace lists, %llu indexed\n",
                     (unsigned long long)listed, (unsigned long long)all);

@@ -534,6 +534,58 @@ START_TEST(test_capacity_never_exceeded)
 }
 END_TEST
 
+/* A chain put in reverse order (children before parents, as parallel encoders may
+ * finish them) still evicts leaf first: parents adopt the children that named them. */
+START_TEST(test_out_of_order_parents)
+{
+    tqkv_store_t *s = mkstore(10 * 1000, 0, TQKV_EVICT_LRU);
+    for (int i = 7; i >= 0; i--)
+        ck_assert_int_eq(put_page(s, NS_A, 60, (uint64_t)i, 0, 1000, 1, NULL), TQKV_OK);
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    /* make the root the least recently used page: without adoption it would go first */
+    for (int i = 1; i < 8; i++)
+        ck_assert_int_eq(get_page(s, NS_A, 60, (uint64_t)i, 0, 1000, NULL), TQKV_OK);
+    /* block 7 is the only leaf: the singles evict the chain from its end */
+    for (int k = 0; k < 8; k++) {
+        ck_assert_int_eq(put_page(s, NS_A, 61 + (uint64_t)k, 0, 0, 1000, 0, NULL), TQKV_OK);
+        int kept = 0;
+        for (int i = 0; i < 8; i++)
+            if (present(s, NS_A, 60, (uint64_t)i, 1)) {
+                ck_assert_int_eq(i, kept);
+                kept++;
+            }
+        ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    }
+    ck_assert(present(s, NS_A, 60, 0, 1));
+    drain_and_destroy(s);
+}
+END_TEST
+
+/* Forged parent links that form a cycle (A names B, B names A) must not make pages
+ * unevictable. */
+START_TEST(test_parent_cycle_still_evictable)
+{
+    tqkv_store_t *s = mkstore(3 * 1000, 0, TQKV_EVICT_LRU);
+    uint8_t ha[32], hb[32], buf[1000];
+    memset(buf, 1, sizeof(buf));
+    st_hash(ha, 70, 0);
+    st_hash(hb, 70, 1);
+    tqkv_block_key_t ka = mkkey(NS_A, ha, 0), kb = mkkey(NS_A, hb, 0), kc = mkkey(NS_A, ha, 1);
+    ck_assert_int_eq(tqkv_store_put(s, &ka, hb, 32, buf, sizeof(buf), 0, NULL), TQKV_OK);
+    ck_assert_int_eq(tqkv_store_put(s, &kb, ha, 32, buf, sizeof(buf), 0, NULL), TQKV_OK);
+    /* and one that names itself */
+    ck_assert_int_eq(tqkv_store_put(s, &kc, ha, 32, buf, sizeof(buf), 0, NULL), TQKV_OK);
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(put_page(s, NS_A, 71, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
+    ck_assert(!present(s, NS_A, 70, 0, 1));
+    ck_assert(!present(s, NS_A, 70, 1, 1));
+    tqkv_page_ref_t *r;
+    ck_assert_int_eq(tqkv_store_get(s, &kc, &r), TQKV_ENOTFOUND);
+    drain_and_destroy(s);
+}
+END_TEST
+
 /* Regression: every DRAM page the parent of a block kept in HBM (each block demoted
  * just before its child arrived) left DRAM nothing to evict and puts failed with
  * ENOSPC. Eviction now drops the coldest HBM leaf, which unblocks its parent. */
@@ -927,6 +979,8 @@ store_suite(void)
     tcase_add_test(tc, test_leaf_first_lru);
     tcase_add_test(tc, test_leaf_first_s3fifo);
     tcase_add_test(tc, test_capacity_never_exceeded);
+    tcase_add_test(tc, test_out_of_order_parents);
+    tcase_add_test(tc, test_parent_cycle_still_evictable);
     tcase_add_test(tc, test_regression_parents_in_dram_leaf_in_hbm);
     tcase_add_test(tc, test_pinned_survives_eviction);
     tcase_add_test(tc, test_lease_pins);
