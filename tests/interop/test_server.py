@@ -544,9 +544,9 @@ class KVTest(unittest.TestCase):
         h = rand_hash()
         self.stub.Put(iter([put_req(ns, h, 0, T, H, D)]), timeout=30)
         it = self.stub.Get(pb.GetRequest(namespace=ns, hashes=[h] * 3000, layer_begin=0,
-                                         layer_end=1), timeout=0.5)
+                                         layer_end=1), timeout=1.5)
         self.assertTrue(next(it).found)
-        time.sleep(1.0)
+        time.sleep(2.0)
         e = rpc_error(lambda: list(it))
         self.assertEqual(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
         d = self.stub.Delete(pb.DeleteRequest(namespace=ns, all=True), timeout=10)
