@@ -9,14 +9,27 @@
  * linked child that counted this entry as its parent, one per short-lived hold by
  * the evictor/demoter; the struct is freed when it drops to zero.
  *
+ * Prefixes. A page counts as a child of the page (ns, parent_hash, same layer) when
+ * that one is present at put time; a page put before its parent waits in an `orphan`
+ * record and is adopted when the parent arrives. Pages with children are parked out of
+ * the eviction order (evict.h) and return at its cold end when their last child goes,
+ * so eviction is leaf-first across tiers. Each namespace also lists its pages by
+ * insertion, which bounds quota eviction to the namespace's own pages.
+ *
+ * Tiers. Puts go to HBM when there is one (demoting the coldest pages synchronously
+ * when it is full), else DRAM. A background thread demotes from the high to the low
+ * watermark. Demotion and promotion copy the page, then swap `cur` under the stripe
+ * lock and evict_lock; readers of the old copy keep it pinned. DRAM full -> evict.
+ *
  * Locks, in acquisition order (never the reverse; never two stripe locks at once):
  *   0. maint_lock: one background maintenance pass (demotion) at a time.
  *   1. ns_lock (rwlock): the namespace table. Taken alone; namespace records live
  *      until the store is destroyed, so pointers to them need no lock.
  *   2. stripe[i].lock: the stripe's buckets and blocks, each entry's `cur` copy
  *      pointer and lease of the blocks in it.
- *   3. evict_lock: every tier queue, entry `tier`, `children`, `linked` (written with
- *      both 2 and 3 held, so either one makes it stable), tier accounting.
+ *   3. evict_lock: every tier queue, entry `tier`, `children`, `parent`, `linked`
+ *      (written with both 2 and 3 held, so either one makes it stable), namespace
+ *      page lists, orphan records, tier accounting.
  * The evictor finds a victim under evict_lock, takes an `sref`, drops evict_lock,
  * then takes the victim's stripe lock and evict_lock again and re-validates. Pool
  * calls take no store lock (and may be made with locks held: they are leaves).
