@@ -172,6 +172,9 @@ static inline __attribute__((always_inline)) void
 score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32_t t0, uint32_t n,
            uint32_t h0, const int NB, float *sc)
 {
+    sreg_t rs[4];
+    for (uint32_t s = 0; s < tk->nk; s++)
+        sreg_init(&rs[s], &tk->k[s]);
     for (uint32_t i = 0; i < n; i++) {
         __m256 tot[MAXNB];
         float tail[MAXNB];
@@ -186,8 +189,7 @@ score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32
             const float *qv = tk->qk[s] + (size_t)h0 * gd;
             const float coef = st->coef[t0 + i];
             __m256 acc[MAXNB], vc = _mm256_set1_ps(coef);
-            sreg_t r;
-            sreg_init(&r, st);
+            const sreg_t r = rs[s];
             for (int h = 0; h < NB; h++)
                 acc[h] = _mm256_setzero_ps();
             if (b == 4) {
