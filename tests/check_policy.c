@@ -24,11 +24,11 @@ START_TEST(test_defaults_valid)
     ck_assert_uint_eq(p.boundary_layers, 2);
     ck_assert_uint_eq(p.rotation, TQKV_ROT_HADAMARD);
     ck_assert_uint_eq(p.k.mode, TQKV_MODE_MSE);
-    /* the middle-layer page of a Llama-style block compresses ~4.5x or better vs BF16 */
+    /* the middle-layer page of a Llama-style block compresses ~4.8x vs BF16 */
     tqkv_policy_block_codec(&p, 10, 32, &bc);
     ck_assert_int_eq(tqkv_page_check_params(&sh, &bc, err, sizeof err), TQKV_OK);
     ck_assert_int_eq(tqkv_page_size(&sh, &bc, &sz), TQKV_OK);
-    ck_assert_msg((double)(2 * 2 * 256 * 8 * 128) / (double)sz >= 4.4, "ratio %.2f",
+    ck_assert_msg((double)(2 * 2 * 256 * 8 * 128) / (double)sz >= 4.6, "ratio %.2f",
                   (double)(2 * 2 * 256 * 8 * 128) / (double)sz);
 }
 END_TEST
