@@ -661,17 +661,18 @@ attn_err_pages(const tqkv_block_codec_t *codec, const uint16_t *k, const uint16_
     return sqrt(num / den);
 }
 
-START_TEST(test_turboquant_beats_kivi)
+/* Attention errors of KIVI-2, KIVI-3, TurboQuant 3 and 3.5 (mse, norm correction, key
+ * centering) on one draw of the attn-eval harness data; adds them to err[4]. */
+static void
+quality_draw(rng_t *r, uint32_t T, double *err)
 {
-    rng_t r = {tqkv_test_seed() ^ 0x100a};
-    uint32_t T = sanitized() ? 512 : 2048, H = 4, D = 128, HQ = 32;
+    uint32_t H = 4, D = 128, HQ = 32;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2), *kq = malloc(n * 2), *vq = malloc(n * 2);
     float *q = malloc(sizeof(float) * HQ * D), *ref = malloc(sizeof(float) * HQ * D);
     float *o = malloc(sizeof(float) * HQ * D), *kf = malloc(n * 4), *vf = malloc(n * 4);
-    double kivi[2], tq[2];
-    synth_kv(&r, T, H, D, k, v);
-    synth_q(&r, HQ, H, D, T, k, 1.0f, q);
+    synth_kv(r, T, H, D, k, v);
+    synth_q(r, HQ, H, D, T, k, 1.0f, q);
     ck_assert_int_eq(tqkv_attn_bf16_ref(q, HQ, k, v, T, H, D, ref), TQKV_OK);
     for (int i = 0; i < 2; i++) {
         double num = 0, den = 0;
@@ -687,18 +688,14 @@ START_TEST(test_turboquant_beats_kivi)
             num += (double)(o[j] - ref[j]) * (o[j] - ref[j]);
             den += (double)ref[j] * ref[j];
         }
-        kivi[i] = sqrt(num / den);
+        err[i] += sqrt(num / den);
     }
     {
         tqkv_block_codec_t c3 = {{6, 0, 1}, {6, 0, 1}, TQKV_ROT_HADAMARD, 1, 11};
         tqkv_block_codec_t c35 = {{7, 0, 1}, {7, 0, 1}, TQKV_ROT_HADAMARD, 1, 12};
-        tq[0] = attn_err_pages(&c3, k, v, q, T, H, D, HQ, ref);
-        tq[1] = attn_err_pages(&c35, k, v, q, T, H, D, HQ, ref);
+        err[2] += attn_err_pages(&c3, k, v, q, T, H, D, HQ, ref);
+        err[3] += attn_err_pages(&c35, k, v, q, T, H, D, HQ, ref);
     }
-    fprintf(stderr, "attention rel err: KIVI-2 %.4f KIVI-3 %.4f TQ-3 %.4f TQ-3.5 %.4f\n", kivi[0],
-            kivi[1], tq[0], tq[1]);
-    ck_assert_msg(tq[0] < kivi[0] && tq[1] < kivi[0], "TurboQuant 3/3.5 must beat KIVI 2-bit");
-    ck_assert_msg(tq[0] < kivi[1] && tq[1] < kivi[1], "TurboQuant 3/3.5 must beat KIVI 3-bit");
     free(k);
     free(v);
     free(kq);
@@ -708,6 +705,22 @@ START_TEST(test_turboquant_beats_kivi)
     free(o);
     free(kf);
     free(vf);
+}
+
+START_TEST(test_turboquant_beats_kivi)
+{
+    /* Mean over 3 draws: one draw's margin of TQ-3 over KIVI-3 varies with the data. */
+    rng_t r = {tqkv_test_seed() ^ 0x100a};
+    uint32_t T = sanitized() ? 512 : 2048;
+    double err[4] = {0, 0, 0, 0};
+    for (int d = 0; d < 3; d++)
+        quality_draw(&r, T, err);
+    for (int i = 0; i < 4; i++)
+        err[i] /= 3;
+    fprintf(stderr, "attention rel err: KIVI-2 %.4f KIVI-3 %.4f TQ-3 %.4f TQ-3.5 %.4f\n", err[0],
+            err[1], err[2], err[3]);
+    ck_assert_msg(err[2] < err[0] && err[3] < err[0], "TurboQuant 3/3.5 must beat KIVI 2-bit");
+    ck_assert_msg(err[2] < err[1] && err[3] < err[1], "TurboQuant 3/3.5 must beat KIVI 3-bit");
 }
 END_TEST
 
@@ -722,11 +735,15 @@ attention_suite(void)
     tcase_add_test(tc, test_fused_gqa_dims);
     tcase_add_test(tc, test_fused_lengths_blocks);
     tcase_add_test(tc, test_fused_long_context);
-    tcase_add_test(tc, test_simd_equals_scalar_and_threads);
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_bf16_baseline);
     tcase_add_test(tc, test_kivi_roundtrip);
     tcase_add_test(tc, test_turboquant_beats_kivi);
+    suite_add_tcase(s, tc);
+    /* its own case so the TSan run (label concurrency) can select it: CK_RUN_CASE=threads */
+    tc = tcase_create("threads");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_simd_equals_scalar_and_threads);
     suite_add_tcase(s, tc);
     return s;
 }
