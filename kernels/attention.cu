@@ -81,7 +81,7 @@ launch_merge(void *work, uint32_t n_splits, uint32_t HQ, uint32_t D, float *out,
              cudaStream_t stream)
 {
     partials_t P = partials_at(work, n_splits, HQ, D);
-    merge_kernel<<<HQ, (D + 31) / 32 * 32, 0, stream>>>(P, n_splits, HQ, D, out);
+    TQKV_LAUNCH(merge_kernel, HQ, (D + 31) / 32 * 32, 0, stream, P, n_splits, HQ, D, out);
     TQKV__CUDA_LAUNCH_CHECK("merge_kernel");
     return TQKV_OK;
 }
@@ -181,7 +181,7 @@ __launch_bounds__(ATTN_TILE)
     attn_packed_kernel(packed_params_t A, const void *const *__restrict__ pages,
                        const float *__restrict__ q, partials_t P, uint32_t n_splits)
 {
-    extern __shared__ float sm[];
+    TQKV_DYN_SMEM(float, sm);
     const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
     const uint32_t split = blockIdx.x, h = blockIdx.y, q0 = blockIdx.z * A.qc;
     const uint32_t page_i = split / A.splits_per_page, part = split % A.splits_per_page;
@@ -493,7 +493,7 @@ tqkv_cuda_attention_packed(const tqkv_page_header_t *hdr, const void *const *d_p
     }
     partials_t P = partials_at(d_work, n_splits, num_q_heads, A.D);
     dim3 grid(n_splits, A.H, (A.G + A.qc - 1) / A.qc);
-    attn_packed_kernel<<<grid, ATTN_TILE, smem, stream>>>(A, d_pages, d_q, P, n_splits);
+    TQKV_LAUNCH(attn_packed_kernel, grid, ATTN_TILE, smem, stream, A, d_pages, d_q, P, n_splits);
     TQKV__CUDA_LAUNCH_CHECK("attn_packed_kernel");
     return launch_merge(d_work, n_splits, num_q_heads, A.D, d_out, stream);
 }
@@ -507,7 +507,7 @@ __launch_bounds__(BF16_WARPS * 32)
                      uint32_t H, uint32_t D, const float *__restrict__ q, uint32_t G,
                      float sm_scale, partials_t P, uint32_t n_splits, uint32_t HQ)
 {
-    extern __shared__ float sm[];
+    TQKV_DYN_SMEM(float, sm);
     const uint32_t split = blockIdx.x, h = blockIdx.y, q0 = blockIdx.z * BF16_QC;
     const uint32_t nq = min((uint32_t)BF16_QC, G - q0);
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -638,8 +638,8 @@ tqkv_cuda_attention_bf16(const uint16_t *d_k, const uint16_t *d_v, uint32_t n_to
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "cudaFuncSetAttribute(attn_bf16)")) != TQKV_OK)
             return st;
-        attn_bf16_kernel<true><<<grid, BF16_WARPS * 32, smem, stream>>>(
-            d_k, d_v, n_tokens, num_kv_heads, head_dim, d_q, G, scale, P, n_splits, num_q_heads);
+        TQKV_LAUNCH(attn_bf16_kernel<true>, grid, BF16_WARPS * 32, smem, stream, d_k, d_v, n_tokens,
+                    num_kv_heads, head_dim, d_q, G, scale, P, n_splits, num_q_heads);
     } else {
         if (smem > 48 * 1024 &&
             (st = tqkv__cuda_status(
@@ -647,8 +647,8 @@ tqkv_cuda_attention_bf16(const uint16_t *d_k, const uint16_t *d_v, uint32_t n_to
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "cudaFuncSetAttribute(attn_bf16)")) != TQKV_OK)
             return st;
-        attn_bf16_kernel<false><<<grid, BF16_WARPS * 32, smem, stream>>>(
-            d_k, d_v, n_tokens, num_kv_heads, head_dim, d_q, G, scale, P, n_splits, num_q_heads);
+        TQKV_LAUNCH(attn_bf16_kernel<false>, grid, BF16_WARPS * 32, smem, stream, d_k, d_v,
+                    n_tokens, num_kv_heads, head_dim, d_q, G, scale, P, n_splits, num_q_heads);
     }
     TQKV__CUDA_LAUNCH_CHECK("attn_bf16_kernel");
     return launch_merge(d_work, n_splits, num_q_heads, head_dim, d_out, stream);

@@ -69,7 +69,7 @@ __launch_bounds__(DEC_WARPS * 32)
                   const uint8_t *__restrict__ pages, size_t page_stride, OutT *__restrict__ out_all,
                   size_t out_stride)
 {
-    extern __shared__ double shd[];
+    TQKV_DYN_SMEM(double, shd);
     const uint32_t D = hdr.head_dim, H = hdr.num_kv_heads, g = G.dim, b = G.mse_bits;
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const uint64_t n = (uint64_t)hdr.num_tokens * H;
@@ -173,8 +173,8 @@ decode_pages(const tqkv_page_header_t *hdr, uint32_t n_blocks, const void *d_pag
                     return st;
             }
             dim3 grid((unsigned)((n + DEC_WARPS - 1) / DEC_WARPS), n_blocks);
-            decode_kernel<OutT><<<grid, DEC_WARPS * 32, smem, stream>>>(
-                *hdr, G, t, g, (const uint8_t *)d_pages, page_stride, out, out_stride);
+            TQKV_LAUNCH(decode_kernel<OutT>, grid, DEC_WARPS * 32, smem, stream, *hdr, G, t, g,
+                        (const uint8_t *)d_pages, page_stride, out, out_stride);
             TQKV__CUDA_LAUNCH_CHECK("decode_kernel");
         }
     }

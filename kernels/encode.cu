@@ -66,7 +66,7 @@ static __global__ void
 stats_kernel(tqkv_page_header_t hdr, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
              size_t in_stride, uint8_t *__restrict__ pages, size_t page_stride)
 {
-    extern __shared__ double shd[]; /* energy[D], then the block's max deviation */
+    TQKV_DYN_SMEM(double, shd); /* energy[D], then the block's max deviation */
     uint32_t h = blockIdx.x, t = blockIdx.y, D = hdr.head_dim, H = hdr.num_kv_heads;
     uint32_t T = hdr.num_tokens, c = threadIdx.x;
     const tqkv_page_tensor_desc_t *td = &hdr.tensor[t];
@@ -209,7 +209,7 @@ __launch_bounds__(ENC_WARPS * 32)
                   uint32_t grp, const uint16_t *__restrict__ src_all, size_t in_stride,
                   uint8_t *__restrict__ pages, size_t page_stride)
 {
-    extern __shared__ double shd[];
+    TQKV_DYN_SMEM(double, shd);
     const uint32_t D = hdr.head_dim, H = hdr.num_kv_heads, g = G.dim, b = G.mse_bits;
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const uint64_t n = (uint64_t)hdr.num_tokens * H;
@@ -412,8 +412,8 @@ launch_encode(const enc_plan_t *P, uint32_t n_blocks, const uint16_t *d_k, const
              "cudaMemsetAsync(pages)")) != TQKV_OK)
         return st;
     uint32_t sthreads = (D + 31) / 32 * 32;
-    stats_kernel<<<dim3(H, 2, n_blocks), sthreads, (D + 1) * sizeof(double), stream>>>(
-        *h, d_k, d_v, in_stride, pages, page_stride);
+    TQKV_LAUNCH(stats_kernel, dim3(H, 2, n_blocks), sthreads, (D + 1) * sizeof(double), stream, *h,
+                d_k, d_v, in_stride, pages, page_stride);
     TQKV__CUDA_LAUNCH_CHECK("stats_kernel");
     for (uint32_t t = 0; t < 2; t++)
         for (uint32_t g = 0; g < 2; g++) {
@@ -429,12 +429,11 @@ launch_encode(const enc_plan_t *P, uint32_t n_blocks, const uint16_t *d_k, const
                     return st;
             }
             dim3 grid((unsigned)((n + ENC_WARPS - 1) / ENC_WARPS), n_blocks);
-            encode_kernel<<<grid, ENC_WARPS * 32, smem, stream>>>(*h, P->G[t][g], P->L[t][g], t, g,
-                                                                  t == 0 ? d_k : d_v, in_stride,
-                                                                  pages, page_stride);
+            TQKV_LAUNCH(encode_kernel, grid, ENC_WARPS * 32, smem, stream, *h, P->G[t][g],
+                        P->L[t][g], t, g, t == 0 ? d_k : d_v, in_stride, pages, page_stride);
             TQKV__CUDA_LAUNCH_CHECK("encode_kernel");
         }
-    crc_kernel<<<n_blocks, CRC_THREADS, 0, stream>>>(pages, page_stride, h->page_bytes);
+    TQKV_LAUNCH(crc_kernel, n_blocks, CRC_THREADS, 0, stream, pages, page_stride, h->page_bytes);
     TQKV__CUDA_LAUNCH_CHECK("crc_kernel");
     return TQKV_OK;
 }

@@ -12,6 +12,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#ifdef TQKV_SIMT_EMU
+/* Host build of the kernels for tests/gpu (a SIMT emulator runs them on the CPU). */
+#include "tests/gpu/simt_emu.h"
+#endif
+
 #include "kernels/cuda.h"
 #include "kernels/page_format.h"
 #include "kernels/tq_math.h"
@@ -36,6 +41,14 @@ tqkv_status_t tqkv__cuda_cache_get(uint32_t kind, uint32_t dim, uint32_t bits, u
  * header is hdr (host). Returns TQKV_EINVAL when the group is absent. */
 tqkv_status_t tqkv__cuda_group_codec(const tqkv_page_header_t *hdr, uint32_t tensor, uint32_t group,
                                      tqkv_group_codec_t *G);
+
+/* kernel<<<grid, block, smem, stream>>>(args...), and the block's dynamic shared
+ * memory as `type name[]`; the emulator of tests/gpu redefines both. */
+#ifndef TQKV_SIMT_EMU
+#define TQKV_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
+    kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define TQKV_DYN_SMEM(type, name) extern __shared__ type name[]
+#endif
 
 #define TQKV__CUDA_LAUNCH_CHECK(what)                                                              \
     do {                                                                                           \

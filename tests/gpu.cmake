@@ -11,3 +11,15 @@ if(TARGET tqkv_kernels_cuda AND TARGET tqkv_cache)
   target_link_libraries(tqkv-gpu-bench PRIVATE tqkv_flags tqkv_kernels_cuda tqkv_kernels
     CUDA::cudart Threads::Threads ${MATH_LIB})
 endif()
+
+# The same GPU suite on the CPU: kernels/*.cu built as host C++ and run by a SIMT
+# emulator (tests/gpu/simt_emu.cpp) that also stands in for the CUDA runtime. Needs
+# the CUDA headers only; not under sanitizers (coroutine stacks confuse them).
+if(TQKV_HAVE_CUDA AND TARGET tqkv_cache AND NOT TQKV_SANITIZE)
+  tqkv_check_suite(check_gpu_emu SOURCES gpu/check_gpu.c gpu/simt_emu.cpp gpu/emu_common.cpp
+    gpu/emu_encode.cpp gpu/emu_decode.cpp gpu/emu_attention.cpp
+    LIBS tqkv_cache tqkv_kernels LABELS unit TIMEOUT 300)
+  target_compile_definitions(check_gpu_emu PRIVATE TQKV_SIMT_EMU=1)
+  target_include_directories(check_gpu_emu PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  set_target_properties(check_gpu_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+endif()
