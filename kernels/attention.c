@@ -28,47 +28,41 @@
 
 enum { LEVEL_SCALAR = 1, LEVEL_AVX2 = 2, LEVEL_AVX512 = 3 };
 
-static int isa_cap = -1; /* TQKV_ATTN_ISA_*; -1 = not read from the environment yet */
+static int isa_cap; /* TQKV_ATTN_ISA_*, from TQKV_ATTN_ISA at first use */
+static int cpu_lvl; /* best LEVEL_* the CPU supports */
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
-static int
-cpu_level(void)
+static void
+isa_init(void)
 {
+    const char *e = getenv("TQKV_ATTN_ISA");
+    int lvl = LEVEL_SCALAR;
 #if defined(__x86_64__) || defined(__i386__)
-    static int cached;
-    if (!cached) {
-        int lvl = LEVEL_SCALAR;
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2")) {
-            lvl = LEVEL_AVX2;
-            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                __builtin_cpu_supports("avx512vbmi"))
-                lvl = LEVEL_AVX512;
-        }
-        cached = lvl;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2")) {
+        lvl = LEVEL_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vbmi"))
+            lvl = LEVEL_AVX512;
     }
-    return cached;
-#else
-    return LEVEL_SCALAR;
 #endif
+    cpu_lvl = lvl;
+    isa_cap = e && !strcmp(e, "scalar") ? TQKV_ATTN_ISA_SCALAR
+              : e && !strcmp(e, "avx2") ? TQKV_ATTN_ISA_AVX2
+                                        : TQKV_ATTN_ISA_BEST;
 }
 
 static int
 level(void)
 {
-    int lvl = cpu_level();
-    if (isa_cap < 0) {
-        const char *e = getenv("TQKV_ATTN_ISA");
-        isa_cap = e && !strcmp(e, "scalar") ? TQKV_ATTN_ISA_SCALAR
-                  : e && !strcmp(e, "avx2") ? TQKV_ATTN_ISA_AVX2
-                                            : TQKV_ATTN_ISA_BEST;
-    }
+    pthread_once(&isa_once, isa_init);
     if (isa_cap == TQKV_ATTN_ISA_SCALAR)
         return LEVEL_SCALAR;
-    if (isa_cap == TQKV_ATTN_ISA_AVX2 && lvl > LEVEL_AVX2)
+    if (isa_cap == TQKV_ATTN_ISA_AVX2 && cpu_lvl > LEVEL_AVX2)
         return LEVEL_AVX2;
-    return lvl;
+    return cpu_lvl;
 }
 
 static int
@@ -87,13 +81,14 @@ tqkv_attn_isa(void)
 void
 tqkv_attn_set_isa_cap(int cap)
 {
+    pthread_once(&isa_once, isa_init);
     isa_cap = cap;
 }
 
 void
 tqkv_attn_force_scalar(int on)
 {
-    isa_cap = on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST;
+    tqkv_attn_set_isa_cap(on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST);
 }
 
 static tqkv__attn_task_fn
