@@ -7,7 +7,8 @@
 // live lanes all wait at a warp barrier, or the block when all live threads wait at
 // __syncthreads, and reports a deadlock otherwise (mismatched barriers are bugs on a GPU
 // too). Dynamic shared memory is filled with a NaN pattern before each block so that
-// reads of unwritten shared memory show up in results. "Device" memory is host memory;
+// reads of unwritten shared memory show up in results, and threads run in a random
+// order in every pass so that a missing barrier shows up too. "Device" memory is host memory;
 // copies are memmove and streams are synchronous.
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,8 @@ std::vector<uint64_t> xbuf; // [warps][32] values of warp exchanges
 std::vector<unsigned char> dyn_smem;
 size_t cur;
 const std::function<void()> *cur_body;
+std::vector<size_t> order;
+uint64_t order_rng = 0x5eed5eed12345678ull;
 
 void
 yield_as(emu_state st)
@@ -114,9 +117,21 @@ run_block(size_t n, const std::function<void()> &body, size_t smem)
         th.idx.y = (unsigned)(t / blockDim.x % blockDim.y);
         th.idx.z = (unsigned)(t / ((size_t)blockDim.x * blockDim.y));
     }
+    order.resize(n);
+    for (size_t t = 0; t < n; t++)
+        order[t] = t;
     for (;;) {
         int ran = 0;
-        for (size_t t = 0; t < n; t++) {
+        /* a fresh random order each pass: a read of another thread's write that lacks a
+         * barrier sees stale data (or the NaN pattern) in about half of the passes */
+        for (size_t t = n; t > 1; t--) {
+            order_rng = order_rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t k = (size_t)(order_rng >> 33) % t, tmp = order[t - 1];
+            order[t - 1] = order[k];
+            order[k] = tmp;
+        }
+        for (size_t oi = 0; oi < n; oi++) {
+            size_t t = order[oi];
             if (threads[t].state != EMU_READY)
                 continue;
             cur = t;
