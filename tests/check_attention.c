@@ -379,10 +379,11 @@ END_TEST
 
 START_TEST(test_fused_gqa_dims)
 {
-    static const uint32_t ratios[] = {1, 2, 4, 8}, dims[] = {64, 128, 96};
+    /* 16 and 40: groups narrower than a register and not a multiple of 8 (scalar tails) */
+    static const uint32_t ratios[] = {1, 2, 4, 8}, dims[] = {64, 128, 96, 16, 40};
     rng_t r = {tqkv_test_seed() ^ 0x1003};
     for (size_t i = 0; i < 4; i++)
-        for (size_t d = 0; d < 3; d++) {
+        for (size_t d = 0; d < 5; d++) {
             cfg_t c = {70, 2, dims[d], 2 * ratios[i],     5,    7, 0, 0,
                        1,  0, 1,       TQKV_ROT_HADAMARD, blk7, 1, 0};
             run_cfg(&c, &r);
