@@ -37,20 +37,31 @@ typedef struct page_kernels {
 static page_kernels_t kern = {"scalar", NULL, NULL, tqkv_crc32c_ref};
 static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
 
+/* TQKV_ISA=scalar|avx2 caps the level (tests run every path on one machine). */
 static void
 kern_init(void)
 {
     const char *force = getenv("TQKV_ISA");
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("sse4.2") && !(force && !strcmp(force, "scalar")))
-        kern.crc = tqkv__crc32c_sse42;
+    int cap = 2; /* 0 scalar, 1 avx2, 2 avx512 */
     if (force && !strcmp(force, "scalar"))
-        return;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        cap = 0;
+    else if (force && !strcmp(force, "avx2"))
+        cap = 1;
+    __builtin_cpu_init();
+    if (cap > 0 && __builtin_cpu_supports("sse4.2"))
+        kern.crc = tqkv__crc32c_sse42;
+    if (cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("bmi2")) {
         kern.isa = "avx2";
         kern.enc_had = tqkv__page_enc_had_avx2;
         kern.dec_had = tqkv__page_dec_had_avx2;
+    }
+    if (cap >= 2 && kern.enc_had && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi")) {
+        kern.isa = "avx512";
+        kern.enc_had = tqkv__page_enc_had_avx512;
+        kern.dec_had = tqkv__page_dec_had_avx512;
     }
 }
 

@@ -113,6 +113,12 @@ size_t tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const fl
 void tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
                              uint32_t g, uint32_t bits, const float *signs, const float *z,
                              float *out_f, uint16_t *out_h);
+size_t tqkv__page_enc_had_avx512(const uint16_t *x, size_t n, uint32_t g, const float *signs,
+                                 const float *z, const float *thr, uint32_t bits,
+                                 int norm_corrected, float *scale, uint8_t *idx);
+void tqkv__page_dec_had_avx512(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
+                               uint32_t g, uint32_t bits, const float *signs, const float *z,
+                               float *out_f, uint16_t *out_h);
 /* CRC32C with the SSE4.2 crc32 instruction (same contract as tqkv_crc32c_ref). */
 uint32_t tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len);
 

@@ -28,3 +28,15 @@ if(TARGET tqkv-codec AND EXISTS ${PROJECT_SOURCE_DIR}/tests/check_codec_cli.c)
   target_compile_definitions(check_codec_cli PRIVATE TQKV_CODEC_BIN="$<TARGET_FILE:tqkv-codec>")
   add_dependencies(check_codec_cli tqkv-codec)
 endif()
+
+# The SIMD levels below the best one this CPU has, so every kernel runs on one machine
+# (TQKV_ISA caps the dispatch in kernels/page.c).
+foreach(_isa avx2 scalar)
+  foreach(_s check_pack check_page)
+    if(TARGET ${_s})
+      add_test(NAME ${_s}_${_isa} COMMAND ${_s})
+      set_tests_properties(${_s}_${_isa} PROPERTIES LABELS unit TIMEOUT 300
+        ENVIRONMENT "TQKV_ISA=${_isa};CK_DEFAULT_TIMEOUT=600")
+    endif()
+  endforeach()
+endforeach()

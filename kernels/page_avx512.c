@@ -1,0 +1,255 @@
+/* page_avx512.c - AVX-512 encode and decode of whole-head Hadamard mse groups.
+ *
+ * The AVX2 kernels (page_avx2.c) on 16-lane registers: a head of 128 channels is 8 zmm
+ * registers, the FWHT never leaves them (32 registers), the 16-entry codebook lookup is
+ * one vpermps, and comparisons count into mask registers. Same contract, same rounding
+ * structure (FWHT butterflies in the order of tqkv_fwht), hence the same near-tie-only
+ * differences from the reference.
+ */
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/page.h"
+
+/* In-place FWHT of v[nv] (g = 16 nv floats). */
+static inline __attribute__((always_inline)) void
+fwht512(__m512 *v, const uint32_t nv)
+{
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++) {
+        __m512 x = v[j], b;
+        b = _mm512_permute_ps(x, 0xB1);
+        x = _mm512_mask_blend_ps(0xAAAA, _mm512_add_ps(x, b), _mm512_sub_ps(b, x));
+        b = _mm512_permute_ps(x, 0x4E);
+        x = _mm512_mask_blend_ps(0xCCCC, _mm512_add_ps(x, b), _mm512_sub_ps(b, x));
+        b = _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1));
+        x = _mm512_mask_blend_ps(0xF0F0, _mm512_add_ps(x, b), _mm512_sub_ps(b, x));
+        b = _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2));
+        v[j] = _mm512_mask_blend_ps(0xFF00, _mm512_add_ps(x, b), _mm512_sub_ps(b, x));
+    }
+#pragma GCC unroll 8
+    for (uint32_t h = 1; h < nv; h <<= 1)
+#pragma GCC unroll 16
+        for (uint32_t i = 0; i < nv; i += 2 * h)
+#pragma GCC unroll 16
+            for (uint32_t j = i; j < i + h; j++) {
+                __m512 x = v[j], c = v[j + h];
+                v[j] = _mm512_add_ps(x, c);
+                v[j + h] = _mm512_sub_ps(x, c);
+            }
+}
+
+static inline __m512
+load_bf16(const uint16_t *p)
+{
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x0303030303030303ull,
+                                      0x0707070707070707ull, 0x0f0f0f0f0f0f0f0full};
+
+/* The 2 * bits bytes holding 16 packed indices. */
+static inline uint64_t
+load_bits16(const uint8_t *p, uint32_t bits)
+{
+    uint16_t h;
+    uint32_t w;
+    uint64_t q;
+    switch (bits) {
+    case 1:
+        memcpy(&h, p, 2);
+        return h;
+    case 2:
+        memcpy(&w, p, 4);
+        return w;
+    case 3:
+        memcpy(&w, p, 4);
+        memcpy(&h, p + 4, 2);
+        return w | (uint64_t)h << 32;
+    default:
+        memcpy(&q, p, 8);
+        return q;
+    }
+}
+
+static inline void
+store_bits16(uint8_t *p, uint64_t v, uint32_t bits)
+{
+    uint16_t h;
+    uint32_t w;
+    switch (bits) {
+    case 1:
+        h = (uint16_t)v;
+        memcpy(p, &h, 2);
+        break;
+    case 2:
+        w = (uint32_t)v;
+        memcpy(p, &w, 4);
+        break;
+    case 3:
+        w = (uint32_t)v;
+        h = (uint16_t)(v >> 32);
+        memcpy(p, &w, 4);
+        memcpy(p + 4, &h, 2);
+        break;
+    default:
+        memcpy(p, &v, 8);
+    }
+}
+
+static inline __attribute__((always_inline)) size_t
+enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, const float *z,
+         const float *thr, const uint32_t bits, int norm_corrected, float *scale, uint8_t *idx)
+{
+    __m512 v[TQKV_PAGE_MAX_DIM / 16];
+    const uint32_t nv = g / 16, nthr = (1u << bits) - 1, row_bytes = g * bits / 8;
+    const uint64_t pmask = lane_mask[bits];
+    const float sg = sqrtf((float)g);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512 zv16 = _mm512_loadu_ps(z);
+    __m512 tv[15];
+
+    for (uint32_t t = 0; t < nthr; t++)
+        tv[t] = _mm512_set1_ps(thr[t]);
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t *xr = x + i * g;
+        uint8_t *out = idx + i * row_bytes;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), zacc = _mm512_setzero_ps();
+        float ss, s;
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++) {
+            __m512 a = load_bf16(xr + 16 * j);
+            if (j & 1)
+                acc1 = _mm512_fmadd_ps(a, a, acc1);
+            else
+                acc0 = _mm512_fmadd_ps(a, a, acc0);
+            v[j] = _mm512_mul_ps(a, _mm512_loadu_ps(signs + 16 * j));
+        }
+        ss = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        if (!(ss >= 1e-30f && ss <= 1e36f))
+            return i;
+        fwht512(v, nv);
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++)
+            v[j] = _mm512_mul_ps(v[j], _mm512_loadu_ps(signs + g + 16 * j));
+        fwht512(v, nv);
+        s = sqrtf(ss);
+        const __m512 kv = _mm512_set1_ps(1.0f / (sg * s));
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++) {
+            __m512 y = _mm512_mul_ps(v[j], kv);
+            __m512i cnt = _mm512_setzero_si512();
+            for (uint32_t t = 0; t < nthr; t++)
+                cnt =
+                    _mm512_mask_add_epi32(cnt, _mm512_cmp_ps_mask(y, tv[t], _CMP_GT_OQ), cnt, one);
+            if (norm_corrected) {
+                __m512 zq = _mm512_permutexvar_ps(cnt, zv16);
+                zacc = _mm512_fmadd_ps(zq, zq, zacc);
+            }
+            /* 16 x int32 -> 16 bytes -> PEXT the low `bits` of each byte, 2 x 8 */
+            __m128i b8 = _mm512_cvtepi32_epi8(cnt);
+            uint64_t lo = _pext_u64((uint64_t)_mm_cvtsi128_si64(b8), pmask);
+            uint64_t hi = _pext_u64((uint64_t)_mm_extract_epi64(b8, 1), pmask);
+            store_bits16(out + j * 2 * bits, lo | hi << (8 * bits), bits);
+        }
+        if (norm_corrected) {
+            float zn2 = _mm512_reduce_add_ps(zacc);
+            scale[i] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
+        } else {
+            scale[i] = s / sg;
+        }
+    }
+    return n;
+}
+
+static inline __attribute__((always_inline)) void
+dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, const uint32_t g,
+         const uint32_t bits, const float *signs, const float *z, float *out_f, uint16_t *out_h)
+{
+    __m512 v[TQKV_PAGE_MAX_DIM / 16];
+    const uint32_t nv = g / 16;
+    const uint64_t pmask = lane_mask[bits];
+    const uint64_t lowmask = bits == 4 ? ~0ull : ((1ull << (8 * bits)) - 1);
+    const __m512 zv16 = _mm512_loadu_ps(z);
+    const __m512 fmax = _mm512_set1_ps(FLT_MAX), fmin = _mm512_set1_ps(-FLT_MAX);
+    const float inv = 1.0f / (float)g;
+
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *row = idx + i * row_bytes;
+        const __m512 c = _mm512_set1_ps(scale[i] * inv);
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++) {
+            uint64_t w = load_bits16(row + j * 2 * bits, bits);
+            uint64_t lo = _pdep_u64(w & lowmask, pmask), hi = _pdep_u64(w >> (8 * bits), pmask);
+            __m512i iv = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo));
+            v[j] = _mm512_permutexvar_ps(iv, zv16);
+        }
+        fwht512(v, nv);
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++)
+            v[j] = _mm512_mul_ps(v[j], _mm512_loadu_ps(signs + g + 16 * j));
+        fwht512(v, nv);
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < nv; j++) {
+            __m512 o = _mm512_mul_ps(_mm512_mul_ps(v[j], c), _mm512_loadu_ps(signs + 16 * j));
+            o = _mm512_min_ps(_mm512_max_ps(o, fmin), fmax);
+            if (out_f)
+                _mm512_storeu_ps(out_f + i * g + 16 * j, o);
+            if (out_h) {
+                /* f32 -> bf16, round to nearest even, saturating at +-max finite */
+                __m512i u = _mm512_castps_si512(o);
+                __m512i r =
+                    _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                         _mm512_and_si512(_mm512_srli_epi32(u, 16),
+                                                                          _mm512_set1_epi32(1))));
+                r = _mm512_srli_epi32(r, 16);
+                __m512i mag = _mm512_min_epu32(_mm512_and_si512(r, _mm512_set1_epi32(0x7fff)),
+                                               _mm512_set1_epi32(0x7f7f));
+                r = _mm512_or_si512(_mm512_and_si512(r, _mm512_set1_epi32(0x8000)), mag);
+                _mm256_storeu_si256((__m256i *)(out_h + i * g + 16 * j), _mm512_cvtepi32_epi16(r));
+            }
+        }
+    }
+}
+
+#define TQKV__BITS_SWITCH(CALL, G)                                                                 \
+    switch (bits) {                                                                                \
+    case 1:                                                                                        \
+        CALL(G, 1);                                                                                \
+    case 2:                                                                                        \
+        CALL(G, 2);                                                                                \
+    case 3:                                                                                        \
+        CALL(G, 3);                                                                                \
+    default:                                                                                       \
+        CALL(G, 4);                                                                                \
+    }
+
+size_t
+tqkv__page_enc_had_avx512(const uint16_t *x, size_t n, uint32_t g, const float *signs,
+                          const float *z, const float *thr, uint32_t bits, int norm_corrected,
+                          float *scale, uint8_t *idx)
+{
+#define ENC(G, B) return enc_body(x, n, G, signs, z, thr, B, norm_corrected, scale, idx)
+    if (g == 128)
+        TQKV__BITS_SWITCH(ENC, 128)
+    TQKV__BITS_SWITCH(ENC, g)
+#undef ENC
+}
+
+void
+tqkv__page_dec_had_avx512(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
+                          uint32_t g, uint32_t bits, const float *signs, const float *z,
+                          float *out_f, uint16_t *out_h)
+{
+#define DEC(G, B)                                                                                  \
+    dec_body(idx, row_bytes, scale, n, G, B, signs, z, out_f, out_h);                              \
+    return
+    if (g == 128)
+        TQKV__BITS_SWITCH(DEC, 128)
+    TQKV__BITS_SWITCH(DEC, g)
+#undef DEC
+}
