@@ -16,6 +16,7 @@
 #include <ucontext.h>
 
 #include <functional>
+#include <map>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -46,6 +47,7 @@ std::vector<unsigned char> dyn_smem;
 size_t cur;
 const std::function<void()> *cur_body;
 std::vector<size_t> order;
+std::map<const void *, int> max_dyn_smem; // cudaFuncAttributeMaxDynamicSharedMemorySize
 uint64_t order_rng = 0x5eed5eed12345678ull;
 
 void
@@ -183,11 +185,19 @@ tqkv_emu_dyn_smem(void)
 }
 
 void
-tqkv_emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body)
+tqkv_emu_launch(const void *kernel, dim3 grid, dim3 block, size_t smem, std::function<void()> body)
 {
     size_t n = (size_t)block.x * block.y * block.z;
-    if (n == 0 || n > 1024 || smem > 227 * 1024 || !grid.x || !grid.y || !grid.z) {
-        fprintf(stderr, "simt_emu: bad launch (%zu threads, %zu bytes shared)\n", n, smem);
+    size_t allowed = 48 * 1024;
+    auto it = max_dyn_smem.find(kernel);
+    if (it != max_dyn_smem.end() && (size_t)it->second > allowed)
+        allowed = (size_t)it->second;
+    if (n == 0 || n > 1024 || smem > allowed || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
+        grid.z > 65535) {
+        fprintf(stderr,
+                "simt_emu: launch would fail: %zu threads, grid %u x %u x %u, %zu bytes of "
+                "dynamic shared memory (%zu allowed)\n",
+                n, grid.x, grid.y, grid.z, smem, allowed);
         abort();
     }
     threads.assign(n, emu_thread());
@@ -305,9 +315,12 @@ cudaGetErrorString(cudaError_t error)
 cudaError_t
 cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {
-    (void)func;
-    (void)attr;
-    return value <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || value > 227 * 1024)
+            return cudaErrorInvalidValue;
+        max_dyn_smem[func] = value;
+    }
+    return cudaSuccess;
 }
 
 } // extern "C"

@@ -34,10 +34,16 @@ void tqkv_emu_syncwarp(void);
 /* Deposits v for this lane, waits for the warp, returns the 32 lanes' values in out. */
 void tqkv_emu_warp_exchange(uint64_t v, uint64_t out[32]);
 void *tqkv_emu_dyn_smem(void);
-void tqkv_emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
+/* Runs body for every thread of the grid. Aborts, as the launch would fail on the
+ * device, for more than 48 KiB of dynamic shared memory without a matching
+ * cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize) or beyond
+ * the sm_90 limits (1024 threads, 227 KiB, grid y/z 65535). */
+void tqkv_emu_launch(const void *kernel, dim3 grid, dim3 block, size_t smem,
+                     std::function<void()> body);
 
 #define TQKV_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
-    tqkv_emu_launch(dim3(grid), dim3(block), (smem), [=]() { kernel(__VA_ARGS__); })
+    tqkv_emu_launch((const void *)(kernel), dim3(grid), dim3(block), (smem),                       \
+                    [=]() { kernel(__VA_ARGS__); })
 #define TQKV_DYN_SMEM(type, name) type *name = (type *)tqkv_emu_dyn_smem()
 
 /* cuda_runtime.h declares this overload for nvcc only. */
