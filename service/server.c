@@ -70,6 +70,12 @@ static const char *const method_paths[TQKV__M_COUNT] = {
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 };
 
+#ifdef TQKV_VERSION
+#define TQKV__VERSION TQKV_VERSION
+#else
+#define TQKV__VERSION "unknown"
+#endif
+
 static const char *const state_names[] = {"REQUESTED", "RECV",   "WORK", "SEND",
                                           "IDLE",      "STATUS", "DONE"};
 
@@ -748,8 +754,9 @@ tqkv_server_start(tqkv_server_t *s)
     }
     s->started = 1;
     tqkv_log(TQKV_LOG_INFO, "serving",
-             "port=%d threads=%u encoder_threads=%u auth=%s tls=%s max_message_bytes=%llu", s->port,
-             s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
+             "version=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
+             "max_message_bytes=%llu",
+             TQKV__VERSION, s->port, s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
              s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
     return TQKV_OK;
 }
