@@ -17,6 +17,7 @@
 
 #define TILE TQKV__ATTN_TILE
 #define MAXNB 8
+#define PF_DIST 8 /* tokens of key-row prefetch distance */
 
 static inline __m256
 exp256(__m256 x)
@@ -175,6 +176,16 @@ score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32
     for (uint32_t i = 0; i < n; i++) {
         __m512 tot[MAXNB];
         float tail[MAXNB];
+        /* Key rows PF_DIST tokens ahead, and this token's value rows for the value pass:
+         * rows of one head are H rows apart, a stride the hardware prefetchers miss. */
+        for (uint32_t s = 0; s < tk->nk; s++)
+            _mm_prefetch(
+                (const char *)(tk->k[s].rows + (size_t)(t0 + i + PF_DIST) * tk->k[s].stride),
+                _MM_HINT_T0);
+        if (h0 == 0)
+            for (uint32_t s = 0; s < tk->nv; s++)
+                _mm_prefetch((const char *)(tk->v[s].rows + (size_t)(t0 + i) * tk->v[s].stride),
+                             _MM_HINT_T0);
         for (int h = 0; h < NB; h++) {
             tot[h] = _mm512_setzero_ps();
             tail[h] = tk->qbias ? tk->qbias[h0 + h] : 0.0f;
@@ -336,14 +347,20 @@ bf16x16(const uint16_t *p)
 }
 
 static inline __attribute__((always_inline)) void
-bf16_score_tile(const float *q, const uint16_t *k, size_t stride, uint32_t D, uint32_t t0,
-                uint32_t n, uint32_t h0, const int NB, float sm_scale, float *sc)
+bf16_score_tile(const float *q, const uint16_t *k, const uint16_t *v, size_t stride, uint32_t D,
+                uint32_t t0, uint32_t n, uint32_t h0, const int NB, float sm_scale, float *sc)
 {
     const uint32_t nc = D / 16;
     for (uint32_t i = 0; i < n; i++) {
         const uint16_t *row = k + (size_t)(t0 + i) * stride;
         __m512 acc[MAXNB];
         float tail[MAXNB];
+        /* same prefetching as the packed kernel: key rows PF_DIST ahead, this value row */
+        for (uint32_t b = 0; b < 2 * D; b += 64) {
+            _mm_prefetch((const char *)(row + (size_t)PF_DIST * stride) + b, _MM_HINT_T0);
+            if (h0 == 0)
+                _mm_prefetch((const char *)(v + (size_t)(t0 + i) * stride) + b, _MM_HINT_T0);
+        }
         for (int h = 0; h < NB; h++) {
             acc[h] = _mm512_setzero_ps();
             tail[h] = 0.0f;
@@ -400,7 +417,7 @@ tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint
         uint32_t n = T - t0 < TILE ? T - t0 : TILE;
         for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
             uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
-#define SCORE(K) bf16_score_tile(q, k, stride, D, t0, n, h0, K, sm_scale, sc)
+#define SCORE(K) bf16_score_tile(q, k, v, stride, D, t0, n, h0, K, sm_scale, sc)
             NB_DISPATCH(nb, SCORE)
 #undef SCORE
         }
