@@ -22,4 +22,16 @@ if(TQKV_HAVE_CUDA AND TARGET tqkv_cache AND NOT TQKV_SANITIZE)
   target_compile_definitions(check_gpu_emu PRIVATE TQKV_SIMT_EMU=1)
   target_include_directories(check_gpu_emu PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   set_target_properties(check_gpu_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+
+  # tqkv-gpu-bench end to end on the emulator with tiny sizes: its code paths, not speed.
+  add_executable(tqkv-gpu-bench-emu gpu/gpu_bench.c gpu/simt_emu.cpp gpu/emu_common.cpp
+    gpu/emu_encode.cpp gpu/emu_decode.cpp gpu/emu_attention.cpp)
+  target_link_libraries(tqkv-gpu-bench-emu PRIVATE tqkv_flags tqkv_kernels Threads::Threads
+    ${MATH_LIB})
+  target_compile_definitions(tqkv-gpu-bench-emu PRIVATE TQKV_SIMT_EMU=1)
+  target_include_directories(tqkv-gpu-bench-emu PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  set_target_properties(tqkv-gpu-bench-emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+  add_test(NAME gpu_bench_emu_smoke COMMAND tqkv-gpu-bench-emu --blocks 1 --block-tokens 16
+    --max-context 32 --reps 1)
+  set_tests_properties(gpu_bench_emu_smoke PROPERTIES LABELS bench-smoke TIMEOUT 120)
 endif()

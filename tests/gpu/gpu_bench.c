@@ -1,7 +1,10 @@
 /* gpu_bench.c - tqkv-gpu-bench: GPU codec and attention throughput, side by side with
  * device-to-device cudaMemcpy measured in the same run.
  *
- *   tqkv-gpu-bench [--quick]        (--quick: fewer blocks, contexts up to 32K)
+ *   tqkv-gpu-bench [--quick] [--blocks N] [--block-tokens N] [--max-context N] [--reps N]
+ *
+ * --quick: 16 blocks, contexts up to 32K. The other options shrink the run (the SIMT
+ * emulator of tests/gpu runs it as a smoke test with tiny sizes).
  *
  * Tables: (1) encode/decode GB/s of BF16 (in for encode, out for decode) per codec, and
  * the HBM traffic of each as a fraction of the measured cudaMemcpy D2D traffic;
@@ -45,10 +48,14 @@ cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static int reps_override;
+
 /* Median milliseconds of reps timed runs of fn(arg) (after one warm-up). */
 static float
 time_ms(void (*fn)(void *), void *arg, int reps)
 {
+    if (reps_override > 0)
+        reps = reps_override;
     cudaEvent_t a, b;
     float t[64];
     if (reps > 64)
@@ -158,10 +165,35 @@ int
 main(int argc, char **argv)
 {
     int quick = 0, n = 0;
+    uint32_t nblocks = 64, btok = 256, max_ctx = 131072;
+    size_t copy_len = (size_t)1 << 30;
     struct cudaDeviceProp prop;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--quick"))
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : "0";
+        if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+            nblocks = 16;
+            max_ctx = 32768;
+        } else if (!strcmp(argv[i], "--blocks")) {
+            nblocks = (uint32_t)strtoul(v, NULL, 0), i++;
+        } else if (!strcmp(argv[i], "--block-tokens")) {
+            btok = (uint32_t)strtoul(v, NULL, 0), i++;
+        } else if (!strcmp(argv[i], "--max-context")) {
+            max_ctx = (uint32_t)strtoul(v, NULL, 0), i++;
+        } else if (!strcmp(argv[i], "--reps")) {
+            reps_override = atoi(v), i++;
+        } else {
+            fprintf(stderr, "usage: tqkv-gpu-bench [--quick] [--blocks N] [--block-tokens N] "
+                            "[--max-context N] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (nblocks == 0 || nblocks > 65535 || btok == 0 || btok > 65536) {
+        fprintf(stderr, "tqkv-gpu-bench: bad --blocks or --block-tokens\n");
+        return 2;
+    }
+    if (max_ctx < 4096) /* tiny runs copy less too */
+        copy_len = (size_t)1 << 20;
     if (tqkv_cuda_device_count(&n) != TQKV_OK || n == 0) {
         fprintf(stderr, "tqkv-gpu-bench: no CUDA device\n");
         return 77;
@@ -172,7 +204,7 @@ main(int argc, char **argv)
 
     /* D2D memcpy: bytes read + written per second */
     copy_arg_t ca;
-    ca.len = (size_t)1 << 30;
+    ca.len = copy_len;
     CK(cudaMalloc(&ca.dst, ca.len));
     CK(cudaMalloc(&ca.src, ca.len));
     CK(cudaMemset(ca.src, 1, ca.len));
@@ -195,18 +227,18 @@ main(int argc, char **argv)
     };
     codec_arg_t a;
     memset(&a, 0, sizeof a);
-    a.shape.num_tokens = 256;
+    a.shape.num_tokens = btok;
     a.shape.num_kv_heads = 8;
     a.shape.head_dim = 128;
-    a.nblocks = quick ? 16 : 64;
-    size_t blk = (size_t)256 * 8 * 128;
+    a.nblocks = nblocks;
+    size_t blk = (size_t)btok * 8 * 128;
     uint16_t *hk = malloc(blk * a.nblocks * 2);
     fill_bf16(hk, blk * a.nblocks);
     CK(cudaMalloc((void **)&a.dk, blk * a.nblocks * 2));
     CK(cudaMalloc((void **)&a.dv, blk * a.nblocks * 2));
     CK(cudaMemcpy(a.dk, hk, blk * a.nblocks * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(a.dv, hk, blk * a.nblocks * 2, cudaMemcpyHostToDevice));
-    printf("codec (blocks of 256 tok x 8 heads x d128, K+V, %u blocks per run)\n", a.nblocks);
+    printf("codec (blocks of %u tok x 8 heads x d128, K+V, %u blocks per run)\n", btok, a.nblocks);
     printf("%-28s %7s %12s %12s %10s %10s\n", "codec", "ratio", "enc GB/s", "dec GB/s", "enc %cpy",
            "dec %cpy");
     for (size_t ci = 0; ci < sizeof codecs / sizeof codecs[0]; ci++) {
@@ -240,9 +272,13 @@ main(int argc, char **argv)
     free(hk);
 
     /* attention table */
-    static const uint32_t ctx[] = {4096, 16384, 32768, 65536, 131072};
-    uint32_t nctx = quick ? 3 : 5;
-    printf("\ndecode attention, 1 query token, 32 q heads / 8 kv heads, d128, pages of 256\n");
+    static const uint32_t ctx_all[] = {32, 4096, 16384, 32768, 65536, 131072};
+    uint32_t ctx[6], nctx = 0;
+    for (uint32_t i = 0; i < 6; i++) /* 32 only for tiny runs */
+        if (ctx_all[i] <= max_ctx && (ctx_all[i] >= 4096 || max_ctx < 4096) &&
+            ctx_all[i] % btok == 0)
+            ctx[nctx++] = ctx_all[i];
+    printf("\ndecode attention, 1 query token, 32 q heads / 8 kv heads, d128, pages of %u\n", btok);
     printf("%-8s %14s %14s %14s %12s\n", "tokens", "K3.5/V3.5 us", "bf16 us", "K3/V2.5 us",
            "bf16/K3.5");
     for (uint32_t xi = 0; xi < nctx; xi++) {
@@ -252,7 +288,7 @@ main(int argc, char **argv)
         t.H = 8;
         t.HQ = 32;
         t.D = 128;
-        t.npages = t.T / 256;
+        t.npages = t.T / btok;
         size_t nt = (size_t)t.T * t.H * t.D;
         uint16_t *h = malloc(nt * 2);
         fill_bf16(h, nt);
@@ -271,7 +307,7 @@ main(int argc, char **argv)
         free(hq);
         float us[3];
         for (int variant = 0; variant < 3; variant++) {
-            tqkv_block_shape_t s = {256, t.H, t.D};
+            tqkv_block_shape_t s = {btok, t.H, t.D};
             tqkv_block_codec_t c;
             memset(&c, 0, sizeof c);
             c.rotation = TQKV_ROT_HADAMARD;
@@ -292,7 +328,7 @@ main(int argc, char **argv)
             uint8_t *dp;
             CK(cudaMalloc((void **)&dp, pb * t.npages));
             void **ptrs = malloc(sizeof(void *) * t.npages);
-            ST(tqkv_cuda_page_encode_batch(&s, &c, t.npages, t.dk, t.dv, (size_t)256 * t.H * t.D,
+            ST(tqkv_cuda_page_encode_batch(&s, &c, t.npages, t.dk, t.dv, (size_t)btok * t.H * t.D,
                                            dp, pb, &w, 0));
             for (uint32_t p = 0; p < t.npages; p++)
                 ptrs[p] = dp + p * pb;

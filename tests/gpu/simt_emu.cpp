@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucontext.h>
 
 #include <functional>
@@ -22,6 +23,10 @@
 #include <cuda_runtime.h>
 
 #include "tests/gpu/simt_emu.h"
+
+struct CUevent_st {
+    double ms; /* wall clock at cudaEventRecord */
+};
 
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
@@ -320,6 +325,57 @@ cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
             return cudaErrorInvalidValue;
         max_dyn_smem[func] = value;
     }
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    if (device != 0)
+        return cudaErrorInvalidDevice;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "SIMT emulator (CPU)");
+    prop->multiProcessorCount = 1;
+    prop->totalGlobalMem = (size_t)1 << 30;
+    prop->warpSize = 32;
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaEventCreate(cudaEvent_t *event)
+{
+    *event = (cudaEvent_t)calloc(1, sizeof(struct CUevent_st));
+    return *event ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t
+cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    struct timespec ts;
+    (void)stream;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    event->ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaEventSynchronize(cudaEvent_t event)
+{
+    (void)event;
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    *ms = (float)(end->ms - start->ms);
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaEventDestroy(cudaEvent_t event)
+{
+    free(event);
     return cudaSuccess;
 }
 
