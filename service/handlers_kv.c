@@ -2,10 +2,12 @@
  * the encoder pool), Get (server streaming, zero-copy page sends, BF16 decode on the
  * encoder pool), Lookup, Delete, Stats (unary, on the gRPC worker: store calls only).
  *
- * Put semantics on a bad message: the call fails with that message's status; the
- * blocks of earlier messages of the same stream stay stored (each message is an
- * independent, idempotent block write). Nothing already stored is touched by a bad
- * request.
+ * Put semantics on a bad message: the call fails with that message's status and the
+ * PutResponse is not sent; the blocks of earlier messages of the same stream stay
+ * stored (each message is an independent, idempotent block write), and so may blocks
+ * of later messages that were already being encoded in parallel. Nothing already
+ * stored is touched by a bad request. A client that needs to know exactly what went
+ * in re-sends the stream (duplicates are no-ops) or asks Lookup.
  */
 #include <grpc/slice.h>
 #include <pthread.h>
