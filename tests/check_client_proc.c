@@ -40,7 +40,11 @@ proc_drain(void *arg)
 {
     srv_t *s = arg;
     char buf[4096];
-    while (read(s->fd, buf, sizeof buf) > 0) {
+    ssize_t n;
+    int echo = getenv("TQKV_TEST_SERVER_LOG") != NULL; /* debugging: show server output */
+    while ((n = read(s->fd, buf, sizeof buf)) > 0) {
+        if (echo)
+            fwrite(buf, 1, (size_t)n, stderr);
     }
     return NULL;
 }
@@ -175,7 +179,7 @@ srv_stop(srv_t *s)
 }
 
 /* Fresh random BF16 data: roughly N(0, 1) with a per-channel scale (structured). */
-static uint16_t
+static inline uint16_t
 proc_f2bf(float f)
 {
     uint32_t u;
@@ -184,7 +188,7 @@ proc_f2bf(float f)
     return (uint16_t)(u >> 16);
 }
 
-static float
+static inline float
 proc_bf2f(uint16_t b)
 {
     uint32_t u = (uint32_t)b << 16;
@@ -193,7 +197,7 @@ proc_bf2f(uint16_t b)
     return f;
 }
 
-static uint64_t
+static inline uint64_t
 proc_rnd(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -202,7 +206,7 @@ proc_rnd(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static void
+static inline void
 proc_fill(uint16_t *x, size_t n, size_t dim, uint64_t *seed)
 {
     for (size_t i = 0; i < n; i++) {
@@ -215,7 +219,7 @@ proc_fill(uint16_t *x, size_t n, size_t dim, uint64_t *seed)
 }
 
 /* Relative L2 error of BF16 y against BF16 x (both n elements, y may be unaligned). */
-static double
+static inline double
 proc_rel_err(const uint16_t *x, const void *y, size_t n)
 {
     double e = 0, s = 0;
@@ -229,7 +233,7 @@ proc_rel_err(const uint16_t *x, const void *y, size_t n)
     return s > 0 ? sqrt(e / s) : sqrt(e);
 }
 
-static void
+static inline void
 proc_hash(tqkv_hash_t *h, uint64_t a, uint64_t b, uint8_t len)
 {
     uint64_t s = a * 1000003u + b;

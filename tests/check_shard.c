@@ -207,7 +207,18 @@ run_kill_restart(uint32_t R)
     /* Restart on the same port; after the back-off (max 400 ms) it is used again. */
     const char *same[] = {NULL};
     ck_assert_int_eq(srv_start(&S[victim], port, same), 0);
-    usleep(600000);
+    /* The client notices by itself (its back-off and gRPC's reconnect back-off both
+     * end within ~1 s): wait until the target answers a health check. */
+    int serving = 0;
+    double t0 = proc_now();
+    while (proc_now() - t0 < 10) {
+        if (tqkv_client_health(c, (size_t)victim, "", &serving) == TQKV_OK && serving == 1)
+            break;
+        usleep(50000);
+    }
+    fprintf(stderr, "check_shard: restarted server answered after %.2f s\n", proc_now() - t0);
+    ck_assert_msg(serving == 1, "restarted server on port %d: %s", port,
+                  tqkv_client_last_error()->message);
     enum { NNEW = 6 };
     tqkv_hash_t fresh[NNEW][NB];
     int fresh_from_victim = 0;

@@ -18,6 +18,19 @@ if(TARGET tqkv-server)
   set_tests_properties(check_client PROPERTIES
     ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
 
+  # gRPC 1.51's TLS endpoint leaks its read-buffer slice array at exit (not ours:
+  # the stack is grpc_slice_buffer_add_indexed under ExecCtx::Flush in the endpoint's
+  # read path). libgrpc has no frame pointers, so LSan's fast unwinder sees only
+  # gpr_realloc (slice-array growth): suppressed by that frame, for the TLS binary only.
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/client_tls.lsan "leak:gpr_realloc\n")
+  tqkv_check_suite(check_client_tls
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client_tls.c
+    LIBS tqkv
+    LABELS server
+    TIMEOUT 120)
+  set_tests_properties(check_client_tls PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>;LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_BINARY_DIR}/client_tls.lsan")
+
   tqkv_check_suite(check_shard
     SOURCES ${PROJECT_SOURCE_DIR}/tests/check_shard.c
     LIBS tqkv

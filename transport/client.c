@@ -2,9 +2,10 @@
  *
  * Every operation owns a completion queue (grpc_completion_queue_create_for_next)
  * on which it starts all its calls (one per target it fans out to) and drives them
- * to completion on the calling thread, so a client needs no lock: channels are
- * thread-safe, per-target health is atomic (transport/shard.h), and per-call state
- * (rpc_t) belongs to one operation. Each rpc_t counts its tags in flight and is
+ * to completion on the calling thread. Threads share only the channels (thread-safe;
+ * read under a per-target rwlock because a reconnect may swap them) and the atomic
+ * per-target health (transport/shard.h); per-call state (rpc_t) belongs to one
+ * operation. Each rpc_t counts its tags in flight and is
  * freed only when the count is zero (a started batch always comes back).
  *
  * Per call: RECV_STATUS_ON_CLIENT first in its own batch, then SEND_INITIAL_METADATA
@@ -20,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,10 +48,15 @@
 #define M_STATS "/tqkv.v1.KVCache/Stats"
 #define M_HEALTH "/grpc.health.v1.Health/Check"
 
+/* Lock rule: ch[] is read under lock (shared) to start a call or read the connectivity
+ * state; a reconnect swaps a channel under lock (exclusive) and destroys the old one
+ * after unlocking (calls started on it hold their own references). */
 typedef struct target {
     char *name;
     grpc_channel **ch; /* nch channels, each its own connection */
     uint32_t nch;
+    pthread_rwlock_t lock;
+    _Atomic uint64_t renewed_ns; /* last reconnect (monotonic ns) */
     _Atomic uint32_t rr;
     uint64_t id; /* rendezvous id of name */
     tqkv_shard_health_t health;
@@ -63,7 +70,11 @@ struct tqkv_client {
     uint32_t backoff_min, backoff_max;
     int wait_for_ready;
     int has_auth;
-    grpc_metadata auth_md; /* "authorization: Bearer <token>" (slices owned) */
+    grpc_metadata auth_md;           /* "authorization: Bearer <token>" (slices owned) */
+    grpc_channel_credentials *creds; /* kept to rebuild channels */
+    grpc_arg args[10];
+    grpc_channel_args cargs;
+    char *tls_name; /* owned copy for the target-name override arg */
 };
 
 static _Thread_local tqkv_client_error_t last_err;
@@ -179,8 +190,10 @@ rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti, cons
     grpc_metadata_array_init(&r->trail_md);
     r->details = grpc_empty_slice();
     r->init_bb = req;
+    pthread_rwlock_rdlock(&t->lock);
     r->call = grpc_channel_create_call(t->ch[k], NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                        grpc_slice_from_static_string(method), NULL, deadline, NULL);
+    pthread_rwlock_unlock(&t->lock);
     if (r->call == NULL)
         return set_err(TQKV_ENOMEM, 0, "grpc_channel_create_call failed");
 
@@ -352,6 +365,35 @@ cq_destroy(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
+/* After an UNAVAILABLE: replaces the target's channels that are not READY by fresh
+ * ones (at most once per minimum back-off). A restarted server is then reached by a
+ * new connection attempt at once, instead of after gRPC's reconnect back-off or an
+ * old attempt's SYN retransmissions. */
+static void
+renew_channels(tqkv_client_t *c, size_t ti)
+{
+    target_t *t = &c->t[ti];
+    uint64_t now = tqkv_shard_now_ns(), last = atomic_load(&t->renewed_ns);
+    if (now - last < (uint64_t)c->backoff_min * 1000000ull ||
+        !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
+        return;
+    for (uint32_t k = 0; k < t->nch; k++) {
+        pthread_rwlock_rdlock(&t->lock);
+        grpc_connectivity_state s = grpc_channel_check_connectivity_state(t->ch[k], 0);
+        pthread_rwlock_unlock(&t->lock);
+        if (s == GRPC_CHANNEL_READY)
+            continue;
+        grpc_channel *nc = grpc_channel_create(t->name, c->creds, &c->cargs);
+        if (nc == NULL)
+            continue;
+        pthread_rwlock_wrlock(&t->lock);
+        grpc_channel *old = t->ch[k];
+        t->ch[k] = nc;
+        pthread_rwlock_unlock(&t->lock);
+        grpc_channel_destroy(old);
+    }
+}
+
 /* Status of a finished call as a tqkv status (sets the thread's error) and updates
  * the target's health: UNAVAILABLE backs the target off, OK clears it. */
 static tqkv_status_t
@@ -362,9 +404,10 @@ rpc_result(tqkv_client_t *c, rpc_t *r)
         tqkv_shard_health_ok(&t->health, c->backoff_min);
         return TQKV_OK;
     }
-    if (r->status == GRPC_STATUS_UNAVAILABLE)
+    if (r->status == GRPC_STATUS_UNAVAILABLE) {
         tqkv_shard_health_fail(&t->health, tqkv_shard_now_ns(), c->backoff_min, c->backoff_max);
-    else
+        renew_channels(c, r->target);
+    } else
         tqkv_shard_health_ok(&t->health, c->backoff_min);
     char *d = grpc_slice_to_c_string(r->details);
     tqkv_status_t st = status_from_grpc(r->status);
@@ -373,10 +416,20 @@ rpc_result(tqkv_client_t *c, rpc_t *r)
     return st;
 }
 
+/* Whether target ti takes calls now (always, with a single target): not backed off,
+ * and its channel not in TRANSIENT_FAILURE (gRPC's own reconnect back-off: a call
+ * there would fail at once and, for a Put, lose its blocks). */
 static int
 usable(tqkv_client_t *c, size_t ti, uint64_t now)
 {
-    return c->nt == 1 || tqkv_shard_health_usable(&c->t[ti].health, now);
+    if (c->nt == 1)
+        return 1;
+    if (!tqkv_shard_health_usable(&c->t[ti].health, now))
+        return 0;
+    pthread_rwlock_rdlock(&c->t[ti].lock);
+    grpc_connectivity_state s = grpc_channel_check_connectivity_state(c->t[ti].ch[0], 1);
+    pthread_rwlock_unlock(&c->t[ti].lock);
+    return s != GRPC_CHANNEL_TRANSIENT_FAILURE && s != GRPC_CHANNEL_SHUTDOWN;
 }
 
 /* ---- unary fan-out ---- */
@@ -490,6 +543,8 @@ add_target(tqkv_client_t *c, size_t *cap, const char *name)
         return -1;
     t->id = tqkv_shard_target_id(name);
     tqkv_shard_health_init(&t->health);
+    pthread_rwlock_init(&t->lock, NULL);
+    atomic_init(&t->renewed_ns, 0);
     c->nt++;
     return 0;
 }
@@ -614,7 +669,7 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
 
     size_t maxmsg = o->max_message_bytes ? o->max_message_bytes : TQKV_CLIENT_DEFAULT_MAX_MESSAGE;
     int maxmsg_i = maxmsg > 0x7fffffff ? 0x7fffffff : (int)maxmsg;
-    grpc_arg args[10];
+    grpc_arg *args = c->args;
     size_t na = 0;
     args[na].type = GRPC_ARG_INTEGER;
     args[na].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -635,17 +690,23 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     args[na].key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
     args[na++].value.integer = 100;
     args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS;
-    args[na++].value.integer = 100;
+    args[na].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS; /* gRPC uses it as the connect timeout */
+    args[na++].value.integer = 5000;
     args[na].type = GRPC_ARG_INTEGER;
     args[na].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
     args[na++].value.integer = 1000;
     if (o->tls_target_name) {
         args[na].type = GRPC_ARG_STRING;
         args[na].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
-        args[na++].value.string = (char *)o->tls_target_name;
+        c->tls_name = strdup(o->tls_target_name);
+        if (c->tls_name == NULL) {
+            st = set_err(TQKV_ENOMEM, 0, "out of memory");
+            goto fail;
+        }
+        args[na++].value.string = c->tls_name;
     }
-    grpc_channel_args cargs = {na, args};
+    c->cargs.num_args = na;
+    c->cargs.args = args;
     uint32_t nch = o->channels_per_target ? o->channels_per_target : 1;
     for (size_t i = 0; i < c->nt; i++) {
         target_t *t = &c->t[i];
@@ -655,7 +716,7 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             goto fail;
         }
         for (uint32_t k = 0; k < nch; k++) {
-            t->ch[k] = grpc_channel_create(t->name, creds, &cargs);
+            t->ch[k] = grpc_channel_create(t->name, creds, &c->cargs);
             if (t->ch[k] == NULL) {
                 st = set_err(TQKV_EINVAL, 0, "cannot create a channel to %s", t->name);
                 goto fail;
@@ -663,7 +724,7 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             t->nch++;
         }
     }
-    grpc_channel_credentials_release(creds);
+    c->creds = creds;
     creds = NULL;
 
     if (o->token && o->token[0]) {
@@ -706,10 +767,14 @@ tqkv_client_destroy(tqkv_client_t *c)
             grpc_channel_destroy(c->t[i].ch[k]);
         free(c->t[i].ch);
         free(c->t[i].name);
+        pthread_rwlock_destroy(&c->t[i].lock);
     }
     free(c->t);
     if (c->has_auth)
         grpc_slice_unref(c->auth_md.value);
+    if (c->creds)
+        grpc_channel_credentials_release(c->creds);
+    free(c->tls_name);
     free(c);
     grpc_shutdown();
 }
@@ -759,10 +824,50 @@ hash_ok(const tqkv_hash_t *h)
 
 /* ---- Put ---- */
 
+/* A Put message kept (sharing its slices) until its stream's response, so that with
+ * several targets the blocks of a stream that fails can go to the next in rank. */
+typedef struct kept {
+    grpc_byte_buffer *bb;
+    uint64_t holders; /* targets this block was sent to */
+    uint8_t nrank;
+    uint8_t rank[TQKV_CLIENT_MAX_TARGETS];
+} kept_t;
+
+typedef struct keptvec {
+    kept_t *v;
+    size_t n, cap;
+} keptvec_t;
+
+static int
+kept_push(keptvec_t *kv, const kept_t *k)
+{
+    if (kv->n == kv->cap) {
+        size_t nc = kv->cap ? kv->cap * 2 : 16;
+        kept_t *nv = realloc(kv->v, nc * sizeof *nv);
+        if (nv == NULL)
+            return -1;
+        kv->v = nv;
+        kv->cap = nc;
+    }
+    kv->v[kv->n++] = *k;
+    return 0;
+}
+
+static void
+kept_clear(keptvec_t *kv)
+{
+    for (size_t i = 0; i < kv->n; i++)
+        grpc_byte_buffer_destroy(kv->v[i].bb);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
 struct tqkv_put {
     tqkv_client_t *c;
     grpc_completion_queue *cq;
-    rpc_t **rpc; /* per target, started lazily */
+    rpc_t **rpc;      /* per target, started lazily */
+    keptvec_t *kept;  /* per target: messages sent on its current stream (several targets) */
+    keptvec_t resend; /* messages of failed streams, for the next target in rank */
     gpr_timespec deadline;
     Tqkv__V1__Codec codec;
     int has_codec;
@@ -775,7 +880,10 @@ tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *o, tqkv_put_t **o
 {
     tqkv_put_t *p = calloc(1, sizeof *p);
     *out = NULL;
-    if (p == NULL || (p->rpc = calloc(c->nt, sizeof *p->rpc)) == NULL) {
+    if (p == NULL || (p->rpc = calloc(c->nt, sizeof *p->rpc)) == NULL ||
+        (p->kept = calloc(c->nt, sizeof *p->kept)) == NULL) {
+        if (p)
+            free(p->rpc);
         free(p);
         return set_err(TQKV_ENOMEM, 0, "out of memory");
     }
@@ -802,8 +910,34 @@ put_step(tqkv_put_t *p)
     (void)cq_step(p->cq, &k, &ok);
 }
 
-/* Ends a stream that failed (or finished): waits for its tags, frees it. Returns its
- * status; with several targets an UNAVAILABLE stream's blocks count as lost. */
+/* Frees the stream of target ti (all its tags back). Its kept messages go to the
+ * resend list when failed says the stream lost them and the client has several
+ * targets; otherwise they are released. */
+static void
+put_release(tqkv_put_t *p, size_t ti, int failed)
+{
+    rpc_t *r = p->rpc[ti];
+    keptvec_t *kv = &p->kept[ti];
+    if (failed && p->c->nt > 1) {
+        for (size_t i = 0; i < kv->n; i++) {
+            if (kept_push(&p->resend, &kv->v[i]) != 0) {
+                grpc_byte_buffer_destroy(kv->v[i].bb);
+                p->res.blocks_lost++;
+            }
+        }
+        free(kv->v);
+        memset(kv, 0, sizeof *kv);
+    } else {
+        if (failed)
+            p->res.blocks_lost += r->sent;
+        kept_clear(kv);
+    }
+    rpc_fini(r);
+    free(r);
+    p->rpc[ti] = NULL;
+}
+
+/* Ends a stream that failed: waits for its tags, frees it. Returns its status. */
 static tqkv_status_t
 put_drop(tqkv_put_t *p, size_t ti)
 {
@@ -815,10 +949,7 @@ put_drop(tqkv_put_t *p, size_t ti)
     tqkv_status_t st = rpc_result(p->c, r);
     if (st == TQKV_OK)
         st = set_err(TQKV_EINTERNAL, 0, "%s: Put stream ended early", p->c->t[ti].name);
-    p->res.blocks_lost += r->sent;
-    rpc_fini(r);
-    free(r);
-    p->rpc[ti] = NULL;
+    put_release(p, ti, st == TQKV_EUNAVAILABLE);
     return st;
 }
 
@@ -835,9 +966,7 @@ put_stream(tqkv_put_t *p, size_t ti, rpc_t **out)
         if (st != TQKV_OK) {
             while (r->inflight > 0)
                 put_step(p);
-            rpc_fini(r);
-            free(r);
-            p->rpc[ti] = NULL;
+            put_release(p, ti, 0);
             return st;
         }
     }
@@ -847,6 +976,52 @@ put_stream(tqkv_put_t *p, size_t ti, rpc_t **out)
         return put_drop(p, ti);
     *out = r;
     return TQKV_OK;
+}
+
+/* Sends bb (borrowed; a copy goes out) to up to `want` usable targets of rank[],
+ * skipping the holders. Writes the targets used into *holders. Returns how many
+ * took it; *st is the first error that is not a down target. */
+static size_t
+put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint8_t *rank, size_t nrank, size_t want,
+          uint64_t *holders, tqkv_status_t *st)
+{
+    tqkv_client_t *c = p->c;
+    uint64_t now = tqkv_shard_now_ns();
+    size_t sent = 0;
+    uint64_t used = 0;
+    *st = TQKV_OK;
+    for (size_t i = 0; i < nrank && sent < want; i++) {
+        size_t ti = rank[i];
+        rpc_t *r = NULL;
+        if ((*holders >> ti) & 1 || !usable(c, ti, now))
+            continue;
+        tqkv_status_t s = put_stream(p, ti, &r);
+        if (s == TQKV_OK && rpc_send(r, grpc_byte_buffer_copy(bb)) != 0)
+            s = put_drop(p, ti);
+        if (s != TQKV_OK) {
+            if (c->nt > 1 && s == TQKV_EUNAVAILABLE)
+                continue; /* that server is down: the next in rank takes the block */
+            *st = s;
+            break;
+        }
+        used |= 1ull << ti;
+        p->res.blocks_sent++;
+        sent++;
+    }
+    *holders |= used;
+    if (c->nt > 1) {
+        /* Keep the message on each stream it went to, with the ranking. */
+        for (size_t ti = 0; ti < c->nt; ti++) {
+            if (!((used >> ti) & 1))
+                continue;
+            kept_t k = {
+                .bb = grpc_byte_buffer_copy(bb), .holders = *holders, .nrank = (uint8_t)nrank};
+            memcpy(k.rank, rank, nrank);
+            if (kept_push(&p->kept[ti], &k) != 0)
+                grpc_byte_buffer_destroy(k.bb);
+        }
+    }
+    return sent;
 }
 
 tqkv_status_t
@@ -895,35 +1070,18 @@ tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b)
     if (bb == NULL)
         return set_err(TQKV_ENOMEM, 0, "out of memory");
 
-    uint32_t cand[64];
+    uint32_t cand[TQKV_CLIENT_MAX_TARGETS];
+    uint8_t rank[TQKV_CLIENT_MAX_TARGETS];
     size_t nc = candidates(c, b->ns, b->hash, cand);
-    uint64_t now = tqkv_shard_now_ns();
-    size_t sent = 0;
-    tqkv_status_t st = TQKV_OK;
-    for (size_t i = 0; i < nc && sent < c->replicas; i++) {
-        size_t ti = cand[i];
-        rpc_t *r = NULL;
-        if (!usable(c, ti, now))
-            continue;
-        st = put_stream(p, ti, &r);
-        if (st != TQKV_OK) {
-            if (c->nt > 1 && st == TQKV_EUNAVAILABLE)
-                continue; /* that server is down: the next in rank takes the block */
-            break;
-        }
-        if (rpc_send(r, grpc_byte_buffer_copy(bb)) != 0) {
-            st = put_drop(p, ti);
-            if (c->nt > 1 && st == TQKV_EUNAVAILABLE)
-                continue;
-            break;
-        }
-        p->res.blocks_sent++;
-        sent++;
-    }
+    for (size_t i = 0; i < nc; i++)
+        rank[i] = (uint8_t)cand[i];
+    uint64_t holders = 0;
+    tqkv_status_t st;
+    size_t sent = put_route(p, bb, rank, nc, c->replicas, &holders, &st);
     grpc_byte_buffer_destroy(bb);
     if (sent == 0 && st == TQKV_OK)
         st = set_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE, "put: no live target");
-    if (sent == 0 || (st != TQKV_OK && !(c->nt > 1 && st == TQKV_EUNAVAILABLE)))
+    if (sent == 0 || st != TQKV_OK)
         p->err = st;
     return sent > 0 ? TQKV_OK : st;
 }
@@ -931,25 +1089,24 @@ tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b)
 static void
 put_free(tqkv_put_t *p)
 {
-    for (size_t i = 0; i < p->c->nt; i++) {
-        if (p->rpc[i]) {
-            rpc_fini(p->rpc[i]);
-            free(p->rpc[i]);
-        }
-    }
+    for (size_t i = 0; i < p->c->nt; i++)
+        if (p->rpc[i])
+            put_release(p, i, 0);
+    kept_clear(&p->resend);
+    free(p->kept);
     free(p->rpc);
     cq_destroy(p->cq);
     free(p);
 }
 
-tqkv_status_t
-tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res)
+/* Half-closes every stream, collects the responses, and frees the streams. Failed
+ * streams' messages move to the resend list (several targets). Returns the first
+ * error that is not a down target of a sharded client (*saved: its message). */
+static tqkv_status_t
+put_collect(tqkv_put_t *p, tqkv_client_error_t *saved)
 {
     tqkv_client_t *c = p->c;
-    tqkv_status_t first = p->err;
-    tqkv_client_error_t saved = last_err;
-    size_t live = 0;
-
+    tqkv_status_t first = TQKV_OK;
     for (size_t i = 0; i < c->nt; i++) {
         rpc_t *r = p->rpc[i];
         if (r == NULL)
@@ -960,7 +1117,6 @@ tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res)
             rpc_close_and_recv(r);
         else
             grpc_call_cancel(r->call, NULL);
-        live++;
     }
     for (;;) {
         int busy = 0;
@@ -988,16 +1144,43 @@ tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res)
             p->res.bytes_stored += resp->bytes_stored;
             protobuf_c_message_free_unpacked(&resp->base, NULL);
         }
-        if (st != TQKV_OK) {
-            p->res.blocks_lost += r->sent;
-            if (c->nt > 1 && st == TQKV_EUNAVAILABLE)
-                st = TQKV_OK;
-        }
+        int down = c->nt > 1 && st == TQKV_EUNAVAILABLE;
+        put_release(p, i, st != TQKV_OK && (down || c->nt == 1));
+        if (down)
+            st = TQKV_OK;
         if (first == TQKV_OK && st != TQKV_OK) {
             first = st;
-            saved = last_err;
+            *saved = last_err;
         }
     }
+    return first;
+}
+
+tqkv_status_t
+tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res)
+{
+    tqkv_status_t first = p->err;
+    tqkv_client_error_t saved = last_err;
+    tqkv_status_t st = put_collect(p, &saved);
+    if (first == TQKV_OK)
+        first = st;
+    /* Blocks of streams that died (several targets): up to two more rounds on the next
+     * live targets in their ranking that do not hold them yet. */
+    for (int round = 0; round < 2 && p->resend.n > 0 && first == TQKV_OK; round++) {
+        keptvec_t todo = p->resend;
+        memset(&p->resend, 0, sizeof p->resend);
+        for (size_t i = 0; i < todo.n; i++) {
+            kept_t *k = &todo.v[i];
+            tqkv_status_t s2;
+            if (put_route(p, k->bb, k->rank, k->nrank, 1, &k->holders, &s2) == 0)
+                p->res.blocks_lost++;
+        }
+        kept_clear(&todo);
+        st = put_collect(p, &saved);
+        if (first == TQKV_OK)
+            first = st;
+    }
+    p->res.blocks_lost += p->resend.n;
     if (res)
         *res = p->res;
     put_free(p);

@@ -132,7 +132,11 @@ tqkv_status_t tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *opt
 tqkv_status_t tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b);
 
 /* Half-closes the streams and collects the responses into *res (may be NULL).
- * Always frees p. Returns the first error of any stream. */
+ * Always frees p. Returns the first error of any stream. With several targets, a
+ * stream that fails with UNAVAILABLE is not an error: its blocks are re-sent to the
+ * next live targets in their ranking (each message is kept until its stream's
+ * response, sharing the encoded buffer: the session holds its messages in memory),
+ * and what still found no target counts in blocks_lost. */
 tqkv_status_t tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res);
 
 /* Cancels the streams and frees p (NULL is a no-op). */
