@@ -14,6 +14,7 @@
 
 #include "tests/check_main.h"
 #include "transport/client.h"
+#include "transport/shard.h"
 
 #include "tests/check_client_proc.c"
 
@@ -274,6 +275,63 @@ START_TEST(test_delete_fans_out)
 }
 END_TEST
 
+/* A server dies in the middle of a Put session (R = 1): the blocks already streamed
+ * to it are re-sent to the next server in their ranking at put_end, so none is lost. */
+START_TEST(test_put_resend_on_kill)
+{
+    tqkv_client_t *c = shard_client(1);
+    enum { NB = 24 };
+    tqkv_hash_t hs[NB];
+    size_t n = (size_t)SH.num_tokens * SH.num_kv_heads * SH.head_dim;
+    uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
+    for (int b = 0; b < NB; b++)
+        proc_hash(&hs[b], SEED, 20000 + (uint64_t)b, 16);
+    /* Block 0 must rank server 0 first, so that the dying stream holds something. */
+    uint64_t ids[NS_];
+    for (int i = 0; i < NS_; i++)
+        ids[i] = tqkv_shard_target_id(S[i].addr);
+    for (uint64_t salt = 1;; salt++) {
+        uint32_t order[NS_];
+        tqkv_shard_rank(ids, NS_, tqkv_shard_block_key("rs", hs[0].bytes, hs[0].len), order);
+        if (order[0] == 0)
+            break;
+        proc_hash(&hs[0], SEED, 30000 + salt, 16);
+    }
+    tqkv_put_t *p;
+    ck_assert_int_eq(tqkv_client_put_begin(c, NULL, &p), TQKV_OK);
+    for (int b = 0; b < NB; b++) {
+        if (b == NB / 2) {
+            srv_kill(&S[0], SIGKILL);
+            ck_assert_int_eq(srv_wait(&S[0], 10), 0);
+        }
+        for (uint32_t l = 0; l < L; l++) {
+            block_data(&hs[b], l, k, v);
+            tqkv_put_block_t pb = {.ns = "rs",
+                                   .hash = &hs[b],
+                                   .layer = l,
+                                   .num_layers = L,
+                                   .shape = SH,
+                                   .key = k,
+                                   .value = v};
+            tqkv_status_t st = tqkv_client_put_block(p, &pb);
+            ck_assert_msg(st == TQKV_OK, "put_block: %s", tqkv_client_last_error()->message);
+        }
+    }
+    tqkv_put_result_t r;
+    tqkv_status_t st = tqkv_client_put_end(p, &r);
+    ck_assert_msg(st == TQKV_OK, "put_end: %s", tqkv_client_last_error()->message);
+    ck_assert_uint_eq(r.blocks_lost, 0);
+    ck_assert_uint_gt(r.blocks_sent, (uint64_t)NB * L); /* some went twice */
+    tally_t t = get_seq(c, "rs", hs, NB);
+    ck_assert_uint_eq(t.wrong, 0);
+    ck_assert_uint_eq(t.missing, 0);
+    ck_assert_int_eq(t.from[0], 0);
+    free(k);
+    free(v);
+    tqkv_client_destroy(c);
+}
+END_TEST
+
 static Suite *
 shard_suite(void)
 {
@@ -284,6 +342,7 @@ shard_suite(void)
     tcase_add_test(tc, test_r1_kill_restart);
     tcase_add_test(tc, test_r2_kill_restart);
     tcase_add_test(tc, test_delete_fans_out);
+    tcase_add_test(tc, test_put_resend_on_kill);
     suite_add_tcase(s, tc);
     return s;
 }
