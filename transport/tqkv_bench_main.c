@@ -59,7 +59,7 @@ typedef struct cfg {
     float key_bits, value_bits;
     const char *ns;
     const char *json, *csv;
-    const char *tls_ca, *token;
+    const char *tls_ca, *tls_name, *token;
     int baselines;
     const char *spawn;
     const char *server_args[MAX_SERVER_ARGS];
@@ -978,7 +978,8 @@ usage(void)
         "  --channels N (connections per target)  --working-set N (decode: sequences)\n"
         "  --dram-capacity BYTES (passed to a spawned server)  --verify-every N (32)\n"
         "  --lease-ms N (Lookup pin before Get, 1000)\n"
-        "  --json FILE|-  --csv FILE  --tls-ca FILE  --token T  --no-baselines  --seed N\n");
+        "  --json FILE|-  --csv FILE  --tls-ca FILE [--tls-target-name N]  --token T  "
+        "--no-baselines  --seed N\n");
 }
 
 static int
@@ -1087,6 +1088,8 @@ main(int argc, char **argv)
             C.csv = v;
         } else if (ARG("--tls-ca")) {
             C.tls_ca = v;
+        } else if (ARG("--tls-target-name")) {
+            C.tls_name = v;
         } else if (ARG("--token")) {
             C.token = v;
         } else if (!strcmp(a, "--no-baselines")) {
@@ -1171,6 +1174,7 @@ main(int argc, char **argv)
     tqkv_client_opts_t co = {.targets = C.targets,
                              .num_targets = C.ntargets,
                              .tls_ca_path = C.tls_ca,
+                             .tls_target_name = C.tls_name,
                              .token = C.token,
                              .replicas = C.replicas,
                              .channels_per_target =
