@@ -307,7 +307,10 @@ on_page(void *arg, const tqkv_get_page_t *pg)
     atomic_fetch_add(&K.get_found, 1);
     atomic_fetch_add(&K.get_bf16, (uint64_t)block_elems * 4);
     g->npages++;
-    uint64_t key = hash64(h) ^ ((uint64_t)(pg->layer + 1) * 0x9E3779B97F4A7C15ull);
+    /* Replicas on different servers may encode with different seeds: the identity
+     * rule holds per (hash, layer, server). */
+    uint64_t key = hash64(h) ^ ((uint64_t)(pg->layer + 1) * 0x9E3779B97F4A7C15ull) ^
+                   ((uint64_t)(pg->target + 1) * 0xD6E8FEB86659FD93ull);
     if (C.encoding == TQKV_CLIENT_PACKED) {
         tqkv_page_info_t info;
         char err[160];
