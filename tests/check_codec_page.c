@@ -83,7 +83,7 @@ rel_err(const uint16_t *x, const float *y, size_t n)
 /* loose per-setting bound on relative error: the mse part at the smallest group width
  * plus the QJL variance (~(pi/2 - 1) of the residual) for prod */
 static double
-err_bound(uint32_t bits_x2, uint32_t mode, uint32_t d)
+err_bound(uint32_t bits_x2, uint32_t mode, uint32_t d, uint64_t nvec)
 {
     uint32_t hi = 0, lo = 0, nhi = 0, b;
     const tqkv_codebook_t *cb;
@@ -96,7 +96,10 @@ err_bound(uint32_t bits_x2, uint32_t mode, uint32_t d)
         dm = cb->d_mse;
     if (mode == TQKV_MODE_PROD)
         dm *= M_PI / 2;
-    return 1.6 * dm + 0.02;
+    /* a sanity bound for shapes and settings, not the quality bound (check_codec_quality):
+     * room for sampling noise with few vectors, norm correction, and KV-like data whose
+     * single large channels sit on the Hadamard lattice at small d (PAGE_FORMAT.md 8) */
+    return dm * (2.2 + 2.0 / sqrt((double)nvec)) + 0.02;
 }
 
 START_TEST(test_params)
@@ -229,14 +232,16 @@ START_TEST(test_roundtrip_shapes)
                 }
                 /* T = 1 with centering: the key is its own mean, the page stores it */
                 {
-                    double ek = rel_err(k, kf, n), bk = err_bound(c.k.bits_x2, c.k.mode, D);
+                    double ek = rel_err(k, kf, n),
+                           bk = err_bound(c.k.bits_x2, c.k.mode, D, (uint64_t)T * H);
                     if (c.key_centering && T == 1)
                         bk = 1e-4;
                     ck_assert_msg(
                         ek < bk, "T=%u H=%u D=%u K bits %u/2 mode %u nc %u cen %u: %g > %g", T, H,
                         D, c.k.bits_x2, c.k.mode, c.k.norm_correction, c.key_centering, ek, bk);
                     if (c.v.bits_x2) {
-                        double ev = rel_err(v, vf, n), bv = err_bound(c.v.bits_x2, c.v.mode, D);
+                        double ev = rel_err(v, vf, n),
+                               bv = err_bound(c.v.bits_x2, c.v.mode, D, (uint64_t)T * H);
                         ck_assert_msg(ev < bv, "T=%u H=%u D=%u V bits %u/2 mode %u: %g > %g", T, H,
                                       D, c.v.bits_x2, c.v.mode, ev, bv);
                     }
