@@ -553,6 +553,54 @@ START_TEST(test_bad_inputs)
 }
 END_TEST
 
+START_TEST(test_corrupt_payload_is_memory_safe)
+{
+    /* Flipped payload bytes pass validation without the CRC check; the kernels must still
+     * stay inside the page (run under ASan in the sanitizer build) and either succeed or
+     * report an error (a corrupt outlier mask is TQKV_ECORRUPT). */
+    rng_t r = {tqkv_test_seed() ^ 0x100b};
+    uint32_t T = 37, H = 2, D = 64;
+    size_t n = (size_t)T * H * D;
+    uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
+    float q[4 * 64], o[4 * 64];
+    int iters = sanitized() ? 60 : 300, errors = 0;
+    for (int it = 0; it < iters; it++) {
+        tqkv_block_codec_t codec = {{(uint8_t)(2 + it % 7), (uint8_t)(it / 7 % 2), 1},
+                                    {(uint8_t)(2 + it / 3 % 7), (uint8_t)(it % 2), 0},
+                                    TQKV_ROT_HADAMARD,
+                                    (uint8_t)(it % 2),
+                                    (uint64_t)it};
+        seq_t s;
+        uint8_t *pg;
+        const void *pp[1];
+        size_t len;
+        tqkv_status_t st;
+        gen_kv(&r, T, H, D, k, v);
+        gen_q(&r, 4, H, D, T, k, q);
+        seq_encode(&s, &codec, k, v, T, H, D, blk127, 1);
+        pg = s.pages[0];
+        len = s.lens[0];
+        for (int f = 0; f < 4; f++) {
+            size_t at = TQKV_PAGE_HEADER_BYTES +
+                        (size_t)(rng_u01(&r) * (double)(len - TQKV_PAGE_HEADER_BYTES));
+            pg[at] ^= (uint8_t)(1u << (tqkv_splitmix64(&r.s) & 7));
+        }
+        pp[0] = pg;
+        st = tqkv_attn_decode(q, 4, pp, &len, 1, NULL, o);
+        ck_assert_msg(st == TQKV_OK || st == TQKV_ECORRUPT || st == TQKV_EFORMAT,
+                      "unexpected status %s", tqkv_strerror(st));
+        errors += st != TQKV_OK;
+        st = tqkv_attn_decode_ref(q, 4, pp, &len, 1, NULL, o);
+        ck_assert(st == TQKV_OK || st == TQKV_ECORRUPT || st == TQKV_EFORMAT);
+        seq_free(&s);
+    }
+    fprintf(stderr, "corrupt payloads: %d of %d rejected, the rest computed in bounds\n", errors,
+            iters);
+    free(k);
+    free(v);
+}
+END_TEST
+
 START_TEST(test_bf16_baseline)
 {
     static const uint32_t dims[] = {64, 128, 100};
@@ -737,6 +785,7 @@ attention_suite(void)
     tcase_add_test(tc, test_fused_lengths_blocks);
     tcase_add_test(tc, test_fused_long_context);
     tcase_add_test(tc, test_bad_inputs);
+    tcase_add_test(tc, test_corrupt_payload_is_memory_safe);
     tcase_add_test(tc, test_bf16_baseline);
     tcase_add_test(tc, test_kivi_roundtrip);
     tcase_add_test(tc, test_turboquant_beats_kivi);
