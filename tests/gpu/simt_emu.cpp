@@ -42,11 +42,12 @@ struct emu_thread {
     uint3 idx;
 };
 
-const size_t STACK_BYTES = 128 * 1024;
+const size_t STACK_BYTES = 64 * 1024;
 
 ucontext_t sched_ctx;
 std::vector<emu_thread> threads;
-std::vector<char> stacks;
+char *stacks; // n * STACK_BYTES, malloc'd: pages are touched only as stacks grow
+size_t stacks_threads;
 std::vector<uint64_t> xbuf; // [warps][32] values of warp exchanges
 std::vector<unsigned char> dyn_smem;
 size_t cur;
@@ -115,7 +116,7 @@ run_block(size_t n, const std::function<void()> &body, size_t smem)
     for (size_t t = 0; t < n; t++) {
         emu_thread &th = threads[t];
         getcontext(&th.ctx);
-        th.ctx.uc_stack.ss_sp = stacks.data() + t * STACK_BYTES;
+        th.ctx.uc_stack.ss_sp = stacks + t * STACK_BYTES;
         th.ctx.uc_stack.ss_size = STACK_BYTES;
         th.ctx.uc_link = &sched_ctx;
         makecontext(&th.ctx, trampoline, 0);
@@ -206,8 +207,15 @@ tqkv_emu_launch(const void *kernel, dim3 grid, dim3 block, size_t smem, std::fun
         abort();
     }
     threads.assign(n, emu_thread());
-    if (stacks.size() < n * STACK_BYTES)
-        stacks.resize(n * STACK_BYTES);
+    if (stacks_threads < n) {
+        free(stacks);
+        stacks = (char *)malloc(n * STACK_BYTES);
+        if (!stacks) {
+            fprintf(stderr, "simt_emu: no memory for %zu thread stacks\n", n);
+            abort();
+        }
+        stacks_threads = n;
+    }
     xbuf.assign((n + 31) / 32 * 32, 0);
     if (dyn_smem.size() < smem + 16)
         dyn_smem.resize(smem + 16);
