@@ -438,6 +438,9 @@ stream_table(float *table, const float *z, uint32_t bits)
 
 /* ---- driver ---- */
 
+/* Most splits of one call: each holds HQ x (D + 2) doubles until the final merge. */
+#define MAX_SPLITS 256
+
 typedef struct split_state {
     double *m, *l, *o; /* [HQ], [HQ], [HQ][D] */
 } split_state_t;
@@ -769,6 +772,8 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     c.pages = pages;
     c.n_pages = n_pages;
     c.split_tokens = opts->split_tokens ? opts->split_tokens : total;
+    if ((total + c.split_tokens - 1) / c.split_tokens > MAX_SPLITS)
+        c.split_tokens = (total + MAX_SPLITS - 1) / MAX_SPLITS; /* bounds the split states */
     c.n_splits = (size_t)((total + c.split_tokens - 1) / c.split_tokens);
     c.task_fn = task_kernel();
 

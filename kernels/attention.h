@@ -24,7 +24,8 @@
 
 /* Options of tqkv_attn_decode. A value; tqkv_attn_opts_default fills the defaults. */
 typedef struct tqkv_attn_opts {
-    uint32_t split_tokens; /* tokens per split-K work item (default 4096); 0 = no split */
+    uint32_t split_tokens; /* tokens per split-K work item (default 4096); 0 = no split;
+                              raised when needed so a call has at most 256 splits */
     uint32_t num_threads;  /* worker threads over splits (default 1 = the calling thread) */
     uint8_t check_crc;     /* also verify each page's CRC32C (default 0) */
     float sm_scale;        /* softmax scale; 0 = 1/sqrt(head_dim) (default 0) */

@@ -430,6 +430,12 @@ START_TEST(test_fused_long_context)
     c.split = 0;
     c.blocks = one;
     run_cfg(&c, &r);
+    /* split_tokens = 1: 3000 splits requested, capped at 256 split states */
+    c.T = 3000;
+    c.split = 1;
+    c.blocks = blkmix;
+    c.nblocks = 5;
+    run_cfg(&c, &r);
 }
 END_TEST
 
