@@ -139,6 +139,61 @@ section_of(const uint8_t *page, size_t off, char *buf, size_t len)
     return snprintf(buf, len, "unknown section"), buf;
 }
 
+/* Compares a GPU page with the reference page. Bytes outside the per-vector records
+ * (header but its CRC, key mean, masks, codebooks, padding) must be identical; per-vector
+ * records (scale, gamma, index row, sign row) that differ are counted in *vec_diff (near
+ * ties: the same f32/f64 operations run on both sides, so the expected count is 0) out of
+ * *vec_total. Returns the offset of the first differing byte outside the records, or
+ * SIZE_MAX. */
+static size_t
+page_compare(const uint8_t *ref, const uint8_t *gp, size_t len, uint64_t *vec_diff,
+             uint64_t *vec_total)
+{
+    const tqkv_page_header_t *h = (const tqkv_page_header_t *)ref;
+    uint64_t n = (uint64_t)h->num_tokens * h->num_kv_heads;
+    uint8_t *rec = calloc(len, 1); /* 1 = byte of a per-vector record */
+    size_t first = SIZE_MAX;
+    *vec_diff = *vec_total = 0;
+    for (uint32_t t = 0; t < 2; t++)
+        for (uint32_t g = 0; g < 2; g++) {
+            tqkv_group_view_t a, b;
+            if (tqkv_page_group_view(ref, t, g, &a) != 0 || tqkv_page_group_view(gp, t, g, &b) != 0)
+                continue;
+            for (uint64_t i = 0; i < n; i++) {
+                size_t off[4] = {
+                    (size_t)(a.base - ref + a.L.off_scale + 4 * i),
+                    a.gamma ? (size_t)(a.base - ref + a.L.off_gamma + 4 * i) : 0,
+                    (size_t)(a.base - ref + a.L.off_idx + i * a.L.idx_row_bytes),
+                    a.signs ? (size_t)(a.base - ref + a.L.off_signs + i * a.L.sign_row_bytes) : 0};
+                size_t n_b[4] = {4, a.gamma ? 4u : 0u, a.L.idx_row_bytes, a.L.sign_row_bytes};
+                int differs = 0;
+                for (int r = 0; r < 4; r++) {
+                    if (!n_b[r])
+                        continue;
+                    differs |= memcmp(ref + off[r], gp + off[r], n_b[r]) != 0;
+                    memset(rec + off[r], 1, n_b[r]);
+                }
+                *vec_diff += (uint64_t)differs;
+                ++*vec_total;
+            }
+        }
+    for (size_t i = 0; i < len && first == SIZE_MAX; i++)
+        if (!rec[i] && (i < 12 || i >= 16) && ref[i] != gp[i])
+            first = i;
+    free(rec);
+    return first;
+}
+
+/* First differing byte outside the CRC field (len when none). */
+static size_t
+first_record_diff(const uint8_t *a, const uint8_t *b, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((i < 12 || i >= 16) && a[i] != b[i])
+            return i;
+    return len;
+}
+
 static void
 random_codec(tqkv_block_codec_t *c, int tr)
 {
@@ -158,6 +213,7 @@ random_codec(tqkv_block_codec_t *c, int tr)
 START_TEST(test_gpu_page_equals_cpu_reference)
 {
     static const uint32_t dims[] = {128, 64, 16, 96, 129, 256};
+    uint64_t near_ties = 0, vectors = 0;
     rng_state = tqkv_test_seed() ^ 0x101;
     for (int tr = 0; tr < FULL(30, 12); tr++) {
         tqkv_block_shape_t s = {(uint32_t[]){1, 7, 16, 33, 256}[rnd() % FULL(5, 4)],
@@ -175,31 +231,34 @@ START_TEST(test_gpu_page_equals_cpu_reference)
         uint8_t *gp = gpu_encode(&s, &c, k, v, &wg, &est);
         ck_assert_int_eq(est, TQKV_OK);
         ck_assert_uint_eq(w, wg);
-        size_t diff = 0, first = 0;
-        first = SIZE_MAX;
-        for (size_t i = 0; i < w; i++) {
-            if (ref[i] == gp[i])
-                continue;
-            diff++;
-            if (first == SIZE_MAX && (i < 12 || i >= 16)) /* skip the CRC field */
-                first = i;
-        }
-        if (first == SIZE_MAX)
-            first = 12;
+        uint64_t vd, vt;
+        size_t first = page_compare(ref, gp, w, &vd, &vt);
         char where[96];
-        ck_assert_msg(diff == 0,
-                      "trial %d T=%u H=%u D=%u k=%u/%u/nc%u v=%u/%u/nc%u rot=%u ctr=%u: %zu bytes "
-                      "differ, first at %zu of %zu (%s)",
+        ck_assert_msg(first == SIZE_MAX,
+                      "trial %d T=%u H=%u D=%u k=%u/%u/nc%u v=%u/%u/nc%u rot=%u ctr=%u: byte %zu "
+                      "of %zu differs (%s)",
                       tr, s.num_tokens, s.num_kv_heads, s.head_dim, c.k.bits_x2, c.k.mode,
                       c.k.norm_correction, c.v.bits_x2, c.v.mode, c.v.norm_correction, c.rotation,
-                      c.key_centering, diff, first, w,
-                      diff ? section_of(ref, first, where, sizeof where) : "");
+                      c.key_centering, first, w,
+                      first != SIZE_MAX ? section_of(ref, first, where, sizeof where) : "");
+        /* near ties: a vector record may differ only where a value sits on a decision
+         * boundary; bounded at 1 in 10^4 vectors (and the CRC then differs too) */
+        near_ties += vd;
+        vectors += vt;
+        ck_assert_msg(
+            vd <= vt / 10000, "trial %d: %llu of %llu vector records differ (first at %s)", tr,
+            (unsigned long long)vd, (unsigned long long)vt,
+            vd ? section_of(ref, first_record_diff(ref, gp, w), where, sizeof where) : "");
+        if (vd == 0)
+            ck_assert_mem_eq(ref, gp, w); /* CRC included */
         ck_assert_int_eq(tqkv_page_validate(gp, wg, 1, NULL, NULL, 0), TQKV_OK);
         free(k);
         free(v);
         free(ref);
         free(gp);
     }
+    fprintf(stderr, "check_gpu: near ties: %llu of %llu vector records differ from the CPU\n",
+            (unsigned long long)near_ties, (unsigned long long)vectors);
 }
 END_TEST
 
