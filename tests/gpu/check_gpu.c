@@ -623,6 +623,7 @@ START_TEST(test_gpu_store_hbm_tier)
     ck_assert_uint_gt(st.tier[TQKV_TIER_HBM].pages, 0);
     ck_assert_uint_gt(st.tier[TQKV_TIER_DRAM].pages, 0);
     ck_assert_uint_le(st.tier[TQKV_TIER_HBM].bytes_used, cfg.hbm_capacity);
+    ck_assert_uint_gt(st.tier[TQKV_TIER_HBM].demotions, 0);
     int seen_hbm = 0;
     for (int i = 0; i < NP; i++) {
         tqkv_block_key_t key = {"gpu", 3, hash[i], 8, 0};
@@ -635,6 +636,8 @@ START_TEST(test_gpu_store_hbm_tier)
         tqkv__store_maintain(s);
     }
     ck_assert(seen_hbm);
+    ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+    ck_assert_uint_gt(st.tier[TQKV_TIER_DRAM].promotions, 0); /* promote_on_access */
     ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
     tqkv_store_destroy(s);
 }
