@@ -37,7 +37,14 @@ function(tqkv_fuzz_replay name)
   target_link_libraries(fuzz-replay-${name} PRIVATE tqkv_flags ${A_LIBS})
   add_test(NAME fuzz_replay_${name} COMMAND fuzz-replay-${name}
     ${TQKV_FUZZ_DIR}/regressions/${name} ${TQKV_FUZZ_SEEDS}/${name})
-  set_tests_properties(fuzz_replay_${name} PROPERTIES LABELS "unit;fuzz" TIMEOUT 300)
+  # Regressions and seeds, plus random mutants of each (a coverage-blind mini fuzzer;
+  # the mutant being run is kept in fuzz-last-<target> for a crash).
+  set(_mut 2000)
+  if(TQKV_SANITIZE)
+    set(_mut 300)
+  endif()
+  set_tests_properties(fuzz_replay_${name} PROPERTIES LABELS "unit;fuzz" TIMEOUT 300
+    ENVIRONMENT "TQKV_FUZZ_MUTATIONS=${_mut};TQKV_FUZZ_LAST=${CMAKE_CURRENT_BINARY_DIR}/fuzz-last-${name}")
   if(_tqkv_have_page_codec)
     set_tests_properties(fuzz_replay_${name} PROPERTIES FIXTURES_REQUIRED fuzz_seeds)
   endif()
@@ -62,6 +69,9 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/service/validate.c)
       SOURCES ${TQKV_FUZZ_DIR}/fuzz_validate.c ${PROJECT_SOURCE_DIR}/service/validate.c
       LIBS tqkv_kernels tqkv_proto DEFS FUZZ_KIND=${_k})
   endforeach()
+endif()
+if(TARGET tqkv AND EXISTS ${PROJECT_SOURCE_DIR}/transport/client.c)
+  tqkv_fuzz_replay(client_get SOURCES ${TQKV_FUZZ_DIR}/fuzz_client_get.c LIBS tqkv)
 endif()
 tqkv_fuzz_replay(auth SOURCES ${TQKV_FUZZ_DIR}/fuzz_auth.c ${PROJECT_SOURCE_DIR}/service/auth.c
   LIBS tqkv_kernels)

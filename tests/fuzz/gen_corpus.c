@@ -1,7 +1,7 @@
 /* gen_corpus.c - writes the seed corpora of the fuzz targets: valid pages from
  * tqkv_page_encode over many shapes and codecs (fuzz_page), valid requests of every
  * kind (fuzz_validate_*), and token files with headers (fuzz_auth). The page seeds
- * also seed fuzz_attention (same input format).
+ * also seed fuzz_attention (same input format); GetResponses seed fuzz_client_get.
  *
  * Usage: tqkv-fuzz-corpus OUTDIR   (creates OUTDIR/<target>/seed-NNN)
  */
@@ -235,6 +235,39 @@ main(int argc, char **argv)
             return 1;
         s.namespace_ = (char *)"team-a/llama";
         if (write_msg("validate_stats", n++, &s.base) != 0)
+            return 1;
+    }
+
+    /* GetResponses as a server sends them (fuzz_client_get). */
+    n = 0;
+    {
+        uint8_t page_bytes[256], kv[64];
+        for (size_t i = 0; i < sizeof page_bytes; i++)
+            page_bytes[i] = (uint8_t)tqkv_splitmix64(&rng);
+        for (size_t i = 0; i < sizeof kv; i++)
+            kv[i] = (uint8_t)tqkv_splitmix64(&rng);
+        Tqkv__V1__GetResponse g = TQKV__V1__GET_RESPONSE__INIT;
+        g.hash = hs[2];
+        g.layer = 3;
+        if (write_msg("client_get", n++, &g.base) != 0) /* a miss */
+            return 1;
+        g.found = 1;
+        g.tier = TQKV__V1__TIER__TIER_DRAM;
+        g.page.data = page_bytes;
+        g.page.len = sizeof page_bytes;
+        g.num_tokens = 16;
+        g.num_kv_heads = 8;
+        g.head_dim = 128;
+        if (write_msg("client_get", n++, &g.base) != 0)
+            return 1;
+        g.page.data = NULL;
+        g.page.len = 0;
+        g.key.data = kv;
+        g.key.len = 32;
+        g.value.data = kv + 32;
+        g.value.len = 32;
+        g.tier = TQKV__V1__TIER__TIER_HBM;
+        if (write_msg("client_get", n++, &g.base) != 0)
             return 1;
     }
 
