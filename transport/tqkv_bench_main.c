@@ -1,6 +1,7 @@
 /* tqkv_bench_main.c - tqkv-bench: simulated inference workers against tqkv-server(s).
  *
- * N worker threads share one libtqkv client. A prefill op Puts a new sequence of
+ * N worker threads share one libtqkv client (--phase mixed: odd workers decode, even
+ * ones prefill; one worker alternates at random). A prefill op Puts a new sequence of
  * chained blocks (all layers); with probability --prefix-reuse the sequence starts
  * with a prefix of an earlier one, which is not Put again (as an engine that did a
  * Lookup would). A decode op Lookups a known sequence and Gets its cached prefix,
@@ -85,7 +86,8 @@ static struct {
     uint64_t n; /* sequences ever added */
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static uint16_t *data_pool; /* random BF16 */
+static _Atomic uint64_t pool_n; /* pool.n, readable without the lock */
+static uint16_t *data_pool;     /* random BF16 */
 static size_t data_elems, block_elems;
 
 static struct {
@@ -426,6 +428,7 @@ op_prefill(worker_t *w, int record)
     free(s->h);
     s->h = hs;
     pool.n++;
+    atomic_store(&pool_n, pool.n);
     pthread_mutex_unlock(&pool.mu);
 }
 
@@ -490,8 +493,9 @@ worker_main(void *arg)
             decode = 0;
         else if (C.phase == PH_DECODE)
             decode = 1;
-        else
-            decode = pool.n > 0 && rndu(&w->rng) < 0.5;
+        else /* mixed: odd workers decode (once something is stored), even ones prefill */
+            decode = (w->id % 2 == 1 || (C.concurrency == 1 && rndu(&w->rng) < 0.5)) &&
+                     atomic_load(&pool_n) > 0;
         if (decode)
             op_decode(w);
         else
