@@ -400,19 +400,76 @@ select_outliers(const double *energy, uint32_t d, uint32_t n_hi, uint8_t *mask)
     }
 }
 
+/* Encodes rows [0, T) of head hh of one group: the SIMD kernel when it applies, the
+ * reference for the rows it hands back (and for everything else). xg: the group's BF16
+ * rows (stride xs elements); mug: the group's f32 key mean or NULL. */
+static void
+encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_t xs,
+                  const float *mug, uint32_t T, uint64_t hh, uint64_t H, int fast, double *gx,
+                  float *work)
+{
+    const uint32_t g = G->L.dim;
+    const int prod = G->L.mode == TQKV_MODE_PROD;
+    const int simd = fast && !prod && G->rot && G->rot->kind == TQKV_ROT_HADAMARD && g % 16 == 0 &&
+                     kernels()->enc_had; /* (kernels need g a multiple of 16) */
+    float *scale = (float *)(base + G->L.off_scale);
+    float *gamma = prod ? (float *)(base + G->L.off_gamma) : NULL;
+    uint8_t *idx = base + G->L.off_idx;
+    uint8_t *signs = prod ? base + G->L.off_signs : NULL;
+    tqkv__enc_rows_t A;
+    uint32_t t = 0;
+    memset(&A, 0, sizeof A);
+    if (simd) {
+        A.x_stride = xs;
+        A.mu = mug;
+        A.g = g;
+        A.bits = G->L.mse_bits;
+        A.norm_corrected = G->norm_corrected;
+        A.signs = G->rot->signs;
+        A.z = G->cb->z;
+        A.thr = G->cb->thr;
+        A.scale_stride = H;
+        A.idx_stride = H * G->L.idx_row_bytes;
+    }
+    while (t < T) {
+        uint64_t i;
+        const uint16_t *xr;
+        if (simd) {
+            i = (uint64_t)t * H + hh;
+            A.x = xg + (size_t)t * xs;
+            A.n = T - t;
+            A.scale = scale + i;
+            A.idx = idx + i * G->L.idx_row_bytes;
+            t += (uint32_t)kernels()->enc_had(&A);
+            if (t >= T)
+                break;
+        }
+        /* row t by the reference (all rows, or one the kernel handed back) */
+        i = (uint64_t)t * H + hh;
+        xr = xg + (size_t)t * xs;
+        for (uint32_t j = 0; j < g; j++)
+            gx[j] = (double)tqkv_bf16_to_f32(xr[j]) - (mug ? (double)mug[j] : 0.0);
+        encode_vec_ref(G, gx, work, scale + i, gamma ? gamma + i : NULL,
+                       idx + i * G->L.idx_row_bytes,
+                       signs ? signs + i * G->L.sign_row_bytes : NULL);
+        t++;
+    }
+}
+
 static tqkv_status_t
 encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_t *page, int fast,
               char *err, size_t errlen)
 {
     const tqkv_page_tensor_desc_t *td = &h->tensor[t];
     const uint32_t T = h->num_tokens, H = h->num_kv_heads, D = h->head_dim;
-    const uint64_t n = (uint64_t)T * H;
+    const uint64_t n = (uint64_t)T * H, HD = (uint64_t)H * D;
     const uint32_t ngroups = td->lo_bits ? 2 : 1, mrow = (D + 7) / 8;
     const int centered = t == TQKV_TENSOR_K && (h->flags & TQKV_PAGE_KEY_CENTERED);
     group_ctx_t G[2];
     float *mean = centered ? (float *)(page + h->mean_offset) : NULL;
-    double *xc = NULL, *energy = NULL, *gx = NULL;
-    float *work = NULL;
+    double *acc = NULL, *gx = NULL;
+    float *work = NULL, *mug = NULL;
+    uint16_t *xg = NULL;
     uint32_t *chan[2] = {NULL, NULL}, gdim[2];
     tqkv_status_t st = TQKV_OK;
     uint64_t where;
@@ -421,7 +478,7 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
     if (find_nonfinite(x, n * D, &where)) {
         seterr(err, errlen,
                "%s: non-finite value (NaN or Inf) at token %llu, head %llu, channel %llu", tname[t],
-               (unsigned long long)(where / ((uint64_t)H * D)), (unsigned long long)(where / D % H),
+               (unsigned long long)(where / HD), (unsigned long long)(where / D % H),
                (unsigned long long)(where % D));
         return TQKV_ERANGE;
     }
@@ -438,115 +495,93 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
         if (G[gi].cb)
             memcpy(page + td->group_offset[gi], G[gi].cb->z, 4 * G[gi].L.n_centroids);
     }
-
-    /* Fast path: one Hadamard group over the whole head, mse, not centered. */
-    if (fast && ngroups == 1 && !centered && td->mode == TQKV_MODE_MSE &&
-        G[0].rot->kind == TQKV_ROT_HADAMARD && kernels()->enc_had) {
-        uint8_t *base = page + td->group_offset[0];
-        size_t i = 0;
-        while (i < n) {
-            i += kernels()->enc_had(x + i * D, n - i, D, G[0].rot->signs, G[0].cb->z, G[0].cb->thr,
-                                    G[0].L.mse_bits, G[0].norm_corrected,
-                                    (float *)(base + G[0].L.off_scale) + i,
-                                    base + G[0].L.off_idx + i * G[0].L.idx_row_bytes);
-            if (i < n) {
-                /* a row the kernel leaves to the reference (tiny or huge norm) */
-                double xd[TQKV_PAGE_MAX_DIM];
-                float wk[3 * TQKV_PAGE_MAX_DIM];
-                for (uint32_t j = 0; j < D; j++)
-                    xd[j] = tqkv_bf16_to_f32(x[i * D + j]);
-                encode_vec_ref(&G[0], xd, wk, (float *)(base + G[0].L.off_scale) + i, NULL,
-                               base + G[0].L.off_idx + i * G[0].L.idx_row_bytes, NULL);
-                i++;
-            }
-        }
-        goto out;
-    }
-
-    xc = malloc(sizeof(double) * n * D);
-    energy = malloc(sizeof(double) * D);
+    acc = malloc(sizeof(double) * HD);
     gx = malloc(sizeof(double) * D);
     work = malloc(sizeof(float) * 3 * D);
     chan[0] = malloc(sizeof(uint32_t) * D);
     chan[1] = malloc(sizeof(uint32_t) * D);
-    if (!xc || !energy || !gx || !work || !chan[0] || !chan[1]) {
+    xg = malloc(sizeof(uint16_t) * (size_t)T * D);
+    mug = malloc(sizeof(float) * D);
+    if (!acc || !gx || !work || !chan[0] || !chan[1] || !xg || !mug) {
         st = TQKV_ENOMEM;
         goto out;
     }
-    for (uint64_t i = 0; i < n * D; i++)
-        xc[i] = tqkv_bf16_to_f32(x[i]);
-    for (uint32_t hh = 0; hh < H; hh++) {
-        if (centered) {
-            /* mu = mean over tokens (double, stored f32); a head whose centered values
-             * would leave the f32 range (|x - mu| > 2^126) keeps mu = 0 */
-            double maxdev = 0;
-            for (uint32_t c = 0; c < D; c++) {
-                double s = 0;
-                for (uint32_t tt = 0; tt < T; tt++)
-                    s += xc[((uint64_t)tt * H + hh) * D + c];
-                mean[(uint64_t)hh * D + c] = (float)(s / T);
+    if (centered) {
+        /* mu = (float)(sum_t x / T), f64 sums in token order; a head with some
+         * |x - mu| > 2^126 keeps mu = 0 (centered values stay within f32) */
+        memset(acc, 0, sizeof(double) * HD);
+        for (uint32_t tt = 0; tt < T; tt++)
+            for (uint64_t k = 0; k < HD; k++)
+                acc[k] += (double)tqkv_bf16_to_f32(x[tt * HD + k]);
+        for (uint64_t k = 0; k < HD; k++)
+            mean[k] = (float)(acc[k] / T);
+        memset(acc, 0, sizeof(double) * HD);
+        for (uint32_t tt = 0; tt < T; tt++)
+            for (uint64_t k = 0; k < HD; k++) {
+                double dv = fabs((double)tqkv_bf16_to_f32(x[tt * HD + k]) - mean[k]);
+                acc[k] = dv > acc[k] ? dv : acc[k];
             }
+        for (uint32_t hh = 0; hh < H; hh++) {
+            int big = 0;
             for (uint32_t c = 0; c < D; c++)
-                for (uint32_t tt = 0; tt < T; tt++) {
-                    double dv = fabs(xc[((uint64_t)tt * H + hh) * D + c] - mean[hh * D + c]);
-                    maxdev = dv > maxdev ? dv : maxdev;
-                }
-            if (maxdev > 0x1p126)
-                for (uint32_t c = 0; c < D; c++)
-                    mean[(uint64_t)hh * D + c] = 0.0f;
-            for (uint32_t c = 0; c < D; c++)
-                for (uint32_t tt = 0; tt < T; tt++)
-                    xc[((uint64_t)tt * H + hh) * D + c] -= mean[(uint64_t)hh * D + c];
+                big |= acc[(uint64_t)hh * D + c] > 0x1p126;
+            if (big)
+                memset(mean + (uint64_t)hh * D, 0, sizeof(float) * D);
         }
-        /* channel sets of this head */
+    }
+    if (ngroups == 2) {
+        /* energy sum_t (x - mu)^2 per (head, channel), f64 in token order */
+        memset(acc, 0, sizeof(double) * HD);
+        for (uint32_t tt = 0; tt < T; tt++)
+            for (uint64_t k = 0; k < HD; k++) {
+                double v = (double)tqkv_bf16_to_f32(x[tt * HD + k]) - (mean ? mean[k] : 0.0f);
+                acc[k] += v * v;
+            }
+    }
+    for (uint32_t hh = 0; hh < H; hh++) {
+        const float *mu = mean ? mean + (uint64_t)hh * D : NULL;
         if (ngroups == 2) {
             uint8_t *mask = page + td->mask_offset + (uint64_t)hh * mrow;
             uint32_t n0 = 0, n1 = 0;
-            for (uint32_t c = 0; c < D; c++) {
-                double e = 0;
-                for (uint32_t tt = 0; tt < T; tt++) {
-                    double v = xc[((uint64_t)tt * H + hh) * D + c];
-                    e += v * v;
-                }
-                energy[c] = e;
-            }
-            select_outliers(energy, D, td->n_hi, mask);
+            select_outliers(acc + (uint64_t)hh * D, D, td->n_hi, mask);
             for (uint32_t c = 0; c < D; c++) {
                 if ((mask[c >> 3] >> (c & 7u)) & 1u)
                     chan[0][n0++] = c;
                 else
                     chan[1][n1++] = c;
             }
-        } else {
-            for (uint32_t c = 0; c < D; c++)
-                chan[0][c] = c;
         }
-        for (uint32_t tt = 0; tt < T; tt++) {
-            uint64_t i = (uint64_t)tt * H + hh;
-            const double *xv = xc + i * D;
-            for (uint32_t gi = 0; gi < ngroups; gi++) {
-                const group_ctx_t *g = &G[gi];
-                uint8_t *base = page + td->group_offset[gi];
-                for (uint32_t j = 0; j < g->L.dim; j++)
-                    gx[j] = xv[chan[gi][j]];
-                encode_vec_ref(
-                    g, gx, work, (float *)(base + g->L.off_scale) + i,
-                    g->L.mode == TQKV_MODE_PROD ? (float *)(base + g->L.off_gamma) + i : NULL,
-                    base + g->L.off_idx + i * g->L.idx_row_bytes,
-                    g->L.mode == TQKV_MODE_PROD ? base + g->L.off_signs + i * g->L.sign_row_bytes
-                                                : NULL);
+        for (uint32_t gi = 0; gi < ngroups; gi++) {
+            const group_ctx_t *g = &G[gi];
+            uint8_t *base = page + td->group_offset[gi];
+            if (ngroups == 1) {
+                /* the head's rows in place: stride H*D */
+                encode_group_head(g, base, x + (uint64_t)hh * D, HD, mu, T, hh, H, fast, gx, work);
+                continue;
             }
+            /* gather the group's channels of this head into contiguous rows */
+            for (uint32_t tt = 0; tt < T; tt++) {
+                const uint16_t *xr = x + tt * HD + (uint64_t)hh * D;
+                uint16_t *o = xg + (size_t)tt * g->L.dim;
+                for (uint32_t j = 0; j < g->L.dim; j++)
+                    o[j] = xr[chan[gi][j]];
+            }
+            if (mu)
+                for (uint32_t j = 0; j < g->L.dim; j++)
+                    mug[j] = mu[chan[gi][j]];
+            encode_group_head(g, base, xg, g->L.dim, mu ? mug : NULL, T, hh, H, fast, gx, work);
         }
     }
 out:
     for (int gi = 0; gi < ng_init; gi++)
         group_ctx_fini(&G[gi]);
-    free(xc);
-    free(energy);
+    free(acc);
     free(gx);
     free(work);
     free(chan[0]);
     free(chan[1]);
+    free(xg);
+    free(mug);
     return st;
 }
 
@@ -772,6 +807,92 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
 
 /* ---- decode ---- */
 
+/* A group the SIMD decoder handles: mse, Hadamard, g a multiple of 16. */
+static int
+simd_group(const group_ctx_t *G)
+{
+    return G->L.mode == TQKV_MODE_MSE && G->rot && G->rot->kind == TQKV_ROT_HADAMARD &&
+           G->L.dim % 16 == 0 && kernels()->dec_had;
+}
+
+/* Fast decode of centered and/or two-group tensors: per head and group, SIMD (or the
+ * reference for prod/dense groups) into a [T][g] f32 buffer, then scatter to the
+ * channels, add the key mean, clamp / round. */
+static tqkv_status_t
+decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
+                   const group_ctx_t *G, const tqkv_group_view_t *gv, float *out_f, uint16_t *out_h)
+{
+    const tqkv_page_tensor_desc_t *td = &h->tensor[t];
+    const uint32_t T = h->num_tokens, H = h->num_kv_heads, D = h->head_dim;
+    const uint32_t ngroups = td->lo_bits ? 2 : 1;
+    const int centered = t == TQKV_TENSOR_K && (h->flags & TQKV_PAGE_KEY_CENTERED);
+    float *tmp = malloc(sizeof(float) * (size_t)T * D), *work = malloc(sizeof(float) * 2 * D);
+    double *o = malloc(sizeof(double) * D);
+    uint32_t *chan = malloc(sizeof(uint32_t) * D);
+    tqkv_status_t st = TQKV_OK;
+    if (!tmp || !work || !o || !chan) {
+        st = TQKV_ENOMEM;
+        goto out;
+    }
+    for (uint32_t hh = 0; hh < H; hh++) {
+        const uint8_t *mask = tqkv_page_mask(page, t, hh);
+        const float *mu = centered ? tqkv_page_key_mean(page, hh) : NULL;
+        for (uint32_t gi = 0; gi < ngroups; gi++) {
+            const tqkv_group_view_t *v = &gv[gi];
+            const uint32_t g = v->L.dim;
+            uint32_t m = 0;
+            for (uint32_t c = 0; c < D; c++)
+                if (!mask || (((mask[c >> 3] >> (c & 7u)) & 1u) == (gi == 0)))
+                    chan[m++] = c;
+            if (simd_group(&G[gi])) {
+                tqkv__dec_rows_t A = {v->idx + (size_t)hh * v->L.idx_row_bytes,
+                                      (size_t)H * v->L.idx_row_bytes,
+                                      v->scale + hh,
+                                      H,
+                                      T,
+                                      g,
+                                      v->L.mse_bits,
+                                      G[gi].rot->signs,
+                                      v->codebook,
+                                      tmp,
+                                      NULL,
+                                      g};
+                kernels()->dec_had(&A);
+            } else {
+                for (uint32_t tt = 0; tt < T; tt++) {
+                    uint64_t i = (uint64_t)tt * H + hh;
+                    float sc, gm = 0;
+                    memcpy(&sc, v->scale + i, 4);
+                    if (v->gamma)
+                        memcpy(&gm, v->gamma + i, 4);
+                    decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                                   v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
+                    for (uint32_t j = 0; j < g; j++)
+                        tmp[(size_t)tt * g + j] = tqkv_clamp_flt(o[j]);
+                }
+            }
+            for (uint32_t tt = 0; tt < T; tt++) {
+                uint64_t i = (uint64_t)tt * H + hh;
+                const float *r = tmp + (size_t)tt * g;
+                for (uint32_t j = 0; j < g; j++) {
+                    uint32_t c = chan[j];
+                    float f = mu ? tqkv_clamp_flt((double)r[j] + mu[c]) : r[j];
+                    if (out_f)
+                        out_f[i * D + c] = f;
+                    if (out_h)
+                        out_h[i * D + c] = tqkv_f32_to_bf16_sat(f);
+                }
+            }
+        }
+    }
+out:
+    free(tmp);
+    free(work);
+    free(o);
+    free(chan);
+    return st;
+}
+
 static tqkv_status_t
 decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, float *out_f,
               uint16_t *out_h, int fast)
@@ -800,10 +921,16 @@ decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, floa
         ng_init++;
         G[gi].z = gv[gi].codebook;
     }
-    if (fast && ngroups == 1 && !mean && td->mode == TQKV_MODE_MSE &&
-        G[0].rot->kind == TQKV_ROT_HADAMARD && kernels()->dec_had) {
-        kernels()->dec_had(gv[0].idx, gv[0].L.idx_row_bytes, gv[0].scale, n, D, gv[0].L.mse_bits,
-                           G[0].rot->signs, gv[0].codebook, out_f, out_h);
+    if (fast && ngroups == 1 && !mean && simd_group(&G[0])) {
+        /* the common case: rows straight into the output */
+        tqkv__dec_rows_t A = {
+            gv[0].idx,        gv[0].L.idx_row_bytes, gv[0].scale,    1,     n,     D,
+            gv[0].L.mse_bits, G[0].rot->signs,       gv[0].codebook, out_f, out_h, D};
+        kernels()->dec_had(&A);
+        goto out;
+    }
+    if (fast) {
+        st = decode_tensor_fast(page, h, t, G, gv, out_f, out_h);
         goto out;
     }
     chan[0] = malloc(sizeof(uint32_t) * D);

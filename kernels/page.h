@@ -96,29 +96,43 @@ const char *tqkv_kernels_isa(void);
  * One group of g = head_dim channels (power of two >= 16) in mse mode, Hadamard
  * rotation with signs D1[g], D2[g], codebook z[2^bits] and thresholds thr[2^bits - 1].
  *
- * enc: encodes consecutive rows x[i][g] (BF16, finite) into scale[i] and the packed
- * index rows idx[i][g * bits / 8]. Returns the number of rows done; a row whose sum of
- * squares leaves the safe f32 range (zero, tiny or huge vectors) stops the kernel so
- * the caller encodes it with the reference and resumes after it.
+ * enc: encodes rows x + i * x_stride (BF16, finite; minus mu[g] when mu != NULL, in f32)
+ * into scale[i * scale_stride] and the packed index rows idx + i * idx_stride
+ * (g * bits / 8 bytes). Returns the number of rows done; a row whose sum of squares
+ * leaves the safe f32 range (zero, tiny or huge vectors) stops the kernel so the caller
+ * encodes it with the reference and resumes after it.
  * dec: decodes n rows into out_f[i][g] (f32) and/or out_h[i][g] (BF16, saturating). */
-typedef size_t (*tqkv__enc_had_fn)(const uint16_t *x, size_t n, uint32_t g, const float *signs,
-                                   const float *z, const float *thr, uint32_t bits,
-                                   int norm_corrected, float *scale, uint8_t *idx);
-typedef void (*tqkv__dec_had_fn)(const uint8_t *idx, uint32_t row_bytes, const float *scale,
-                                 size_t n, uint32_t g, uint32_t bits, const float *signs,
-                                 const float *z, float *out_f, uint16_t *out_h);
-size_t tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *signs,
-                               const float *z, const float *thr, uint32_t bits, int norm_corrected,
-                               float *scale, uint8_t *idx);
-void tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
-                             uint32_t g, uint32_t bits, const float *signs, const float *z,
-                             float *out_f, uint16_t *out_h);
-size_t tqkv__page_enc_had_avx512(const uint16_t *x, size_t n, uint32_t g, const float *signs,
-                                 const float *z, const float *thr, uint32_t bits,
-                                 int norm_corrected, float *scale, uint8_t *idx);
-void tqkv__page_dec_had_avx512(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
-                               uint32_t g, uint32_t bits, const float *signs, const float *z,
-                               float *out_f, uint16_t *out_h);
+typedef struct tqkv__enc_rows {
+    const uint16_t *x;
+    size_t x_stride; /* elements */
+    const float *mu; /* [g] or NULL */
+    size_t n;
+    uint32_t g, bits;
+    int norm_corrected;
+    const float *signs, *z, *thr;
+    float *scale;
+    size_t scale_stride; /* floats */
+    uint8_t *idx;
+    size_t idx_stride; /* bytes */
+} tqkv__enc_rows_t;
+typedef size_t (*tqkv__enc_had_fn)(const tqkv__enc_rows_t *a);
+typedef struct tqkv__dec_rows {
+    const uint8_t *idx;
+    size_t idx_stride; /* bytes between index rows */
+    const float *scale;
+    size_t scale_stride; /* floats */
+    size_t n;
+    uint32_t g, bits;
+    const float *signs, *z;
+    float *out_f;      /* row i at out_f + i * out_stride, or NULL */
+    uint16_t *out_h;   /* row i at out_h + i * out_stride, or NULL */
+    size_t out_stride; /* elements */
+} tqkv__dec_rows_t;
+typedef void (*tqkv__dec_had_fn)(const tqkv__dec_rows_t *a);
+size_t tqkv__page_enc_had_avx2(const tqkv__enc_rows_t *a);
+void tqkv__page_dec_had_avx2(const tqkv__dec_rows_t *a);
+size_t tqkv__page_enc_had_avx512(const tqkv__enc_rows_t *a);
+void tqkv__page_dec_had_avx512(const tqkv__dec_rows_t *a);
 /* CRC32C with the SSE4.2 crc32 instruction (same contract as tqkv_crc32c_ref). */
 uint32_t tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len);
 

@@ -86,12 +86,15 @@ static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x03030303030303
 
 /* Bodies take `bits` as a compile-time constant after inlining (see the switches). */
 static inline __attribute__((always_inline)) size_t
-enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, const float *z,
-         const float *thr, const uint32_t bits, int norm_corrected, float *scale, uint8_t *idx)
+enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 {
+    const uint16_t *x = A->x;
+    const float *signs = A->signs, *z = A->z, *thr = A->thr, *mu = A->mu;
+    const size_t n = A->n;
+    const int norm_corrected = A->norm_corrected;
     __m256 v[TQKV_PAGE_MAX_DIM / 8];
     const uint32_t nv = g / 8;
-    const uint32_t nthr = (1u << bits) - 1, row_bytes = g * bits / 8;
+    const uint32_t nthr = (1u << bits) - 1;
     const uint64_t pmask = lane_mask[bits];
     const float sg = sqrtf((float)g);
     __m256 tv[15];
@@ -100,13 +103,17 @@ enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, cons
     for (uint32_t t = 0; t < nthr; t++)
         tv[t] = _mm256_set1_ps(thr[t]);
     for (size_t i = 0; i < n; i++) {
-        const uint16_t *xr = x + i * g;
-        uint8_t *out = idx + i * row_bytes;
+        const uint16_t *xr = x + i * A->x_stride;
+        uint8_t *out = A->idx + i * A->idx_stride;
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
         float ss, s, k;
 #pragma GCC unroll 8
         for (uint32_t j = 0; j < g; j += 16) {
             __m256 a = load_bf16(xr + j), b = load_bf16(xr + j + 8);
+            if (mu) {
+                a = _mm256_sub_ps(a, _mm256_loadu_ps(mu + j));
+                b = _mm256_sub_ps(b, _mm256_loadu_ps(mu + j + 8));
+            }
             acc0 = _mm256_fmadd_ps(a, a, acc0);
             acc1 = _mm256_fmadd_ps(b, b, acc1);
             v[j / 8] = _mm256_mul_ps(a, _mm256_loadu_ps(signs + j));
@@ -147,18 +154,21 @@ enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, cons
         }
         if (norm_corrected) {
             float zn2 = hsum(zacc);
-            scale[i] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
+            A->scale[i * A->scale_stride] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
         } else {
-            scale[i] = s / sg;
+            A->scale[i * A->scale_stride] = s / sg;
         }
     }
     return n;
 }
 
 static inline __attribute__((always_inline)) void
-dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, const uint32_t g,
-         const uint32_t bits, const float *signs, const float *z, float *out_f, uint16_t *out_h)
+dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 {
+    const float *signs = A->signs, *z = A->z;
+    float *out_f = A->out_f;
+    uint16_t *out_h = A->out_h;
+    const size_t n = A->n, os = A->out_stride;
     __m256 v[TQKV_PAGE_MAX_DIM / 8];
     const uint32_t nv = g / 8;
     const uint64_t pmask = lane_mask[bits];
@@ -167,8 +177,8 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
     const float inv = 1.0f / (float)g;
 
     for (size_t i = 0; i < n; i++) {
-        const uint8_t *row = idx + i * row_bytes;
-        const __m256 c = _mm256_set1_ps(scale[i] * inv);
+        const uint8_t *row = A->idx + i * A->idx_stride;
+        const __m256 c = _mm256_set1_ps(A->scale[i * A->scale_stride] * inv);
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < g; j += 8) {
             uint64_t w = load_bits(row + (j / 8) * bits, bits);
@@ -190,7 +200,7 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
             __m256 o = _mm256_mul_ps(_mm256_mul_ps(v[j / 8], c), _mm256_loadu_ps(signs + j));
             o = _mm256_min_ps(_mm256_max_ps(o, fmin), fmax);
             if (out_f)
-                _mm256_storeu_ps(out_f + i * g + j, o);
+                _mm256_storeu_ps(out_f + i * os + j, o);
             if (out_h) {
                 /* f32 -> bf16, round to nearest even, saturating at +-max finite */
                 __m256i u = _mm256_castps_si256(o);
@@ -204,7 +214,7 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
                 r = _mm256_or_si256(_mm256_and_si256(r, _mm256_set1_epi32(0x8000)), mag);
                 __m128i p16 =
                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-                _mm_storeu_si128((__m128i *)(out_h + i * g + j), p16);
+                _mm_storeu_si128((__m128i *)(out_h + i * os + j), p16);
             }
         }
     }
@@ -225,11 +235,10 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
     }
 
 size_t
-tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *signs, const float *z,
-                        const float *thr, uint32_t bits, int norm_corrected, float *scale,
-                        uint8_t *idx)
+tqkv__page_enc_had_avx2(const tqkv__enc_rows_t *a)
 {
-#define ENC(G, B) return enc_body(x, n, G, signs, z, thr, B, norm_corrected, scale, idx)
+    const uint32_t g = a->g, bits = a->bits;
+#define ENC(G, B) return enc_body(a, G, B)
     if (g == 128)
         TQKV__BITS_SWITCH(ENC, 128)
     TQKV__BITS_SWITCH(ENC, g)
@@ -237,12 +246,11 @@ tqkv__page_enc_had_avx2(const uint16_t *x, size_t n, uint32_t g, const float *si
 }
 
 void
-tqkv__page_dec_had_avx2(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
-                        uint32_t g, uint32_t bits, const float *signs, const float *z, float *out_f,
-                        uint16_t *out_h)
+tqkv__page_dec_had_avx2(const tqkv__dec_rows_t *a)
 {
+    const uint32_t g = a->g, bits = a->bits;
 #define DEC(G, B)                                                                                  \
-    dec_body(idx, row_bytes, scale, n, G, B, signs, z, out_f, out_h);                              \
+    dec_body(a, G, B);                                                                             \
     return
     if (g == 128)
         TQKV__BITS_SWITCH(DEC, 128)

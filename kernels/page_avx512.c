@@ -102,11 +102,14 @@ store_bits16(uint8_t *p, uint64_t v, uint32_t bits)
 }
 
 static inline __attribute__((always_inline)) size_t
-enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, const float *z,
-         const float *thr, const uint32_t bits, int norm_corrected, float *scale, uint8_t *idx)
+enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 {
+    const uint16_t *x = A->x;
+    const float *signs = A->signs, *z = A->z, *thr = A->thr, *mu = A->mu;
+    const size_t n = A->n;
+    const int norm_corrected = A->norm_corrected;
     __m512 v[TQKV_PAGE_MAX_DIM / 16];
-    const uint32_t nv = g / 16, nthr = (1u << bits) - 1, row_bytes = g * bits / 8;
+    const uint32_t nv = g / 16, nthr = (1u << bits) - 1;
     const uint64_t pmask = lane_mask[bits];
     const float sg = sqrtf((float)g);
     const __m512i one = _mm512_set1_epi32(1);
@@ -116,13 +119,15 @@ enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, cons
     for (uint32_t t = 0; t < nthr; t++)
         tv[t] = _mm512_set1_ps(thr[t]);
     for (size_t i = 0; i < n; i++) {
-        const uint16_t *xr = x + i * g;
-        uint8_t *out = idx + i * row_bytes;
+        const uint16_t *xr = x + i * A->x_stride;
+        uint8_t *out = A->idx + i * A->idx_stride;
         __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), zacc = _mm512_setzero_ps();
         float ss, s;
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < nv; j++) {
             __m512 a = load_bf16(xr + 16 * j);
+            if (mu)
+                a = _mm512_sub_ps(a, _mm512_loadu_ps(mu + 16 * j));
             if (j & 1)
                 acc1 = _mm512_fmadd_ps(a, a, acc1);
             else
@@ -158,18 +163,21 @@ enc_body(const uint16_t *x, size_t n, const uint32_t g, const float *signs, cons
         }
         if (norm_corrected) {
             float zn2 = _mm512_reduce_add_ps(zacc);
-            scale[i] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
+            A->scale[i * A->scale_stride] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
         } else {
-            scale[i] = s / sg;
+            A->scale[i * A->scale_stride] = s / sg;
         }
     }
     return n;
 }
 
 static inline __attribute__((always_inline)) void
-dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, const uint32_t g,
-         const uint32_t bits, const float *signs, const float *z, float *out_f, uint16_t *out_h)
+dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 {
+    const float *signs = A->signs, *z = A->z;
+    float *out_f = A->out_f;
+    uint16_t *out_h = A->out_h;
+    const size_t n = A->n, os = A->out_stride;
     __m512 v[TQKV_PAGE_MAX_DIM / 16];
     const uint32_t nv = g / 16;
     const uint64_t pmask = lane_mask[bits];
@@ -179,8 +187,8 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
     const float inv = 1.0f / (float)g;
 
     for (size_t i = 0; i < n; i++) {
-        const uint8_t *row = idx + i * row_bytes;
-        const __m512 c = _mm512_set1_ps(scale[i] * inv);
+        const uint8_t *row = A->idx + i * A->idx_stride;
+        const __m512 c = _mm512_set1_ps(A->scale[i * A->scale_stride] * inv);
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < nv; j++) {
             uint64_t w = load_bits16(row + j * 2 * bits, bits);
@@ -198,7 +206,7 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
             __m512 o = _mm512_mul_ps(_mm512_mul_ps(v[j], c), _mm512_loadu_ps(signs + 16 * j));
             o = _mm512_min_ps(_mm512_max_ps(o, fmin), fmax);
             if (out_f)
-                _mm512_storeu_ps(out_f + i * g + 16 * j, o);
+                _mm512_storeu_ps(out_f + i * os + 16 * j, o);
             if (out_h) {
                 /* f32 -> bf16, round to nearest even, saturating at +-max finite */
                 __m512i u = _mm512_castps_si512(o);
@@ -210,7 +218,7 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
                 __m512i mag = _mm512_min_epu32(_mm512_and_si512(r, _mm512_set1_epi32(0x7fff)),
                                                _mm512_set1_epi32(0x7f7f));
                 r = _mm512_or_si512(_mm512_and_si512(r, _mm512_set1_epi32(0x8000)), mag);
-                _mm256_storeu_si256((__m256i *)(out_h + i * g + 16 * j), _mm512_cvtepi32_epi16(r));
+                _mm256_storeu_si256((__m256i *)(out_h + i * os + 16 * j), _mm512_cvtepi32_epi16(r));
             }
         }
     }
@@ -229,11 +237,10 @@ dec_body(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n, c
     }
 
 size_t
-tqkv__page_enc_had_avx512(const uint16_t *x, size_t n, uint32_t g, const float *signs,
-                          const float *z, const float *thr, uint32_t bits, int norm_corrected,
-                          float *scale, uint8_t *idx)
+tqkv__page_enc_had_avx512(const tqkv__enc_rows_t *a)
 {
-#define ENC(G, B) return enc_body(x, n, G, signs, z, thr, B, norm_corrected, scale, idx)
+    const uint32_t g = a->g, bits = a->bits;
+#define ENC(G, B) return enc_body(a, G, B)
     if (g == 128)
         TQKV__BITS_SWITCH(ENC, 128)
     TQKV__BITS_SWITCH(ENC, g)
@@ -241,12 +248,11 @@ tqkv__page_enc_had_avx512(const uint16_t *x, size_t n, uint32_t g, const float *
 }
 
 void
-tqkv__page_dec_had_avx512(const uint8_t *idx, uint32_t row_bytes, const float *scale, size_t n,
-                          uint32_t g, uint32_t bits, const float *signs, const float *z,
-                          float *out_f, uint16_t *out_h)
+tqkv__page_dec_had_avx512(const tqkv__dec_rows_t *a)
 {
+    const uint32_t g = a->g, bits = a->bits;
 #define DEC(G, B)                                                                                  \
-    dec_body(idx, row_bytes, scale, n, G, B, signs, z, out_f, out_h);                              \
+    dec_body(a, G, B);                                                                             \
     return
     if (g == 128)
         TQKV__BITS_SWITCH(DEC, 128)

@@ -216,6 +216,74 @@ START_TEST(test_simd_special_rows)
 }
 END_TEST
 
+/* Centered keys and two-group (fractional) tensors through the SIMD encoder: the same
+ * means, masks, codebooks and layout as the reference; indices equal but for near-ties. */
+START_TEST(test_simd_vs_ref_centered_fractional)
+{
+    static const uint8_t bits[] = {3, 5, 6, 7, 8};
+    rng = tqkv_test_seed() + 7;
+    for (size_t bi = 0; bi < sizeof bits; bi++)
+        for (int nc = 0; nc < 2; nc++) {
+            const uint32_t T = 64, H = 4, D = 128;
+            tqkv_block_shape_t s = {T, H, D};
+            tqkv_block_codec_t c = {0};
+            size_t n = (size_t)T * H * D, sz, fields = 0, diff = 0, bad_scale = 0;
+            uint16_t *x = malloc(n * 2);
+            uint8_t *pf, *pr;
+            const tqkv_page_header_t *h;
+            double off[4 * 128];
+            for (uint32_t k = 0; k < H * D; k++)
+                off[k] = unif() < 0.3 ? 3 * gauss() : 0;
+            for (size_t i = 0; i < n; i++)
+                x[i] = tqkv_f32_to_bf16(
+                    (float)(off[i % (H * D)] + gauss() * (i % D == 9 || i % D == 77 ? 10 : 1)));
+            c.k.bits_x2 = bits[bi];
+            c.k.norm_correction = (uint8_t)nc;
+            c.v.bits_x2 = bits[(bi + 2) % 5];
+            c.key_centering = 1;
+            c.rotation = TQKV_ROT_HADAMARD;
+            c.seed = tqkv_splitmix64(&rng);
+            ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+            pf = malloc(sz);
+            pr = malloc(sz);
+            ck_assert_int_eq(tqkv_page_encode(&s, &c, x, x, pf, sz, NULL, NULL, 0), TQKV_OK);
+            ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, x, x, pr, sz, NULL, NULL, 0), TQKV_OK);
+            h = (const tqkv_page_header_t *)pr;
+            ck_assert(memcmp(pf + 16, pr + 16, TQKV_PAGE_HEADER_BYTES - 16) == 0);
+            ck_assert(memcmp(pf + h->mean_offset, pr + h->mean_offset, 4 * H * D) == 0);
+            for (uint32_t t = 0; t < 2; t++) {
+                const tqkv_page_tensor_desc_t *td = &h->tensor[t];
+                if (td->lo_bits)
+                    ck_assert(
+                        memcmp(pf + td->mask_offset, pr + td->mask_offset, H * ((D + 7) / 8)) == 0);
+                for (uint32_t gi = 0; gi < (td->lo_bits ? 2u : 1u); gi++) {
+                    tqkv_group_view_t a, b;
+                    ck_assert_int_eq(tqkv_page_group_view(pf, t, gi, &a), 0);
+                    ck_assert_int_eq(tqkv_page_group_view(pr, t, gi, &b), 0);
+                    ck_assert(memcmp(a.codebook, b.codebook, 64) == 0);
+                    for (size_t i = 0; i < (size_t)T * H; i++) {
+                        size_t d0 = diff;
+                        for (uint32_t j = 0; j < a.L.dim; j++) {
+                            fields++;
+                            diff += tqkv_bits_get(a.idx + i * a.L.idx_row_bytes, j, a.L.mse_bits) !=
+                                    tqkv_bits_get(b.idx + i * b.L.idx_row_bytes, j, b.L.mse_bits);
+                        }
+                        if (!(fabsf(a.scale[i] - b.scale[i]) <= 2e-6f * b.scale[i]) &&
+                            (diff == d0 || !nc))
+                            bad_scale++;
+                    }
+                }
+            }
+            ck_assert_msg(diff * 10000 <= fields, "bits %u/2: %zu of %zu indices differ", bits[bi],
+                          diff, fields);
+            ck_assert_msg(bad_scale == 0, "%zu scales differ", bad_scale);
+            free(x);
+            free(pf);
+            free(pr);
+        }
+}
+END_TEST
+
 static Suite *
 pack_suite(void)
 {
@@ -225,6 +293,7 @@ pack_suite(void)
     tcase_add_test(tc, test_bits_stream);
     tcase_add_test(tc, test_simd_vs_ref);
     tcase_add_test(tc, test_simd_special_rows);
+    tcase_add_test(tc, test_simd_vs_ref_centered_fractional);
     suite_add_tcase(s, tc);
     return s;
 }
