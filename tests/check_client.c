@@ -602,6 +602,72 @@ START_TEST(test_get_attend)
 }
 END_TEST
 
+typedef struct pagecmp {
+    const uint8_t *want;
+    size_t want_len;
+    int same, seen;
+} pagecmp_t;
+
+static int
+cmp_page(void *arg, const tqkv_get_page_t *pg)
+{
+    pagecmp_t *c = arg;
+    c->seen++;
+    c->same =
+        pg->found && pg->page_len == c->want_len && memcmp(pg->page, c->want, c->want_len) == 0;
+    return 0;
+}
+
+/* A page encoded by the client (as a GPU worker would) is stored as is and comes
+ * back byte for byte. */
+START_TEST(test_put_encoded_page)
+{
+    tqkv_block_shape_t sh = {48, 2, 128};
+    size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
+    uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
+    proc_fill(k, n, sh.head_dim, &SEED);
+    proc_fill(v, n, sh.head_dim, &SEED);
+    tqkv_block_codec_t codec;
+    memset(&codec, 0, sizeof codec);
+    codec.k.bits_x2 = 7; /* 3.5 bits */
+    codec.v.bits_x2 = 6; /* 3 bits */
+    codec.rotation = TQKV_ROT_HADAMARD;
+    codec.seed = SEED | 1;
+    size_t cap = 0, len = 0;
+    char err[160];
+    ck_assert_int_eq(tqkv_page_size(&sh, &codec, &cap), TQKV_OK);
+    uint8_t *page = aligned_alloc(64, (cap + 63) & ~(size_t)63);
+    ck_assert_int_eq(tqkv_page_encode(&sh, &codec, k, v, page, cap, &len, err, sizeof err),
+                     TQKV_OK);
+
+    tqkv_hash_t h;
+    proc_hash(&h, SEED, 777, 20);
+    tqkv_put_t *p;
+    tqkv_put_result_t r;
+    ck_assert_int_eq(tqkv_client_put_begin(CL, NULL, &p), TQKV_OK);
+    tqkv_put_block_t pb = {.ns = "pg",
+                           .hash = &h,
+                           .layer = 0,
+                           .num_layers = 1,
+                           .shape = sh,
+                           .page = page,
+                           .page_len = len};
+    ck_assert_int_eq(tqkv_client_put_block(p, &pb), TQKV_OK);
+    tqkv_status_t st = tqkv_client_put_end(p, &r);
+    ck_assert_msg(st == TQKV_OK, "put_end: %s", tqkv_client_last_error()->message);
+    ck_assert_uint_eq(r.blocks_stored, 1);
+
+    pagecmp_t c = {.want = page, .want_len = len};
+    tqkv_get_req_t q = {.ns = "pg", .hashes = &h, .num_hashes = 1, .layer_end = 1};
+    ck_assert_int_eq(tqkv_client_get(CL, &q, cmp_page, &c), TQKV_OK);
+    ck_assert_int_eq(c.seen, 1);
+    ck_assert_msg(c.same, "the page came back different");
+    free(page);
+    free(k);
+    free(v);
+}
+END_TEST
+
 static Suite *
 client_suite(void)
 {
@@ -617,6 +683,7 @@ client_suite(void)
     tcase_add_test(tc, test_sigterm_midstream);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_get_attend);
+    tcase_add_test(tc, test_put_encoded_page);
     suite_add_tcase(s, tc);
     return s;
 }
