@@ -796,7 +796,8 @@ int
 tqkv_cli_bench(int argc, char **argv)
 {
     uint32_t D = 128, mb = 64, tpp = 256, reps = 3;
-    uint8_t bits_x2 = 6, mode = TQKV_MODE_MSE, rot = TQKV_ROT_HADAMARD;
+    uint8_t bits_x2 = 6, mode = TQKV_MODE_MSE, rot = TQKV_ROT_HADAMARD, nc = 0, center = 0;
+    uint32_t heads = 1;
     int json = 0, with_ref = 0;
     size_t n, nvec, npages, bytes, cap = 0, total = 0;
     uint16_t *x = NULL, *y = NULL;
@@ -811,10 +812,13 @@ tqkv_cli_bench(int argc, char **argv)
         if (is_help(a)) {
             printf("usage: tqkv-codec bench [--dim 128] [--bits 3] [--mode mse] [--rotation "
                    "hadamard]\n"
-                   "                        [--mb 64] [--tokens-per-page 256] [--reps 3] "
-                   "[--ref] [--json]\n"
+                   "                        [--mb 64] [--tokens-per-page 256] [--heads 1] "
+                   "[--reps 3]\n"
+                   "                        [--norm-correction] [--centering] [--ref] [--json]\n"
                    "  one core, KV-like synthetic BF16: encode GB/s (BF16 in), decode GB/s\n"
                    "  (BF16 out), memcpy, zstd -1 on the same data; best of --reps runs.\n"
+                   "  --heads H, --norm-correction, --centering: pages of H heads with those\n"
+                   "  settings (the default KV policy is 3 bits, norm correction, centered keys).\n"
                    "  --ref also times the scalar reference. TQKV_BENCH_CLOCK=cpu times with\n"
                    "  the thread's CPU clock instead of wall clock (busy shared machines).\n");
             return 0;
@@ -848,6 +852,14 @@ tqkv_cli_bench(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--ref")) {
             with_ref = 1;
+        } else if (!strcmp(a, "--norm-correction")) {
+            nc = 1;
+        } else if (!strcmp(a, "--centering")) {
+            center = 1;
+        } else if (!strcmp(a, "--heads") && v) {
+            if (parse_u32(v, 1, TQKV_PAGE_MAX_HEADS, &heads))
+                return usage_error("bench", "bad --heads '%s'", v);
+            i++;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {
@@ -855,28 +867,30 @@ tqkv_cli_bench(int argc, char **argv)
         }
     }
     nvec = ((size_t)mb << 20) / (2 * D);
-    nvec = nvec / tpp * tpp;
+    nvec = nvec / ((size_t)tpp * heads) * ((size_t)tpp * heads);
     if (nvec == 0)
-        nvec = tpp;
+        nvec = (size_t)tpp * heads;
     n = nvec * D;
     bytes = n * 2;
-    npages = nvec / tpp;
+    npages = nvec / ((size_t)tpp * heads);
     x = malloc(bytes);
     y = malloc(bytes);
     offs = malloc(sizeof(size_t) * (npages + 1));
-    yf = malloc(sizeof(float) * tpp * D);
+    yf = malloc(sizeof(float) * tpp * heads * D);
     if (!x || !y || !offs || !yf) {
         fail("bench", "out of memory");
         goto out;
     }
     kv_like(x, n, D);
     {
-        tqkv_block_shape_t s = {tpp, 1, D};
+        tqkv_block_shape_t s = {tpp, heads, D};
         tqkv_block_codec_t c = {0};
-        size_t sz;
+        size_t sz, per = (size_t)tpp * heads * D;
         char err[256];
         c.k.bits_x2 = bits_x2;
         c.k.mode = mode;
+        c.k.norm_correction = nc;
+        c.key_centering = center;
         c.rotation = rot;
         c.seed = 42;
         if (tqkv_page_size(&s, &c, &sz) != TQKV_OK) {
@@ -897,9 +911,9 @@ tqkv_cli_bench(int argc, char **argv)
                 for (size_t p = 0; p < npages; p++) {
                     size_t w;
                     tqkv_status_t st =
-                        ref ? tqkv_page_encode_ref(&s, &c, x + p * tpp * D, NULL, pages + total,
+                        ref ? tqkv_page_encode_ref(&s, &c, x + p * per, NULL, pages + total,
                                                    cap - total, &w, err, sizeof err)
-                            : tqkv_page_encode(&s, &c, x + p * tpp * D, NULL, pages + total,
+                            : tqkv_page_encode(&s, &c, x + p * per, NULL, pages + total,
                                                cap - total, &w, err, sizeof err);
                     if (st != TQKV_OK) {
                         fail("bench", "%s", err);
@@ -912,7 +926,7 @@ tqkv_cli_bench(int argc, char **argv)
                 for (size_t p = 0; p < npages; p++) {
                     tqkv_status_t st =
                         ref ? tqkv_page_decode_f32_ref(pages + offs[p], sz, yf, NULL)
-                            : tqkv_page_decode_bf16(pages + offs[p], sz, y + p * tpp * D, NULL);
+                            : tqkv_page_decode_bf16(pages + offs[p], sz, y + p * per, NULL);
                     if (st != TQKV_OK) {
                         fail("bench", "decode: %s", tqkv_strerror(st));
                         goto out;

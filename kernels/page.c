@@ -509,18 +509,23 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
     if (centered) {
         /* mu = (float)(sum_t x / T), f64 sums in token order; a head with some
          * |x - mu| > 2^126 keeps mu = 0 (centered values stay within f32) */
-        memset(acc, 0, sizeof(double) * HD);
-        for (uint32_t tt = 0; tt < T; tt++)
-            for (uint64_t k = 0; k < HD; k++)
-                acc[k] += (double)tqkv_bf16_to_f32(x[tt * HD + k]);
-        for (uint64_t k = 0; k < HD; k++)
-            mean[k] = (float)(acc[k] / T);
+        uint16_t maxmag = 0; /* |x| <= 2^125 everywhere => |x - mu| <= 2^126 */
         memset(acc, 0, sizeof(double) * HD);
         for (uint32_t tt = 0; tt < T; tt++)
             for (uint64_t k = 0; k < HD; k++) {
-                double dv = fabs((double)tqkv_bf16_to_f32(x[tt * HD + k]) - mean[k]);
-                acc[k] = dv > acc[k] ? dv : acc[k];
+                uint16_t b = x[tt * HD + k], m = b & 0x7fffu;
+                acc[k] += (double)tqkv_bf16_to_f32(b);
+                maxmag = m > maxmag ? m : maxmag;
             }
+        for (uint64_t k = 0; k < HD; k++)
+            mean[k] = (float)(acc[k] / T);
+        memset(acc, 0, sizeof(double) * HD);
+        if (maxmag > 0x7e00u) /* 2^125 */
+            for (uint32_t tt = 0; tt < T; tt++)
+                for (uint64_t k = 0; k < HD; k++) {
+                    double dv = fabs((double)tqkv_bf16_to_f32(x[tt * HD + k]) - mean[k]);
+                    acc[k] = dv > acc[k] ? dv : acc[k];
+                }
         for (uint32_t hh = 0; hh < H; hh++) {
             int big = 0;
             for (uint32_t c = 0; c < D; c++)
@@ -845,18 +850,17 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                 if (!mask || (((mask[c >> 3] >> (c & 7u)) & 1u) == (gi == 0)))
                     chan[m++] = c;
             if (simd_group(&G[gi])) {
-                tqkv__dec_rows_t A = {v->idx + (size_t)hh * v->L.idx_row_bytes,
-                                      (size_t)H * v->L.idx_row_bytes,
-                                      v->scale + hh,
-                                      H,
-                                      T,
-                                      g,
-                                      v->L.mse_bits,
-                                      G[gi].rot->signs,
-                                      v->codebook,
-                                      tmp,
-                                      NULL,
-                                      g};
+                tqkv__dec_rows_t A = {.idx = v->idx + (size_t)hh * v->L.idx_row_bytes,
+                                      .idx_stride = (size_t)H * v->L.idx_row_bytes,
+                                      .scale = v->scale + hh,
+                                      .scale_stride = H,
+                                      .n = T,
+                                      .g = g,
+                                      .bits = v->L.mse_bits,
+                                      .signs = G[gi].rot->signs,
+                                      .z = v->codebook,
+                                      .out_f = tmp,
+                                      .out_stride = g};
                 kernels()->dec_had(&A);
             } else {
                 for (uint32_t tt = 0; tt < T; tt++) {
@@ -923,10 +927,39 @@ decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, floa
     }
     if (fast && ngroups == 1 && !mean && simd_group(&G[0])) {
         /* the common case: rows straight into the output */
-        tqkv__dec_rows_t A = {
-            gv[0].idx,        gv[0].L.idx_row_bytes, gv[0].scale,    1,     n,     D,
-            gv[0].L.mse_bits, G[0].rot->signs,       gv[0].codebook, out_f, out_h, D};
+        tqkv__dec_rows_t A = {.idx = gv[0].idx,
+                              .idx_stride = gv[0].L.idx_row_bytes,
+                              .scale = gv[0].scale,
+                              .scale_stride = 1,
+                              .n = n,
+                              .g = D,
+                              .bits = gv[0].L.mse_bits,
+                              .signs = G[0].rot->signs,
+                              .z = gv[0].codebook,
+                              .out_f = out_f,
+                              .out_h = out_h,
+                              .out_stride = D};
         kernels()->dec_had(&A);
+        goto out;
+    }
+    if (fast && ngroups == 1 && simd_group(&G[0])) {
+        /* centered keys, one group: per head (adding its mean), rows strided by H */
+        for (uint32_t hh = 0; hh < H; hh++) {
+            tqkv__dec_rows_t A = {.idx = gv[0].idx + (size_t)hh * gv[0].L.idx_row_bytes,
+                                  .idx_stride = (size_t)H * gv[0].L.idx_row_bytes,
+                                  .scale = gv[0].scale + hh,
+                                  .scale_stride = H,
+                                  .n = h->num_tokens,
+                                  .g = D,
+                                  .bits = gv[0].L.mse_bits,
+                                  .signs = G[0].rot->signs,
+                                  .z = gv[0].codebook,
+                                  .mu = tqkv_page_key_mean(page, hh),
+                                  .out_f = out_f ? out_f + (size_t)hh * D : NULL,
+                                  .out_h = out_h ? out_h + (size_t)hh * D : NULL,
+                                  .out_stride = (size_t)H * D};
+            kernels()->dec_had(&A);
+        }
         goto out;
     }
     if (fast) {

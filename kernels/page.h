@@ -124,6 +124,7 @@ typedef struct tqkv__dec_rows {
     size_t n;
     uint32_t g, bits;
     const float *signs, *z;
+    const float *mu;   /* [g] added to every row (key mean), or NULL */
     float *out_f;      /* row i at out_f + i * out_stride, or NULL */
     uint16_t *out_h;   /* row i at out_h + i * out_stride, or NULL */
     size_t out_stride; /* elements */

@@ -165,7 +165,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 static inline __attribute__((always_inline)) void
 dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 {
-    const float *signs = A->signs, *z = A->z;
+    const float *signs = A->signs, *z = A->z, *mu = A->mu;
     float *out_f = A->out_f;
     uint16_t *out_h = A->out_h;
     const size_t n = A->n, os = A->out_stride;
@@ -198,6 +198,8 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < g; j += 8) {
             __m256 o = _mm256_mul_ps(_mm256_mul_ps(v[j / 8], c), _mm256_loadu_ps(signs + j));
+            if (mu)
+                o = _mm256_add_ps(o, _mm256_loadu_ps(mu + j));
             o = _mm256_min_ps(_mm256_max_ps(o, fmin), fmax);
             if (out_f)
                 _mm256_storeu_ps(out_f + i * os + j, o);

@@ -174,7 +174,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 static inline __attribute__((always_inline)) void
 dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 {
-    const float *signs = A->signs, *z = A->z;
+    const float *signs = A->signs, *z = A->z, *mu = A->mu;
     float *out_f = A->out_f;
     uint16_t *out_h = A->out_h;
     const size_t n = A->n, os = A->out_stride;
@@ -204,6 +204,8 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < nv; j++) {
             __m512 o = _mm512_mul_ps(_mm512_mul_ps(v[j], c), _mm512_loadu_ps(signs + 16 * j));
+            if (mu)
+                o = _mm512_add_ps(o, _mm512_loadu_ps(mu + 16 * j));
             o = _mm512_min_ps(_mm512_max_ps(o, fmin), fmax);
             if (out_f)
                 _mm512_storeu_ps(out_f + i * os + 16 * j, o);
