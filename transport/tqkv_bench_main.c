@@ -70,6 +70,7 @@ typedef struct cfg {
     int verify_every;
     uint32_t working_set;
     uint32_t lease_ms;
+    int client_encode;
 } cfg_t;
 
 static cfg_t C;
@@ -118,6 +119,8 @@ typedef struct worker {
     lat_t put, lookup, get, first;
     uint16_t *kbuf, *vbuf;
     float *kf, *vf;
+    uint8_t *page; /* --client-encode: this worker's page buffer */
+    size_t page_cap;
 } worker_t;
 
 static uint64_t
@@ -399,7 +402,27 @@ op_prefill(worker_t *w, int record)
                                    .shape = {C.block_tokens, C.heads, C.dim},
                                    .key = src_tensor(&hs[b], l, 0),
                                    .value = src_tensor(&hs[b], l, 1)};
-            double t0 = now_s();
+            if (C.client_encode) {
+                /* Encode here (as a GPU worker would) and Put the page. */
+                tqkv_block_codec_t bc;
+                memset(&bc, 0, sizeof bc);
+                bc.k.bits_x2 = (uint8_t)(C.key_bits > 0 ? C.key_bits * 2 : 7);
+                bc.v.bits_x2 = (uint8_t)(C.value_bits > 0 ? C.value_bits * 2 : 6);
+                bc.rotation = TQKV_ROT_HADAMARD;
+                bc.seed = mix64(hash64(&hs[b]) + l) | 1;
+                size_t len = 0;
+                char err[160];
+                if (tqkv_page_encode(&pb.shape, &bc, pb.key, pb.value, w->page, w->page_cap, &len,
+                                     err, sizeof err) != TQKV_OK) {
+                    fprintf(stderr, "tqkv-bench: local encode: %s\n", err);
+                    atomic_fetch_add(&K.errors, 1);
+                    ok = 0;
+                    break;
+                }
+                pb.page = w->page;
+                pb.page_len = len;
+            }
+            double t0 = now_s(); /* the message only, not a local encode */
             if (tqkv_client_put_block(p, &pb) != TQKV_OK) {
                 count_error("put_block");
                 ok = 0;
@@ -985,6 +1008,8 @@ usage(void)
         "  --channels N (connections per target)  --working-set N (decode: sequences)\n"
         "  --dram-capacity BYTES (passed to a spawned server)  --verify-every N (32)\n"
         "  --lease-ms N (Lookup pin before Get, 1000)\n"
+        "  --client-encode (encode pages in the bench and Put pages; bits from\n"
+        "                   --key-bits/--value-bits, default 3.5/3)\n"
         "  --json FILE|-  --csv FILE  --tls-ca FILE [--tls-target-name N]  --token T  "
         "--no-baselines  --seed N\n");
 }
@@ -1119,6 +1144,8 @@ main(int argc, char **argv)
             C.working_set = (uint32_t)atoi(v);
         } else if (ARG("--lease-ms")) {
             C.lease_ms = (uint32_t)atoi(v);
+        } else if (!strcmp(a, "--client-encode")) {
+            C.client_encode = 1;
         } else if (ARG("--verify-every")) {
             C.verify_every = atoi(v);
         } else if (ARG("--seed")) {
@@ -1202,6 +1229,22 @@ main(int argc, char **argv)
         ws[i].rng = mix64(C.seed + (uint64_t)i * 7919);
         ws[i].kf = malloc(block_elems * sizeof(float));
         ws[i].vf = malloc(block_elems * sizeof(float));
+        if (C.client_encode) {
+            tqkv_block_shape_t sh = {C.block_tokens, C.heads, C.dim};
+            tqkv_block_codec_t bc;
+            memset(&bc, 0, sizeof bc);
+            bc.k.bits_x2 = 8; /* the largest page of any bit width */
+            bc.v.bits_x2 = 8;
+            bc.k.mode = bc.v.mode = TQKV_MODE_PROD;
+            if (tqkv_page_size(&sh, &bc, &ws[i].page_cap) != TQKV_OK)
+                ws[i].page_cap = block_elems * 4;
+            ws[i].page_cap += 65536;
+            ws[i].page = aligned_alloc(64, (ws[i].page_cap + 63) & ~(size_t)63);
+        }
+        if (ws[i].kf == NULL || ws[i].vf == NULL || (C.client_encode && ws[i].page == NULL)) {
+            fprintf(stderr, "tqkv-bench: out of memory\n");
+            goto out_client;
+        }
     }
     if (C.phase == PH_DECODE) {
         /* An untimed working set to read back. */
@@ -1386,6 +1429,7 @@ out_client:
         free(ws[i].first.v);
         free(ws[i].kf);
         free(ws[i].vf);
+        free(ws[i].page);
     }
     free(ws);
     tqkv_client_destroy(cl);
