@@ -1330,7 +1330,12 @@ main(int argc, char **argv)
         if (total > ((size_t)2 << 30))
             total = (size_t)2 << 30;
         total -= total % msg;
-        tcp = baseline_tcp(total, msg);
+        /* Best of three: the loopback ceiling on a machine that may be busy. */
+        for (int rep = 0; rep < 3; rep++) {
+            double r = baseline_tcp(total, msg);
+            if (r > tcp)
+                tcp = r;
+        }
         if (have_redis())
             redis = baseline_redis(msg, C.concurrency, C.duration < 3 ? C.duration : 3);
     }
@@ -1368,7 +1373,7 @@ main(int argc, char **argv)
     print_pct(o, "Get first page", pf);
     if (C.baselines) {
         fprintf(o, "  baselines (same run, %.2f MiB messages)\n", (double)msg / 1048576.0);
-        fprintf(o, "  %-34s %12.3f\n", "raw TCP loopback GB/s", tcp);
+        fprintf(o, "  %-34s %12.3f\n", "raw TCP loopback GB/s (best of 3)", tcp);
         if (redis >= 0)
             fprintf(o, "  %-34s %12.3f\n", "Redis GET GB/s", redis);
         else
