@@ -5,13 +5,14 @@
  * factor R (transport/shard.h): Put goes to the first R live targets of a block's
  * ranking, Lookup and Get ask the candidates in rank order and fan out in parallel
  * across targets. A target that fails at the transport level (UNAVAILABLE) is
- * skipped for a back-off period and then tried again; with several targets its
- * blocks read as misses, not errors.
+ * skipped for a back-off period (doubling, min..max), gets fresh channels, and is
+ * tried again; with several targets its blocks read as misses, not errors, and a
+ * Put stream it broke is re-sent to the next target in rank.
  *
  * Threading: a client is shared by any number of threads (each target has its own
- * gRPC channels; each operation drives its calls on its own completion queue, so
- * calls of different threads never share state). A put session (tqkv_put_t) and
- * the callbacks of one Get belong to the thread that runs them.
+ * gRPC channels, shared; each operation drives its calls on its own completion
+ * queue, so calls of different threads share no other state). A put session
+ * (tqkv_put_t) and the callbacks of one Get belong to the thread that runs them.
  *
  * Errors: every function returns a tqkv_status_t; the gRPC status code and message
  * of the last failure of the calling thread are in tqkv_client_last_error().
