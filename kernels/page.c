@@ -1,12 +1,15 @@
 /* page.c - TurboQuant page encode, validate and decode (scalar reference + dispatch).
  *
- * The *_ref functions are the specification (proto/PAGE_FORMAT.md): per vector and
- * group, norm and centering in double, rotation and quantization in f32 exactly as
- * written. tqkv_page_encode / tqkv_page_decode_f32 take the same route except for
- * groups that are one power-of-two Hadamard group of a whole head in mse mode with no
- * centering (the common KV case), which go through the SIMD kernels of the table
- * chosen once at run time (page_avx2.c); those produce the same bytes except for
- * coordinates within float rounding of a decision threshold (near-ties).
+ * The *_ref functions are the specification (proto/PAGE_FORMAT.md): key means, channel
+ * energies and norms in f64, rotation and quantization in f32, per vector through the
+ * shared tqkv_group_encode_vec / tqkv_group_decode_vec of tq_math.h (the CUDA kernels
+ * run the same code). tqkv_page_encode / tqkv_page_decode_* take the same route except
+ * for mse groups under a Hadamard rotation with g a multiple of 16 (every power-of-two
+ * head dim, centered or not, and both groups of 3.5 bits at d = 128), which go through
+ * the SIMD kernels chosen once at run time (page_avx512.c, page_avx2.c; TQKV_ISA=avx2 or
+ * scalar caps the choice). Those produce the same bytes except for coordinates within
+ * float rounding of a decision threshold (near-ties) and the scales of such vectors.
+ * Prod-mode and dense-rotation groups always use the reference.
  *
  * Thread safety: every function is reentrant; codebooks and rotations come from
  * their thread-safe caches; the kernel table is set up under pthread_once.
