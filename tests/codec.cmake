@@ -40,3 +40,12 @@ foreach(_isa avx2 scalar)
     endif()
   endforeach()
 endforeach()
+
+# Many threads through the codec caches (also run under TSan: label concurrency).
+if(EXISTS ${PROJECT_SOURCE_DIR}/tests/check_codec_threads.c)
+  tqkv_check_suite(check_codec_threads
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_codec_threads.c
+    LIBS tqkv_kernels
+    LABELS unit concurrency
+    TIMEOUT 300)
+endif()
