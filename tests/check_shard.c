@@ -63,6 +63,10 @@ put_seq(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hs, size_t nh)
     tqkv_put_result_t r;
     tqkv_status_t st = tqkv_client_put_end(p, &r);
     ck_assert_msg(st == TQKV_OK, "put_end: %s", tqkv_client_last_error()->message);
+    /* Every message sent was stored (or was already there) by its server. */
+    ck_assert_msg(r.blocks_stored + r.blocks_duplicate == r.blocks_sent,
+                  "sent %llu, stored %llu, duplicate %llu", (unsigned long long)r.blocks_sent,
+                  (unsigned long long)r.blocks_stored, (unsigned long long)r.blocks_duplicate);
     free(k);
     free(v);
 }
@@ -71,7 +75,7 @@ typedef struct tally {
     const tqkv_hash_t *hs;
     size_t found, missing, wrong;
     int from[NS_ + 1];
-    uint16_t *k, *v;
+    uint16_t *k, *v, *dk, *dv;
 } tally_t;
 
 static int
@@ -86,9 +90,13 @@ check_page(void *arg, const tqkv_get_page_t *pg)
     t->found++;
     if (pg->target >= 0 && pg->target < NS_)
         t->from[pg->target]++;
+    /* Packed pages, decoded here and compared with what was put for this hash. */
     block_data(&t->hs[pg->hash_index], pg->layer, t->k, t->v);
-    if (pg->key_len != n * 2 || pg->value_len != n * 2 || !(proc_rel_err(t->k, pg->key, n) < 0.3) ||
-        !(proc_rel_err(t->v, pg->value, n) < 0.3))
+    tqkv_block_shape_t got;
+    if (tqkv_client_decode_page(pg->page, pg->page_len, t->dk, t->dv, &got) != TQKV_OK ||
+        got.num_tokens != SH.num_tokens || got.num_kv_heads != SH.num_kv_heads ||
+        got.head_dim != SH.head_dim || !(proc_rel_err(t->k, t->dk, n) < 0.3) ||
+        !(proc_rel_err(t->v, t->dv, n) < 0.3))
         t->wrong++;
     return 0;
 }
@@ -97,18 +105,21 @@ static tally_t
 get_seq(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hs, size_t nh)
 {
     size_t n = (size_t)SH.num_tokens * SH.num_kv_heads * SH.head_dim;
-    tally_t t = {.hs = hs, .k = malloc(n * 2), .v = malloc(n * 2)};
+    tally_t t = {
+        .hs = hs, .k = malloc(n * 2), .v = malloc(n * 2), .dk = malloc(n * 2), .dv = malloc(n * 2)};
     tqkv_get_req_t q = {.ns = ns,
                         .hashes = hs,
                         .num_hashes = nh,
                         .layer_begin = 0,
                         .layer_end = L,
-                        .encoding = TQKV_CLIENT_BF16};
+                        .encoding = TQKV_CLIENT_PACKED};
     tqkv_status_t st = tqkv_client_get(c, &q, check_page, &t);
     ck_assert_msg(st == TQKV_OK, "get: %s", tqkv_client_last_error()->message);
     ck_assert_uint_eq(t.found + t.missing, nh * L);
     free(t.k);
     free(t.v);
+    free(t.dk);
+    free(t.dv);
     return t;
 }
 
@@ -167,9 +178,11 @@ run_kill_restart(uint32_t R)
         for (int i = 0; i < NS_; i++)
             from[i] += t.from[i];
         uint32_t prefix;
+        uint8_t tiers[NB];
         tqkv_lookup_req_t lq = {.ns = ns, .hashes = hs[s], .num_hashes = NB, .num_layers = L};
-        ck_assert_int_eq(tqkv_client_lookup(c, &lq, &prefix, NULL), TQKV_OK);
-        ck_assert_uint_eq(prefix, NB);
+        ck_assert_int_eq(tqkv_client_lookup(c, &lq, &prefix, tiers), TQKV_OK);
+        ck_assert_msg(prefix == NB, "seq %d: prefix %u, tiers %d %d %d %d (%s)", s, prefix,
+                      tiers[0], tiers[1], tiers[2], tiers[3], tqkv_client_last_error()->message);
     }
     for (int i = 0; i < NS_; i++)
         ck_assert_msg(from[i] > 0, "server %d served nothing", i);
