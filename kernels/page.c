@@ -826,6 +826,21 @@ simd_group(const group_ctx_t *G)
 /* Fast decode of centered and/or two-group tensors: per head and group, SIMD (or the
  * reference for prod/dense groups) into a [T][g] f32 buffer, then scatter to the
  * channels, add the key mean, clamp / round. */
+/* f32 -> BF16, nearest even, saturating at +-max finite; f finite. */
+static inline uint16_t
+bf16_sat_finite(float f)
+{
+    uint32_t u;
+    uint16_t h;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    h = (uint16_t)(u >> 16);
+    return (h & 0x7fffu) == 0x7f80u ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
+}
+
+/* Fast decode of centered and/or two-group tensors: per head, each group decoded by
+ * SIMD (or the reference for prod/dense groups) into [T][g] f32, then per token the
+ * groups are scattered into one row, the key mean added, clamped / rounded. */
 static tqkv_status_t
 decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                    const group_ctx_t *G, const tqkv_group_view_t *gv, float *out_f, uint16_t *out_h)
@@ -835,23 +850,28 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
     const uint32_t ngroups = td->lo_bits ? 2 : 1;
     const int centered = t == TQKV_TENSOR_K && (h->flags & TQKV_PAGE_KEY_CENTERED);
     float *tmp = malloc(sizeof(float) * (size_t)T * D), *work = malloc(sizeof(float) * 2 * D);
+    float *rowf = malloc(sizeof(float) * D);
     double *o = malloc(sizeof(double) * D);
-    uint32_t *chan = malloc(sizeof(uint32_t) * D);
+    uint32_t *chan = malloc(sizeof(uint32_t) * 2 * D);
     tqkv_status_t st = TQKV_OK;
-    if (!tmp || !work || !o || !chan) {
+    if (!tmp || !work || !rowf || !o || !chan) {
         st = TQKV_ENOMEM;
         goto out;
     }
     for (uint32_t hh = 0; hh < H; hh++) {
         const uint8_t *mask = tqkv_page_mask(page, t, hh);
         const float *mu = centered ? tqkv_page_key_mean(page, hh) : NULL;
+        float *gt[2] = {tmp, tmp + (size_t)T * gv[0].L.dim};
+        uint32_t m0 = 0, m1 = 0;
+        for (uint32_t c = 0; c < D; c++) {
+            if (!mask || ((mask[c >> 3] >> (c & 7u)) & 1u))
+                chan[m0++] = c;
+            else
+                chan[D + m1++] = c;
+        }
         for (uint32_t gi = 0; gi < ngroups; gi++) {
             const tqkv_group_view_t *v = &gv[gi];
             const uint32_t g = v->L.dim;
-            uint32_t m = 0;
-            for (uint32_t c = 0; c < D; c++)
-                if (!mask || (((mask[c >> 3] >> (c & 7u)) & 1u) == (gi == 0)))
-                    chan[m++] = c;
             if (simd_group(&G[gi])) {
                 tqkv__dec_rows_t A = {.idx = v->idx + (size_t)hh * v->L.idx_row_bytes,
                                       .idx_stride = (size_t)H * v->L.idx_row_bytes,
@@ -862,39 +882,47 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                                       .bits = v->L.mse_bits,
                                       .signs = G[gi].rot->signs,
                                       .z = v->codebook,
-                                      .out_f = tmp,
+                                      .out_f = gt[gi],
                                       .out_stride = g};
                 kernels()->dec_had(&A);
-            } else {
-                for (uint32_t tt = 0; tt < T; tt++) {
-                    uint64_t i = (uint64_t)tt * H + hh;
-                    float sc, gm = 0;
-                    memcpy(&sc, v->scale + i, 4);
-                    if (v->gamma)
-                        memcpy(&gm, v->gamma + i, 4);
-                    decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
-                                   v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
-                    for (uint32_t j = 0; j < g; j++)
-                        tmp[(size_t)tt * g + j] = tqkv_clamp_flt(o[j]);
-                }
+                continue;
             }
             for (uint32_t tt = 0; tt < T; tt++) {
                 uint64_t i = (uint64_t)tt * H + hh;
-                const float *r = tmp + (size_t)tt * g;
-                for (uint32_t j = 0; j < g; j++) {
-                    uint32_t c = chan[j];
-                    float f = mu ? tqkv_clamp_flt((double)r[j] + mu[c]) : r[j];
-                    if (out_f)
-                        out_f[i * D + c] = f;
-                    if (out_h)
-                        out_h[i * D + c] = tqkv_f32_to_bf16_sat(f);
-                }
+                float sc, gm = 0;
+                memcpy(&sc, v->scale + i, 4);
+                if (v->gamma)
+                    memcpy(&gm, v->gamma + i, 4);
+                decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                               v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
+                for (uint32_t j = 0; j < g; j++)
+                    gt[gi][(size_t)tt * g + j] = tqkv_clamp_flt(o[j]);
             }
+        }
+        for (uint32_t tt = 0; tt < T; tt++) {
+            uint64_t i = (uint64_t)tt * H + hh;
+            for (uint32_t gi = 0; gi < ngroups; gi++) {
+                const uint32_t g = gv[gi].L.dim, *ch = chan + gi * D;
+                const float *r = gt[gi] + (size_t)tt * g;
+                for (uint32_t j = 0; j < g; j++)
+                    rowf[ch[j]] = r[j];
+            }
+            if (mu)
+                for (uint32_t c = 0; c < D; c++) {
+                    float f = rowf[c] + mu[c];
+                    rowf[c] = f > FLT_MAX ? FLT_MAX : (f < -FLT_MAX ? -FLT_MAX : f);
+                }
+            if (out_f)
+                memcpy(out_f + i * D, rowf, sizeof(float) * D);
+            if (out_h)
+                for (uint32_t c = 0; c < D; c++)
+                    out_h[i * D + c] = bf16_sat_finite(rowf[c]);
         }
     }
 out:
     free(tmp);
     free(work);
+    free(rowf);
     free(o);
     free(chan);
     return st;
