@@ -752,6 +752,8 @@ get_wake(tqkv__call_t *c)
 {
     get_state_t *h = c->h;
     h->jobs--;
+    if (c->state == TQKV__CS_STATUS)
+        return; /* every block was sent already: nothing left to pump */
     bf16_pump(c);
 }
 

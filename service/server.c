@@ -516,6 +516,11 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         }
         break;
     case TQKV__CS_STATUS:
+        if (kind == TQKV__TAG_WAKE && h && h->on_wake) {
+            /* Get: a read-ahead decode whose slot was already sent finished late */
+            h->on_wake(c);
+            return;
+        }
         if (kind == TQKV__TAG_STATUS) {
             if (c->send_bb) {
                 grpc_byte_buffer_destroy(c->send_bb);
