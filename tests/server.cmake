@@ -9,3 +9,15 @@ if(TARGET tqkv_service AND TARGET tqkv-server)
             $<TARGET_FILE:tqkv-server> ${PROJECT_SOURCE_DIR}/proto)
   set_tests_properties(interop_server PROPERTIES LABELS "server;interop" TIMEOUT 300)
 endif()
+
+# Regression: a BF16 Get aborted the server when a read-ahead decode finished after
+# its block had already been sent (a late WAKE in the STATUS state). Small blocks and
+# several workers make that interleaving frequent; the bench fails on any error.
+if(TARGET tqkv-server AND TARGET tqkv-bench)
+  add_test(NAME regression_bf16_get_late_wake
+    COMMAND tqkv-bench --spawn-server $<TARGET_FILE:tqkv-server> --model tiny --encoding bf16
+            --block-tokens 32 --duration 4 --concurrency 3 --no-baselines --json -)
+  set_tests_properties(regression_bf16_get_late_wake PROPERTIES LABELS "server" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "\"verify_failures\": 0,"
+    FAIL_REGULAR_EXPRESSION "verify failure:|unexpected event|\"errors\": [1-9]")
+endif()
