@@ -15,6 +15,9 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +35,19 @@ static int isa_cap; /* TQKV_ATTN_ISA_*, from TQKV_ATTN_ISA at first use */
 static int cpu_lvl; /* best LEVEL_* the CPU supports */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14 does not know "f16c" in
+ * __builtin_cpu_supports. */
+static int
+cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    return (c & bit_F16C) != 0;
+}
+#endif
+
 static void
 isa_init(void)
 {
@@ -39,8 +55,8 @@ isa_init(void)
     int lvl = LEVEL_SCALAR;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
+        __builtin_cpu_supports("bmi2")) {
         lvl = LEVEL_AVX2;
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
