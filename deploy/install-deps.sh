@@ -10,8 +10,12 @@ PKGS=(
   grpc-proto libjemalloc-dev check libsubunit-dev libzstd-dev zstd libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-prometheus-client
   redis-server openssl clang libclang-rt-14-dev clang-format
-  nodejs npm curl procps iproute2
+  curl procps iproute2
 )
+# Node.js and npm (deploy tests): Debian's packages unless a Node.js is already
+# installed (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 
 missing=()
 for p in "${PKGS[@]}"; do
