@@ -124,7 +124,11 @@ def test_server_killed_under_load(r):
 
     def worker(seed):
         rnd = random.Random(seed)
-        ch = grpc.insecure_channel("127.0.0.1:%d" % port, options=H.CHANNEL_OPTS)
+        # Short reconnect back-off: gRPC's default (1 s, growing 1.6x) could outlast
+        # the few seconds the test gives the restarted server.
+        ch = grpc.insecure_channel("127.0.0.1:%d" % port, options=H.CHANNEL_OPTS + [
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 300)])
         stub = H.pbg.KVCacheStub(ch)
         while not phase["stop"]:
             pick = rnd.sample(keys, 4)
@@ -175,7 +179,7 @@ def test_server_killed_under_load(r):
         except RuntimeError:
             time.sleep(0.25)
     phase["restarted"] = srv2 is not None
-    time.sleep(2.5)
+    time.sleep(3.0)
     phase["stop"] = True
     for t in threads:
         t.join(30)
