@@ -41,7 +41,13 @@ handler_of(tqkv__method_t m)
     case TQKV__M_LOOKUP:
         return &tqkv__lookup_handler;
     case TQKV__M_GET:
-        return &tqkv__get_handler;
+        return &tqkv__get_dispatch_handler; /* tqkv__get_handler unless transport NCCL */
+    case TQKV__M_GET_NCCL:
+        return &tqkv__get_nccl_handler;
+    case TQKV__M_OPEN_CHANNEL:
+        return &tqkv__open_channel_handler;
+    case TQKV__M_CLOSE_CHANNEL:
+        return &tqkv__close_channel_handler;
     case TQKV__M_DELETE:
         return &tqkv__delete_handler;
     case TQKV__M_STATS:
@@ -68,6 +74,8 @@ static const char *const method_paths[TQKV__M_COUNT] = {
     "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/tqkv.v1.KVCache/OpenChannel",
+    "/tqkv.v1.KVCache/CloseChannel",
 };
 
 #ifdef TQKV_VERSION
@@ -348,6 +356,10 @@ call_free(tqkv__call_t *c)
     if (c->call)
         grpc_call_unref(c->call);
     free(c->authz);
+    /* A thread that posted the last wake (tqkv__call_wake) may still be between its
+     * start_batch and its unlock: wait for it to let go before destroying the mutex. */
+    pthread_mutex_lock(&c->batch_mu);
+    pthread_mutex_unlock(&c->batch_mu);
     pthread_mutex_destroy(&c->batch_mu);
     free(c);
     atomic_fetch_sub(&s->live_calls, 1);

@@ -38,6 +38,8 @@ well_typed(const uint8_t *p, size_t n)
             shift += 7;
         } while (*p++ & 0x80);
         uint64_t field = key >> 3, wt = key & 7;
+        if (field == 0 || field > 0x1fffffffu)
+            return 0; /* not a legal protobuf field number (protobuf-c is lenient here) */
         int is_bytes = field == 1 || (field >= 4 && field <= 6);
         int is_int = field == 2 || field == 3 || (field >= 7 && field <= 10);
         if ((is_bytes && wt != 2) || (is_int && wt != 0))
