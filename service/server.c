@@ -463,6 +463,14 @@ on_new(tqkv__call_t *c, int ok)
         tqkv__call_abort(c);
         return;
     }
+    /* A KV call without a valid token is refused before its request is decoded, so
+     * an unauthenticated client learns nothing from validation messages. */
+    if (s->auth && strncmp(h->path, "/tqkv.v1.KVCache/", 17) == 0 &&
+        tqkv_auth_check(s->auth, c->authz, c->authz_len, NULL, 0, 0) == TQKV_EAUTH) {
+        tqkv__call_finish(c, GRPC_STATUS_UNAUTHENTICATED,
+                          "authorization: missing, malformed or unknown bearer token", NULL);
+        return;
+    }
     h->on_start(c);
 }
 
