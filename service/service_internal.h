@@ -31,17 +31,20 @@ typedef struct tqkv__worker tqkv__worker_t;
 
 /* Methods served (index into the handler table). */
 typedef enum tqkv__method {
-    TQKV__M_PUT,          /* client streaming */
-    TQKV__M_LOOKUP,       /* unary */
-    TQKV__M_GET,          /* server streaming */
-    TQKV__M_DELETE,       /* unary */
-    TQKV__M_STATS,        /* unary */
-    TQKV__M_HEALTH_CHECK, /* unary */
-    TQKV__M_HEALTH_WATCH, /* server streaming, open until cancelled */
-    TQKV__M_REFLECT_V1,   /* bidi */
-    TQKV__M_REFLECT_V1A,  /* bidi, same handler */
+    TQKV__M_PUT,           /* client streaming */
+    TQKV__M_LOOKUP,        /* unary */
+    TQKV__M_GET,           /* server streaming */
+    TQKV__M_DELETE,        /* unary */
+    TQKV__M_STATS,         /* unary */
+    TQKV__M_HEALTH_CHECK,  /* unary */
+    TQKV__M_HEALTH_WATCH,  /* server streaming, open until cancelled */
+    TQKV__M_REFLECT_V1,    /* bidi */
+    TQKV__M_REFLECT_V1A,   /* bidi, same handler */
+    TQKV__M_OPEN_CHANNEL,  /* unary (handlers_nccl.c) */
+    TQKV__M_CLOSE_CHANNEL, /* unary (handlers_nccl.c) */
     TQKV__M_COUNT,
     TQKV__M_GENERIC = TQKV__M_COUNT, /* any unregistered method: UNIMPLEMENTED */
+    TQKV__M_GET_NCCL,                /* not registered: a Get with transport NCCL switches to it */
 } tqkv__method_t;
 
 /* What a completion-queue tag stands for. */
@@ -157,6 +160,8 @@ extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_
     tqkv__delete_handler, tqkv__stats_handler; /* handlers_kv.c */
 extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_handler; /* health.c */
 extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
+extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__get_nccl_handler,
+    tqkv__open_channel_handler, tqkv__close_channel_handler; /* handlers_nccl.c */
 
 /* Call helpers (server.c). All run on the call's worker except tqkv__call_wake. */
 void tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st);

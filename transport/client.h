@@ -251,6 +251,67 @@ tqkv_status_t tqkv_client_get_attend(tqkv_client_t *c, const char *ns, const tqk
                                      size_t num_hashes, uint32_t layer, uint32_t deadline_ms,
                                      const float *q, uint32_t num_q_heads, float *out);
 
+/* ---- NCCL transport (GPU consumers) ----
+ *
+ * A channel is a 2-rank NCCL communicator with one server (the server is rank 0, the
+ * client rank 1), opened over gRPC (OpenChannel hands out the ncclUniqueId). A Get on
+ * it receives each page's metadata on the gRPC stream and the page bytes with
+ * ncclRecv straight into one of the caller's device buffers.
+ *
+ * Fallback: when the library was built without NCCL, the client has no CUDA device,
+ * the server answers OpenChannel with FAILED_PRECONDITION or UNIMPLEMENTED (no NCCL or
+ * no GPU there, or an older server), or the communicator cannot be joined,
+ * tqkv_client_open_channel still succeeds with a fallback channel
+ * (tqkv_channel_is_nccl() == 0): tqkv_client_get_nccl then runs an ordinary gRPC Get
+ * (over every target) and delivers host bytes (on_device = 0). */
+
+typedef struct tqkv_channel tqkv_channel_t;
+
+/* Opens a channel to target (index) for CUDA device `device`; timeout_ms bounds the
+ * communicator set-up on both sides (0 = 10 s). Returns new in *out (close with
+ * tqkv_client_close_channel), possibly a fallback channel; errors are transport
+ * failures of OpenChannel other than the fallback codes (e.g. UNAVAILABLE). */
+tqkv_status_t tqkv_client_open_channel(tqkv_client_t *c, size_t target, int device,
+                                       uint32_t timeout_ms, tqkv_channel_t **out);
+
+/* 1 when pages travel over NCCL, 0 for a fallback channel. */
+int tqkv_channel_is_nccl(const tqkv_channel_t *ch);
+
+/* Why a channel is a fallback one ("" for an NCCL channel). Borrowed. */
+const char *tqkv_channel_fallback_reason(const tqkv_channel_t *ch);
+
+/* Tells the server (CloseChannel, best effort), aborts the communicator, frees ch
+ * (NULL is a no-op). */
+void tqkv_client_close_channel(tqkv_client_t *c, tqkv_channel_t *ch);
+
+/* One page of tqkv_client_get_nccl (borrowed for the callback only). */
+typedef struct tqkv_nccl_page {
+    size_t hash_index; /* index into req->hashes */
+    uint32_t layer;
+    int found;
+    int tier;
+    tqkv_block_shape_t shape;
+    const void *data; /* the packed page: device memory when on_device, else host */
+    size_t len;
+    int on_device;     /* 1: data is in one of the caller's device buffers (NCCL) */
+    void *cuda_stream; /* on_device: the cudaStream_t the bytes arrived on (complete) */
+} tqkv_nccl_page_t;
+
+/* Return 0 to continue, non-zero to cancel (tqkv_client_get_nccl then returns
+ * TQKV_ECANCELED; an NCCL channel is then broken: close it). */
+typedef int (*tqkv_nccl_cb_t)(void *arg, const tqkv_nccl_page_t *pg);
+
+/* Gets the PACKED pages of req (req->encoding must be TQKV_CLIENT_PACKED) over ch
+ * (NULL = fallback). On an NCCL channel, page k that is found is received into
+ * dev_bufs[k % n_bufs] (each buf_len bytes, device memory) and the callback sees the
+ * device pointer; the buffer is reused after n_bufs more pages. A page larger than
+ * buf_len fails the call with TQKV_ENOSPC and breaks the channel. On a fallback
+ * channel dev_bufs are unused and pages are delivered as host bytes. The callback sees
+ * the server's layer-major order (one target) and is never called concurrently. */
+tqkv_status_t tqkv_client_get_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *req,
+                                   void *const *dev_bufs, size_t n_bufs, size_t buf_len,
+                                   tqkv_nccl_cb_t cb, void *arg);
+
 /* ---- Internal, exposed for the tests ---- */
 
 /* A GetResponse read in place (pointers borrow the message bytes). */
@@ -264,6 +325,13 @@ typedef struct tqkv__get_msg {
 /* Parses a serialized tqkv.v1.GetResponse without copying. Returns 0, or -1 when
  * p[0..n) is not a well-formed message. */
 int tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m);
+
+/* The OpenChannel RPC alone on target: writes the channel id and the unique id
+ * (uid[128], *uid_len) on success; on failure the thread's last error holds the gRPC
+ * code (FAILED_PRECONDITION: no NCCL on the server). */
+tqkv_status_t tqkv__client_open_channel_rpc(tqkv_client_t *c, size_t target, int device,
+                                            uint32_t timeout_ms, uint64_t *id, uint8_t uid[128],
+                                            size_t *uid_len);
 
 /* Sets the calling thread's last error (for transport/client_*.c). Returns st. */
 tqkv_status_t tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg);
