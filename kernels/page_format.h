@@ -80,12 +80,12 @@ typedef enum tqkv_rotation_kind {
 #define TQKV_TENSOR_NORM_CORRECTED 0x01u /* scale is ||x|| / ||z[idx]|| */
 
 typedef struct tqkv_page_tensor_desc {
-    uint8_t mode;     /* tqkv_mode_t */
-    uint8_t bits_x2;  /* nominal bits per coordinate times 2: 2,4,5,6,7,8; 0 = tensor absent */
-    uint8_t hi_bits;  /* bits of group 0 (all channels when lo_bits == 0): 1..4 */
-    uint8_t lo_bits;  /* bits of group 1; 0 = one group only */
-    uint16_t n_hi;    /* channels in group 0 (== head_dim when lo_bits == 0) */
-    uint8_t flags;    /* TQKV_TENSOR_* */
+    uint8_t mode;    /* tqkv_mode_t */
+    uint8_t bits_x2; /* nominal bits per coordinate times 2: 2,4,5,6,7,8; 0 = tensor absent */
+    uint8_t hi_bits; /* bits of group 0 (all channels when lo_bits == 0): 1..4 */
+    uint8_t lo_bits; /* bits of group 1; 0 = one group only */
+    uint16_t n_hi;   /* channels in group 0 (== head_dim when lo_bits == 0) */
+    uint8_t flags;   /* TQKV_TENSOR_* */
     uint8_t reserved0;
     uint32_t mask_offset;     /* outlier mask section, 0 when lo_bits == 0 */
     uint32_t group_offset[2]; /* group sections; group_offset[1] == 0 when lo_bits == 0 */

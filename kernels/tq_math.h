@@ -130,7 +130,7 @@ TQKV_HD uint32_t
 tqkv_group_rotation(uint32_t page_rotation, uint32_t g)
 {
     return (page_rotation == TQKV_ROT_HADAMARD && tqkv_is_pow2(g)) ? TQKV_ROT_HADAMARD
-                                                                    : TQKV_ROT_DENSE;
+                                                                   : TQKV_ROT_DENSE;
 }
 
 /* In-place unnormalized fast Walsh-Hadamard transform of length n (power of two). */
@@ -162,15 +162,15 @@ tqkv_hadamard_sign(const uint64_t *words, uint32_t which, uint32_t g, uint32_t i
 /* One group of one tensor of a page, resolved. */
 typedef struct tqkv_group_view {
     tqkv_group_layout_t L;
-    const uint8_t *base;    /* start of the group section */
-    const float *codebook;  /* z[L.n_centroids] (centroids * sqrt(g)), ascending */
-    const float *scale;     /* [n] */
-    const float *gamma;     /* [n] (prod) or NULL */
-    const uint8_t *idx;     /* [n][L.idx_row_bytes] */
-    const uint8_t *signs;   /* [n][L.sign_row_bytes] (prod) or NULL */
-    uint32_t rotation;      /* rotation actually used by this group (tqkv_group_rotation) */
-    uint64_t rot_seed;      /* tqkv_seed_derive(seed, tensor, group, TQKV_SEED_ROTATION) */
-    uint64_t qjl_seed;      /* tqkv_seed_derive(seed, tensor, group, TQKV_SEED_QJL) */
+    const uint8_t *base;   /* start of the group section */
+    const float *codebook; /* z[L.n_centroids] (centroids * sqrt(g)), ascending */
+    const float *scale;    /* [n] */
+    const float *gamma;    /* [n] (prod) or NULL */
+    const uint8_t *idx;    /* [n][L.idx_row_bytes] */
+    const uint8_t *signs;  /* [n][L.sign_row_bytes] (prod) or NULL */
+    uint32_t rotation;     /* rotation actually used by this group (tqkv_group_rotation) */
+    uint64_t rot_seed;     /* tqkv_seed_derive(seed, tensor, group, TQKV_SEED_ROTATION) */
+    uint64_t qjl_seed;     /* tqkv_seed_derive(seed, tensor, group, TQKV_SEED_QJL) */
 } tqkv_group_view_t;
 
 /* Resolves group `group` (0 or 1) of tensor `tensor` (TQKV_TENSOR_K/V) of a page that
