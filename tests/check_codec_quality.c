@@ -211,12 +211,14 @@ START_TEST(test_dmse_structured)
 {
     rng = tqkv_test_seed() + 2;
     for (int kind = DATA_SPARSE; kind <= DATA_OUTLIER; kind++) {
-        check_dmse(kind, 128, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(64), tol(0.10));
-        check_dmse(kind, 128, TQKV_ROT_DENSE, 32, (uint32_t)scale_n(48), tol(0.10));
+        check_dmse(kind, 128, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(128), tol(0.10));
+        /* 128 independent rotations: the per-vector D_mse of one fixed input varies by
+         * ~25% across rotations at 4 bits, so fewer pages leave 10% at ~3 sigma */
+        check_dmse(kind, 128, TQKV_ROT_DENSE, 32, (uint32_t)scale_n(128), tol(0.10));
     }
     /* and at the other head dims, hadamard (the default) */
-    check_dmse(DATA_SPIKE, 64, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(64), tol(0.10));
-    check_dmse(DATA_CONSTANT, 256, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(64), tol(0.10));
+    check_dmse(DATA_SPIKE, 64, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(128), tol(0.10));
+    check_dmse(DATA_CONSTANT, 256, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(128), tol(0.10));
 }
 END_TEST
 
