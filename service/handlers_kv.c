@@ -203,7 +203,8 @@ put_job(void *arg)
         if (st == TQKV_ENOSPC)
             snprintf(j->err, ERRLEN,
                      "store full: no room for a %zu-byte page in namespace '%s' and nothing "
-                     "may be evicted",
+                     "may be evicted (every candidate is leased by a Lookup, read, or the "
+                     "parent of a kept block; shorter lease_ms or more capacity helps)",
                      plen, m->namespace_);
         else
             snprintf(j->err, ERRLEN, "store: %s", tqkv_strerror(st));
