@@ -163,7 +163,10 @@ def test_max_streams(r):
     ch = grpc.insecure_channel(srv.addr, options=H.CHANNEL_OPTS +
                                [("grpc.use_local_subchannel_pool", 1)])
     s1 = H.pbg.KVCacheStub(ch)
-    req = pb.GetRequest(namespace="s", hashes=hashes, layer_begin=0, layer_end=4,
+    # The hashes repeated 64 times: 2048 BF16 responses (512 MiB) per stream, far more than
+    # HTTP/2 flow control lets the server push ahead of a reader, so neither stream can
+    # finish on its own and free its slot while the test runs.
+    req = pb.GetRequest(namespace="s", hashes=hashes * 64, layer_begin=0, layer_end=4,
                         encoding=pb.ENCODING_BF16)
     # Two long Get streams, read one message each and then left open.
     g1, g2 = s1.Get(req, timeout=60), s1.Get(req, timeout=60)
