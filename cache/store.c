@@ -689,6 +689,37 @@ evict_one(tqkv_store_t *s, int tier, ns_rec_t *ns)
 
 static tqkv_status_t make_room(tqkv_store_t *s, int tier, size_t len, void **ptr);
 
+/* Switches e from its copy `old` to `nc` in tier `to` (demotion to DRAM or promotion to
+ * HBM): queues, accounting and counters. Expects the stripe lock and evict_lock held.
+ * Returns 1 when it switched, 0 when e changed meanwhile (unlinked or re-copied). */
+static int
+do_move_tier(tqkv_store_t *s, entry_t *e, copy_t *old, copy_t *nc, int to)
+{
+    int from = to == TQKV_TIER_DRAM ? TQKV_TIER_HBM : TQKV_TIER_DRAM;
+    if (!e->linked || e->cur != old)
+        return 0;
+    tqkv__evq_remove(&s->q[from], &e->node, 0, 0);
+    do_account(s, e, from, 0);
+    e->cur = nc;
+    e->tier = to;
+    do_account(s, e, to, 1);
+    if (e->children > 0) {
+        e->node.where = TQKV__EVQ_NONE;
+        tqkv__evq_park(&s->q[to], &e->node);
+    } else {
+        tqkv__evq_insert(&s->q[to], &e->node, e->blk->hv);
+    }
+    if (to == TQKV_TIER_DRAM) {
+        cnt_add(&s->g.demotions, 1);
+        cnt_add(&e->blk->ns->c.demotions, 1);
+    } else {
+        cnt_add(&s->g.promotions, 1);
+        cnt_add(&e->blk->ns->c.promotions, 1);
+    }
+    atomic_fetch_sub_explicit(&old->refs, 1, memory_order_relaxed); /* index's ref */
+    return 1;
+}
+
 /* Moves one HBM page to DRAM. Returns 1 when it moved one, 0 when nothing could. */
 static int
 demote_one(tqkv_store_t *s)
@@ -745,23 +776,7 @@ demote_one(tqkv_store_t *s)
 
         pthread_mutex_lock(&st->lock);
         pthread_mutex_lock(&s->evict_lock);
-        if (e->linked && e->cur == old) {
-            tqkv__evq_remove(&s->q[TQKV_TIER_HBM], &e->node, 0, 0);
-            do_account(s, e, TQKV_TIER_HBM, 0);
-            e->cur = nc;
-            e->tier = TQKV_TIER_DRAM;
-            do_account(s, e, TQKV_TIER_DRAM, 1);
-            if (e->children > 0) {
-                e->node.where = TQKV__EVQ_NONE;
-                tqkv__evq_park(&s->q[TQKV_TIER_DRAM], &e->node);
-            } else {
-                tqkv__evq_insert(&s->q[TQKV_TIER_DRAM], &e->node, e->blk->hv);
-            }
-            cnt_add(&s->g.demotions, 1);
-            cnt_add(&e->blk->ns->c.demotions, 1);
-            atomic_fetch_sub_explicit(&old->refs, 1, memory_order_relaxed); /* index's ref */
-            swapped = 1;
-        }
+        swapped = do_move_tier(s, e, old, nc, TQKV_TIER_DRAM);
         pthread_mutex_unlock(&s->evict_lock);
         pthread_mutex_unlock(&st->lock);
         if (!swapped)
@@ -1275,23 +1290,7 @@ promote(tqkv_store_t *s, entry_t *e, copy_t *old)
     }
     pthread_mutex_lock(&st->lock);
     pthread_mutex_lock(&s->evict_lock);
-    if (e->linked && e->cur == old) {
-        tqkv__evq_remove(&s->q[TQKV_TIER_DRAM], &e->node, 0, 0);
-        do_account(s, e, TQKV_TIER_DRAM, 0);
-        e->cur = nc;
-        e->tier = TQKV_TIER_HBM;
-        do_account(s, e, TQKV_TIER_HBM, 1);
-        if (e->children > 0) {
-            e->node.where = TQKV__EVQ_NONE;
-            tqkv__evq_park(&s->q[TQKV_TIER_HBM], &e->node);
-        } else {
-            tqkv__evq_insert(&s->q[TQKV_TIER_HBM], &e->node, e->blk->hv);
-        }
-        cnt_add(&s->g.promotions, 1);
-        cnt_add(&e->blk->ns->c.promotions, 1);
-        atomic_fetch_sub_explicit(&old->refs, 1, memory_order_relaxed); /* index's ref */
-        swapped = 1;
-    }
+    swapped = do_move_tier(s, e, old, nc, TQKV_TIER_HBM);
     pthread_mutex_unlock(&s->evict_lock);
     pthread_mutex_unlock(&st->lock);
     if (!swapped)
