@@ -826,9 +826,13 @@ tqkv__store_maintain(tqkv_store_t *s)
     tqkv_pool_t *h = s->pool[TQKV_TIER_HBM];
     if (h == NULL)
         return;
-    if (tqkv_pool_used(h) <= hbm_mark(s, s->cfg.high_watermark))
-        return;
+    /* Checked under the lock: a caller that finds the tier under its high watermark
+     * must not return while another thread is still demoting (and evicting) below it. */
     pthread_mutex_lock(&s->maint_lock);
+    if (tqkv_pool_used(h) <= hbm_mark(s, s->cfg.high_watermark)) {
+        pthread_mutex_unlock(&s->maint_lock);
+        return;
+    }
     uint64_t low = hbm_mark(s, s->cfg.low_watermark);
     while (tqkv_pool_used(h) > low)
         if (!demote_one(s))
