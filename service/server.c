@@ -28,6 +28,9 @@
 
 #include "service/log.h"
 #include "service/service_internal.h"
+#ifdef TQKV_HAVE_NCCL
+#include "transport/nccl_channel.h"
+#endif
 #include "service/status_map.h"
 #include "service/tls.h"
 #include "transport/wire.h"
@@ -876,6 +879,17 @@ tqkv_server_destroy(tqkv_server_t *s)
     tqkv_metrics_destroy(s->metrics);
     tqkv__reflection_destroy(s->refl);
     tqkv_auth_destroy(s->auth);
+#ifdef TQKV_HAVE_NCCL
+    /* Channel threads pin the pages they still have to send: stop them before the
+     * store goes. One that does not stop in time keeps the store (the process is
+     * exiting; a leak beats a use after free). */
+    unsigned nccl_left = tqkv_nccl_chan_close_all(5000);
+    if (nccl_left) {
+        tqkv_log(TQKV_LOG_WARN, "NCCL channel threads did not stop; store kept", "threads=%u",
+                 nccl_left);
+        s->store = NULL;
+    }
+#endif
     tqkv_store_destroy(s->store);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

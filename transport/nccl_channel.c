@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,10 @@ idle_limit_s(void)
     long v = e ? atol(e) : 0;
     return (v > 0 ? (double)v : (double)IDLE_MS_DEFAULT) * 1e-3;
 }
+
+/* Set by tqkv_nccl_chan_close_all: every wait (communicator set-up, sends) gives up
+ * at once so the channel threads release their pages and exit. */
+static atomic_int g_closing;
 
 static double
 now_s(void)
@@ -72,7 +77,7 @@ comm_wait(ncclComm_t comm, double deadline)
             return ncclInternalError;
         if (st != ncclInProgress)
             return st;
-        if (now_s() > deadline)
+        if (now_s() > deadline || atomic_load_explicit(&g_closing, memory_order_relaxed))
             return ncclInProgress;
         usleep(POLL_US * 10);
     }
@@ -227,7 +232,9 @@ struct tqkv_nccl_chan {
 };
 
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t reg_cv = PTHREAD_COND_INITIALIZER; /* a channel thread exited */
 static tqkv_nccl_chan_t *reg_head;
+static unsigned reg_threads; /* channel threads running, under reg_mu */
 
 static void
 chan_unref(tqkv_nccl_chan_t *ch)
@@ -397,6 +404,11 @@ chan_main(void *arg)
         ncclCommGetAsyncError(m->comm, &as);
         if ((as != ncclSuccess && as != ncclInProgress) || now_s() - s->t0 > OP_TIMEOUT_MS * 1e-3)
             break;
+        pthread_mutex_lock(&ch->mu);
+        int dead = ch->dead;
+        pthread_mutex_unlock(&ch->mu);
+        if (dead) /* closed or aborted while the peer had not received yet */
+            break;
         usleep(POLL_US);
     }
 out:
@@ -425,6 +437,10 @@ out:
         q = n;
     }
     chan_unref(ch);
+    pthread_mutex_lock(&reg_mu);
+    reg_threads--;
+    pthread_cond_broadcast(&reg_cv);
+    pthread_mutex_unlock(&reg_mu);
     return NULL;
 }
 
@@ -457,9 +473,13 @@ tqkv_nccl_chan_open(int device, uint32_t timeout_ms, unsigned window, uint64_t *
     pthread_mutex_lock(&reg_mu);
     ch->next = reg_head;
     reg_head = ch;
+    reg_threads++;
     pthread_mutex_unlock(&reg_mu);
     pthread_t t;
     if (pthread_create(&t, NULL, chan_main, ch) != 0) {
+        pthread_mutex_lock(&reg_mu);
+        reg_threads--;
+        pthread_mutex_unlock(&reg_mu);
         ch->refs--; /* no thread */
         chan_kill(ch);
         snprintf(err, errlen, "cannot start the channel thread");
@@ -515,6 +535,41 @@ tqkv_nccl_chan_close(uint64_t id)
     chan_kill(ch);
     chan_unref(ch);
     return TQKV_OK;
+}
+
+unsigned
+tqkv_nccl_chan_close_all(uint32_t wait_ms)
+{
+    atomic_store(&g_closing, 1);
+    for (;;) {
+        pthread_mutex_lock(&reg_mu);
+        tqkv_nccl_chan_t *ch = reg_head;
+        if (ch != NULL) {
+            pthread_mutex_lock(&ch->mu);
+            ch->refs++;
+            pthread_mutex_unlock(&ch->mu);
+        }
+        pthread_mutex_unlock(&reg_mu);
+        if (ch == NULL)
+            break;
+        chan_kill(ch); /* unregisters it */
+        chan_unref(ch);
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&reg_mu);
+    while (reg_threads > 0)
+        if (pthread_cond_timedwait(&reg_cv, &reg_mu, &until) != 0)
+            break;
+    unsigned left = reg_threads;
+    pthread_mutex_unlock(&reg_mu);
+    return left;
 }
 
 tqkv_status_t

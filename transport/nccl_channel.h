@@ -68,6 +68,12 @@ void tqkv_nccl_chan_abort(tqkv_nccl_chan_t *ch);
 /* Aborts channel id. Returns TQKV_ENOTFOUND when unknown. */
 tqkv_status_t tqkv_nccl_chan_close(uint64_t id);
 
+/* Server shutdown: aborts every channel (their pending waits give up at once) and
+ * waits up to wait_ms for the channel threads to release their pages and exit.
+ * Returns how many are still running (their pages stay pinned: do not free the store
+ * then). New channels opened afterwards die at once. */
+unsigned tqkv_nccl_chan_close_all(uint32_t wait_ms);
+
 /* Queues one page (host or device memory, len bytes) for ncclSend. release(arg) is
  * called once the bytes were copied out, or when the channel dies. Returns TQKV_OK
  * (queued), TQKV_EBUSY (window full: nothing queued, try tqkv_nccl_chan_wait_room),
