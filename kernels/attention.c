@@ -267,6 +267,11 @@ tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint
 static void
 rot_apply(const tqkv_rotation_t *r, const float *x, float *y, int transpose)
 {
+    if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 16 && r->dim % 16 == 0 &&
+        level() == LEVEL_AVX512) {
+        tqkv__attn_hadamard_avx512(r->signs, r->dim, x, y, transpose);
+        return;
+    }
     if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 8 && use_avx2()) {
         tqkv__attn_hadamard_avx2(r->signs, r->dim, x, y, transpose);
         return;

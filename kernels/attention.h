@@ -129,6 +129,9 @@ typedef void (*tqkv__attn_had_fn)(const float *signs, uint32_t n, const float *x
                                   int transpose);
 void tqkv__attn_hadamard_avx2(const float *signs, uint32_t n, const float *x, float *y,
                               int transpose);
+/* Same, n a multiple of 16; the same butterflies in the same order (identical results). */
+void tqkv__attn_hadamard_avx512(const float *signs, uint32_t n, const float *x, float *y,
+                                int transpose);
 
 void tqkv__attn_task_avx512(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,

@@ -155,6 +155,11 @@ tile_rows(const tqkv__attn_stream_t *s, const sreg_t *r, uint32_t t0, uint32_t n
           const uint8_t **rp, uint8_t (*pad)[528])
 {
     uint32_t npad = 0;
+    if (n && s->rows + (size_t)(t0 + n - 1) * s->stride + r->safe <= s->limit) {
+        for (uint32_t i = 0; i < n; i++)
+            rp[i] = s->rows + (size_t)(t0 + i) * s->stride;
+        return;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *row = s->rows + (size_t)(t0 + i) * s->stride;
         if (row + r->safe > s->limit && npad < 8) {
@@ -166,55 +171,178 @@ tile_rows(const tqkv__attn_stream_t *s, const sreg_t *r, uint32_t t0, uint32_t n
     }
 }
 
+/* Row sums of 16 rows of 16 floats (p, 64-byte aligned): lane i of the result is the sum
+ * of row i. A transpose-and-add tree: 30 shuffles and 15 adds for 16 rows, instead of a
+ * horizontal sum per row. */
+static inline __m512
+reduce16(const float *p)
+{
+    __m512 a[8], b[4], e0, e1;
+    for (int i = 0; i < 8; i++) {
+        __m512 x = _mm512_load_ps(p + 32 * i), y = _mm512_load_ps(p + 32 * i + 16);
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    e0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    e1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* One key stream's contribution to the 16-lane partial scores of tokens [i0, i0 + m) of the
+ * tile (ii = token - i0): part[h][ii] (=, or += when !first) coef_i * sum_c z_c * q_{h,c}.
+ * NC is the chunk count when known at compile time (the loop unrolls), 0 for r->nc. */
+static inline __attribute__((always_inline)) void
+score_stream(const tqkv__attn_stream_t *st, const sreg_t *r, const uint8_t *const *rp,
+             const float *qv, uint32_t t0, uint32_t i0, uint32_t m, int first, const int NB,
+             const int NC, float (*part)[16][16])
+{
+    const uint32_t gd = st->gdim, b = st->bits, nc = NC ? (uint32_t)NC : r->nc;
+    const int tails = nc * 16 != gd;
+    uint32_t ii = 0;
+    /* two tokens at a time: each query chunk is loaded once for both, and the two
+     * tokens' FMA chains are independent */
+    if (!tails)
+        for (; ii + 2 <= m; ii += 2) {
+            const uint32_t i = i0 + ii;
+            const uint8_t *row0 = rp[i], *row1 = rp[i + 1];
+            const __m512 coef0 = _mm512_set1_ps(st->coef[t0 + i]);
+            const __m512 coef1 = _mm512_set1_ps(st->coef[t0 + i + 1]);
+            __m512 acc0[MAXNB], acc1[MAXNB];
+            _mm_prefetch((const char *)(st->rows + (size_t)(t0 + i + PF_DIST) * st->stride),
+                         _MM_HINT_T0);
+            _mm_prefetch((const char *)(st->rows + (size_t)(t0 + i + 1 + PF_DIST) * st->stride),
+                         _MM_HINT_T0);
+            for (int h = 0; h < NB; h++) {
+                acc0[h] = _mm512_setzero_ps();
+                acc1[h] = _mm512_setzero_ps();
+            }
+            for (uint32_t c = 0; c < nc; c++) {
+                __m512 z0 = dec16(row0, c, r, b), z1 = dec16(row1, c, r, b);
+                for (int h = 0; h < NB; h++) {
+                    __m512 qc = _mm512_loadu_ps(qv + (size_t)h * gd + 16 * c);
+                    acc0[h] = _mm512_fmadd_ps(z0, qc, acc0[h]);
+                    acc1[h] = _mm512_fmadd_ps(z1, qc, acc1[h]);
+                }
+            }
+            for (int h = 0; h < NB; h++) {
+                _mm512_store_ps(part[h][ii], first ? _mm512_mul_ps(acc0[h], coef0)
+                                                   : _mm512_fmadd_ps(acc0[h], coef0,
+                                                                     _mm512_load_ps(part[h][ii])));
+                _mm512_store_ps(
+                    part[h][ii + 1],
+                    first ? _mm512_mul_ps(acc1[h], coef1)
+                          : _mm512_fmadd_ps(acc1[h], coef1, _mm512_load_ps(part[h][ii + 1])));
+            }
+        }
+    for (; ii < m; ii++) {
+        const uint32_t i = i0 + ii;
+        const uint8_t *row = rp[i];
+        const __m512 coef = _mm512_set1_ps(st->coef[t0 + i]);
+        __m512 acc[MAXNB];
+        /* key rows PF_DIST tokens ahead: rows of one head are H rows apart, a stride the
+         * hardware prefetchers miss */
+        _mm_prefetch((const char *)(st->rows + (size_t)(t0 + i + PF_DIST) * st->stride),
+                     _MM_HINT_T0);
+        for (int h = 0; h < NB; h++)
+            acc[h] = _mm512_setzero_ps();
+        for (uint32_t c = 0; c < nc; c++) {
+            __m512 z = dec16(row, c, r, b);
+            for (int h = 0; h < NB; h++)
+                acc[h] = _mm512_fmadd_ps(z, _mm512_loadu_ps(qv + (size_t)h * gd + 16 * c), acc[h]);
+        }
+        if (tails)
+            for (uint32_t j = nc * 16; j < gd; j++) {
+                float z = st->table[tqkv_bits_get(row, j, b)];
+                for (int h = 0; h < NB; h++)
+                    acc[h] = _mm512_mask_add_ps(acc[h], 1, acc[h],
+                                                _mm512_set1_ps(z * qv[(size_t)h * gd + j]));
+            }
+        for (int h = 0; h < NB; h++)
+            _mm512_store_ps(part[h][ii],
+                            first ? _mm512_mul_ps(acc[h], coef)
+                                  : _mm512_fmadd_ps(acc[h], coef, _mm512_load_ps(part[h][ii])));
+    }
+}
+
+/* Scores of tokens [0, n) of the tile for query heads h0..h0+NB: per 16 tokens, each key
+ * stream adds its 16-lane partial dot products to part[][16][16], then one reduce16 per
+ * head turns them into 16 scores. */
 static inline __attribute__((always_inline)) void
 score_tile(const tqkv__attn_task_t *tk, const uint8_t *const (*rp)[TILE], uint32_t t0, uint32_t n,
            uint32_t h0, const int NB, float *sc)
 {
     sreg_t r[4];
+    float part[MAXNB][16][16] __attribute__((aligned(64)));
     for (uint32_t s = 0; s < tk->nk; s++)
         sreg_init(&r[s], &tk->k[s]);
-    for (uint32_t i = 0; i < n; i++) {
-        __m512 tot[MAXNB];
-        float tail[MAXNB];
-        /* Key rows PF_DIST tokens ahead, and this token's value rows for the value pass:
-         * rows of one head are H rows apart, a stride the hardware prefetchers miss. */
-        for (uint32_t s = 0; s < tk->nk; s++)
-            _mm_prefetch(
-                (const char *)(tk->k[s].rows + (size_t)(t0 + i + PF_DIST) * tk->k[s].stride),
-                _MM_HINT_T0);
-        if (h0 == 0)
+    for (uint32_t i0 = 0; i0 < n; i0 += 16) {
+        uint32_t m = n - i0 < 16 ? n - i0 : 16;
+        if (h0 == 0) /* this tile's value rows, for the value pass */
             for (uint32_t s = 0; s < tk->nv; s++)
-                _mm_prefetch((const char *)(tk->v[s].rows + (size_t)(t0 + i) * tk->v[s].stride),
-                             _MM_HINT_T0);
-        for (int h = 0; h < NB; h++) {
-            tot[h] = _mm512_setzero_ps();
-            tail[h] = tk->qbias ? tk->qbias[h0 + h] : 0.0f;
-        }
+                for (uint32_t ii = 0; ii < m; ii++)
+                    _mm_prefetch(
+                        (const char *)(tk->v[s].rows + (size_t)(t0 + i0 + ii) * tk->v[s].stride),
+                        _MM_HINT_T0);
         for (uint32_t s = 0; s < tk->nk; s++) {
             const tqkv__attn_stream_t *st = &tk->k[s];
-            const uint8_t *row = rp[s][i];
-            const uint32_t gd = st->gdim, b = st->bits;
-            const float *qv = tk->qk[s] + (size_t)h0 * gd;
-            const float coef = st->coef[t0 + i];
-            __m512 acc[MAXNB];
-            for (int h = 0; h < NB; h++)
-                acc[h] = _mm512_setzero_ps();
-            for (uint32_t c = 0; c < r[s].nc; c++) {
-                __m512 z = dec16(row, c, &r[s], b);
-                for (int h = 0; h < NB; h++)
-                    acc[h] =
-                        _mm512_fmadd_ps(z, _mm512_loadu_ps(qv + (size_t)h * gd + 16 * c), acc[h]);
+            const float *qv = tk->qk[s] + (size_t)h0 * st->gdim;
+            switch (r[s].nc) {
+            case 4:
+                score_stream(st, &r[s], rp[s], qv, t0, i0, m, s == 0, NB, 4, part);
+                break;
+            case 8:
+                score_stream(st, &r[s], rp[s], qv, t0, i0, m, s == 0, NB, 8, part);
+                break;
+            default:
+                score_stream(st, &r[s], rp[s], qv, t0, i0, m, s == 0, NB, 0, part);
+                break;
             }
-            for (uint32_t j = r[s].nc * 16; j < gd; j++) {
-                float z = st->table[tqkv_bits_get(row, j, b)];
-                for (int h = 0; h < NB; h++)
-                    tail[h] += coef * z * qv[(size_t)h * gd + j];
-            }
-            for (int h = 0; h < NB; h++)
-                tot[h] = _mm512_fmadd_ps(acc[h], _mm512_set1_ps(coef), tot[h]);
         }
-        hsum_nb(tot, tail, NB, sc + h0 * TILE + i);
+        if (tk->nk == 0)
+            memset(part, 0, sizeof part);
+        for (uint32_t ii = m; ii < 16; ii++)
+            for (int h = 0; h < NB; h++)
+                _mm512_store_ps(part[h][ii], _mm512_setzero_ps());
+        for (int h = 0; h < NB; h++) {
+            __m512 v = reduce16(&part[h][0][0]);
+            if (tk->qbias)
+                v = _mm512_add_ps(v, _mm512_set1_ps(tk->qbias[h0 + h]));
+            _mm512_mask_storeu_ps(sc + (h0 + h) * TILE + i0, (__mmask16)((1u << m) - 1), v);
+        }
     }
+}
+
+/* Value accumulation of chunks [c, c + CB) for NB heads over the tile's n tokens: the CB x NB
+ * accumulators stay in registers (independent FMA chains) and each token's weights are
+ * loaded once for the CB chunks. */
+static inline __attribute__((always_inline)) void
+value_pass(const uint8_t *const *rp, uint32_t n, const sreg_t *r, uint32_t b, uint32_t gd,
+           float *accs, const float *w, uint32_t h0, uint32_t c, const int NB, const int CB)
+{
+    __m512 a[4][MAXNB];
+    for (int k = 0; k < CB; k++)
+        for (int h = 0; h < NB; h++)
+            a[k][h] = _mm512_loadu_ps(accs + (size_t)(h0 + h) * gd + 16 * (c + k));
+    for (uint32_t i = 0; i < n; i++) {
+        __m512 z[4];
+        for (int k = 0; k < CB; k++)
+            z[k] = dec16(rp[i], c + k, r, b);
+        for (int h = 0; h < NB; h++) {
+            __m512 wv = _mm512_set1_ps(w[(h0 + h) * TILE + i]);
+            for (int k = 0; k < CB; k++)
+                a[k][h] = _mm512_fmadd_ps(z[k], wv, a[k][h]);
+        }
+    }
+    for (int k = 0; k < CB; k++)
+        for (int h = 0; h < NB; h++)
+            _mm512_storeu_ps(accs + (size_t)(h0 + h) * gd + 16 * (c + k), a[k][h]);
 }
 
 static inline __attribute__((always_inline)) void
@@ -222,20 +350,16 @@ value_tile(const tqkv__attn_stream_t *st, const uint8_t *const *rp, uint32_t n, 
            const float *w, uint32_t h0, const int NB)
 {
     const uint32_t gd = st->gdim, b = st->bits;
+    uint32_t c = 0;
     sreg_t r;
     sreg_init(&r, st);
-    for (uint32_t c = 0; c < r.nc; c++) {
-        __m512 a[MAXNB];
-        for (int h = 0; h < NB; h++)
-            a[h] = _mm512_loadu_ps(accs + (size_t)(h0 + h) * gd + 16 * c);
-        for (uint32_t i = 0; i < n; i++) {
-            __m512 z = dec16(rp[i], c, &r, b);
-            for (int h = 0; h < NB; h++)
-                a[h] = _mm512_fmadd_ps(z, _mm512_set1_ps(w[(h0 + h) * TILE + i]), a[h]);
-        }
-        for (int h = 0; h < NB; h++)
-            _mm512_storeu_ps(accs + (size_t)(h0 + h) * gd + 16 * c, a[h]);
-    }
+    if (NB <= 4)
+        for (; c + 4 <= r.nc; c += 4)
+            value_pass(rp, n, &r, b, gd, accs, w, h0, c, NB, 4);
+    for (; c + 2 <= r.nc; c += 2)
+        value_pass(rp, n, &r, b, gd, accs, w, h0, c, NB, 2);
+    for (; c < r.nc; c++)
+        value_pass(rp, n, &r, b, gd, accs, w, h0, c, NB, 1);
     for (uint32_t j = r.nc * 16; j < gd; j++)
         for (uint32_t i = 0; i < n; i++) {
             float z = st->table[tqkv_bits_get(rp[i], j, b)];
@@ -324,9 +448,14 @@ tqkv__attn_task_avx512(const tqkv__attn_task_t *tk)
         }
         for (uint32_t s = 0; s < tk->nv; s++) {
             const float *coef = tk->v[s].coef + t0;
-            for (uint32_t h = 0; h < G; h++)
-                for (uint32_t i = 0; i < n; i++)
-                    wb[h * TILE + i] = sc[h * TILE + i] * coef[i];
+            for (uint32_t i = 0; i < n; i += 16) {
+                __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+                __m512 cv = _mm512_maskz_loadu_ps(mk, coef + i);
+                for (uint32_t h = 0; h < G; h++)
+                    _mm512_mask_storeu_ps(
+                        wb + h * TILE + i, mk,
+                        _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, sc + h * TILE + i), cv));
+            }
             for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
                 uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
 #define VALUE(K) value_tile(&tk->v[s], rv[s], n, tk->acc[s], wb, h0, K)
@@ -346,40 +475,76 @@ bf16x16(const uint16_t *p)
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* Same structure as the packed kernel: per 16 tokens, 16-lane partial dot products to
+ * part[][16][16] and one reduce16 per head. */
 static inline __attribute__((always_inline)) void
 bf16_score_tile(const float *q, const uint16_t *k, const uint16_t *v, size_t stride, uint32_t D,
                 uint32_t t0, uint32_t n, uint32_t h0, const int NB, float sm_scale, float *sc)
 {
     const uint32_t nc = D / 16;
-    for (uint32_t i = 0; i < n; i++) {
-        const uint16_t *row = k + (size_t)(t0 + i) * stride;
-        __m512 acc[MAXNB];
-        float tail[MAXNB];
-        /* same prefetching as the packed kernel: key rows PF_DIST ahead, this value row */
-        for (uint32_t b = 0; b < 2 * D; b += 64) {
-            _mm_prefetch((const char *)(row + (size_t)PF_DIST * stride) + b, _MM_HINT_T0);
-            if (h0 == 0)
-                _mm_prefetch((const char *)(v + (size_t)(t0 + i) * stride) + b, _MM_HINT_T0);
-        }
-        for (int h = 0; h < NB; h++) {
-            acc[h] = _mm512_setzero_ps();
-            tail[h] = 0.0f;
-        }
-        for (uint32_t c = 0; c < nc; c++) {
-            __m512 z = bf16x16(row + 16 * c);
+    float part[MAXNB][16][16] __attribute__((aligned(64)));
+    const __m512 scale = _mm512_set1_ps(sm_scale);
+    for (uint32_t i0 = 0; i0 < n; i0 += 16) {
+        uint32_t m = n - i0 < 16 ? n - i0 : 16;
+        for (uint32_t ii = 0; ii < m; ii++) {
+            const uint16_t *row = k + (size_t)(t0 + i0 + ii) * stride;
+            __m512 acc[MAXNB];
+            /* same prefetching as the packed kernel: key rows PF_DIST ahead, this value row */
+            for (uint32_t b = 0; b < 2 * D; b += 64) {
+                _mm_prefetch((const char *)(row + (size_t)PF_DIST * stride) + b, _MM_HINT_T0);
+                if (h0 == 0)
+                    _mm_prefetch((const char *)(v + (size_t)(t0 + i0 + ii) * stride) + b,
+                                 _MM_HINT_T0);
+            }
             for (int h = 0; h < NB; h++)
-                acc[h] =
-                    _mm512_fmadd_ps(z, _mm512_loadu_ps(q + (size_t)(h0 + h) * D + 16 * c), acc[h]);
-        }
-        for (uint32_t j = nc * 16; j < D; j++)
+                acc[h] = _mm512_setzero_ps();
+            for (uint32_t c = 0; c < nc; c++) {
+                __m512 z = bf16x16(row + 16 * c);
+                for (int h = 0; h < NB; h++)
+                    acc[h] = _mm512_fmadd_ps(z, _mm512_loadu_ps(q + (size_t)(h0 + h) * D + 16 * c),
+                                             acc[h]);
+            }
+            for (uint32_t j = nc * 16; j < D; j++) {
+                float z = tqkv_bf16_to_f32(row[j]);
+                for (int h = 0; h < NB; h++)
+                    acc[h] = _mm512_mask_add_ps(acc[h], 1, acc[h],
+                                                _mm512_set1_ps(q[(size_t)(h0 + h) * D + j] * z));
+            }
             for (int h = 0; h < NB; h++)
-                tail[h] += q[(size_t)(h0 + h) * D + j] * tqkv_bf16_to_f32(row[j]);
-        for (int h = 0; h < NB; h++) {
-            acc[h] = _mm512_mul_ps(acc[h], _mm512_set1_ps(sm_scale));
-            tail[h] *= sm_scale;
+                _mm512_store_ps(part[h][ii], _mm512_mul_ps(acc[h], scale));
         }
-        hsum_nb(acc, tail, NB, sc + h0 * TILE + i);
+        for (uint32_t ii = m; ii < 16; ii++)
+            for (int h = 0; h < NB; h++)
+                _mm512_store_ps(part[h][ii], _mm512_setzero_ps());
+        for (int h = 0; h < NB; h++)
+            _mm512_mask_storeu_ps(sc + (h0 + h) * TILE + i0, (__mmask16)((1u << m) - 1),
+                                  reduce16(&part[h][0][0]));
     }
+}
+
+/* Chunks [c, c + CB) of the value rows, CB x NB accumulators in registers (as value_pass). */
+static inline __attribute__((always_inline)) void
+bf16_value_pass(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint32_t n, float *out,
+                const float *w, uint32_t h0, uint32_t c, const int NB, const int CB)
+{
+    __m512 a[4][MAXNB];
+    for (int k = 0; k < CB; k++)
+        for (int h = 0; h < NB; h++)
+            a[k][h] = _mm512_loadu_ps(out + (size_t)(h0 + h) * D + 16 * (c + k));
+    for (uint32_t i = 0; i < n; i++) {
+        const uint16_t *row = v + (size_t)(t0 + i) * stride + 16 * c;
+        __m512 z[4];
+        for (int k = 0; k < CB; k++)
+            z[k] = bf16x16(row + 16 * k);
+        for (int h = 0; h < NB; h++) {
+            __m512 wv = _mm512_set1_ps(w[(h0 + h) * TILE + i]);
+            for (int k = 0; k < CB; k++)
+                a[k][h] = _mm512_fmadd_ps(z[k], wv, a[k][h]);
+        }
+    }
+    for (int k = 0; k < CB; k++)
+        for (int h = 0; h < NB; h++)
+            _mm512_storeu_ps(out + (size_t)(h0 + h) * D + 16 * (c + k), a[k][h]);
 }
 
 static inline __attribute__((always_inline)) void
@@ -387,18 +552,14 @@ bf16_value_tile(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint3
                 const float *w, uint32_t h0, const int NB)
 {
     const uint32_t nc = D / 16;
-    for (uint32_t c = 0; c < nc; c++) {
-        __m512 a[MAXNB];
-        for (int h = 0; h < NB; h++)
-            a[h] = _mm512_loadu_ps(out + (size_t)(h0 + h) * D + 16 * c);
-        for (uint32_t i = 0; i < n; i++) {
-            __m512 z = bf16x16(v + (size_t)(t0 + i) * stride + 16 * c);
-            for (int h = 0; h < NB; h++)
-                a[h] = _mm512_fmadd_ps(z, _mm512_set1_ps(w[(h0 + h) * TILE + i]), a[h]);
-        }
-        for (int h = 0; h < NB; h++)
-            _mm512_storeu_ps(out + (size_t)(h0 + h) * D + 16 * c, a[h]);
-    }
+    uint32_t c = 0;
+    if (NB <= 4)
+        for (; c + 4 <= nc; c += 4)
+            bf16_value_pass(v, stride, D, t0, n, out, w, h0, c, NB, 4);
+    for (; c + 2 <= nc; c += 2)
+        bf16_value_pass(v, stride, D, t0, n, out, w, h0, c, NB, 2);
+    for (; c < nc; c++)
+        bf16_value_pass(v, stride, D, t0, n, out, w, h0, c, NB, 1);
     for (uint32_t j = nc * 16; j < D; j++)
         for (uint32_t i = 0; i < n; i++) {
             float z = tqkv_bf16_to_f32(v[(size_t)(t0 + i) * stride + j]);
@@ -432,5 +593,59 @@ tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint
             NB_DISPATCH(nb, VALUE)
 #undef VALUE
         }
+    }
+}
+
+/* ---- randomized Hadamard (n a multiple of 16) ---- */
+
+/* In-place unnormalized FWHT of n = 16k floats, the butterflies of fwht_avx2 in the same
+ * order (so the same bits): stages 1, 2, 4, 8 inside each register, then pairs. */
+static void
+fwht_avx512(float *x, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i), t;
+        t = _mm512_permute_ps(v, 0xB1);
+        v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xAAAA, t, v);
+        t = _mm512_permute_ps(v, 0x4E);
+        v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xCCCC, t, v);
+        t = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));
+        v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xF0F0, t, v);
+        t = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
+        v = _mm512_mask_sub_ps(_mm512_add_ps(v, t), 0xFF00, t, v);
+        _mm512_storeu_ps(x + i, v);
+    }
+    for (uint32_t h = 16; h < n; h <<= 1)
+        for (uint32_t i = 0; i < n; i += h << 1)
+            for (uint32_t j = i; j < i + h; j += 16) {
+                __m512 a = _mm512_loadu_ps(x + j), c = _mm512_loadu_ps(x + j + h);
+                _mm512_storeu_ps(x + j, _mm512_add_ps(a, c));
+                _mm512_storeu_ps(x + j + h, _mm512_sub_ps(a, c));
+            }
+}
+
+void
+tqkv__attn_hadamard_avx512(const float *signs, uint32_t n, const float *x, float *y, int transpose)
+{
+    const __m512 inv = _mm512_set1_ps(1.0f / (float)n);
+    const float *first = transpose ? signs + n : signs, *second = transpose ? signs : signs + n;
+    uint32_t i;
+    if (transpose) {
+        memcpy(y, x, sizeof(float) * n);
+    } else {
+        for (i = 0; i < n; i += 16)
+            _mm512_storeu_ps(y + i,
+                             _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(first + i)));
+    }
+    fwht_avx512(y, n);
+    for (i = 0; i < n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i),
+                                              _mm512_loadu_ps((transpose ? first : second) + i)));
+    fwht_avx512(y, n);
+    for (i = 0; i < n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(y + i), inv);
+        if (transpose)
+            v = _mm512_mul_ps(v, _mm512_loadu_ps(second + i));
+        _mm512_storeu_ps(y + i, v);
     }
 }

@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/kivi.h"
 #include "kernels/page.h"
+#include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
 
@@ -779,6 +780,48 @@ START_TEST(test_turboquant_beats_kivi)
 }
 END_TEST
 
+START_TEST(test_hadamard_simd)
+{
+    /* The attention kernels' Hadamard rotations (forward and transposed) against the rotation
+     * module's scalar ones; the AVX-512 one must also give the AVX2 one's bits (same
+     * butterflies in the same order). */
+    static const uint32_t dims[] = {16, 32, 64, 128, 256};
+    rng_t r = {tqkv_test_seed() ^ 0x100b};
+    int have512 = !strcmp(tqkv_attn_isa(), "avx512");
+    int have2 = have512 || !strcmp(tqkv_attn_isa(), "avx2");
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+        uint32_t n = dims[d];
+        const tqkv_rotation_t *rot;
+        float x[256], ref[256], a2[256], a5[256];
+        ck_assert_int_eq(tqkv_rotation_acquire(TQKV_ROT_HADAMARD, n, 9 + n, &rot), TQKV_OK);
+        for (uint32_t i = 0; i < n; i++)
+            x[i] = (float)rng_normal(&r);
+        for (int tr = 0; tr < 2; tr++) {
+            double num = 0, den = 0;
+            if (tr)
+                tqkv_rotation_apply_t(rot, x, ref);
+            else
+                tqkv_rotation_apply(rot, x, ref);
+            if (!have2)
+                break;
+            tqkv__attn_hadamard_avx2(rot->signs, n, x, a2, tr);
+            for (uint32_t i = 0; i < n; i++) {
+                num += ((double)a2[i] - ref[i]) * ((double)a2[i] - ref[i]);
+                den += (double)ref[i] * ref[i];
+            }
+            ck_assert_msg(sqrt(num / den) <= 1e-6, "n=%u avx2 rel err %.3g", n, sqrt(num / den));
+            if (have512) {
+                tqkv__attn_hadamard_avx512(rot->signs, n, x, a5, tr);
+                for (uint32_t i = 0; i < n; i++)
+                    ck_assert_msg(a5[i] == a2[i], "n=%u tr=%d i=%u: avx512 %g avx2 %g", n, tr, i,
+                                  a5[i], a2[i]);
+            }
+        }
+        tqkv_rotation_release(rot);
+    }
+}
+END_TEST
+
 static Suite *
 attention_suite(void)
 {
@@ -793,6 +836,7 @@ attention_suite(void)
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_corrupt_payload_is_memory_safe);
     tcase_add_test(tc, test_bf16_baseline);
+    tcase_add_test(tc, test_hadamard_simd);
     tcase_add_test(tc, test_kivi_roundtrip);
     tcase_add_test(tc, test_turboquant_beats_kivi);
     suite_add_tcase(s, tc);
