@@ -18,19 +18,22 @@
 #include "kernels/page.h"
 
 /* In-place FWHT of v[nv] (g = 8 nv floats). With nv a constant after inlining the
- * loops unroll and v stays in registers (g = 128: 16 ymm). */
+ * loops unroll and v stays in registers (g = 128: 16 ymm). The three in-register
+ * stages are one permute and one FMA each: fma(x, +-1, partner) rounds once, to the
+ * same a + c (even slot) or a - c (odd slot) as an add and a sub, so the result is
+ * bit-identical to two ops and a blend at half the instructions. */
 static inline __attribute__((always_inline)) void
 fwht_avx2(__m256 *v, const uint32_t nv)
 {
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++) {
-        __m256 x = v[j], b;
-        b = _mm256_permute_ps(x, 0xB1);
-        x = _mm256_blend_ps(_mm256_add_ps(x, b), _mm256_sub_ps(b, x), 0xAA);
-        b = _mm256_permute_ps(x, 0x4E);
-        x = _mm256_blend_ps(_mm256_add_ps(x, b), _mm256_sub_ps(b, x), 0xCC);
-        b = _mm256_permute2f128_ps(x, x, 1);
-        v[j] = _mm256_blend_ps(_mm256_add_ps(x, b), _mm256_sub_ps(b, x), 0xF0);
+        __m256 x = v[j];
+        x = _mm256_fmadd_ps(x, s1, _mm256_permute_ps(x, 0xB1));
+        x = _mm256_fmadd_ps(x, s2, _mm256_permute_ps(x, 0x4E));
+        v[j] = _mm256_fmadd_ps(x, s4, _mm256_permute2f128_ps(x, x, 1));
     }
 #pragma GCC unroll 8
     for (uint32_t h = 1; h < nv; h <<= 1)
@@ -162,63 +165,208 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
     return n;
 }
 
-static inline __attribute__((always_inline)) void
-dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
+/* The 8 indices of group q (coordinates 8q..8q+7, bits 8q*bits.. of the row) as the low
+ * `bits` of lanes 0..7, higher lanes' bits above them: one dword broadcast from the row
+ * and a variable shift. The dword is taken at byte q*bits or, for the last groups of a
+ * row, at the row's last 4 bytes (row_bytes >= 4), so nothing past the row is read. */
+static inline __attribute__((always_inline)) __m256i
+unpack8(const uint8_t *row, uint32_t q, uint32_t bits, uint32_t row_bytes)
 {
-    const float *signs = A->signs, *z = A->z, *mu = A->mu;
-    float *out_f = A->out_f;
-    uint16_t *out_h = A->out_h;
-    const size_t n = A->n, os = A->out_stride;
-    __m256 v[TQKV_PAGE_MAX_DIM / 8];
-    const uint32_t nv = g / 8;
-    const uint64_t pmask = lane_mask[bits];
-    const __m256 zlo = _mm256_loadu_ps(z), zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zlo;
-    const __m256 fmax = _mm256_set1_ps(FLT_MAX), fmin = _mm256_set1_ps(-FLT_MAX);
-    const float inv = 1.0f / (float)g;
+    uint32_t off = q * bits, w;
+    if (off + 4 > row_bytes)
+        off = row_bytes - 4;
+    memcpy(&w, row + off, 4);
+    const __m256i sh =
+        _mm256_add_epi32(_mm256_set1_epi32((int)(8 * (q * bits - off))),
+                         _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)bits)));
+    return _mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh);
+}
 
+/* Codebook lookup of unpack8's lanes. zt: z repeated to 8 entries (bits <= 3), so the
+ * higher lanes' bits above an index do not matter to vpermps (it reads 3 bits); 4
+ * bits: z[0..7] and z[8..15] picked by bit 3 (moved to the sign for blendv). */
+static inline __attribute__((always_inline)) __m256
+lookup8(__m256i t, __m256 zt, __m256 zhi, uint32_t bits)
+{
+    __m256 zv = _mm256_permutevar8x32_ps(zt, t);
+    if (bits == 4)
+        zv = _mm256_blendv_ps(zv, _mm256_permutevar8x32_ps(zhi, t),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(t, 28)));
+    return zv;
+}
+
+/* f32 (finite, |o| <= bf16_max below) -> BF16 bits in the low half of each lane, round
+ * to nearest even. */
+static inline __m256i
+bf16_round(__m256 o)
+{
+    __m256i u = _mm256_castps_si256(o);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+                             16);
+}
+
+/* Largest float that rounds (nearest even) to the largest finite BF16, 0x7f7f: clamping
+ * to +-it before rounding is the saturating conversion of tqkv_f32_to_bf16_sat. */
+#define BF16_SAT_MAX 0x7f7f7fffu
+
+typedef struct dec_out {
+    float *f;    /* row's f32 output or NULL */
+    uint16_t *h; /* row's BF16 output or NULL */
+    const float *signs, *mu;
+    const uint16_t *sbits; /* D1 as BF16 sign bits (only_h) */
+    __m256 c, omin, omax, hmin, hmax;
+} dec_out_t;
+
+/* Output of coordinates j..j+15 from the FWHT: times scale / g and D1, plus mu, clamped,
+ * stored as f32 and/or BF16. only_h: BF16 out and no mu (a compile-time constant). */
+static inline __attribute__((always_inline)) void
+emit16(const dec_out_t *O, uint32_t j, __m256 v0, __m256 v1, const int only_h)
+{
+    /* BF16 only: D1 as a sign flip of the rounded values (rounding and clamping are
+     * symmetric, so the bits are those of flipping first) */
+    __m256 o0 = _mm256_mul_ps(v0, O->c), o1 = _mm256_mul_ps(v1, O->c);
+    if (!only_h) {
+        o0 = _mm256_mul_ps(o0, _mm256_loadu_ps(O->signs + j));
+        o1 = _mm256_mul_ps(o1, _mm256_loadu_ps(O->signs + j + 8));
+    }
+    if (!only_h && O->mu) {
+        o0 = _mm256_add_ps(o0, _mm256_loadu_ps(O->mu + j));
+        o1 = _mm256_add_ps(o1, _mm256_loadu_ps(O->mu + j + 8));
+    }
+    o0 = _mm256_min_ps(_mm256_max_ps(o0, O->omin), O->omax);
+    o1 = _mm256_min_ps(_mm256_max_ps(o1, O->omin), O->omax);
+    if (!only_h && O->f) {
+        _mm256_storeu_ps(O->f + j, o0);
+        _mm256_storeu_ps(O->f + j + 8, o1);
+        o0 = _mm256_min_ps(_mm256_max_ps(o0, O->hmin), O->hmax);
+        o1 = _mm256_min_ps(_mm256_max_ps(o1, O->hmin), O->hmax);
+    }
+    if (only_h || O->h) {
+        __m256i p = _mm256_packus_epi32(bf16_round(o0), bf16_round(o1));
+        p = _mm256_permute4x64_epi64(p, 0xD8);
+        if (only_h)
+            p = _mm256_xor_si256(p, _mm256_loadu_si256((const __m256i *)(O->sbits + j)));
+        _mm256_storeu_si256((__m256i *)(O->h + j), p);
+    }
+}
+
+/* Decode, per row: unpack and look up the codebook, FWHT, D2, FWHT, scale and D1. The
+ * transforms run on blocks of 8 vectors (64 floats) in registers, stages h < 8 vectors;
+ * the wider stages (g > 64) run through w[] in memory, the last one fused with D2 (first
+ * transform) or with the output (second), so g = 128 does not spill. The operations and
+ * their order are those of tqkv_fwht, hence the reference's values. */
+static inline __attribute__((always_inline)) void
+dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const int only_h)
+{
+    const float *signs = A->signs, *z = A->z;
+    const size_t n = A->n, os = A->out_stride;
+    __m256 w[TQKV_PAGE_MAX_DIM / 8], r[8];
+    uint16_t sbits[TQKV_PAGE_MAX_DIM];
+    const uint32_t nv = g / 8, nb = nv < 8 ? nv : 8, row_bytes = g * bits / 8;
+    const uint64_t pmask = lane_mask[bits];
+    const __m256i zi = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 zt = _mm256_permutevar8x32_ps(
+        _mm256_loadu_ps(z),
+        _mm256_and_si256(zi, _mm256_set1_epi32(bits < 3 ? (1 << bits) - 1 : 7)));
+    const __m256 zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zt;
+    const float inv = 1.0f / (float)g;
+    uint32_t hbits = BF16_SAT_MAX;
+    float bmax;
+    dec_out_t O;
+
+    memcpy(&bmax, &hbits, 4);
+    if (only_h)
+        for (uint32_t j = 0; j < g; j++)
+            sbits[j] = signs[j] < 0 ? 0x8000 : 0;
+    O.sbits = sbits;
+    O.signs = signs;
+    O.mu = A->mu;
+    /* f32 out: clamp to +-FLT_MAX (then to the BF16 bound for BF16 out too); BF16 only:
+     * straight to the BF16 bound */
+    O.omax = _mm256_set1_ps(A->out_f ? FLT_MAX : bmax);
+    O.omin = _mm256_set1_ps(A->out_f ? -FLT_MAX : -bmax);
+    O.hmax = _mm256_set1_ps(bmax);
+    O.hmin = _mm256_set1_ps(-bmax);
     for (size_t i = 0; i < n; i++) {
         const uint8_t *row = A->idx + i * A->idx_stride;
-        const __m256 c = _mm256_set1_ps(A->scale[i * A->scale_stride] * inv);
-#pragma GCC unroll 16
-        for (uint32_t j = 0; j < g; j += 8) {
-            uint64_t w = load_bits(row + (j / 8) * bits, bits);
-            __m256i iv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)_pdep_u64(w, pmask)));
-            __m256 zv = _mm256_permutevar8x32_ps(zlo, iv);
-            if (bits == 4)
-                zv = _mm256_blendv_ps(
-                    zv, _mm256_permutevar8x32_ps(zhi, iv),
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(iv, _mm256_set1_epi32(7))));
-            v[j / 8] = zv;
-        }
-        fwht_avx2(v, nv);
-#pragma GCC unroll 16
-        for (uint32_t j = 0; j < nv; j++)
-            v[j] = _mm256_mul_ps(v[j], _mm256_loadu_ps(signs + g + 8 * j));
-        fwht_avx2(v, nv);
-#pragma GCC unroll 16
-        for (uint32_t j = 0; j < g; j += 8) {
-            __m256 o = _mm256_mul_ps(_mm256_mul_ps(v[j / 8], c), _mm256_loadu_ps(signs + j));
-            if (mu)
-                o = _mm256_add_ps(o, _mm256_loadu_ps(mu + j));
-            o = _mm256_min_ps(_mm256_max_ps(o, fmin), fmax);
-            if (out_f)
-                _mm256_storeu_ps(out_f + i * os + j, o);
-            if (out_h) {
-                /* f32 -> bf16, round to nearest even, saturating at +-max finite */
-                __m256i u = _mm256_castps_si256(o);
-                __m256i r =
-                    _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                         _mm256_and_si256(_mm256_srli_epi32(u, 16),
-                                                                          _mm256_set1_epi32(1))));
-                r = _mm256_srli_epi32(r, 16);
-                __m256i mag = _mm256_min_epu32(_mm256_and_si256(r, _mm256_set1_epi32(0x7fff)),
-                                               _mm256_set1_epi32(0x7f7f));
-                r = _mm256_or_si256(_mm256_and_si256(r, _mm256_set1_epi32(0x8000)), mag);
-                __m128i p16 =
-                    _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-                _mm_storeu_si128((__m128i *)(out_h + i * os + j), p16);
+        O.c = _mm256_set1_ps(A->scale[i * A->scale_stride] * inv);
+        O.f = A->out_f ? A->out_f + i * os : NULL;
+        O.h = A->out_h ? A->out_h + i * os : NULL;
+        _Pragma("GCC unroll 4") for (uint32_t b0 = 0; b0 < nv; b0 += nb)
+        {
+#pragma GCC unroll 8
+            for (uint32_t k = 0; k < nb; k++) {
+                const uint32_t q = b0 + k;
+                __m256i t;
+                if (row_bytes >= 4) {
+                    t = unpack8(row, q, bits, row_bytes);
+                } else { /* g = 16 at 1 bit: 2 bytes a row */
+                    uint64_t u = load_bits(row + q * bits, bits);
+                    t = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)_pdep_u64(u, pmask)));
+                }
+                r[k] = lookup8(t, zt, zhi, bits);
+            }
+            fwht_avx2(r, nb);
+            if (nb == nv) {
+#pragma GCC unroll 8
+                for (uint32_t k = 0; k < nb; k++)
+                    r[k] = _mm256_mul_ps(r[k], _mm256_loadu_ps(signs + g + 8 * k));
+            } else {
+#pragma GCC unroll 8
+                for (uint32_t k = 0; k < nb; k++)
+                    w[b0 + k] = r[k];
             }
         }
+        /* first transform's wide stages, the last one times D2 */
+        for (uint32_t h = nb; h < nv; h <<= 1)
+            for (uint32_t i0 = 0; i0 < nv; i0 += 2 * h)
+#pragma GCC unroll 8
+                for (uint32_t j = i0; j < i0 + h; j++) {
+                    __m256 x = w[j], y = w[j + h], a = _mm256_add_ps(x, y), d = _mm256_sub_ps(x, y);
+                    if (2 * h == nv) {
+                        a = _mm256_mul_ps(a, _mm256_loadu_ps(signs + g + 8 * j));
+                        d = _mm256_mul_ps(d, _mm256_loadu_ps(signs + g + 8 * (j + h)));
+                    }
+                    w[j] = a;
+                    w[j + h] = d;
+                }
+        if (nb == nv) { /* g <= 64: all in r */
+            fwht_avx2(r, nb);
+#pragma GCC unroll 8
+            for (uint32_t k = 0; k < nb; k += 2)
+                emit16(&O, 8 * k, r[k], r[k + 1], only_h);
+            continue;
+        }
+        _Pragma("GCC unroll 4") for (uint32_t b0 = 0; b0 < nv; b0 += nb)
+        {
+#pragma GCC unroll 8
+            for (uint32_t k = 0; k < nb; k++)
+                r[k] = w[b0 + k];
+            fwht_avx2(r, nb);
+#pragma GCC unroll 8
+            for (uint32_t k = 0; k < nb; k++)
+                w[b0 + k] = r[k];
+        }
+        /* second transform's wide stages, the last one into the output */
+        for (uint32_t h = nb; h < nv; h <<= 1)
+            for (uint32_t i0 = 0; i0 < nv; i0 += 2 * h)
+#pragma GCC unroll 8
+                for (uint32_t j = i0; j < i0 + h; j += 2) {
+                    __m256 x0 = w[j], y0 = w[j + h], x1 = w[j + 1], y1 = w[j + 1 + h];
+                    __m256 a0 = _mm256_add_ps(x0, y0), d0 = _mm256_sub_ps(x0, y0);
+                    __m256 a1 = _mm256_add_ps(x1, y1), d1 = _mm256_sub_ps(x1, y1);
+                    if (2 * h == nv) {
+                        emit16(&O, 8 * j, a0, a1, only_h);
+                        emit16(&O, 8 * (j + h), d0, d1, only_h);
+                    } else {
+                        w[j] = a0;
+                        w[j + 1] = a1;
+                        w[j + h] = d0;
+                        w[j + 1 + h] = d1;
+                    }
+                }
     }
 }
 
@@ -251,11 +399,19 @@ void
 tqkv__page_dec_had_avx2(const tqkv__dec_rows_t *a)
 {
     const uint32_t g = a->g, bits = a->bits;
+    const int only_h = a->out_h && !a->out_f && !a->mu;
 #define DEC(G, B)                                                                                  \
-    dec_body(a, G, B);                                                                             \
+    if (only_h)                                                                                    \
+        dec_body(a, G, B, 1);                                                                      \
+    else                                                                                           \
+        dec_body(a, G, B, 0);                                                                      \
     return
     if (g == 128)
         TQKV__BITS_SWITCH(DEC, 128)
+    if (g == 64)
+        TQKV__BITS_SWITCH(DEC, 64)
+    if (g == 256)
+        TQKV__BITS_SWITCH(DEC, 256)
     TQKV__BITS_SWITCH(DEC, g)
 #undef DEC
 }

@@ -284,6 +284,84 @@ START_TEST(test_simd_vs_ref_centered_fractional)
 }
 END_TEST
 
+/* Decoding near the ends of the BF16 range through the SIMD kernels (whole-head,
+ * centered and two-group tensors): f32 as the reference to rounding, BF16 equal to the
+ * saturating rounding of the f32 result (and within one unit of the reference's). */
+START_TEST(test_simd_decode_saturation)
+{
+    static const uint32_t Ds[] = {16, 32, 64, 128, 256, 512};
+    static const uint8_t bits[] = {2, 4, 6, 7, 8};
+    const uint32_t T = 6, H = 2;
+    size_t saturated = 0;
+    rng = tqkv_test_seed() + 11;
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+        for (size_t bi = 0; bi < sizeof bits; bi++)
+            for (int cen = 0; cen < 2; cen++) {
+                const uint32_t D = Ds[di];
+                const size_t n = (size_t)T * H * D;
+                tqkv_block_shape_t s = {T, H, D};
+                tqkv_block_codec_t c = {0};
+                uint16_t *x = malloc(n * 2), *h = malloc(n * 2);
+                float *f = malloc(n * 4), *fr = malloc(n * 4);
+                size_t sz, bad = 0;
+                uint8_t *p;
+                c.k.bits_x2 = bits[bi];
+                c.k.norm_correction = (uint8_t)(bi & 1);
+                c.key_centering = (uint8_t)cen;
+                c.rotation = TQKV_ROT_HADAMARD;
+                c.seed = tqkv_splitmix64(&rng);
+                /* rows: +-max finite, all +max, huge, max spikes among tiny, ordinary, zero */
+                for (uint32_t t = 0; t < T; t++)
+                    for (uint32_t i = 0; i < H * D; i++) {
+                        uint16_t v;
+                        switch (t) {
+                        case 0:
+                            v = (i & 1) ? 0x7f7f : 0xff7f;
+                            break;
+                        case 1:
+                            v = 0x7f7f;
+                            break;
+                        case 2:
+                            v = tqkv_f32_to_bf16((float)fmax(-3e38, fmin(3e38, gauss() * 1e38)));
+                            break;
+                        case 3:
+                            v = (i % 5 == 2) ? ((i & 8) ? 0xff7f : 0x7f7f) : 0x0001;
+                            break;
+                        case 4:
+                            v = tqkv_f32_to_bf16((float)gauss());
+                            break;
+                        default:
+                            v = 0;
+                        }
+                        x[(size_t)t * H * D + i] = v;
+                    }
+                ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+                p = malloc(sz);
+                ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, x, NULL, p, sz, NULL, NULL, 0),
+                                 TQKV_OK);
+                ck_assert_int_eq(tqkv_page_decode_f32(p, sz, f, NULL), TQKV_OK);
+                ck_assert_int_eq(tqkv_page_decode_f32_ref(p, sz, fr, NULL), TQKV_OK);
+                ck_assert_int_eq(tqkv_page_decode_bf16(p, sz, h, NULL), TQKV_OK);
+                for (size_t i = 0; i < n; i++) {
+                    int d = (int)h[i] - (int)tqkv_f32_to_bf16_sat(fr[i]);
+                    bad += !isfinite(f[i]) ||
+                           !(fabsf(f[i] - fr[i]) <= 1e-5f * fabsf(fr[i]) + 1e-30f) ||
+                           h[i] != tqkv_f32_to_bf16_sat(f[i]) || d > 1 || d < -1;
+                    saturated += (h[i] & 0x7fffu) == 0x7f7fu;
+                }
+                ck_assert_msg(bad == 0, "D=%u bits %u/2 cen %d: %zu decoded values differ", D,
+                              bits[bi], cen, bad);
+                free(x);
+                free(h);
+                free(f);
+                free(fr);
+                free(p);
+            }
+    /* the rows at the top of the range reach the saturation */
+    ck_assert_uint_gt(saturated, 100);
+}
+END_TEST
+
 static Suite *
 pack_suite(void)
 {
@@ -294,6 +372,7 @@ pack_suite(void)
     tcase_add_test(tc, test_simd_vs_ref);
     tcase_add_test(tc, test_simd_special_rows);
     tcase_add_test(tc, test_simd_vs_ref_centered_fractional);
+    tcase_add_test(tc, test_simd_decode_saturation);
     suite_add_tcase(s, tc);
     return s;
 }
