@@ -2,12 +2,18 @@
  *
  * Per row: BF16 -> f32 (shift), sum of squares (FMA), D1, FWHT, D2, FWHT, then the
  * coordinates are scaled straight into the z domain (y * sqrt(g) = w / (sqrt(g) s)),
- * compared against the thresholds (count of thresholds below, the near-tie rule of
- * tqkv_nearest_index) and packed 8 indices at a time with PEXT into `bits` bytes,
- * the LSB-first stream of the format. The FWHT butterflies are the same a+c / a-c
- * operations in the same order as tqkv_fwht, so only the norm and scaling steps round
- * differently from the reference (near-ties only). Decode mirrors it with PDEP and a
- * register permute for the codebook lookup.
+ * located among the thresholds (a binary search over vpermps tables for 3 and 4 bits,
+ * a count for 1 and 2; both the near-tie rule of tqkv_nearest_index) and packed 8
+ * indices at a time with PEXT into `bits` bytes, the LSB-first stream of the format.
+ * Decode mirrors it: a dword broadcast and vpsrlvd per 8 indices, a register permute
+ * for the codebook, the transforms, and the scaled, clamped output.
+ *
+ * The FWHT butterflies are the same a+c / a-c operations in the same order as
+ * tqkv_fwht (in-vector stages as permute + FMA by +-1, which rounds identically), so
+ * only the norm and scaling steps round differently from the reference (near-ties
+ * only). Transforms run on blocks of 8 vectors in registers; g > 64 adds stages
+ * through a stack buffer, fused with D2 and with the last step, so g = 128 does not
+ * spill.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -87,7 +93,73 @@ load_bits(const uint8_t *p, uint32_t bits)
 static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x0303030303030303ull,
                                       0x0707070707070707ull, 0x0f0f0f0f0f0f0f0full};
 
+/* Index of y among the ascending thresholds thr[0..2^bits-2]: the count of thresholds
+ * below y (y > t), found for 3 and 4 bits by a binary search whose later thresholds come
+ * from vpermps tables indexed by the partial result kept negative (masks are -1): k bits
+ * found so far, -k & 7 picks the threshold of the next level. ta/tb/tc: those tables. */
+static inline __attribute__((always_inline)) __m256i
+quantize8(__m256 y, const __m256 *tv, __m256 ta, __m256 tb, __m256 tc, uint32_t bits)
+{
+    __m256i i;
+    if (bits <= 2) {
+        i = _mm256_setzero_si256();
+        for (uint32_t t = 0; t < (1u << bits) - 1; t++)
+            i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(y, tv[t], _CMP_GT_OQ)));
+        return i;
+    }
+    i = _mm256_castps_si256(_mm256_cmp_ps(y, tv[bits == 3 ? 3 : 7], _CMP_GT_OQ));
+    i = _mm256_add_epi32(
+        _mm256_add_epi32(i, i),
+        _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_permutevar8x32_ps(ta, i), _CMP_GT_OQ)));
+    if (bits == 4)
+        i = _mm256_add_epi32(
+            _mm256_add_epi32(i, i),
+            _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_permutevar8x32_ps(tb, i), _CMP_GT_OQ)));
+    i = _mm256_add_epi32(
+        _mm256_add_epi32(i, i),
+        _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_permutevar8x32_ps(tc, i), _CMP_GT_OQ)));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), i);
+}
+
+/* Threshold table of a binary-search level: entry (-k & 7) is the threshold that splits
+ * the cell range of partial index k (levels bits found so far, 2^(bits-levels) cells
+ * each), thr[(2k + 1) 2^(bits - levels - 1) - 1]. */
+static __m256
+thr_table(const float *thr, uint32_t bits, uint32_t levels)
+{
+    float t[8] = {0};
+    for (uint32_t k = 0; k < (1u << levels); k++)
+        t[(8 - k) & 7] = thr[((2 * k + 1) << (bits - levels - 1)) - 1];
+    return _mm256_loadu_ps(t);
+}
+
 /* Bodies take `bits` as a compile-time constant after inlining (see the switches). */
+/* Quantizes and packs coordinates 8q..8q+7 (y in the z domain) into out; keeps the
+ * codebook values in zb[q] for the norm correction. */
+static inline __attribute__((always_inline)) void
+enc_emit8(uint8_t *out, uint32_t q, __m256 y, const __m256 *tv, __m256 ta, __m256 tb, __m256 tc,
+          __m256 zlo, __m256 zhi, __m256 *zb, uint32_t bits, int norm_corrected)
+{
+    __m256i cnt = quantize8(y, tv, ta, tb, tc, bits);
+    if (norm_corrected) {
+        __m256 zv = _mm256_permutevar8x32_ps(zlo, cnt);
+        if (bits == 4)
+            zv = _mm256_blendv_ps(zv, _mm256_permutevar8x32_ps(zhi, cnt),
+                                  _mm256_castsi256_ps(_mm256_slli_epi32(cnt, 28)));
+        zb[q] = zv;
+    }
+    /* 8 x int32 -> 8 bytes -> PEXT the low `bits` of each byte */
+    __m128i lo = _mm256_castsi256_si128(cnt), hi = _mm256_extracti128_si256(cnt, 1);
+    __m128i b16 = _mm_packus_epi32(lo, hi);
+    __m128i b8 = _mm_packus_epi16(b16, b16);
+    uint64_t packed = _pext_u64((uint64_t)_mm_cvtsi128_si64(b8), lane_mask[bits]);
+    memcpy(out + q * bits, &packed, bits);
+}
+
+/* Encode, per row: BF16 -> f32 (minus mu), sum of squares, D1, FWHT, D2, FWHT, quantize.
+ * The transforms run on blocks of 8 vectors as in dec_body (wider stages through w[],
+ * fused with D2 and with the quantization); same operations in the same order as
+ * before, so the same bytes. */
 static inline __attribute__((always_inline)) size_t
 enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 {
@@ -95,68 +167,108 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
     const float *signs = A->signs, *z = A->z, *thr = A->thr, *mu = A->mu;
     const size_t n = A->n;
     const int norm_corrected = A->norm_corrected;
-    __m256 v[TQKV_PAGE_MAX_DIM / 8];
-    const uint32_t nv = g / 8;
+    __m256 w[TQKV_PAGE_MAX_DIM / 8], zb[TQKV_PAGE_MAX_DIM / 8], r[8];
+    const uint32_t nv = g / 8, nb = nv < 8 ? nv : 8;
     const uint32_t nthr = (1u << bits) - 1;
-    const uint64_t pmask = lane_mask[bits];
     const float sg = sqrtf((float)g);
     __m256 tv[15];
     __m256 zlo = _mm256_loadu_ps(z), zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zlo;
 
     for (uint32_t t = 0; t < nthr; t++)
         tv[t] = _mm256_set1_ps(thr[t]);
+    const __m256 ta = bits >= 3 ? thr_table(thr, bits, 1) : tv[0];
+    const __m256 tb = bits == 4 ? thr_table(thr, bits, 2) : ta;
+    const __m256 tc = bits >= 3 ? thr_table(thr, bits, bits - 1) : ta;
     for (size_t i = 0; i < n; i++) {
         const uint16_t *xr = x + i * A->x_stride;
         uint8_t *out = A->idx + i * A->idx_stride;
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), zacc = _mm256_setzero_ps();
         float ss, s, k;
-#pragma GCC unroll 8
-        for (uint32_t j = 0; j < g; j += 16) {
-            __m256 a = load_bf16(xr + j), b = load_bf16(xr + j + 8);
-            if (mu) {
-                a = _mm256_sub_ps(a, _mm256_loadu_ps(mu + j));
-                b = _mm256_sub_ps(b, _mm256_loadu_ps(mu + j + 8));
+        __m256 kv;
+        _Pragma("GCC unroll 4") for (uint32_t b0 = 0; b0 < nv; b0 += nb)
+        {
+#pragma GCC unroll 4
+            for (uint32_t k2 = 0; k2 < nb; k2 += 2) {
+                const uint32_t j = 8 * (b0 + k2);
+                __m256 a = load_bf16(xr + j), b = load_bf16(xr + j + 8);
+                if (mu) {
+                    a = _mm256_sub_ps(a, _mm256_loadu_ps(mu + j));
+                    b = _mm256_sub_ps(b, _mm256_loadu_ps(mu + j + 8));
+                }
+                acc0 = _mm256_fmadd_ps(a, a, acc0);
+                acc1 = _mm256_fmadd_ps(b, b, acc1);
+                r[k2] = _mm256_mul_ps(a, _mm256_loadu_ps(signs + j));
+                r[k2 + 1] = _mm256_mul_ps(b, _mm256_loadu_ps(signs + j + 8));
             }
-            acc0 = _mm256_fmadd_ps(a, a, acc0);
-            acc1 = _mm256_fmadd_ps(b, b, acc1);
-            v[j / 8] = _mm256_mul_ps(a, _mm256_loadu_ps(signs + j));
-            v[j / 8 + 1] = _mm256_mul_ps(b, _mm256_loadu_ps(signs + j + 8));
+            fwht_avx2(r, nb);
+            if (nb == nv) {
+#pragma GCC unroll 8
+                for (uint32_t q = 0; q < nb; q++)
+                    r[q] = _mm256_mul_ps(r[q], _mm256_loadu_ps(signs + g + 8 * q));
+            } else {
+#pragma GCC unroll 8
+                for (uint32_t q = 0; q < nb; q++)
+                    w[b0 + q] = r[q];
+            }
         }
         ss = hsum(_mm256_add_ps(acc0, acc1));
         if (!(ss >= 1e-30f && ss <= 1e36f))
             return i;
-        fwht_avx2(v, nv);
-#pragma GCC unroll 16
-        for (uint32_t j = 0; j < nv; j++)
-            v[j] = _mm256_mul_ps(v[j], _mm256_loadu_ps(signs + g + 8 * j));
-        fwht_avx2(v, nv);
         s = sqrtf(ss);
         k = 1.0f / (sg * s);
-        const __m256 kv = _mm256_set1_ps(k);
-#pragma GCC unroll 16
-        for (uint32_t j = 0; j < g; j += 8) {
-            __m256 y = _mm256_mul_ps(v[j / 8], kv);
-            __m256i cnt = _mm256_setzero_si256();
-            for (uint32_t t = 0; t < nthr; t++)
-                cnt =
-                    _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(y, tv[t], _CMP_GT_OQ)));
-            if (norm_corrected) {
-                __m256 zv = _mm256_permutevar8x32_ps(zlo, cnt);
-                if (bits == 4)
-                    zv = _mm256_blendv_ps(
-                        zv, _mm256_permutevar8x32_ps(zhi, cnt),
-                        _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt, _mm256_set1_epi32(7))));
-                zacc = _mm256_fmadd_ps(zv, zv, zacc);
+        kv = _mm256_set1_ps(k);
+        for (uint32_t h = nb; h < nv; h <<= 1)
+            for (uint32_t i0 = 0; i0 < nv; i0 += 2 * h)
+#pragma GCC unroll 8
+                for (uint32_t j = i0; j < i0 + h; j++) {
+                    __m256 p = w[j], q = w[j + h], a = _mm256_add_ps(p, q), d = _mm256_sub_ps(p, q);
+                    if (2 * h == nv) {
+                        a = _mm256_mul_ps(a, _mm256_loadu_ps(signs + g + 8 * j));
+                        d = _mm256_mul_ps(d, _mm256_loadu_ps(signs + g + 8 * (j + h)));
+                    }
+                    w[j] = a;
+                    w[j + h] = d;
+                }
+        if (nb == nv) {
+            fwht_avx2(r, nb);
+#pragma GCC unroll 8
+            for (uint32_t q = 0; q < nb; q++)
+                enc_emit8(out, q, _mm256_mul_ps(r[q], kv), tv, ta, tb, tc, zlo, zhi, zb, bits,
+                          norm_corrected);
+        } else {
+            _Pragma("GCC unroll 4") for (uint32_t b0 = 0; b0 < nv; b0 += nb)
+            {
+#pragma GCC unroll 8
+                for (uint32_t q = 0; q < nb; q++)
+                    r[q] = w[b0 + q];
+                fwht_avx2(r, nb);
+#pragma GCC unroll 8
+                for (uint32_t q = 0; q < nb; q++)
+                    w[b0 + q] = r[q];
             }
-            /* 8 x int32 -> 8 bytes -> PEXT the low `bits` of each byte */
-            __m128i lo = _mm256_castsi256_si128(cnt), hi = _mm256_extracti128_si256(cnt, 1);
-            __m128i b16 = _mm_packus_epi32(lo, hi);
-            __m128i b8 = _mm_packus_epi16(b16, b16);
-            uint64_t packed = _pext_u64((uint64_t)_mm_cvtsi128_si64(b8), pmask);
-            memcpy(out + (j / 8) * bits, &packed, bits);
+            for (uint32_t h = nb; h < nv; h <<= 1)
+                for (uint32_t i0 = 0; i0 < nv; i0 += 2 * h)
+#pragma GCC unroll 8
+                    for (uint32_t j = i0; j < i0 + h; j++) {
+                        __m256 p = w[j], q = w[j + h], a = _mm256_add_ps(p, q),
+                               d = _mm256_sub_ps(p, q);
+                        if (2 * h == nv) {
+                            enc_emit8(out, j, _mm256_mul_ps(a, kv), tv, ta, tb, tc, zlo, zhi, zb,
+                                      bits, norm_corrected);
+                            enc_emit8(out, j + h, _mm256_mul_ps(d, kv), tv, ta, tb, tc, zlo, zhi,
+                                      zb, bits, norm_corrected);
+                        } else {
+                            w[j] = a;
+                            w[j + h] = d;
+                        }
+                    }
         }
         if (norm_corrected) {
-            float zn2 = hsum(zacc);
+            float zn2;
+#pragma GCC unroll 16
+            for (uint32_t q = 0; q < nv; q++) /* in coordinate order, as before */
+                zacc = _mm256_fmadd_ps(zb[q], zb[q], zacc);
+            zn2 = hsum(zacc);
             A->scale[i * A->scale_stride] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
         } else {
             A->scale[i * A->scale_stride] = s / sg;
@@ -391,6 +503,10 @@ tqkv__page_enc_had_avx2(const tqkv__enc_rows_t *a)
 #define ENC(G, B) return enc_body(a, G, B)
     if (g == 128)
         TQKV__BITS_SWITCH(ENC, 128)
+    if (g == 64)
+        TQKV__BITS_SWITCH(ENC, 64)
+    if (g == 256)
+        TQKV__BITS_SWITCH(ENC, 256)
     TQKV__BITS_SWITCH(ENC, g)
 #undef ENC
 }
