@@ -173,6 +173,7 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
 
     for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
         uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
+        tqkv__attn_prefetch_slice(tk, t0, t0 + n);
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t h = 0; h < G; h++) {
                 float score = tk->qbias ? tk->qbias[h] : 0.0f;
@@ -222,9 +223,11 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
 void
 tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
                        size_t stride, uint32_t D, float sm_scale, float *out, float *m, float *l,
-                       float *scratch)
+                       float *scratch, const void *pfk, const void *pfv, size_t pf_bytes)
 {
     float *sc = scratch;
+    tqkv__attn_prefetch_bytes(pfk, 0, pf_bytes);
+    tqkv__attn_prefetch_bytes(pfv, 0, pf_bytes);
     for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
         uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
         for (uint32_t i = 0; i < n; i++) {
@@ -280,18 +283,6 @@ rot_apply(const tqkv_rotation_t *r, const float *x, float *y, int transpose)
         tqkv_rotation_apply_t(r, x, y);
     else
         tqkv_rotation_apply(r, x, y);
-}
-
-/* Brings bytes [p, p+len) towards the cache ahead of use (never faults). The kernels walk
- * one KV head at a time through token-major data, a strided pattern the hardware
- * prefetchers follow poorly; the drivers stream the next block or page in with this while
- * the current one is computed. */
-static void
-prefetch_range(const void *p, size_t len)
-{
-    const char *c = p;
-    for (size_t i = 0; i < len; i += 64)
-        __builtin_prefetch(c + i, 0, 2);
 }
 
 /* ---- page checks ---- */
@@ -636,10 +627,11 @@ run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, u
         nv = build_streams(c, pc, w, TQKV_TENSOR_V, h, t0, n, &tk);
         if (nk < 0 || nv < 0)
             return TQKV_ECORRUPT;
-        if (next && (size_t)h * part < next_bytes)
-            prefetch_range(next + (size_t)h * part, next_bytes - (size_t)h * part < part
-                                                        ? next_bytes - (size_t)h * part
-                                                        : part);
+        if (next && (size_t)h * part < next_bytes) {
+            tk.pf = next + (size_t)h * part;
+            tk.pf_bytes =
+                next_bytes - (size_t)h * part < part ? next_bytes - (size_t)h * part : part;
+        }
         tk.num_tokens = n;
         tk.G = c->G;
         tk.nk = (uint32_t)nk;
@@ -1109,12 +1101,10 @@ bf16_common(const float *q, uint32_t HQ, const uint16_t *k, const uint16_t *v, u
         size_t part = (size_t)n2 * D; /* elements of the next block per head-sized part */
         for (uint32_t h = 0; h < H; h++) {
             size_t off = ((size_t)t0 * H + h) * D, nxt = ((size_t)(t0 + n) * H + h) * D;
-            if (n2) {
-                prefetch_range(k + nxt - (size_t)h * D + (size_t)h * part, part * 2);
-                prefetch_range(v + nxt - (size_t)h * D + (size_t)h * part, part * 2);
-            }
             fn(q + (size_t)h * G * D, G, k + off, v + off, n, (size_t)H * D, D, sm_scale,
-               out + (size_t)h * G * D, m + h * G, l + h * G, scratch);
+               out + (size_t)h * G * D, m + h * G, l + h * G, scratch,
+               k + nxt - (size_t)h * D + (size_t)h * part,
+               v + nxt - (size_t)h * D + (size_t)h * part, n2 ? part * 2 : 0);
         }
     }
     for (uint32_t i = 0; i < HQ; i++)

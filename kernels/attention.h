@@ -110,17 +110,47 @@ typedef struct tqkv__attn_task {
     float *acc[4];      /* per V stream: [G][gdim] rotated-domain accumulators (output) */
     float *m, *l;       /* [G] running max and sum (output) */
     float *scratch;     /* 2 * G * TQKV__ATTN_TILE floats */
+    const uint8_t *pf;  /* memory to bring towards the cache while the item runs (this head's */
+    size_t pf_bytes;    /* share of the next page), a slice per tile; pf_bytes may be 0 */
 } tqkv__attn_task_t;
 
 #define TQKV__ATTN_TILE 64
 
+/* Prefetches the slice of t->pf that belongs to tokens [t0, t1) of the item: spread over
+ * the item instead of one burst, which would fill the miss queues and stall the kernel. */
+static inline void
+tqkv__attn_prefetch_slice(const tqkv__attn_task_t *t, uint32_t t0, uint32_t t1)
+{
+    size_t a, b;
+    if (!t->pf_bytes || !t->num_tokens)
+        return;
+    a = (t->pf_bytes * t0 / t->num_tokens) & ~(size_t)63;
+    b = t->pf_bytes * t1 / t->num_tokens;
+    for (; a < b; a += 64)
+        __builtin_prefetch(t->pf + a, 0, 2);
+}
+
+/* Prefetches bytes [a, b) of p (a rounded down to a cache line; never faults). The kernels
+ * walk one KV head at a time through token-major data, a strided pattern the hardware
+ * prefetchers follow poorly, so each kernel call is handed its head's share of the next
+ * block (BF16) or page (packed) to bring in while it computes. */
+static inline void
+tqkv__attn_prefetch_bytes(const void *p, size_t a, size_t b)
+{
+    for (a &= ~(size_t)63; a < b; a += 64)
+        __builtin_prefetch((const char *)p + a, 0, 2);
+}
+
 typedef void (*tqkv__attn_task_fn)(const tqkv__attn_task_t *t);
 /* BF16 attention state update of G query heads over tokens [0, T) of one KV head: k, v point
  * at the first token of the head, stride is in elements between tokens. Updates the online
- * softmax state m[G], l[G] and the unnormalized output acc[G][D] (start: -inf, 0, 0). */
+ * softmax state m[G], l[G] and the unnormalized output acc[G][D] (start: -inf, 0, 0).
+ * pfk[0, pf_bytes) and pfv[0, pf_bytes) (may be 0 bytes): this head's share of the next
+ * block, brought towards the cache while the call runs (as tqkv__attn_task_t.pf). */
 typedef void (*tqkv__attn_bf16_fn)(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
                                    uint32_t T, size_t stride, uint32_t D, float sm_scale,
-                                   float *acc, float *m, float *l, float *scratch);
+                                   float *acc, float *m, float *l, float *scratch, const void *pfk,
+                                   const void *pfv, size_t pf_bytes);
 
 /* Randomized Hadamard rotation of kernels/rotation.h for a power-of-two n >= 8, with the
  * signs D1 = signs[0..n), D2 = signs[n..2n): forward y = H D2 H D1 x / n, transposed
@@ -136,14 +166,17 @@ void tqkv__attn_hadamard_avx512(const float *signs, uint32_t n, const float *x, 
 void tqkv__attn_task_avx512(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
                             uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
-                            float *m, float *l, float *scratch);
+                            float *m, float *l, float *scratch, const void *pfk, const void *pfv,
+                            size_t pf_bytes);
 void tqkv__attn_task_scalar(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
                             uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
-                            float *m, float *l, float *scratch);
+                            float *m, float *l, float *scratch, const void *pfk, const void *pfv,
+                            size_t pf_bytes);
 void tqkv__attn_task_avx2(const tqkv__attn_task_t *t);
 void tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v,
                           uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
-                          float *m, float *l, float *scratch);
+                          float *m, float *l, float *scratch, const void *pfk, const void *pfv,
+                          size_t pf_bytes);
 
 #endif

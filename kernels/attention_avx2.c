@@ -311,6 +311,7 @@ tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
 
     for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
         uint32_t n = T - t0 < TILE ? T - t0 : TILE;
+        tqkv__attn_prefetch_slice(tk, t0, t0 + n);
         for (uint32_t s = 0; s < tk->nk; s++) {
             sreg_t r;
             sreg_init(&r, &tk->k[s]);
@@ -481,8 +482,10 @@ bf16_value_tile(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint3
 void
 tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
                      size_t stride, uint32_t D, float sm_scale, float *out, float *m, float *l,
-                     float *scratch)
+                     float *scratch, const void *pfk, const void *pfv, size_t pf_bytes)
 {
+    tqkv__attn_prefetch_bytes(pfk, 0, pf_bytes);
+    tqkv__attn_prefetch_bytes(pfv, 0, pf_bytes);
     float *sc = scratch;
     for (uint32_t t0 = 0; t0 < T; t0 += TILE) {
         uint32_t n = T - t0 < TILE ? T - t0 : TILE;
