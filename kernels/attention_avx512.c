@@ -631,12 +631,74 @@ fwht_avx512(float *x, uint32_t n)
             }
 }
 
+/* The butterflies of fwht_avx512 on NR = n / 16 registers (n <= 128), same order. */
+static inline __attribute__((always_inline)) void
+fwht_regs(__m512 *v, const int NR)
+{
+    for (int r = 0; r < NR; r++) {
+        __m512 t = _mm512_permute_ps(v[r], 0xB1);
+        v[r] = _mm512_mask_sub_ps(_mm512_add_ps(v[r], t), 0xAAAA, t, v[r]);
+        t = _mm512_permute_ps(v[r], 0x4E);
+        v[r] = _mm512_mask_sub_ps(_mm512_add_ps(v[r], t), 0xCCCC, t, v[r]);
+        t = _mm512_shuffle_f32x4(v[r], v[r], _MM_SHUFFLE(2, 3, 0, 1));
+        v[r] = _mm512_mask_sub_ps(_mm512_add_ps(v[r], t), 0xF0F0, t, v[r]);
+        t = _mm512_shuffle_f32x4(v[r], v[r], _MM_SHUFFLE(1, 0, 3, 2));
+        v[r] = _mm512_mask_sub_ps(_mm512_add_ps(v[r], t), 0xFF00, t, v[r]);
+    }
+    for (int h = 1; h < NR; h <<= 1)
+        for (int i = 0; i < NR; i += h << 1)
+            for (int j = i; j < i + h; j++) {
+                __m512 a = v[j], c = v[j + h];
+                v[j] = _mm512_add_ps(a, c);
+                v[j + h] = _mm512_sub_ps(a, c);
+            }
+}
+
+/* tqkv__attn_hadamard_avx512 for n = 16 NR, all in registers. */
+static inline __attribute__((always_inline)) void
+hadamard_regs(const float *signs, const float *x, float *y, int transpose, const int NR)
+{
+    const uint32_t n = 16 * (uint32_t)NR;
+    const __m512 inv = _mm512_set1_ps(1.0f / (float)n);
+    const float *first = transpose ? signs + n : signs, *second = transpose ? signs : signs + n;
+    __m512 v[8];
+    for (int r = 0; r < NR; r++) {
+        v[r] = _mm512_loadu_ps(x + 16 * r);
+        if (!transpose)
+            v[r] = _mm512_mul_ps(v[r], _mm512_loadu_ps(first + 16 * r));
+    }
+    fwht_regs(v, NR);
+    for (int r = 0; r < NR; r++)
+        v[r] = _mm512_mul_ps(v[r], _mm512_loadu_ps((transpose ? first : second) + 16 * r));
+    fwht_regs(v, NR);
+    for (int r = 0; r < NR; r++) {
+        v[r] = _mm512_mul_ps(v[r], inv);
+        if (transpose)
+            v[r] = _mm512_mul_ps(v[r], _mm512_loadu_ps(second + 16 * r));
+        _mm512_storeu_ps(y + 16 * r, v[r]);
+    }
+}
+
 void
 tqkv__attn_hadamard_avx512(const float *signs, uint32_t n, const float *x, float *y, int transpose)
 {
     const __m512 inv = _mm512_set1_ps(1.0f / (float)n);
     const float *first = transpose ? signs + n : signs, *second = transpose ? signs : signs + n;
     uint32_t i;
+    switch (n) {
+    case 16:
+        hadamard_regs(signs, x, y, transpose, 1);
+        return;
+    case 32:
+        hadamard_regs(signs, x, y, transpose, 2);
+        return;
+    case 64:
+        hadamard_regs(signs, x, y, transpose, 4);
+        return;
+    case 128:
+        hadamard_regs(signs, x, y, transpose, 8);
+        return;
+    }
     if (transpose) {
         memcpy(y, x, sizeof(float) * n);
     } else {
