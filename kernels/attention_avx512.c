@@ -635,6 +635,7 @@ fwht_avx512(float *x, uint32_t n)
 static inline __attribute__((always_inline)) void
 fwht_regs(__m512 *v, const int NR)
 {
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         __m512 t = _mm512_permute_ps(v[r], 0xB1);
         v[r] = _mm512_mask_sub_ps(_mm512_add_ps(v[r], t), 0xAAAA, t, v[r]);
@@ -645,8 +646,11 @@ fwht_regs(__m512 *v, const int NR)
         t = _mm512_shuffle_f32x4(v[r], v[r], _MM_SHUFFLE(1, 0, 3, 2));
         v[r] = _mm512_mask_sub_ps(_mm512_add_ps(v[r], t), 0xFF00, t, v[r]);
     }
+#pragma GCC unroll 8
     for (int h = 1; h < NR; h <<= 1)
+#pragma GCC unroll 8
         for (int i = 0; i < NR; i += h << 1)
+#pragma GCC unroll 8
             for (int j = i; j < i + h; j++) {
                 __m512 a = v[j], c = v[j + h];
                 v[j] = _mm512_add_ps(a, c);
@@ -662,15 +666,18 @@ hadamard_regs(const float *signs, const float *x, float *y, int transpose, const
     const __m512 inv = _mm512_set1_ps(1.0f / (float)n);
     const float *first = transpose ? signs + n : signs, *second = transpose ? signs : signs + n;
     __m512 v[8];
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         v[r] = _mm512_loadu_ps(x + 16 * r);
         if (!transpose)
             v[r] = _mm512_mul_ps(v[r], _mm512_loadu_ps(first + 16 * r));
     }
     fwht_regs(v, NR);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         v[r] = _mm512_mul_ps(v[r], _mm512_loadu_ps((transpose ? first : second) + 16 * r));
     fwht_regs(v, NR);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
         v[r] = _mm512_mul_ps(v[r], inv);
         if (transpose)
