@@ -448,6 +448,7 @@ START_TEST(test_simd_equals_scalar_and_threads)
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
     float q[8 * 128], o1[8 * 128], o2[8 * 128], o3[8 * 128], o4[8 * 128];
     double num4 = 0;
+    int cap0;
     tqkv_block_codec_t codec = {{7, 0, 1}, {5, 1, 0}, TQKV_ROT_HADAMARD, 1, 77};
     tqkv_attn_opts_t opts;
     seq_t s;
@@ -459,13 +460,17 @@ START_TEST(test_simd_equals_scalar_and_threads)
     opts.split_tokens = 512;
     ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o1),
                      TQKV_OK);
+    /* the kernels of o1 (TQKV_ATTN_ISA may cap them), restored for the threaded run */
+    cap0 = !strcmp(tqkv_attn_isa(), "scalar") ? TQKV_ATTN_ISA_SCALAR
+           : !strcmp(tqkv_attn_isa(), "avx2") ? TQKV_ATTN_ISA_AVX2
+                                              : TQKV_ATTN_ISA_BEST;
     tqkv_attn_force_scalar(1);
     ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o2),
                      TQKV_OK);
     tqkv_attn_set_isa_cap(TQKV_ATTN_ISA_AVX2);
     ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o4),
                      TQKV_OK);
-    tqkv_attn_set_isa_cap(TQKV_ATTN_ISA_BEST);
+    tqkv_attn_set_isa_cap(cap0);
     opts.num_threads = 3;
     ck_assert_int_eq(tqkv_attn_decode(q, HQ, (const void *const *)s.pages, s.lens, s.n, &opts, o3),
                      TQKV_OK);
