@@ -333,7 +333,7 @@ typedef struct dec_out {
     const float *signs, *mu;
     const uint16_t *sbits; /* D1 as BF16 sign bits (only_h) */
     __m256 c, omin, omax, hmin, hmax;
-    int in_range; /* only_h: this row's values cannot reach the clamp */
+    int in_range; /* this row's values cannot reach the clamps */
 } dec_out_t;
 
 /* Output of coordinates j..j+15 from the FWHT: times scale / g and D1, plus mu, clamped,
@@ -344,23 +344,24 @@ emit16(const dec_out_t *O, uint32_t j, __m256 v0, __m256 v1, const int only_h)
     /* BF16 only: D1 as a sign flip of the rounded values (rounding and clamping are
      * symmetric, so the bits are those of flipping first) */
     __m256 o0 = _mm256_mul_ps(v0, O->c), o1 = _mm256_mul_ps(v1, O->c);
-    if (!only_h) {
+    if (!only_h && O->mu) { /* (the product by +-1 is exact: one rounding, as mul + add) */
+        o0 = _mm256_fmadd_ps(o0, _mm256_loadu_ps(O->signs + j), _mm256_loadu_ps(O->mu + j));
+        o1 = _mm256_fmadd_ps(o1, _mm256_loadu_ps(O->signs + j + 8), _mm256_loadu_ps(O->mu + j + 8));
+    } else if (!only_h) {
         o0 = _mm256_mul_ps(o0, _mm256_loadu_ps(O->signs + j));
         o1 = _mm256_mul_ps(o1, _mm256_loadu_ps(O->signs + j + 8));
     }
-    if (!only_h && O->mu) {
-        o0 = _mm256_add_ps(o0, _mm256_loadu_ps(O->mu + j));
-        o1 = _mm256_add_ps(o1, _mm256_loadu_ps(O->mu + j + 8));
-    }
-    if (!(only_h && O->in_range)) {
+    if (!O->in_range) {
         o0 = _mm256_min_ps(_mm256_max_ps(o0, O->omin), O->omax);
         o1 = _mm256_min_ps(_mm256_max_ps(o1, O->omin), O->omax);
     }
     if (!only_h && O->f) {
         _mm256_storeu_ps(O->f + j, o0);
         _mm256_storeu_ps(O->f + j + 8, o1);
-        o0 = _mm256_min_ps(_mm256_max_ps(o0, O->hmin), O->hmax);
-        o1 = _mm256_min_ps(_mm256_max_ps(o1, O->hmin), O->hmax);
+        if (!O->in_range) {
+            o0 = _mm256_min_ps(_mm256_max_ps(o0, O->hmin), O->hmax);
+            o1 = _mm256_min_ps(_mm256_max_ps(o1, O->hmin), O->hmax);
+        }
     }
     if (only_h || O->h) {
         __m256i p = _mm256_packus_epi32(bf16_round(o0), bf16_round(o1));
@@ -392,7 +393,7 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
     const __m256 zhi = bits == 4 ? _mm256_loadu_ps(z + 8) : zt;
     const float inv = 1.0f / (float)g;
     uint32_t hbits = BF16_SAT_MAX;
-    float bmax, zmax = 0, safe_scale;
+    float bmax, zmax = 0, mumax = 0, safe_scale;
     dec_out_t O;
 
     memcpy(&bmax, &hbits, 4);
@@ -404,9 +405,14 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
     O.mu = A->mu;
     /* f32 out: clamp to +-FLT_MAX (then to the BF16 bound for BF16 out too); BF16 only:
      * straight to the BF16 bound */
+    /* |H D2 H z| <= g^2 max|z| (rounding adds < 1e-6 over 14 stages), so a row with
+     * |scale| <= safe_scale has |w| <= bmax / 2 before mu is added: with |mu| <= bmax / 2
+     * its outputs cannot reach the clamps (most rows skip them) */
     for (uint32_t j = 0; j < (1u << bits); j++)
         zmax = fmaxf(zmax, fabsf(z[j]));
-    safe_scale = bmax / (2.0f * (float)g * zmax);
+    for (uint32_t j = 0; A->mu && j < g; j++)
+        mumax = fmaxf(mumax, fabsf(A->mu[j]));
+    safe_scale = mumax <= 0.5f * bmax ? bmax / (4.0f * (float)g * zmax) : -1.0f;
     O.omax = _mm256_set1_ps(A->out_f ? FLT_MAX : bmax);
     O.omin = _mm256_set1_ps(A->out_f ? -FLT_MAX : -bmax);
     O.hmax = _mm256_set1_ps(bmax);
@@ -415,8 +421,6 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
         const uint8_t *row = A->idx + i * A->idx_stride;
         const float sc = A->scale[i * A->scale_stride];
         O.c = _mm256_set1_ps(sc * inv);
-        /* |H D2 H z| <= g^2 max|z| (rounding adds < 1e-6 over 14 stages, hence the 2 in
-         * safe_scale), so |output| <= scale g max|z|: most rows skip the clamp */
         O.in_range = fabsf(sc) <= safe_scale;
         O.f = A->out_f ? A->out_f + i * os : NULL;
         O.h = A->out_h ? A->out_h + i * os : NULL;
