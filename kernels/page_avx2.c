@@ -500,8 +500,9 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
     }
 }
 
-/* Specialized for head_dim 128 (the common case: the FWHT stays in 16 registers) and
- * each bit width; other power-of-two dims take the generic-g bodies. */
+/* Specialized for g = 128 (the common head dim), 64, 256 and 32 (the groups of
+ * fractional bit widths) and each bit width, so the loops unroll around registers;
+ * other power-of-two g take the generic bodies. */
 #define TQKV__BITS_SWITCH(CALL, G)                                                                 \
     switch (bits) {                                                                                \
     case 1:                                                                                        \
@@ -525,6 +526,8 @@ tqkv__page_enc_had_avx2(const tqkv__enc_rows_t *a)
         TQKV__BITS_SWITCH(ENC, 64)
     if (g == 256)
         TQKV__BITS_SWITCH(ENC, 256)
+    if (g == 32)
+        TQKV__BITS_SWITCH(ENC, 32)
     TQKV__BITS_SWITCH(ENC, g)
 #undef ENC
 }
@@ -546,6 +549,8 @@ tqkv__page_dec_had_avx2(const tqkv__dec_rows_t *a)
         TQKV__BITS_SWITCH(DEC, 64)
     if (g == 256)
         TQKV__BITS_SWITCH(DEC, 256)
+    if (g == 32)
+        TQKV__BITS_SWITCH(DEC, 32)
     TQKV__BITS_SWITCH(DEC, g)
 #undef DEC
 }
