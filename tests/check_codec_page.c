@@ -381,20 +381,39 @@ END_TEST
 
 START_TEST(test_crc32c)
 {
-    uint8_t buf[4096 + 8];
+    /* Up to 96 KiB: the SSE4.2 kernel switches to three interleaved lanes at 1.5 KiB
+     * (512-byte lanes) and 24 KiB (8 KiB lanes); lengths and split points land on and
+     * around both thresholds. */
+    enum { N = 96 * 1024 };
+    static uint8_t buf[N + 8];
+    static const size_t edges[] = {1535, 1536, 1537, 3071, 3072, 24575, 24576, 24577, 49152, 73729};
     ck_assert_uint_eq(tqkv_crc32c_ref(0, "123456789", 9), 0xE3069283u);
     ck_assert_uint_eq(tqkv_crc32c(0, "123456789", 9), 0xE3069283u);
     ck_assert_uint_eq(tqkv_crc32c(0, "", 0), 0);
     rng = tqkv_test_seed();
     for (size_t i = 0; i < sizeof buf; i++)
         buf[i] = (uint8_t)tqkv_splitmix64(&rng);
-    for (int r = 0; r < 500; r++) {
-        size_t off = tqkv_splitmix64(&rng) % 8, len = tqkv_splitmix64(&rng) % 4097,
-               cut = len ? tqkv_splitmix64(&rng) % len : 0;
+    for (int r = 0; r < 600; r++) {
+        size_t off = tqkv_splitmix64(&rng) % 8;
+        size_t len = r < 20    ? edges[r % 10] + (size_t)(r / 10)
+                     : r < 300 ? tqkv_splitmix64(&rng) % 4097
+                               : tqkv_splitmix64(&rng) % (N + 1);
+        size_t cut = len ? tqkv_splitmix64(&rng) % len : 0;
         uint32_t a = tqkv_crc32c_ref(0, buf + off, len);
         ck_assert_uint_eq(tqkv_crc32c(0, buf + off, len), a);
         ck_assert_uint_eq(tqkv_crc32c(tqkv_crc32c(0, buf + off, cut), buf + off + cut, len - cut),
                           a);
+        /* a nonzero starting register (a chained call) through the lanes */
+        ck_assert_uint_eq(tqkv_crc32c(0x12345678u, buf + off, len),
+                          tqkv_crc32c_ref(0x12345678u, buf + off, len));
+    }
+    /* a flipped bit anywhere changes the CRC */
+    uint32_t whole = tqkv_crc32c(0, buf, N);
+    for (int r = 0; r < 64; r++) {
+        size_t at = tqkv_splitmix64(&rng) % N;
+        buf[at] ^= (uint8_t)(1u << (r % 8));
+        ck_assert_uint_ne(tqkv_crc32c(0, buf, N), whole);
+        buf[at] ^= (uint8_t)(1u << (r % 8));
     }
 }
 END_TEST
