@@ -3,10 +3,11 @@
  * Per row: BF16 -> f32 (shift), sum of squares (FMA), D1, FWHT, D2, FWHT, then the
  * coordinates are scaled straight into the z domain (y * sqrt(g) = w / (sqrt(g) s)),
  * located among the thresholds (a binary search over vpermps tables for 3 and 4 bits,
- * a count for 1 and 2; both the near-tie rule of tqkv_nearest_index) and packed 8
- * indices at a time with PEXT into `bits` bytes, the LSB-first stream of the format.
- * Decode mirrors it: a dword broadcast and vpsrlvd per 8 indices, a register permute
- * for the codebook, the transforms, and the scaled, clamped output.
+ * a count for 1 and 2; both the near-tie rule of tqkv_nearest_index) and packed 32
+ * indices at a time (shifts and horizontal adds) into the LSB-first stream of the
+ * format. Decode mirrors it: a dword broadcast and vpsrlvd per 8 indices, a register
+ * permute for the codebook, the transforms, and the scaled, clamped output. No
+ * PEXT/PDEP: they are microcoded and slow on AMD before Zen 3, common AVX2-only parts.
  *
  * The FWHT butterflies are the same a+c / a-c operations in the same order as
  * tqkv_fwht (in-vector stages as permute + FMA by +-1, which rounds identically), so
@@ -73,30 +74,6 @@ load_bf16(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* The `bits` bytes holding 8 packed indices, without a store-forwarding stall. */
-static inline uint64_t
-load_bits(const uint8_t *p, uint32_t bits)
-{
-    uint16_t h;
-    uint32_t w;
-    switch (bits) {
-    case 1:
-        return p[0];
-    case 2:
-        memcpy(&h, p, 2);
-        return h;
-    case 3:
-        memcpy(&h, p, 2);
-        return h | (uint64_t)p[2] << 16;
-    default:
-        memcpy(&w, p, 4);
-        return w;
-    }
-}
-
-static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x0303030303030303ull,
-                                      0x0707070707070707ull, 0x0f0f0f0f0f0f0f0full};
-
 /* Index of y among the ascending thresholds thr[0..2^bits-2]: the count of thresholds
  * below y (y > t), found for 3 and 4 bits by a binary search whose later thresholds come
  * from vpermps tables indexed by the partial result kept negative (masks are -1): k bits
@@ -141,7 +118,7 @@ thr_table(const float *thr, uint32_t bits, uint32_t levels)
 /* Quantizes and packs coordinates 8q..8q+7 (y in the z domain) into out; keeps the
  * codebook values in zb[q] for the norm correction. */
 static inline __attribute__((always_inline)) void
-enc_emit8(uint8_t *out, uint32_t q, __m256 y, const __m256 *tv, __m256 ta, __m256 tb, __m256 tc,
+enc_emit8(__m256i *cn, uint32_t q, __m256 y, const __m256 *tv, __m256 ta, __m256 tb, __m256 tc,
           __m256 zlo, __m256 zhi, __m256 *zb, uint32_t bits, int norm_corrected)
 {
     __m256i cnt = quantize8(y, tv, ta, tb, tc, bits);
@@ -152,12 +129,44 @@ enc_emit8(uint8_t *out, uint32_t q, __m256 y, const __m256 *tv, __m256 ta, __m25
                                   _mm256_castsi256_ps(_mm256_slli_epi32(cnt, 28)));
         zb[q] = zv;
     }
-    /* 8 x int32 -> 8 bytes -> PEXT the low `bits` of each byte */
-    __m128i lo = _mm256_castsi256_si128(cnt), hi = _mm256_extracti128_si256(cnt, 1);
-    __m128i b16 = _mm_packus_epi32(lo, hi);
-    __m128i b8 = _mm_packus_epi16(b16, b16);
-    uint64_t packed = _pext_u64((uint64_t)_mm_cvtsi128_si64(b8), lane_mask[bits]);
-    memcpy(out + q * bits, &packed, bits);
+    cn[q] = cnt;
+}
+
+/* Packs the indices of ng = 2 or 4 groups (cn[0..ng), lanes < 2^bits) into the ng * bits
+ * bytes at out, LSB first: each lane shifted to its place in the group's 8 bits-wide
+ * fields, the lanes summed (disjoint bits: the sum is the OR) by two rounds of hadd and
+ * the two halves, then the groups' bytes made contiguous. No PEXT (microcoded and slow
+ * on AMD before Zen 3). */
+static inline __attribute__((always_inline)) void
+pack_groups(uint8_t *out, const __m256i *cn, uint32_t ng, uint32_t bits)
+{
+    const __m256i sh =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bits));
+    __m256i h = _mm256_hadd_epi32(_mm256_sllv_epi32(cn[0], sh), _mm256_sllv_epi32(cn[1], sh));
+    h = _mm256_hadd_epi32(
+        h, ng == 4 ? _mm256_hadd_epi32(_mm256_sllv_epi32(cn[2], sh), _mm256_sllv_epi32(cn[3], sh))
+                   : h);
+    /* group k's 8 * bits bits in dword k */
+    __m128i g = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    if (bits == 3)
+        g = _mm_shuffle_epi8(g,
+                             _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1));
+    else if (bits == 2)
+        g = _mm_packus_epi32(g, g);
+    else if (bits == 1)
+        g = _mm_packus_epi16(_mm_packus_epi32(g, g), g);
+    if (ng * bits >= 8) {
+        _mm_storel_epi64((__m128i *)out, g);
+        if (ng * bits == 16)
+            _mm_storel_epi64((__m128i *)(out + 8), _mm_unpackhi_epi64(g, g));
+        else if (ng * bits == 12) {
+            uint32_t t = (uint32_t)_mm_extract_epi32(g, 2);
+            memcpy(out + 8, &t, 4);
+        }
+    } else {
+        uint64_t t = (uint64_t)_mm_cvtsi128_si64(g);
+        memcpy(out, &t, ng * bits);
+    }
 }
 
 /* Encode, per row: BF16 -> f32 (minus mu), sum of squares, D1, FWHT, D2, FWHT, quantize.
@@ -172,6 +181,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
     const size_t n = A->n;
     const int norm_corrected = A->norm_corrected;
     __m256 w[TQKV_PAGE_MAX_DIM / 8], zb[TQKV_PAGE_MAX_DIM / 8], r[8];
+    __m256i cn[TQKV_PAGE_MAX_DIM / 8];
     const uint32_t nv = g / 8, nb = nv < 8 ? nv : 8;
     const uint32_t nthr = (1u << bits) - 1;
     const float sg = sqrtf((float)g);
@@ -237,7 +247,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
             fwht_avx2(r, nb);
 #pragma GCC unroll 8
             for (uint32_t q = 0; q < nb; q++)
-                enc_emit8(out, q, _mm256_mul_ps(r[q], kv), tv, ta, tb, tc, zlo, zhi, zb, bits,
+                enc_emit8(cn, q, _mm256_mul_ps(r[q], kv), tv, ta, tb, tc, zlo, zhi, zb, bits,
                           norm_corrected);
         } else {
             _Pragma("GCC unroll 4") for (uint32_t b0 = 0; b0 < nv; b0 += nb)
@@ -257,16 +267,18 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
                         __m256 p = w[j], q = w[j + h], a = _mm256_add_ps(p, q),
                                d = _mm256_sub_ps(p, q);
                         if (2 * h == nv) {
-                            enc_emit8(out, j, _mm256_mul_ps(a, kv), tv, ta, tb, tc, zlo, zhi, zb,
+                            enc_emit8(cn, j, _mm256_mul_ps(a, kv), tv, ta, tb, tc, zlo, zhi, zb,
                                       bits, norm_corrected);
-                            enc_emit8(out, j + h, _mm256_mul_ps(d, kv), tv, ta, tb, tc, zlo, zhi,
-                                      zb, bits, norm_corrected);
+                            enc_emit8(cn, j + h, _mm256_mul_ps(d, kv), tv, ta, tb, tc, zlo, zhi, zb,
+                                      bits, norm_corrected);
                         } else {
                             w[j] = a;
                             w[j + h] = d;
                         }
                     }
         }
+        _Pragma("GCC unroll 4") for (uint32_t q = 0; q < nv; q += 4)
+            pack_groups(out + q * bits, cn + q, nv < 4 ? nv : 4, bits);
         if (norm_corrected) {
             float zn2;
 #pragma GCC unroll 16
@@ -284,14 +296,22 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 /* The 8 indices of group q (coordinates 8q..8q+7, bits 8q*bits.. of the row) as the low
  * `bits` of lanes 0..7, higher lanes' bits above them: one dword broadcast from the row
  * and a variable shift. The dword is taken at byte q*bits or, for the last groups of a
- * row, at the row's last 4 bytes (row_bytes >= 4), so nothing past the row is read. */
+ * row, at the row's last 4 bytes (a 2-byte row, g = 16 at 1 bit: those 2 bytes), so
+ * nothing past the row is read. */
 static inline __attribute__((always_inline)) __m256i
 unpack8(const uint8_t *row, uint32_t q, uint32_t bits, uint32_t row_bytes)
 {
     uint32_t off = q * bits, w;
-    if (off + 4 > row_bytes)
-        off = row_bytes - 4;
-    memcpy(&w, row + off, 4);
+    if (row_bytes < 4) { /* g = 16 at 1 bit: 2 bytes */
+        uint16_t h;
+        memcpy(&h, row, 2);
+        w = h;
+        off = 0;
+    } else {
+        if (off + 4 > row_bytes)
+            off = row_bytes - 4;
+        memcpy(&w, row + off, 4);
+    }
     const __m256i sh =
         _mm256_add_epi32(_mm256_set1_epi32((int)(8 * (q * bits - off))),
                          _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -385,7 +405,6 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
     __m256 w[TQKV_PAGE_MAX_DIM / 8], r[8];
     uint16_t sbits[TQKV_PAGE_MAX_DIM];
     const uint32_t nv = g / 8, nb = nv < 8 ? nv : 8, row_bytes = g * bits / 8;
-    const uint64_t pmask = lane_mask[bits];
     const __m256i zi = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256 zt = _mm256_permutevar8x32_ps(
         _mm256_loadu_ps(z),
@@ -428,15 +447,7 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
         {
 #pragma GCC unroll 8
             for (uint32_t k = 0; k < nb; k++) {
-                const uint32_t q = b0 + k;
-                __m256i t;
-                if (row_bytes >= 4) {
-                    t = unpack8(row, q, bits, row_bytes);
-                } else { /* g = 16 at 1 bit: 2 bytes a row */
-                    uint64_t u = load_bits(row + q * bits, bits);
-                    t = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)_pdep_u64(u, pmask)));
-                }
-                r[k] = lookup8(t, zt, zhi, bits);
+                r[k] = lookup8(unpack8(row, b0 + k, bits, row_bytes), zt, zhi, bits);
             }
             fwht_avx2(r, nb);
             if (nb == nv) {
