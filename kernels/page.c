@@ -668,6 +668,21 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
             return TQKV_ECORRUPT;
         }
     }
+    /* A scale or gamma is good when finite and not below zero: as bits, under
+     * 0x7f800000 (+0 .. +max finite) or exactly 0x80000000 (-0). One branch-free pass
+     * (it vectorizes; attention validates every page it reads), then a second pass
+     * only to name the first bad vector. */
+    uint32_t bad = 0;
+    for (int arr = 0; arr < (gv.gamma ? 2 : 1); arr++) {
+        const uint8_t *a = gv.base + (arr ? gv.L.off_gamma : gv.L.off_scale);
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, a + 4 * i, 4);
+            bad |= (uint32_t)(u >= 0x7f800000u) & (uint32_t)(u != 0x80000000u);
+        }
+    }
+    if (!bad)
+        return TQKV_OK;
     for (uint64_t i = 0; i < n; i++) {
         float s, gm = 0;
         memcpy(&s, gv.base + gv.L.off_scale + 4 * i, 4);
@@ -679,7 +694,7 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
             return TQKV_ECORRUPT;
         }
     }
-    return TQKV_OK;
+    return TQKV_EINTERNAL; /* the two passes disagree */
 }
 
 tqkv_status_t

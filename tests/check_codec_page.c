@@ -449,6 +449,52 @@ refresh_crc(void *p)
     h->crc32c = tqkv_page_crc(p, h->page_bytes);
 }
 
+/* Scales and gammas: finite and >= 0 (-0 included) pass, NaN/Inf/negative fail with a
+ * message naming the vector, whichever group, array and position holds the bad one. */
+START_TEST(test_validate_scales)
+{
+    static const uint32_t good[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu,
+                                    0x3f800000u};
+    static const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                                   0x80000001u, 0xbf800000u, 0x7f800001u};
+    size_t sz;
+    uint8_t *p = full_page(&sz), *q = malloc(sz);
+    char err[256];
+    rng = tqkv_test_seed();
+    for (uint32_t t = 0; t < 2; t++)
+        for (uint32_t gi = 0; gi < 2; gi++) {
+            tqkv_group_view_t gv;
+            if (tqkv_page_group_view(p, t, gi, &gv) != 0)
+                continue;
+            const tqkv_page_header_t *hp = (const tqkv_page_header_t *)p;
+            uint64_t n = (uint64_t)hp->num_tokens * hp->num_kv_heads;
+            for (int arr = 0; arr < (gv.gamma ? 2 : 1); arr++) {
+                size_t off = (size_t)(gv.base - p) + (arr ? gv.L.off_gamma : gv.L.off_scale);
+                for (int r = 0; r < 12; r++) {
+                    uint64_t i = r == 0 ? 0 : r == 1 ? n - 1 : tqkv_splitmix64(&rng) % n;
+                    uint32_t u = r < 5 ? good[r] : bad[(r - 5) % 7];
+                    memcpy(q, p, sz);
+                    memcpy(q + off + 4 * i, &u, 4);
+                    refresh_crc(q);
+                    tqkv_status_t st = tqkv_page_validate(q, sz, 1, NULL, err, sizeof err);
+                    if (r < 5) {
+                        ck_assert_msg(st == TQKV_OK, "tensor %u group %u %s 0x%08x rejected: %s", t,
+                                      gi, arr ? "gamma" : "scale", u, err);
+                    } else {
+                        char want[64];
+                        ck_assert_msg(st == TQKV_ECORRUPT, "tensor %u group %u 0x%08x accepted", t,
+                                      gi, u);
+                        snprintf(want, sizeof want, "vector %llu has a bad", (unsigned long long)i);
+                        ck_assert_msg(strstr(err, want) != NULL, "%s (want '%s')", err, want);
+                    }
+                }
+            }
+        }
+    free(q);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_validate_rejects)
 {
     size_t sz;
@@ -644,6 +690,7 @@ page_suite(void)
     tcase_add_test(tc, test_nonfinite_rejected);
     tcase_add_test(tc, test_crc32c);
     tcase_add_test(tc, test_validate_rejects);
+    tcase_add_test(tc, test_validate_scales);
     tcase_add_test(tc, test_validate_random_headers);
     suite_add_tcase(s, tc);
     return s;
