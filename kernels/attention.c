@@ -584,13 +584,13 @@ build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t 
             if (kind == 0) {
                 stream_table(st->table, gv->codebook, st->bits);
                 for (uint32_t i = 0; i < n; i++)
-                    coef[i] = gv->scale[v0 + (uint64_t)i * pc->H];
+                    coef[i] = tqkv_scale_get(gv->scale, v0 + (uint64_t)i * pc->H);
             } else {
                 static const float pm1[2] = {-1.0f, 1.0f};
                 float k = (float)(SQRT_HALF_PI / sqrt((double)gd));
                 stream_table(st->table, pm1, 1);
                 for (uint32_t i = 0; i < n; i++)
-                    coef[i] = k * gv->gamma[v0 + (uint64_t)i * pc->H];
+                    coef[i] = k * tqkv_scale_get(gv->gamma, v0 + (uint64_t)i * pc->H);
             }
             st->coef = coef;
             if (tensor == TQKV_TENSOR_K) {
@@ -973,7 +973,7 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
                         for (uint32_t j = 0; j < gd; j++)
                             dot +=
                                 (double)qr[j] * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
-                        score[base + t] += gv->scale[v] * dot;
+                        score[base + t] += tqkv_scale_get(gv->scale, v) * dot;
                     }
                 }
                 if (gc->qjl) {
@@ -985,7 +985,8 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
                         for (uint32_t j = 0; j < gd; j++)
                             dot += tqkv_bits_get(row, j, 1) ? qr[j] : -qr[j];
                         score[base + t] +=
-                            SQRT_HALF_PI / gd * ((double)gv->gamma[v] * sqrt((double)gd)) * dot;
+                            SQRT_HALF_PI / gd *
+                            ((double)tqkv_scale_get(gv->gamma, v) * sqrt((double)gd)) * dot;
                     }
                 }
             }
@@ -1034,12 +1035,13 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
                         double w = score[base + t] / L;
                         if (kind == 0) {
                             const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
-                            w *= gv->scale[v];
+                            w *= tqkv_scale_get(gv->scale, v);
                             for (uint32_t j = 0; j < gd; j++)
                                 acc[j] += w * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
                         } else {
                             const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
-                            w *= SQRT_HALF_PI / gd * ((double)gv->gamma[v] * sqrt((double)gd));
+                            w *= SQRT_HALF_PI / gd *
+                                 ((double)tqkv_scale_get(gv->gamma, v) * sqrt((double)gd));
                             for (uint32_t j = 0; j < gd; j++)
                                 acc[j] += tqkv_bits_get(row, j, 1) ? w : -w;
                         }

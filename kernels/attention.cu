@@ -288,7 +288,7 @@ __launch_bounds__(ATTN_TILE)
                                 a[qi] += L0[qi * A.lut_n + j * n + k];
                     }
                 }
-                float sc = gv.scale[i];
+                float sc = tqkv_scale_get(gv.scale, i);
                 for (uint32_t qi = 0; qi < QC; qi++)
                     s[qi] += sc * a[qi];
                 if (gv.signs) {
@@ -301,17 +301,18 @@ __launch_bounds__(ATTN_TILE)
                             c2[qi] += bit ? v : -v;
                         }
                     }
-                    float coef = (float)TQKV_SQRT_HALF_PI / sqrtf((float)g) * gv.gamma[i];
+                    float coef =
+                        (float)TQKV_SQRT_HALF_PI / sqrtf((float)g) * tqkv_scale_get(gv.gamma, i);
                     for (uint32_t qi = 0; qi < QC; qi++)
                         s[qi] += coef * c2[qi];
                 }
             }
             for (uint32_t gi = 0; gi < A.nv; gi++) {
-                vcoef[(2 * gi) * ATTN_TILE + tid] = vv[gi].scale[i];
+                vcoef[(2 * gi) * ATTN_TILE + tid] = tqkv_scale_get(vv[gi].scale, i);
                 vcoef[(2 * gi + 1) * ATTN_TILE + tid] =
-                    vv[gi].gamma
-                        ? (float)TQKV_SQRT_HALF_PI / sqrtf((float)vv[gi].L.dim) * vv[gi].gamma[i]
-                        : 0.0f;
+                    vv[gi].gamma ? (float)TQKV_SQRT_HALF_PI / sqrtf((float)vv[gi].L.dim) *
+                                       tqkv_scale_get(vv[gi].gamma, i)
+                                 : 0.0f;
             }
         }
         /* tile max per query head */

@@ -81,7 +81,7 @@ __launch_bounds__(DEC_WARPS * 32)
 
     if (i >= n || tqkv_page_group_view(page, ten, grp, &gv) != 0)
         return;
-    const float scale = gv.scale[i];
+    const float scale = tqkv_scale_get(gv.scale, i);
     if (b) {
         const uint8_t *row = gv.idx + i * gv.L.idx_row_bytes;
         for (uint32_t j = lane; j < g; j += 32)
@@ -109,7 +109,8 @@ __launch_bounds__(DEC_WARPS * 32)
     }
     if (gv.signs) {
         const uint8_t *srow = gv.signs + i * gv.L.sign_row_bytes;
-        double c = __dmul_rn(TQKV_SQRT_HALF_PI / sqrt((double)g), (double)gv.gamma[i]);
+        double c =
+            __dmul_rn(TQKV_SQRT_HALF_PI / sqrt((double)g), (double)tqkv_scale_get(gv.gamma, i));
         __syncwarp();
         for (uint32_t j = lane; j < g; j += 32)
             y[j] = ((srow[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;

@@ -267,15 +267,15 @@ __launch_bounds__(ENC_WARPS * 32)
         s = sqrt(s);
     }
     s = __shfl_sync(0xffffffffu, s, 0);
-    float *scale_out = (float *)(base + L.off_scale) + i;
+    uint16_t *scale_out = (uint16_t *)(base + L.off_scale) + i;
     uint8_t *sign_row = L.sign_row_bytes ? base + L.off_signs + i * L.sign_row_bytes : 0;
     uint8_t *idx_row = base + L.off_idx + i * L.idx_row_bytes;
     if (s == 0) {
         /* zero vector: scale 0, indices 0, gamma 0, signs all set */
         if (lane == 0) {
-            *scale_out = 0.0f;
+            *scale_out = 0;
             if (G.mode == TQKV_MODE_PROD)
-                ((float *)(base + L.off_gamma))[i] = 0.0f;
+                ((uint16_t *)(base + L.off_gamma))[i] = 0;
         }
         if (sign_row)
             for (uint32_t B = lane; B < L.sign_row_bytes; B += 32)
@@ -313,10 +313,11 @@ __launch_bounds__(ENC_WARPS * 32)
         sc = s / sqrt(zn2);
     else
         sc = s / sqrt((double)g);
-    float scale = tqkv_clamp_flt(sc);
+    /* stored as BF16; everything after uses the stored (rounded) value */
+    float scale = tqkv_bf16_to_f32(tqkv_scale_to_bf16(tqkv_clamp_flt(sc)));
     scale = __shfl_sync(0xffffffffu, scale, 0); /* lane 0 holds zn2 */
     if (lane == 0)
-        *scale_out = scale;
+        *scale_out = tqkv_scale_to_bf16(scale);
     if (G.mode != TQKV_MODE_PROD)
         return;
 
@@ -338,7 +339,8 @@ __launch_bounds__(ENC_WARPS * 32)
     }
     __syncwarp();
     if (lane == 0)
-        ((float *)(base + L.off_gamma))[i] = tqkv_clamp_flt(rn / sqrt((double)g));
+        ((uint16_t *)(base + L.off_gamma))[i] =
+            tqkv_scale_to_bf16(tqkv_clamp_flt(rn / sqrt((double)g)));
     warp_matvec(G.qjl, u, y, g, lane);
     for (uint32_t B = lane; B < L.sign_row_bytes; B += 32) {
         uint32_t byte = 0;

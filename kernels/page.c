@@ -346,7 +346,7 @@ group_codec(const group_ctx_t *G, tqkv_group_codec_t *C)
  * tqkv_group_encode_vec of tq_math.h, so the CPU reference and the CUDA encoder
  * produce the same bytes. work: 3g floats; idx_row and sign_row zeroed. */
 static void
-encode_vec_ref(const group_ctx_t *G, const double *x, float *work, float *scale, float *gamma,
+encode_vec_ref(const group_ctx_t *G, const double *x, float *work, uint16_t *scale, uint16_t *gamma,
                uint8_t *idx_row, uint8_t *sign_row)
 {
     tqkv_group_codec_t C;
@@ -415,8 +415,8 @@ encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_
     const int prod = G->L.mode == TQKV_MODE_PROD;
     const int simd = fast && !prod && G->rot && G->rot->kind == TQKV_ROT_HADAMARD && g % 16 == 0 &&
                      kernels()->enc_had; /* (kernels need g a multiple of 16) */
-    float *scale = (float *)(base + G->L.off_scale);
-    float *gamma = prod ? (float *)(base + G->L.off_gamma) : NULL;
+    uint16_t *scale = (uint16_t *)(base + G->L.off_scale);
+    uint16_t *gamma = prod ? (uint16_t *)(base + G->L.off_gamma) : NULL;
     uint8_t *idx = base + G->L.off_idx;
     uint8_t *signs = prod ? base + G->L.off_signs : NULL;
     tqkv__enc_rows_t A;
@@ -668,26 +668,22 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
             return TQKV_ECORRUPT;
         }
     }
-    /* A scale or gamma is good when finite and not below zero: as bits, under
-     * 0x7f800000 (+0 .. +max finite) or exactly 0x80000000 (-0). One branch-free pass
-     * (it vectorizes; attention validates every page it reads), then a second pass
-     * only to name the first bad vector. */
+    /* A scale or gamma (BF16) is good when its widened value is finite and not below
+     * zero: as bits, under 0x7f80 (+0 .. +max finite) or exactly 0x8000 (-0). One
+     * branch-free pass (it vectorizes; attention validates every page it reads), then a
+     * second pass only to name the first bad vector. */
     uint32_t bad = 0;
     for (int arr = 0; arr < (gv.gamma ? 2 : 1); arr++) {
-        const uint8_t *a = gv.base + (arr ? gv.L.off_gamma : gv.L.off_scale);
+        const uint16_t *a = arr ? gv.gamma : gv.scale;
         for (uint64_t i = 0; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, a + 4 * i, 4);
-            bad |= (uint32_t)(u >= 0x7f800000u) & (uint32_t)(u != 0x80000000u);
+            uint32_t u = a[i];
+            bad |= (uint32_t)(u >= 0x7f80u) & (uint32_t)(u != 0x8000u);
         }
     }
     if (!bad)
         return TQKV_OK;
     for (uint64_t i = 0; i < n; i++) {
-        float s, gm = 0;
-        memcpy(&s, gv.base + gv.L.off_scale + 4 * i, 4);
-        if (gv.gamma)
-            memcpy(&gm, gv.base + gv.L.off_gamma + 4 * i, 4);
+        float s = tqkv_scale_get(gv.scale, i), gm = gv.gamma ? tqkv_scale_get(gv.gamma, i) : 0.0f;
         if (!isfinite(s) || s < 0 || !isfinite(gm) || gm < 0) {
             seterr(err, errlen, "%s group %u: vector %llu has a bad scale or gamma", tname[t], gi,
                    (unsigned long long)i);
@@ -904,10 +900,8 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
             }
             for (uint32_t tt = 0; tt < T; tt++) {
                 uint64_t i = (uint64_t)tt * H + hh;
-                float sc, gm = 0;
-                memcpy(&sc, v->scale + i, 4);
-                if (v->gamma)
-                    memcpy(&gm, v->gamma + i, 4);
+                float sc = tqkv_scale_get(v->scale, i);
+                float gm = v->gamma ? tqkv_scale_get(v->gamma, i) : 0.0f;
                 decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
                                v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
                 for (uint32_t j = 0; j < g; j++)
@@ -1034,10 +1028,8 @@ decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, floa
         for (uint64_t i = hh; i < n; i += H) {
             for (uint32_t gi = 0; gi < ngroups; gi++) {
                 const tqkv_group_view_t *v = &gv[gi];
-                float sc, gm = 0;
-                memcpy(&sc, v->scale + i, 4);
-                if (v->gamma)
-                    memcpy(&gm, v->gamma + i, 4);
+                float sc = tqkv_scale_get(v->scale, i);
+                float gm = v->gamma ? tqkv_scale_get(v->gamma, i) : 0.0f;
                 decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
                                v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
                 for (uint32_t j = 0; j < v->L.dim; j++)

@@ -97,8 +97,8 @@ const char *tqkv_kernels_isa(void);
  * rotation with signs D1[g], D2[g], codebook z[2^bits] and thresholds thr[2^bits - 1].
  *
  * enc: encodes rows x + i * x_stride (BF16, finite; minus mu[g] when mu != NULL, in f32)
- * into scale[i * scale_stride] and the packed index rows idx + i * idx_stride
- * (g * bits / 8 bytes). Returns the number of rows done; a row whose sum of squares
+ * into scale[i * scale_stride] (BF16, tqkv_scale_to_bf16) and the packed index rows idx + i *
+ * idx_stride (g * bits / 8 bytes). Returns the number of rows done; a row whose sum of squares
  * leaves the safe f32 range (zero, tiny or huge vectors) stops the kernel so the caller
  * encodes it with the reference and resumes after it.
  * dec: decodes n rows into out_f[i][g] (f32) and/or out_h[i][g] (BF16, saturating). */
@@ -110,17 +110,17 @@ typedef struct tqkv__enc_rows {
     uint32_t g, bits;
     int norm_corrected;
     const float *signs, *z, *thr;
-    float *scale;
-    size_t scale_stride; /* floats */
+    uint16_t *scale;     /* BF16 */
+    size_t scale_stride; /* elements */
     uint8_t *idx;
     size_t idx_stride; /* bytes */
 } tqkv__enc_rows_t;
 typedef size_t (*tqkv__enc_had_fn)(const tqkv__enc_rows_t *a);
 typedef struct tqkv__dec_rows {
     const uint8_t *idx;
-    size_t idx_stride; /* bytes between index rows */
-    const float *scale;
-    size_t scale_stride; /* floats */
+    size_t idx_stride;     /* bytes between index rows */
+    const uint16_t *scale; /* BF16 */
+    size_t scale_stride;   /* elements */
     size_t n;
     uint32_t g, bits;
     const float *signs, *z;

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/tq_math.h"
 
 /* In-place FWHT of v[nv] (g = 8 nv floats). With nv a constant after inlining the
  * loops unroll and v stays in registers (g = 128: 16 ymm). The three in-register
@@ -285,9 +286,9 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
             for (uint32_t q = 0; q < nv; q++) /* in coordinate order, as before */
                 zacc = _mm256_fmadd_ps(zb[q], zb[q], zacc);
             zn2 = hsum(zacc);
-            A->scale[i * A->scale_stride] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
+            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(zn2 > 0 ? s / sqrtf(zn2) : s / sg);
         } else {
-            A->scale[i * A->scale_stride] = s / sg;
+            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(s / sg);
         }
     }
     return n;
@@ -438,7 +439,7 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
     O.hmin = _mm256_set1_ps(-bmax);
     for (size_t i = 0; i < n; i++) {
         const uint8_t *row = A->idx + i * A->idx_stride;
-        const float sc = A->scale[i * A->scale_stride];
+        const float sc = tqkv_scale_get(A->scale, i * A->scale_stride);
         O.c = _mm256_set1_ps(sc * inv);
         O.in_range = fabsf(sc) <= safe_scale;
         O.f = A->out_f ? A->out_f + i * os : NULL;

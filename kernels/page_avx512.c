@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/tq_math.h"
 
 /* In-place FWHT of v[nv] (g = 16 nv floats). */
 static inline __attribute__((always_inline)) void
@@ -163,9 +164,9 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
         }
         if (norm_corrected) {
             float zn2 = _mm512_reduce_add_ps(zacc);
-            A->scale[i * A->scale_stride] = zn2 > 0 ? s / sqrtf(zn2) : s / sg;
+            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(zn2 > 0 ? s / sqrtf(zn2) : s / sg);
         } else {
-            A->scale[i * A->scale_stride] = s / sg;
+            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(s / sg);
         }
     }
     return n;
@@ -188,7 +189,7 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
 
     for (size_t i = 0; i < n; i++) {
         const uint8_t *row = A->idx + i * A->idx_stride;
-        const __m512 c = _mm512_set1_ps(A->scale[i * A->scale_stride] * inv);
+        const __m512 c = _mm512_set1_ps(tqkv_scale_get(A->scale, i * A->scale_stride) * inv);
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < nv; j++) {
             uint64_t w = load_bits16(row + j * 2 * bits, bits);

@@ -18,9 +18,11 @@
  *
  * Vectors are numbered i = t * H + h (token-major). Within a group of dimension g
  * (its channels taken in increasing channel order), vector i is stored as
- *   scale[i]  f32: ||x_g|| / sqrt(g) (RMS; cannot overflow for finite BF16 input),
- *             or with TQKV_TENSOR_NORM_CORRECTED: ||x_g|| / ||z[idx]||,
- *   gamma[i]  f32 (prod only): ||r|| / sqrt(g), r = x_g - x_mse the residual,
+ *   scale[i]  BF16: ||x_g|| / sqrt(g) (RMS; cannot overflow for finite BF16 input),
+ *             or with TQKV_TENSOR_NORM_CORRECTED: ||x_g|| / ||z[idx]||, computed in
+ *             f32 then rounded to BF16 (nearest even, saturating at max finite),
+ *   gamma[i]  BF16 (prod only): ||r|| / sqrt(g), r = x_g - x_mse the residual taken
+ *             with the stored (rounded) scale, rounded the same way,
  *   idx row   mse_bits * g bits, LSB-first bit stream (index j in bits [j*b, j*b+b)),
  *   sign row  g bits (prod only), bit j = 1 iff (S r)_j >= 0.
  * The group's codebook z (centroids * sqrt(g), ascending, 2^mse_bits f32) is stored
@@ -49,7 +51,7 @@
 #endif
 
 #define TQKV_PAGE_MAGIC 0x504B5154u /* bytes "TQKP" */
-#define TQKV_PAGE_VERSION 1u
+#define TQKV_PAGE_VERSION 2u        /* 2: scale and gamma are BF16 (1: f32) */
 #define TQKV_PAGE_HEADER_BYTES 128u
 #define TQKV_PAGE_ALIGN 64u
 #define TQKV_PAGE_MIN_DIM 16u
@@ -137,8 +139,8 @@ typedef struct tqkv_group_layout {
     uint32_t idx_row_bytes;  /* ceil(g * mse_bits / 8) */
     uint32_t sign_row_bytes; /* ceil(g / 8) for prod, else 0 */
     uint64_t off_codebook;   /* f32[n_centroids], always 0 */
-    uint64_t off_scale;      /* f32[n] */
-    uint64_t off_gamma;      /* f32[n] (prod), else 0 */
+    uint64_t off_scale;      /* BF16 (u16) [n] */
+    uint64_t off_gamma;      /* BF16 (u16) [n] (prod), else 0 */
     uint64_t off_idx;        /* u8[n][idx_row_bytes] */
     uint64_t off_signs;      /* u8[n][sign_row_bytes] (prod), else 0 */
     uint64_t bytes;          /* padded length of the group section */
@@ -158,11 +160,11 @@ tqkv_group_layout(uint32_t dim, uint32_t bits, uint32_t mode, uint64_t n, tqkv_g
     L->sign_row_bytes = mode == TQKV_MODE_PROD ? (dim + 7) / 8 : 0;
     L->off_codebook = 0;
     L->off_scale = TQKV_PAGE_CODEBOOK_BYTES;
-    off = L->off_scale + 4 * n;
+    off = L->off_scale + 2 * n;
     L->off_gamma = 0;
     if (mode == TQKV_MODE_PROD) {
         L->off_gamma = off;
-        off += 4 * n;
+        off += 2 * n;
     }
     L->off_idx = tqkv_align_up(off, TQKV_PAGE_ALIGN);
     off = L->off_idx + n * L->idx_row_bytes;

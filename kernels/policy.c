@@ -21,25 +21,27 @@ tqkv_policy_default(tqkv_policy_t *p)
     /* Middle layers: keys and values at 3 bits, mse, norm correction, key centering.
      * Measured with `tqkv-codec attn-eval` (synthetic, T=4096 H=8 D=128 HQ=32, blocks of
      * 256; seeds 1 and 2, peaks 1.0 and 0.6), output relative error / top-8 overlap:
-     *   K3 V3 nc ctr    3.32 bits/coord (4.82x)  0.25-0.28 / 0.87-0.88   <- default
-     *   K3 V3 (plain)   3.25 bits/coord (4.92x)  0.42-0.43 / 0.84-0.86
-     *   K3.5 V2.5 nc ctr 3.45 bits/coord (4.64x) 0.32-0.33 / 0.89-0.93
-     *   K3.5 V3 nc ctr  3.69 bits/coord (4.33x)  0.21-0.22 / 0.89-0.93
-     *   K3p V3 nc ctr (QJL keys) 3.44 (4.65x)    0.50 / 0.66-0.70
+     *   K3 V3 nc ctr    3.19 bits/coord (5.01x)  0.25-0.28 / 0.87-0.88   <- default
+     *   K3 V3 (plain)   3.13 bits/coord (5.11x)  0.42-0.43 / 0.84-0.86
+     *   K3.5 V2.5 nc ctr 3.20 bits/coord (5.00x) 0.32-0.33 / 0.89-0.93
+     *   K3.5 V3 nc ctr  3.51 bits/coord (4.56x)  0.21-0.22 / 0.89-0.93
+     *   K3p V3 nc ctr (QJL keys) 3.25 (4.92x)    0.50 / 0.66-0.70
      *   KIVI-2 3.00 (5.33x) 0.62-0.79;  KIVI-3 4.00 (4.00x) 0.27-0.35
      * Norm correction lowered the error in every mse row (e.g. K3 V3 0.43 -> 0.31), key
      * centering (0.125 bit/coord for the stored mean at 256-token blocks) lowered it further
      * with norm correction at every width (K3 V3 nc 0.31 -> 0.28, K4 V4 nc 0.158 -> 0.137),
      * prod keys doubled it at every width (QJL's variance is amplified by the softmax).
-     * A fractional width costs 0.5 bit/coord of scales (two f32 scales per vector), so 3.5
-     * bits is 4.01 bits/coord against 4.25 for 4 bits; K3 V3 is the best point near 5x. */
+     * (bits/coord: page format v2, BF16 scales; errors measured on v1 f32 scales, which
+     * moved them by -0.07% +- 0.07% on average.) A fractional width costs 0.25 bit/coord
+     * of scales (two BF16 scales per vector), so 3.5 bits is 3.76 bits/coord against 4.13
+     * for 4 bits; K3 V3 is the best point near 5x. */
     p->k.bits_x2 = 6;
     p->k.mode = TQKV_MODE_MSE;
     p->k.norm_correction = 1;
     p->v.bits_x2 = 6;
     p->v.mode = TQKV_MODE_MSE;
     p->v.norm_correction = 1;
-    /* First and last 2 layers: 4 bits for both (K4 V4 nc ctr: 0.13-0.14, 3.71x). */
+    /* First and last 2 layers: 4 bits for both (K4 V4 nc ctr: 0.13-0.14, 3.82x). */
     p->k_boundary.bits_x2 = 8;
     p->k_boundary.mode = TQKV_MODE_MSE;
     p->k_boundary.norm_correction = 1;

@@ -52,6 +52,21 @@ tqkv_bf16_is_nonfinite(uint16_t h)
     return (h & 0x7f80u) == 0x7f80u;
 }
 
+/* Element i of a BF16 scale or gamma array of a page, widened to f32 (exact). */
+TQKV_HD float
+tqkv_scale_get(const uint16_t *a, uint64_t i)
+{
+    return tqkv_bf16_to_f32(a[i]);
+}
+
+/* A non-negative f32 scale or gamma as stored (format v2): BF16, round to nearest even,
+ * saturating at the largest finite BF16 (f32 inputs near FLT_MAX would round to Inf). */
+TQKV_HD uint16_t
+tqkv_scale_to_bf16(float f)
+{
+    return tqkv_f32_to_bf16_sat(f);
+}
+
 /* ---- portable PRNG: splitmix64 ---- */
 
 TQKV_HD uint64_t
@@ -164,8 +179,8 @@ typedef struct tqkv_group_view {
     tqkv_group_layout_t L;
     const uint8_t *base;   /* start of the group section */
     const float *codebook; /* z[L.n_centroids] (centroids * sqrt(g)), ascending */
-    const float *scale;    /* [n] */
-    const float *gamma;    /* [n] (prod) or NULL */
+    const uint16_t *scale; /* [n] BF16 (read with tqkv_scale_get) */
+    const uint16_t *gamma; /* [n] BF16 (prod) or NULL */
     const uint8_t *idx;    /* [n][L.idx_row_bytes] */
     const uint8_t *signs;  /* [n][L.sign_row_bytes] (prod) or NULL */
     uint32_t rotation;     /* rotation actually used by this group (tqkv_group_rotation) */
@@ -189,8 +204,8 @@ tqkv_page_group_view(const void *page, uint32_t tensor, uint32_t group, tqkv_gro
     tqkv_group_layout(dim, bits, t->mode, n, &gv->L);
     gv->base = (const uint8_t *)page + t->group_offset[group];
     gv->codebook = (const float *)(gv->base + gv->L.off_codebook);
-    gv->scale = (const float *)(gv->base + gv->L.off_scale);
-    gv->gamma = t->mode == TQKV_MODE_PROD ? (const float *)(gv->base + gv->L.off_gamma) : 0;
+    gv->scale = (const uint16_t *)(gv->base + gv->L.off_scale);
+    gv->gamma = t->mode == TQKV_MODE_PROD ? (const uint16_t *)(gv->base + gv->L.off_gamma) : 0;
     gv->idx = gv->base + gv->L.off_idx;
     gv->signs = t->mode == TQKV_MODE_PROD ? gv->base + gv->L.off_signs : 0;
     gv->rotation = tqkv_group_rotation(h->rotation, dim);
@@ -341,11 +356,12 @@ tqkv_group_rotate_t(const tqkv_group_codec_t *G, const float *in, float *out)
 
 /* Encodes the group vector x[g] (f64: BF16 values minus the f32 key mean). work: 3g
  * floats. idx_row (idx_row_bytes) and sign_row (prod, sign_row_bytes) must be zeroed.
- * Writes *scale and (prod) *gamma. Zero vector: scale 0, indices 0, gamma 0, all
- * signs set. */
+ * Writes *scale and (prod) *gamma as stored (BF16, tqkv_scale_to_bf16); the residual
+ * of prod is taken against the stored (rounded) scale, as the decoder rebuilds it.
+ * Zero vector: scale 0, indices 0, gamma 0, all signs set. */
 TQKV_HD void
-tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work, float *scale,
-                      float *gamma, uint8_t *idx_row, uint8_t *sign_row)
+tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work, uint16_t *scale,
+                      uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row)
 {
     const uint32_t g = G->dim, b = G->mse_bits;
     float *u = work, *y = work + g, *a = work + 2 * g;
@@ -356,9 +372,9 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
         s = TQKV_DADD(s, TQKV_DMUL(x[j], x[j]));
     s = sqrt(s);
     if (s == 0) {
-        *scale = 0.0f;
+        *scale = 0;
         if (G->mode == TQKV_MODE_PROD) {
-            *gamma = 0.0f;
+            *gamma = 0;
             for (uint32_t j = 0; j < g; j++)
                 sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
         }
@@ -379,13 +395,14 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
         sc = s / sqrt(zn2);
     else
         sc = s / sqrt((double)g);
-    *scale = tqkv_clamp_flt(sc);
+    *scale = tqkv_scale_to_bf16(tqkv_clamp_flt(sc));
     if (G->mode != TQKV_MODE_PROD)
         return;
-    /* r = x - scale * Pi^T z[idx] (what the decoder rebuilds); QJL of r / ||r|| */
+    /* r = x - scale * Pi^T z[idx] (what the decoder rebuilds, with the stored BF16
+     * scale); QJL of r / ||r|| */
     if (b)
         tqkv_group_rotate_t(G, y, a);
-    sf = (double)*scale;
+    sf = (double)tqkv_bf16_to_f32(*scale);
     for (uint32_t j = 0; j < g; j++) {
         double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
         rn = TQKV_DADD(rn, TQKV_DMUL(r, r));
@@ -395,7 +412,7 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
         double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
         u[j] = rn > 0 ? (float)(r / rn) : 0.0f;
     }
-    *gamma = tqkv_clamp_flt(rn / sqrt((double)g));
+    *gamma = tqkv_scale_to_bf16(tqkv_clamp_flt(rn / sqrt((double)g)));
     tqkv_matvec(G->qjl, u, y, g);
     for (uint32_t j = 0; j < g; j++)
         if (y[j] >= 0.0f)

@@ -8,6 +8,7 @@
 
 #include "kernels/codebook.h"
 #include "kernels/page.h"
+#include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
 
@@ -449,14 +450,12 @@ refresh_crc(void *p)
     h->crc32c = tqkv_page_crc(p, h->page_bytes);
 }
 
-/* Scales and gammas: finite and >= 0 (-0 included) pass, NaN/Inf/negative fail with a
- * message naming the vector, whichever group, array and position holds the bad one. */
+/* Scales and gammas (BF16): finite and >= 0 (-0 included) pass, NaN/Inf/negative fail
+ * with a message naming the vector, whichever group, array and position holds the bad one. */
 START_TEST(test_validate_scales)
 {
-    static const uint32_t good[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu,
-                                    0x3f800000u};
-    static const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
-                                   0x80000001u, 0xbf800000u, 0x7f800001u};
+    static const uint16_t good[] = {0x0000u, 0x8000u, 0x0001u, 0x7f7fu, 0x3f80u};
+    static const uint16_t bad[] = {0x7f80u, 0xff80u, 0x7fc0u, 0xffc0u, 0x8001u, 0xbf80u, 0x7f81u};
     size_t sz;
     uint8_t *p = full_page(&sz), *q = malloc(sz);
     char err[256];
@@ -472,17 +471,17 @@ START_TEST(test_validate_scales)
                 size_t off = (size_t)(gv.base - p) + (arr ? gv.L.off_gamma : gv.L.off_scale);
                 for (int r = 0; r < 12; r++) {
                     uint64_t i = r == 0 ? 0 : r == 1 ? n - 1 : tqkv_splitmix64(&rng) % n;
-                    uint32_t u = r < 5 ? good[r] : bad[(r - 5) % 7];
+                    uint16_t u = r < 5 ? good[r] : bad[(r - 5) % 7];
                     memcpy(q, p, sz);
-                    memcpy(q + off + 4 * i, &u, 4);
+                    memcpy(q + off + 2 * i, &u, 2);
                     refresh_crc(q);
                     tqkv_status_t st = tqkv_page_validate(q, sz, 1, NULL, err, sizeof err);
                     if (r < 5) {
-                        ck_assert_msg(st == TQKV_OK, "tensor %u group %u %s 0x%08x rejected: %s", t,
+                        ck_assert_msg(st == TQKV_OK, "tensor %u group %u %s 0x%04x rejected: %s", t,
                                       gi, arr ? "gamma" : "scale", u, err);
                     } else {
                         char want[64];
-                        ck_assert_msg(st == TQKV_ECORRUPT, "tensor %u group %u 0x%08x accepted", t,
+                        ck_assert_msg(st == TQKV_ECORRUPT, "tensor %u group %u 0x%04x accepted", t,
                                       gi, u);
                         snprintf(want, sizeof want, "vector %llu has a bad", (unsigned long long)i);
                         ck_assert_msg(strstr(err, want) != NULL, "%s (want '%s')", err, want);
@@ -525,7 +524,11 @@ START_TEST(test_validate_rejects)
     ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err, "magic"));
     memcpy(q, p, sz);
-    h->version = 2;
+    h->version = 1; /* format v1 (f32 scales) is refused, as is anything unknown */
+    ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err, "unknown page format version 1"));
+    memcpy(q, p, sz);
+    h->version = TQKV_PAGE_VERSION + 1;
     ck_assert_int_eq(tqkv_page_validate(q, sz, 0, NULL, err, sizeof err), TQKV_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err, "version"));
     memcpy(q, p, sz);
@@ -594,14 +597,13 @@ START_TEST(test_validate_rejects)
 
         memcpy(q, p, sz);
         ck_assert_int_eq(tqkv_page_group_view(q, TQKV_TENSOR_V, 1, &gv), 0);
-        memcpy((uint8_t *)gv.scale + 4 * 7, &bad, 4);
+        memcpy((uint8_t *)gv.scale + 2 * 7, &(uint16_t){0x7fc0u}, 2); /* NaN */
         refresh_crc(q);
         ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
 
         memcpy(q, p, sz);
         ck_assert_int_eq(tqkv_page_group_view(q, TQKV_TENSOR_K, 0, &gv), 0);
-        bad = -1.0f;
-        memcpy((uint8_t *)gv.gamma + 4 * 3, &bad, 4);
+        memcpy((uint8_t *)gv.gamma + 2 * 3, &(uint16_t){0xbf80u}, 2); /* -1 */
         refresh_crc(q);
         ck_assert_int_eq(tqkv_page_validate(q, sz, 1, NULL, err, sizeof err), TQKV_ECORRUPT);
 
@@ -626,6 +628,73 @@ END_TEST
 /* Random headers (valid magic and version, everything else drawn from small, plausible
  * ranges so the layout check is reached) over random bodies: validation never reads out
  * of bounds and whatever it accepts decodes without crashing (run under ASan). */
+/* Format v2: scales and gammas are BF16. The page size pins the layout (u16 arrays), every
+ * stored scale is the f32 RMS norm rounded to BF16, and prod's gamma is the norm of the
+ * residual left by the STORED (rounded) scale, i.e. the one the decoder rebuilds. */
+START_TEST(test_bf16_scales)
+{
+    const uint32_t T = 256, H = 8, D = 128, n = T * H;
+    tqkv_block_shape_t s = {T, H, D};
+    tqkv_block_codec_t c = {0};
+    const tqkv_rotation_t *rot;
+    tqkv_group_view_t gk, gv;
+    size_t sz, v1_differs = 0;
+    uint16_t *k, *v;
+    uint8_t *p;
+    float y[128], a[128];
+    rng = tqkv_test_seed() ^ 0xbf16;
+    c.k.bits_x2 = 6; /* mse, plain scales */
+    c.v.bits_x2 = 6; /* prod: 2-bit indices + QJL */
+    c.v.mode = TQKV_MODE_PROD;
+    c.rotation = TQKV_ROT_HADAMARD;
+    c.seed = tqkv_splitmix64(&rng);
+    /* K: 128 + 64 + 2n + n*48; V: 64 + 2n + 2n + n*32 + n*16 (all 64-aligned here);
+     * format v1 (f32) was 221440 */
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+    ck_assert_uint_eq(sz, 128 + (64 + 2 * n + 48 * n) + (64 + 4 * n + 32 * n + 16 * n));
+    ck_assert_uint_eq(sz, 209152);
+    k = make_kv(T, H, D);
+    v = make_kv(T, H, D);
+    p = encode_or_fail(&s, &c, k, v, &sz, 1);
+    ck_assert_int_eq(tqkv_page_group_view(p, TQKV_TENSOR_K, 0, &gk), 0);
+    ck_assert_int_eq(tqkv_page_group_view(p, TQKV_TENSOR_V, 0, &gv), 0);
+    ck_assert_int_eq(tqkv_rotation_acquire(TQKV_ROT_HADAMARD, D, gv.rot_seed, &rot), TQKV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        double sk = 0, sv = 0, rn = 0, rn1 = 0;
+        for (uint32_t j = 0; j < D; j++) {
+            double xk = tqkv_bf16_to_f32(k[(size_t)i * D + j]);
+            double xv = tqkv_bf16_to_f32(v[(size_t)i * D + j]);
+            sk += xk * xk;
+            sv += xv * xv;
+        }
+        ck_assert_uint_eq(gk.scale[i],
+                          tqkv_f32_to_bf16_sat(tqkv_clamp_flt(sqrt(sk) / sqrt((double)D))));
+        ck_assert_uint_eq(gv.scale[i],
+                          tqkv_f32_to_bf16_sat(tqkv_clamp_flt(sqrt(sv) / sqrt((double)D))));
+        for (uint32_t j = 0; j < D; j++)
+            y[j] = gv.codebook[tqkv_bits_get(gv.idx + (size_t)i * gv.L.idx_row_bytes, j, 2)];
+        tqkv_rotation_apply_t(rot, y, a);
+        for (uint32_t j = 0; j < D; j++) {
+            double x = tqkv_bf16_to_f32(v[(size_t)i * D + j]);
+            double r = x - (double)tqkv_scale_get(gv.scale, i) * a[j];
+            double r1 = x - (double)tqkv_clamp_flt(sqrt(sv) / sqrt((double)D)) * a[j];
+            rn += r * r;
+            rn1 += r1 * r1;
+        }
+        ck_assert_uint_eq(gv.gamma[i],
+                          tqkv_f32_to_bf16_sat(tqkv_clamp_flt(sqrt(rn) / sqrt((double)D))));
+        v1_differs +=
+            gv.gamma[i] != tqkv_f32_to_bf16_sat(tqkv_clamp_flt(sqrt(rn1) / sqrt((double)D)));
+    }
+    /* the check above tells the stored scale from the unrounded one */
+    ck_assert_msg(v1_differs > 0, "no gamma depends on the scale's rounding");
+    tqkv_rotation_release(rot);
+    free(p);
+    free(k);
+    free(v);
+}
+END_TEST
+
 START_TEST(test_validate_random_headers)
 {
     const size_t cap = 1 << 16;
@@ -691,6 +760,7 @@ page_suite(void)
     tcase_add_test(tc, test_crc32c);
     tcase_add_test(tc, test_validate_rejects);
     tcase_add_test(tc, test_validate_scales);
+    tcase_add_test(tc, test_bf16_scales);
     tcase_add_test(tc, test_validate_random_headers);
     suite_add_tcase(s, tc);
     return s;

@@ -123,14 +123,14 @@ section_of(const uint8_t *page, size_t off, char *buf, size_t len)
             if (off < td->group_offset[g] || r >= gv.L.bytes)
                 continue;
             const char *what = r < gv.L.off_scale                             ? "codebook"
-                               : r < gv.L.off_scale + 4 * n                   ? "scale"
-                               : gv.L.off_gamma && r < gv.L.off_gamma + 4 * n ? "gamma"
+                               : r < gv.L.off_scale + 2 * n                   ? "scale"
+                               : gv.L.off_gamma && r < gv.L.off_gamma + 2 * n ? "gamma"
                                : r < gv.L.off_idx                             ? "padding"
                                : r < gv.L.off_idx + n * gv.L.idx_row_bytes    ? "index"
                                                                               : "signs/padding";
             uint64_t vec = r >= gv.L.off_idx && r < gv.L.off_idx + n * gv.L.idx_row_bytes
                                ? (r - gv.L.off_idx) / gv.L.idx_row_bytes
-                               : (r - gv.L.off_scale) / 4 % (n ? n : 1);
+                               : (r - gv.L.off_scale) / 2 % (n ? n : 1);
             return snprintf(buf, len, "%c group %u %s (vector ~%llu)", "KV"[t], g, what,
                             (unsigned long long)vec),
                    buf;
@@ -161,11 +161,11 @@ page_compare(const uint8_t *ref, const uint8_t *gp, size_t len, uint64_t *vec_di
                 continue;
             for (uint64_t i = 0; i < n; i++) {
                 size_t off[4] = {
-                    (size_t)(a.base - ref + a.L.off_scale + 4 * i),
-                    a.gamma ? (size_t)(a.base - ref + a.L.off_gamma + 4 * i) : 0,
+                    (size_t)(a.base - ref + a.L.off_scale + 2 * i),
+                    a.gamma ? (size_t)(a.base - ref + a.L.off_gamma + 2 * i) : 0,
                     (size_t)(a.base - ref + a.L.off_idx + i * a.L.idx_row_bytes),
                     a.signs ? (size_t)(a.base - ref + a.L.off_signs + i * a.L.sign_row_bytes) : 0};
-                size_t n_b[4] = {4, a.gamma ? 4u : 0u, a.L.idx_row_bytes, a.L.sign_row_bytes};
+                size_t n_b[4] = {2, a.gamma ? 2u : 0u, a.L.idx_row_bytes, a.L.sign_row_bytes};
                 int differs = 0;
                 for (int r = 0; r < 4; r++) {
                     if (!n_b[r])

@@ -210,8 +210,8 @@ emu_encode(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, const uint1
                     double f = (double)tqkv_bf16_to_f32(src[i * D + ch]);
                     x[j++] = mean ? f - (double)mean[hh * D + ch] : f;
                 }
-                tqkv_group_encode_vec(&hg.G, x, work, (float *)(base + L.off_scale) + i,
-                                      L.off_gamma ? (float *)(base + L.off_gamma) + i : NULL,
+                tqkv_group_encode_vec(&hg.G, x, work, (uint16_t *)(base + L.off_scale) + i,
+                                      L.off_gamma ? (uint16_t *)(base + L.off_gamma) + i : NULL,
                                       base + L.off_idx + i * L.idx_row_bytes,
                                       L.off_signs ? base + L.off_signs + i * L.sign_row_bytes
                                                   : NULL);
@@ -251,7 +251,8 @@ emu_decode(const uint8_t *page, uint32_t t, float *out)
         hg.G.z = gv.codebook;
         for (uint64_t i = 0; i < n; i++) {
             uint32_t hh = (uint32_t)(i % H), j = 0;
-            tqkv_group_decode_vec(&hg.G, gv.scale[i], gv.gamma ? gv.gamma[i] : 0.0f,
+            tqkv_group_decode_vec(&hg.G, tqkv_scale_get(gv.scale, i),
+                                  gv.gamma ? tqkv_scale_get(gv.gamma, i) : 0.0f,
                                   gv.idx + i * gv.L.idx_row_bytes,
                                   gv.signs ? gv.signs + i * gv.L.sign_row_bytes : NULL, work, val);
             const uint8_t *mask = tqkv_page_mask(page, t, hh);
@@ -458,7 +459,7 @@ START_TEST(test_emulated_gpu_page_huge_values)
     tqkv_group_view_t gv;
     ck_assert_int_eq(tqkv_page_group_view(b, TQKV_TENSOR_V, 0, &gv), 0);
     for (uint32_t i = 0; i < 10; i++)
-        ck_assert(isfinite(gv.scale[i]) && gv.scale[i] > 0);
+        ck_assert(isfinite(tqkv_scale_get(gv.scale, i)) && tqkv_scale_get(gv.scale, i) > 0);
     free(a);
     free(b);
 }
@@ -472,7 +473,8 @@ START_TEST(test_vec_distortion)
     tqkv_page_header_t h;
     uint8_t bx2[2] = {6, 0}, mode[2] = {0, 0}, nc[2] = {0, 0};
     double x[128], out[128], err = 0, tot = 0;
-    float work[3 * 128], scale, gamma;
+    float work[3 * 128];
+    uint16_t scale, gamma;
     uint8_t idx[48];
     rng_state = tqkv_test_seed() ^ 0x66;
     ck_assert_int_eq(tqkv_page_plan(1, 1, 128, bx2, mode, nc, TQKV_ROT_HADAMARD, 0, rnd(), &h), 0);
@@ -486,7 +488,7 @@ START_TEST(test_vec_distortion)
         }
         memset(idx, 0, sizeof idx);
         tqkv_group_encode_vec(&hg.G, x, work, &scale, &gamma, idx, NULL);
-        tqkv_group_decode_vec(&hg.G, scale, 0, idx, NULL, work, out);
+        tqkv_group_decode_vec(&hg.G, tqkv_bf16_to_f32(scale), 0, idx, NULL, work, out);
         for (int j = 0; j < 128; j++)
             err += (out[j] - x[j]) * (out[j] - x[j]);
         tot += nn;
