@@ -72,6 +72,59 @@ check_namespace(const char *ns, int may_be_empty, const tqkv_limits_t *lim, char
     return TQKV_OK;
 }
 
+/* protobuf-c unpacks a string into a NUL-terminated copy, so a namespace sent with an
+ * embedded NUL ("a\0b") would silently become its prefix ("a"). The wire length of the
+ * last top-level field 1 (every request's namespace; protobuf-c keeps the last) must
+ * equal strlen. buf already unpacked, so it is well formed; any surprise skips the check. */
+static int
+raw_varint(const uint8_t *b, size_t len, size_t *p, uint64_t *v)
+{
+    *v = 0;
+    for (unsigned sh = 0; *p < len && sh < 64; sh += 7) {
+        uint8_t c = b[(*p)++];
+        *v |= (uint64_t)(c & 0x7f) << sh;
+        if (!(c & 0x80))
+            return 1;
+    }
+    return 0;
+}
+
+static tqkv_status_t
+check_namespace_wire(const uint8_t *buf, size_t len, const char *ns, char *err, size_t errlen)
+{
+    size_t p = 0, n = ns ? strlen(ns) : 0;
+    uint64_t key, v, wire_len = n;
+    while (p < len) {
+        if (!raw_varint(buf, len, &p, &key))
+            return TQKV_OK;
+        switch (key & 7) {
+        case 0:
+            if (!raw_varint(buf, len, &p, &v))
+                return TQKV_OK;
+            break;
+        case 1:
+            p += 8;
+            break;
+        case 5:
+            p += 4;
+            break;
+        case 2:
+            if (!raw_varint(buf, len, &p, &v) || v > len - p)
+                return TQKV_OK;
+            if ((key >> 3) == 1)
+                wire_len = v;
+            p += (size_t)v;
+            break;
+        default:
+            return TQKV_OK;
+        }
+    }
+    if (wire_len != n)
+        return fail(TQKV_EINVAL, err, errlen,
+                    "namespace: byte %zu (0x00) is not a printable ASCII character", n);
+    return TQKV_OK;
+}
+
 static tqkv_status_t
 check_hash(const ProtobufCBinaryData *h, const char *field, char *err, size_t errlen)
 {
@@ -155,11 +208,16 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
     if (m->num_layers > lim->max_layers)
         return fail(TQKV_EINVAL, err, errlen, "num_layers: %u exceeds the limit of %u",
                     m->num_layers, lim->max_layers);
+    if (m->key.len == 0 && m->value.len == 0 && m->page.len == 0)
+        return fail(TQKV_EINVAL, err, errlen, "key: missing (send key and value, or page)");
     if (m->num_tokens == 0 || m->num_tokens > lim->max_tokens ||
         m->num_tokens > TQKV_PAGE_MAX_TOKENS)
-        return fail(TQKV_EINVAL, err, errlen, "num_tokens: %u out of range [1, %u]", m->num_tokens,
-                    lim->max_tokens < TQKV_PAGE_MAX_TOKENS ? lim->max_tokens
-                                                           : TQKV_PAGE_MAX_TOKENS);
+        return fail(TQKV_EINVAL, err, errlen, "num_tokens: %u out of range [1, %u]%s",
+                    m->num_tokens,
+                    lim->max_tokens < TQKV_PAGE_MAX_TOKENS ? lim->max_tokens : TQKV_PAGE_MAX_TOKENS,
+                    m->page.len != 0 ? " (a page Put also sets num_tokens, num_kv_heads and "
+                                       "head_dim to the page's shape)"
+                                     : "");
     if (m->num_kv_heads == 0 || m->num_kv_heads > TQKV_PAGE_MAX_HEADS)
         return fail(TQKV_EINVAL, err, errlen, "num_kv_heads: %u out of range [1, %u]",
                     m->num_kv_heads, TQKV_PAGE_MAX_HEADS);
@@ -199,8 +257,6 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
 
     uint64_t elems = (uint64_t)m->num_tokens * m->num_kv_heads * m->head_dim;
     uint64_t want = elems * 2;
-    if (m->key.len == 0 && m->value.len == 0)
-        return fail(TQKV_EINVAL, err, errlen, "key: missing (send key and value, or page)");
     if (m->key.len != want)
         return fail(TQKV_EINVAL, err, errlen, "key: %zu bytes, expected %llu for BF16 [%u][%u][%u]",
                     m->key.len, (unsigned long long)want, m->num_tokens, m->num_kv_heads,
@@ -237,6 +293,8 @@ tqkv_validate_put(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
     Tqkv__V1__PutRequest *msg;
     UNPACK_OR_FAIL(Tqkv__V1__PutRequest, tqkv__v1__put_request__unpack, "PutRequest");
     tqkv_status_t st = validate_put(msg, len, lim, err, errlen);
+    if (st == TQKV_OK)
+        st = check_namespace_wire(buf, len, msg->namespace_, err, errlen);
     if (st != TQKV_OK) {
         tqkv__v1__put_request__free_unpacked(msg, NULL);
         return st;
@@ -253,6 +311,7 @@ tqkv_validate_lookup(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
     tqkv_status_t st;
     UNPACK_OR_FAIL(Tqkv__V1__LookupRequest, tqkv__v1__lookup_request__unpack, "LookupRequest");
     if ((st = check_namespace(msg->namespace_, 0, lim, err, errlen)) != TQKV_OK ||
+        (st = check_namespace_wire(buf, len, msg->namespace_, err, errlen)) != TQKV_OK ||
         (st = check_hash_list(msg->n_hashes, msg->hashes, lim, err, errlen)) != TQKV_OK)
         goto bad;
     if (msg->num_layers == 0 || msg->num_layers > lim->max_layers) {
@@ -280,6 +339,7 @@ tqkv_validate_get(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
     tqkv_status_t st;
     UNPACK_OR_FAIL(Tqkv__V1__GetRequest, tqkv__v1__get_request__unpack, "GetRequest");
     if ((st = check_namespace(msg->namespace_, 0, lim, err, errlen)) != TQKV_OK ||
+        (st = check_namespace_wire(buf, len, msg->namespace_, err, errlen)) != TQKV_OK ||
         (st = check_hash_list(msg->n_hashes, msg->hashes, lim, err, errlen)) != TQKV_OK)
         goto bad;
     if (msg->layer_end <= msg->layer_begin) {
@@ -297,6 +357,12 @@ tqkv_validate_get(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
         st = fail(TQKV_EUNSUPPORTED, err, errlen, "encoding: unknown value %d", (int)msg->encoding);
         goto bad;
     }
+    if ((int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_GRPC &&
+        (int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_NCCL) {
+        st = fail(TQKV_EUNSUPPORTED, err, errlen, "transport: unknown value %d",
+                  (int)msg->transport);
+        goto bad;
+    }
     *out = msg;
     return TQKV_OK;
 bad:
@@ -311,7 +377,8 @@ tqkv_validate_delete(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
     Tqkv__V1__DeleteRequest *msg;
     tqkv_status_t st;
     UNPACK_OR_FAIL(Tqkv__V1__DeleteRequest, tqkv__v1__delete_request__unpack, "DeleteRequest");
-    if ((st = check_namespace(msg->namespace_, 0, lim, err, errlen)) != TQKV_OK)
+    if ((st = check_namespace(msg->namespace_, 0, lim, err, errlen)) != TQKV_OK ||
+        (st = check_namespace_wire(buf, len, msg->namespace_, err, errlen)) != TQKV_OK)
         goto bad;
     if (msg->all) {
         if (msg->n_hashes != 0) {
@@ -339,7 +406,8 @@ tqkv_validate_stats(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
     Tqkv__V1__StatsRequest *msg;
     tqkv_status_t st;
     UNPACK_OR_FAIL(Tqkv__V1__StatsRequest, tqkv__v1__stats_request__unpack, "StatsRequest");
-    if ((st = check_namespace(msg->namespace_, 1, lim, err, errlen)) != TQKV_OK) {
+    if ((st = check_namespace(msg->namespace_, 1, lim, err, errlen)) != TQKV_OK ||
+        (st = check_namespace_wire(buf, len, msg->namespace_, err, errlen)) != TQKV_OK) {
         tqkv__v1__stats_request__free_unpacked(msg, NULL);
         return st;
     }
