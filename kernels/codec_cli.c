@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <zstd.h>
 
@@ -64,6 +65,12 @@ read_file(const char *path, size_t *len)
     size_t cap = 0, n = 0;
     if (!f)
         return NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
     for (;;) {
         size_t r;
         if (n == cap) {

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "kernels/attention.h"
@@ -72,6 +73,12 @@ read_file(const char *path, size_t *len)
     void *buf;
     if (!f)
         return NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
     if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
         errno = EIO;
@@ -370,14 +377,15 @@ done:
 /* ---- decode-kv ---- */
 
 static const char decode_kv_usage[] =
-    "usage: tqkv-codec decode-kv [--format bf16|f32] [--check-crc] IN.tqp K.out V.out\n"
-    "  Decodes every page of IN.tqp (K and V [T][H][D], pages concatenated along tokens).\n";
+    "usage: tqkv-codec decode-kv [--format bf16|f32] [--no-check-crc] IN.tqp K.out V.out\n"
+    "  Decodes every page of IN.tqp (K and V [T][H][D], pages concatenated along tokens).\n"
+    "  Every page's CRC32C is checked unless --no-check-crc (--check-crc: the default).\n";
 
 int
 tqkv_cli_decode_kv(int argc, char **argv)
 {
     const char *pos[3], *missing = NULL;
-    int npos = 0, f32 = 0, check_crc = 0, rc = 1;
+    int npos = 0, f32 = 0, check_crc = 1, rc = 1;
     uint8_t *buf = NULL;
     size_t len;
     page_list_t pl;
@@ -398,6 +406,8 @@ tqkv_cli_decode_kv(int argc, char **argv)
                 return usage_err(decode_kv_usage, "bad --format '%s'", argv[i]);
         } else if (!strcmp(argv[i], "--check-crc")) {
             check_crc = 1;
+        } else if (!strcmp(argv[i], "--no-check-crc")) {
+            check_crc = 0;
         } else if (missing) {
             return usage_err(decode_kv_usage, "%s needs a value", missing);
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -470,9 +480,10 @@ done:
 
 static const char attend_usage[] =
     "usage: tqkv-codec attend --query Q.f32 --query-heads HQ [--split-tokens N] [--threads N]\n"
-    "         [--check-crc] OUT.f32 IN.tqp [IN2.tqp ...]\n"
+    "         [--check-crc | --no-check-crc] OUT.f32 IN.tqp [IN2.tqp ...]\n"
     "  Fused decode attention of one query token (float32 [HQ][D]) over the pages of the\n"
-    "  files, in order; writes float32 [HQ][D].\n";
+    "  files, in order; writes float32 [HQ][D]. The files' page CRC32Cs are checked on\n"
+    "  load unless --no-check-crc; --check-crc also has the kernel check them.\n";
 
 int
 tqkv_cli_attend(int argc, char **argv)
@@ -480,7 +491,7 @@ tqkv_cli_attend(int argc, char **argv)
     const char *qpath = NULL, *missing = NULL, *outp = NULL;
     const char **inputs = calloc((size_t)argc, sizeof(char *));
     uint8_t **bufs = calloc((size_t)argc, sizeof(uint8_t *));
-    int nin = 0, rc = 1;
+    int nin = 0, rc = 1, file_crc = 1;
     uint32_t HQ = 0;
     tqkv_attn_opts_t opts;
     page_list_t pl;
@@ -517,6 +528,9 @@ tqkv_cli_attend(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--check-crc")) {
             opts.check_crc = 1;
+        } else if (!strcmp(argv[i], "--no-check-crc")) {
+            opts.check_crc = 0;
+            file_crc = 0;
         } else if (missing) {
             break;
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -543,7 +557,7 @@ tqkv_cli_attend(int argc, char **argv)
             fail("%s: %s", inputs[i], strerror(errno));
             goto done;
         }
-        if (page_list_add(&pl, inputs[i], bufs[i], len, opts.check_crc) != 0)
+        if (page_list_add(&pl, inputs[i], bufs[i], len, file_crc) != 0)
             goto done;
     }
     {
