@@ -1123,7 +1123,8 @@ usage(void)
         "  --client-encode (encode pages in the bench and Put pages; bits from\n"
         "                   --key-bits/--value-bits, default 3.5/3)\n"
         "  --json FILE|-  --csv FILE  --tls-ca FILE [--tls-target-name N]  --token T  "
-        "--no-baselines  --seed N\n");
+        "--no-baselines  --seed N\n"
+        "exit status: 0 ok, 2 bad flags, 3 verify failures, 4 RPC errors (see \"errors\")\n");
 }
 
 static int
@@ -1146,6 +1147,65 @@ print_pct(FILE *f, const char *name, pct_t p)
 {
     fprintf(f, "  %-16s %10zu %10.0f %10.0f %10.0f %10.0f\n", name, p.n, p.p50, p.p95, p.p99,
             p.p999);
+}
+
+/* Strict flag values: the whole string, in range, or a message naming the flag. */
+static int
+arg_u64(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end = NULL;
+    unsigned long long x = 0;
+    errno = 0;
+    if (v[0] >= '0' && v[0] <= '9') /* decimal, or hex with 0x (seeds) */
+        x = strtoull(v, &end, (v[0] == '0' && (v[1] == 'x' || v[1] == 'X')) ? 16 : 10);
+    if (!end || *end || errno || x < lo || x > hi) {
+        fprintf(stderr,
+                "tqkv-bench: %s: invalid value '%s': expected an integer in %" PRIu64 "..%" PRIu64
+                "\n",
+                flag, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int
+arg_u32(const char *flag, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    uint64_t x;
+    if (arg_u64(flag, v, lo, hi, &x) != 0)
+        return -1;
+    *out = (uint32_t)x;
+    return 0;
+}
+
+static int
+arg_double(const char *flag, const char *v, double lo, double hi, const char *what, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi) {
+        fprintf(stderr, "tqkv-bench: %s: invalid value '%s': expected %s\n", flag, v, what);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int
+arg_bits(const char *flag, const char *v, float *out)
+{
+    double x;
+    const char *what = "0 (the server's policy) or 1, 1.5, 2, 2.5, 3, 3.5, 4";
+    if (arg_double(flag, v, 0, 4, what, &x) != 0)
+        return -1;
+    if (x != 0 && (x < 1 || x * 2 != floor(x * 2))) {
+        fprintf(stderr, "tqkv-bench: %s: invalid value '%s': expected %s\n", flag, v, what);
+        return -1;
+    }
+    *out = (float)x;
+    return 0;
 }
 
 int
@@ -1174,32 +1234,49 @@ main(int argc, char **argv)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (!strcmp(a, name) && v && (i++, 1))
+        uint32_t u32;
         if (ARG("--target")) {
-            if (C.ntargets < MAX_TARGETS)
-                C.targets[C.ntargets++] = v;
+            if (C.ntargets == MAX_TARGETS) {
+                fprintf(stderr, "tqkv-bench: --target: more than %d targets\n", MAX_TARGETS);
+                return 2;
+            }
+            C.targets[C.ntargets++] = v;
         } else if (ARG("--duration")) {
-            C.duration = atof(v);
+            if (arg_double("--duration", v, 0, 1e7, "seconds in 0..1e7", &C.duration) != 0)
+                return 2;
         } else if (ARG("--ops")) {
-            C.ops = strtoull(v, NULL, 0);
+            if (arg_u64("--ops", v, 0, UINT64_MAX, &C.ops) != 0)
+                return 2;
         } else if (ARG("--concurrency")) {
-            C.concurrency = atoi(v);
+            if (arg_u32("--concurrency", v, 1, 1024, &u32) != 0)
+                return 2;
+            C.concurrency = (int)u32;
         } else if (ARG("--model")) {
             if (set_model(v) != 0) {
-                fprintf(stderr, "tqkv-bench: unknown model %s\n", v);
+                fprintf(stderr,
+                        "tqkv-bench: --model: unknown model '%s' (llama3-8b, llama3-70b or tiny; "
+                        "or --layers/--kv-heads/--head-dim)\n",
+                        v);
                 return 2;
             }
         } else if (ARG("--layers")) {
-            C.layers = (uint32_t)atoi(v);
+            if (arg_u32("--layers", v, 1, 1024, &C.layers) != 0)
+                return 2;
         } else if (ARG("--kv-heads")) {
-            C.heads = (uint32_t)atoi(v);
+            if (arg_u32("--kv-heads", v, 1, 1024, &C.heads) != 0)
+                return 2;
         } else if (ARG("--head-dim")) {
-            C.dim = (uint32_t)atoi(v);
+            if (arg_u32("--head-dim", v, 16, 1024, &C.dim) != 0)
+                return 2;
         } else if (ARG("--block-tokens")) {
-            C.block_tokens = (uint32_t)atoi(v);
+            if (arg_u32("--block-tokens", v, 1, 65536, &C.block_tokens) != 0)
+                return 2;
         } else if (ARG("--seq-blocks")) {
-            C.seq_blocks = (uint32_t)atoi(v);
+            if (arg_u32("--seq-blocks", v, 1, 4096, &C.seq_blocks) != 0)
+                return 2;
         } else if (ARG("--prefix-reuse")) {
-            C.prefix_reuse = atof(v);
+            if (arg_double("--prefix-reuse", v, 0, 1, "a fraction in 0..1", &C.prefix_reuse) != 0)
+                return 2;
         } else if (ARG("--phase")) {
             if (!strcmp(v, "prefill"))
                 C.phase = PH_PREFILL;
@@ -1221,9 +1298,11 @@ main(int argc, char **argv)
                 return 2;
             }
         } else if (ARG("--key-bits")) {
-            C.key_bits = (float)atof(v);
+            if (arg_bits("--key-bits", v, &C.key_bits) != 0)
+                return 2;
         } else if (ARG("--value-bits")) {
-            C.value_bits = (float)atof(v);
+            if (arg_bits("--value-bits", v, &C.value_bits) != 0)
+                return 2;
         } else if (ARG("--namespace")) {
             C.ns = v;
         } else if (ARG("--json")) {
@@ -1249,19 +1328,26 @@ main(int argc, char **argv)
                 C.server_args[C.nserver_args++] = v;
             }
         } else if (ARG("--replicas")) {
-            C.replicas = (uint32_t)atoi(v);
+            if (arg_u32("--replicas", v, 1, MAX_TARGETS, &C.replicas) != 0)
+                return 2;
         } else if (ARG("--channels")) {
-            C.channels = (uint32_t)atoi(v);
+            if (arg_u32("--channels", v, 0, 1024, &C.channels) != 0)
+                return 2;
         } else if (ARG("--working-set")) {
-            C.working_set = (uint32_t)atoi(v);
+            if (arg_u32("--working-set", v, 0, 1u << 24, &C.working_set) != 0)
+                return 2;
         } else if (ARG("--lease-ms")) {
-            C.lease_ms = (uint32_t)atoi(v);
+            if (arg_u32("--lease-ms", v, 0, 3600000, &C.lease_ms) != 0)
+                return 2;
         } else if (!strcmp(a, "--client-encode")) {
             C.client_encode = 1;
         } else if (ARG("--verify-every")) {
-            C.verify_every = atoi(v);
+            if (arg_u32("--verify-every", v, 0, 1u << 30, &u32) != 0)
+                return 2;
+            C.verify_every = (int)u32;
         } else if (ARG("--seed")) {
-            C.seed = strtoull(v, NULL, 0);
+            if (arg_u64("--seed", v, 0, UINT64_MAX, &C.seed) != 0)
+                return 2;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
             return 0;
@@ -1272,10 +1358,13 @@ main(int argc, char **argv)
         }
 #undef ARG
     }
-    if ((C.ntargets == 0 && C.spawn == NULL) || C.concurrency <= 0 || C.concurrency > 1024 ||
-        C.layers == 0 || C.heads == 0 || C.dim == 0 || C.block_tokens == 0 || C.seq_blocks == 0 ||
-        C.seq_blocks > 4096 || (C.duration <= 0 && C.ops == 0)) {
+    if (C.ntargets == 0 && C.spawn == NULL) {
+        fprintf(stderr, "tqkv-bench: give --target HOST:PORT or --spawn-server PATH\n");
         usage();
+        return 2;
+    }
+    if (C.duration <= 0 && C.ops == 0) {
+        fprintf(stderr, "tqkv-bench: --duration 0 needs --ops N (a run must end)\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -1476,8 +1565,8 @@ main(int argc, char **argv)
     fprintf(o, "  %-34s %12.3f\n", "Put BF16 ingest GB/s", put_gbps);
     fprintf(o, "  %-34s %12.3f\n", "Put wire GB/s", put_wire_gbps);
     fprintf(o, "  %-34s %12.1f%%\n", "Lookup hit rate", hit * 100);
-    fprintf(o, "  %-34s %12" PRIu64 "\n", "pages found / missing", K.get_found);
-    fprintf(o, "  %-34s %12" PRIu64 "\n", "  missing", K.get_missing);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "pages found", K.get_found);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "pages missing", K.get_missing);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "content checks", K.content_checks);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "verify failures", K.verify_failures);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "errors", K.errors);
@@ -1541,7 +1630,7 @@ main(int argc, char **argv)
                 fclose(j);
         }
     }
-    rc = K.verify_failures == 0 ? 0 : 3;
+    rc = K.verify_failures != 0 ? 3 : K.errors != 0 ? 4 : 0;
 
 out_client:
     for (int i = 0; i < C.concurrency; i++) {
