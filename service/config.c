@@ -20,56 +20,62 @@ typedef struct opt {
     opt_kind_t kind;
     const char *arg; /* value placeholder for --help */
     const char *help;
+    int ns; /* 1: also a key of --namespace-policy specs (a codec policy setting) */
 } opt_t;
 
 static const opt_t opts[] = {
     {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
-     "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)"},
-    {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)"},
+     "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0},
+    {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0},
     {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
-     "encode/decode pool threads (default: CPU count)"},
+     "encode/decode pool threads (default: CPU count)", 0},
     {"dram-capacity", "TQKV_DRAM_CAPACITY", OPT_VALUE, "BYTES",
-     "DRAM tier capacity, K/M/G/T suffixes (default 1G)"},
-    {"hbm-capacity", "TQKV_HBM_CAPACITY", OPT_VALUE, "BYTES",
-     "HBM tier capacity (default 0: none)"},
+     "DRAM tier capacity, K/M/G/T suffixes (default 1G)", 0},
+    {"hbm-capacity", "TQKV_HBM_CAPACITY", OPT_VALUE, "BYTES", "HBM tier capacity (default 0: none)",
+     0},
     {"hbm-standin", "TQKV_HBM_STANDIN", OPT_BOOL, NULL,
-     "back the HBM tier with host memory (no GPU needed)"},
-    {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)"},
+     "back the HBM tier with host memory (no GPU needed)", 0},
+    {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)", 0},
     {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_VALUE, "BYTES",
-     "largest gRPC message received or sent (default 64M)"},
+     "largest gRPC message received or sent (default 64M)", 0},
     {"max-streams", "TQKV_MAX_STREAMS", OPT_VALUE, "N",
-     "concurrent streams per connection (default 256)"},
-    {"key-bits", "TQKV_KEY_BITS", OPT_VALUE, "B", "key bits: 1, 1.5, 2, 2.5, 3, 3.5, 4"},
-    {"value-bits", "TQKV_VALUE_BITS", OPT_VALUE, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4"},
-    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod", "key quantizer"},
-    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod", "value quantizer"},
+     "concurrent streams per connection (default 256)", 0},
+    {"key-bits", "TQKV_KEY_BITS", OPT_VALUE, "B", "key bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1},
+    {"value-bits", "TQKV_VALUE_BITS", OPT_VALUE, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1},
+    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod", "key quantizer", 1},
+    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod", "value quantizer", 1},
     {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_VALUE, "N",
-     "first/last N layers at boundary precision"},
-    {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_VALUE, "B", "key bits of boundary layers"},
+     "first/last N layers at boundary precision", 1},
+    {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_VALUE, "B", "key bits of boundary layers",
+     1},
     {"boundary-value-bits", "TQKV_BOUNDARY_VALUE_BITS", OPT_VALUE, "B",
-     "value bits of boundary layers"},
-    {"rotation", "TQKV_ROTATION", OPT_VALUE, "dense|hadamard", "random rotation kind"},
+     "value bits of boundary layers", 1},
+    {"rotation", "TQKV_ROTATION", OPT_VALUE, "dense|hadamard", "random rotation kind", 1},
     {"norm-correction", "TQKV_NORM_CORRECTION", OPT_BOOL, NULL,
-     "store ||x||/||c[idx]|| so decoded vectors keep their norm"},
+     "store ||x||/||c[idx]|| so decoded vectors keep their norm", 1},
     {"key-centering", "TQKV_KEY_CENTERING", OPT_BOOL, NULL,
-     "subtract each block's per-channel key mean before encoding"},
-    {"seed", "TQKV_SEED", OPT_VALUE, "U64", "rotation/QJL seed"},
-    {"eviction", "TQKV_EVICTION", OPT_VALUE, "lru|s3fifo", "eviction order (default s3fifo)"},
-    {"ns-quota", "TQKV_NS_QUOTA", OPT_VALUE, "BYTES", "per-namespace quota (default 0: none)"},
-    {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read"},
+     "subtract each block's per-channel key mean before encoding", 1},
+    {"seed", "TQKV_SEED", OPT_VALUE, "U64", "rotation/QJL seed", 1},
+    {"namespace-policy", "TQKV_NAMESPACE_POLICY", OPT_VALUE, "NS:KEY=V,...",
+     "codec policy of namespace NS (NS* = every namespace with that prefix; repeatable, "
+     "the variable separates specs with ';'; see below)",
+     0},
+    {"eviction", "TQKV_EVICTION", OPT_VALUE, "lru|s3fifo", "eviction order (default s3fifo)", 0},
+    {"ns-quota", "TQKV_NS_QUOTA", OPT_VALUE, "BYTES", "per-namespace quota (default 0: none)", 0},
+    {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read", 0},
     {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_VALUE, "HOST:PORT",
-     "serve Prometheus /metrics here (default: off)"},
+     "serve Prometheus /metrics here (default: off)", 0},
     {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
-     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth"},
-    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)"},
-    {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)"},
+     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0},
+    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)", 0},
+    {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)", 0},
     {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_VALUE, "FILE",
-     "require client certificates signed by this CA (mutual TLS)"},
+     "require client certificates signed by this CA (mutual TLS)", 0},
     {"drain-seconds", "TQKV_DRAIN_SECONDS", OPT_VALUE, "S",
-     "on SIGTERM, time in-flight streams get to finish (default 20)"},
-    {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info"},
-    {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text"},
-    {"help", NULL, OPT_BOOL, NULL, "print this help and exit"},
+     "on SIGTERM, time in-flight streams get to finish (default 20)", 0},
+    {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0},
+    {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0},
+    {"help", NULL, OPT_BOOL, NULL, "print this help and exit", 0},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -197,10 +203,11 @@ listen_ok(const char *v)
     return parse_uint(colon + 1, 65535, &port) == TQKV_OK;
 }
 
-/* Applies one option; `src` names where it came from for the error line. */
+/* Applies one option; codec policy settings go to *pol (&cfg->policy, or a namespace's
+ * policy); `src` names where it came from for the error line. */
 static tqkv_status_t
-apply(tqkv_server_config_t *cfg, const opt_t *o, const char *v, const char *src, char *err,
-      size_t errlen)
+apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char *v, const char *src,
+      char *err, size_t errlen)
 {
     const char *n = o->name;
     unsigned long long u;
@@ -217,11 +224,10 @@ apply(tqkv_server_config_t *cfg, const opt_t *o, const char *v, const char *src,
         if (!strcmp(n, "hbm-standin"))
             cfg->store.hbm_standin = b;
         else if (!strcmp(n, "norm-correction"))
-            cfg->policy.k.norm_correction = cfg->policy.v.norm_correction =
-                cfg->policy.k_boundary.norm_correction = cfg->policy.v_boundary.norm_correction =
-                    (uint8_t)b;
+            pol->k.norm_correction = pol->v.norm_correction = pol->k_boundary.norm_correction =
+                pol->v_boundary.norm_correction = (uint8_t)b;
         else if (!strcmp(n, "key-centering"))
-            cfg->policy.key_centering = (uint8_t)b;
+            pol->key_centering = (uint8_t)b;
         else if (!strcmp(n, "verify-crc"))
             cfg->store.verify_crc = b;
         else if (!strcmp(n, "help"))
@@ -300,13 +306,13 @@ apply(tqkv_server_config_t *cfg, const opt_t *o, const char *v, const char *src,
             goto bad;
         }
         if (!strcmp(n, "key-bits"))
-            cfg->policy.k.bits_x2 = b2;
+            pol->k.bits_x2 = b2;
         else if (!strcmp(n, "value-bits"))
-            cfg->policy.v.bits_x2 = b2;
+            pol->v.bits_x2 = b2;
         else if (!strcmp(n, "boundary-key-bits"))
-            cfg->policy.k_boundary.bits_x2 = b2;
+            pol->k_boundary.bits_x2 = b2;
         else
-            cfg->policy.v_boundary.bits_x2 = b2;
+            pol->v_boundary.bits_x2 = b2;
     } else if (!strcmp(n, "key-mode") || !strcmp(n, "value-mode")) {
         uint8_t m;
         if (parse_mode(v, &m) != TQKV_OK) {
@@ -314,20 +320,20 @@ apply(tqkv_server_config_t *cfg, const opt_t *o, const char *v, const char *src,
             goto bad;
         }
         if (n[0] == 'k')
-            cfg->policy.k.mode = cfg->policy.k_boundary.mode = m;
+            pol->k.mode = pol->k_boundary.mode = m;
         else
-            cfg->policy.v.mode = cfg->policy.v_boundary.mode = m;
+            pol->v.mode = pol->v_boundary.mode = m;
     } else if (!strcmp(n, "boundary-layers")) {
         if (parse_uint(v, 512, &u) != TQKV_OK) {
             why = "expected an integer in 0..512";
             goto bad;
         }
-        cfg->policy.boundary_layers = (uint32_t)u;
+        pol->boundary_layers = (uint32_t)u;
     } else if (!strcmp(n, "rotation")) {
         if (!strcmp(v, "dense"))
-            cfg->policy.rotation = TQKV_ROT_DENSE;
+            pol->rotation = TQKV_ROT_DENSE;
         else if (!strcmp(v, "hadamard"))
-            cfg->policy.rotation = TQKV_ROT_HADAMARD;
+            pol->rotation = TQKV_ROT_HADAMARD;
         else {
             why = "expected dense or hadamard";
             goto bad;
@@ -337,7 +343,7 @@ apply(tqkv_server_config_t *cfg, const opt_t *o, const char *v, const char *src,
             why = "expected an unsigned 64-bit integer";
             goto bad;
         }
-        cfg->policy.seed = (uint64_t)u;
+        pol->seed = (uint64_t)u;
     } else if (!strcmp(n, "eviction")) {
         if (!strcmp(v, "lru"))
             cfg->store.policy = TQKV_EVICT_LRU;
@@ -398,8 +404,217 @@ flag_given(int argc, char **argv, const char *name)
     return 0;
 }
 
-tqkv_status_t
-tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, size_t errlen)
+/* The --namespace-policy specs of one parse, kept until the global flags are all applied
+ * (a spec inherits them wherever it stands on the command line). Borrowed from argv or
+ * the environment. */
+typedef struct ns_specs {
+    const char *src; /* "--namespace-policy" or "TQKV_NAMESPACE_POLICY" */
+    size_t n;
+    struct {
+        const char *p;
+        size_t len;
+    } s[TQKV_MAX_NS_POLICIES];
+} ns_specs_t;
+
+static int
+is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Trims blanks around [*p, *p + *len). */
+static void
+trim(const char **p, size_t *len)
+{
+    while (*len && is_space(**p)) {
+        (*p)++;
+        (*len)--;
+    }
+    while (*len && is_space((*p)[*len - 1]))
+        (*len)--;
+}
+
+static tqkv_status_t
+ns_spec_add(ns_specs_t *sp, const tqkv_server_config_t *cfg, const char *src, const char *p,
+            size_t len, char *err, size_t errlen)
+{
+    if (cfg->num_ns_policies + sp->n >= TQKV_MAX_NS_POLICIES) {
+        snprintf(err, errlen, "%s: more than %d namespace policies", src, TQKV_MAX_NS_POLICIES);
+        return TQKV_EINVAL;
+    }
+    sp->src = src;
+    sp->s[sp->n].p = p;
+    sp->s[sp->n].len = len;
+    sp->n++;
+    return TQKV_OK;
+}
+
+/* TQKV_NAMESPACE_POLICY: specs separated by ';' (empty ones skipped, so "" is none). */
+static tqkv_status_t
+ns_spec_add_env(ns_specs_t *sp, const tqkv_server_config_t *cfg, const char *src, const char *v,
+                char *err, size_t errlen)
+{
+    while (*v) {
+        size_t n = strcspn(v, ";");
+        const char *p = v;
+        size_t len = n;
+        trim(&p, &len);
+        if (len) {
+            tqkv_status_t st = ns_spec_add(sp, cfg, src, p, len, err, errlen);
+            if (st != TQKV_OK)
+                return st;
+        }
+        v += n;
+        if (*v == ';')
+            v++;
+    }
+    return TQKV_OK;
+}
+
+/* Lists the spec keys ("key-bits, value-bits, ...") into buf. */
+static void
+ns_keys(char *buf, size_t cap)
+{
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_OPTS && pos < cap; i++)
+        if (opts[i].ns)
+            pos += (size_t)snprintf(buf + pos, cap - pos, "%s%s", pos ? ", " : "", opts[i].name);
+}
+
+/* Parses one spec "NS:key=value,..." (or "NS*:...") into the next cfg->ns_policies entry,
+ * starting from the global policy. The namespace ends at the last ':' (keys and values
+ * hold none, namespaces may). Every error names the spec. */
+static tqkv_status_t
+ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size_t len, char *err,
+              size_t errlen)
+{
+    const char *colon = NULL;
+    char why[200], keys[256];
+    int sl; /* how much of the spec an error quotes */
+
+    trim(&spec, &len);
+    if (len == 0) {
+        snprintf(err, errlen, "%s: empty spec (expected NAMESPACE:key=value,...)", src);
+        return TQKV_EINVAL;
+    }
+    sl = len > 400 ? 400 : (int)len;
+    for (size_t i = len; i-- > 0;)
+        if (spec[i] == ':') {
+            colon = spec + i;
+            break;
+        }
+    if (colon == NULL) {
+        snprintf(err, errlen, "%s '%.*s': expected NAMESPACE:key=value,... (no ':')", src, sl,
+                 spec);
+        return TQKV_EINVAL;
+    }
+    tqkv_ns_policy_t *e = &cfg->ns_policies[cfg->num_ns_policies];
+    size_t nl = (size_t)(colon - spec);
+    uint8_t prefix = 0;
+    while (nl && is_space(spec[nl - 1]))
+        nl--;
+    if (nl && spec[nl - 1] == '*') {
+        prefix = 1;
+        nl--;
+    }
+    if (nl == 0) {
+        snprintf(err, errlen, "%s '%.*s': empty namespace%s", src, sl, spec,
+                 prefix ? " prefix (the global flags already cover every namespace)" : "");
+        return TQKV_EINVAL;
+    }
+    if (nl > TQKV_NS_POLICY_MAX_NAME) {
+        snprintf(err, errlen, "%s '%.*s': namespace longer than %d bytes", src, sl, spec,
+                 TQKV_NS_POLICY_MAX_NAME);
+        return TQKV_EINVAL;
+    }
+    for (size_t i = 0; i < nl; i++) {
+        unsigned char c = (unsigned char)spec[i];
+        if (c < 0x21 || c > 0x7e) {
+            snprintf(err, errlen,
+                     "%s '%.*s': namespace byte %zu (0x%02x) is not a printable ASCII character",
+                     src, sl, spec, i, c);
+            return TQKV_EINVAL;
+        }
+    }
+    for (unsigned i = 0; i < cfg->num_ns_policies; i++) {
+        const tqkv_ns_policy_t *o = &cfg->ns_policies[i];
+        if (o->prefix == prefix && strlen(o->ns) == nl && !memcmp(o->ns, spec, nl)) {
+            snprintf(err, errlen, "%s '%.*s': duplicate namespace%s '%.*s%s' (one spec each)", src,
+                     sl, spec, prefix ? " prefix" : "", (int)nl, spec, prefix ? "*" : "");
+            return TQKV_EINVAL;
+        }
+    }
+    memset(e, 0, sizeof *e);
+    memcpy(e->ns, spec, nl);
+    e->ns[nl] = '\0';
+    e->prefix = prefix;
+    e->policy = cfg->policy;
+
+    /* key=value items separated by ','; "NS:" alone is the global policy (useful to exempt
+     * one namespace from a prefix spec). */
+    const char *p = colon + 1;
+    size_t rest = (size_t)(spec + len - p);
+    trim(&p, &rest);
+    const char *end = p + rest;
+    for (int more = rest > 0; more;) {
+        const char *item = p, *comma = memchr(p, ',', (size_t)(end - p));
+        size_t il = comma ? (size_t)(comma - p) : (size_t)(end - p);
+        more = comma != NULL; /* an item follows every comma, even an empty one */
+        p = comma ? comma + 1 : end;
+        trim(&item, &il);
+        if (il == 0) {
+            snprintf(err, errlen, "%s '%.*s': empty setting (expected key=value between commas)",
+                     src, sl, spec);
+            return TQKV_EINVAL;
+        }
+        const char *eq = memchr(item, '=', il);
+        size_t kl = eq ? (size_t)(eq - item) : il;
+        const char *key = item;
+        trim(&key, &kl);
+        const opt_t *o = find_opt(key, kl);
+        if (o == NULL || !o->ns) {
+            ns_keys(keys, sizeof keys);
+            snprintf(err, errlen, "%s '%.*s': unknown key '%.*s' (keys: %s)", src, sl, spec,
+                     (int)(kl > 64 ? 64 : kl), key, keys);
+            return TQKV_EINVAL;
+        }
+        char val[128], where[600];
+        const char *v = NULL;
+        if (eq) {
+            const char *vp = eq + 1;
+            size_t vl = (size_t)(item + il - vp);
+            trim(&vp, &vl);
+            if (vl >= sizeof val) {
+                snprintf(err, errlen, "%s '%.*s': %s: value longer than %zu bytes", src, sl, spec,
+                         o->name, sizeof val - 1);
+                return TQKV_EINVAL;
+            }
+            memcpy(val, vp, vl);
+            val[vl] = '\0';
+            v = val;
+        } else if (o->kind != OPT_BOOL) {
+            snprintf(err, errlen, "%s '%.*s': %s: missing value (expected %s=%s)", src, sl, spec,
+                     o->name, o->name, o->arg);
+            return TQKV_EINVAL;
+        }
+        snprintf(where, sizeof where, "%s '%.*s': %s", src, sl, spec, o->name);
+        tqkv_status_t st = apply(cfg, &e->policy, o, v, where, err, errlen);
+        if (st != TQKV_OK)
+            return st;
+    }
+    if (tqkv_policy_check(&e->policy, why, sizeof why) != TQKV_OK) {
+        snprintf(err, errlen, "%s '%.*s': codec policy: %s", src, sl, spec, why);
+        return TQKV_EINVAL;
+    }
+    cfg->num_ns_policies++;
+    return TQKV_OK;
+}
+
+/* Environment, then argv, onto cfg; namespace specs are collected into specs. */
+static tqkv_status_t
+parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv, char *err,
+            size_t errlen)
 {
     char src[96];
     tqkv_status_t st;
@@ -411,7 +626,11 @@ tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, s
         if (flag_given(argc, argv, opts[i].name))
             continue; /* the flag wins, even over a malformed variable */
         snprintf(src, sizeof src, "%s", opts[i].env);
-        if ((st = apply(cfg, &opts[i], v, src, err, errlen)) != TQKV_OK)
+        if (!strcmp(opts[i].name, "namespace-policy"))
+            st = ns_spec_add_env(specs, cfg, opts[i].env, v, err, errlen);
+        else
+            st = apply(cfg, &cfg->policy, &opts[i], v, src, err, errlen);
+        if (st != TQKV_OK)
             return st;
     }
     for (int i = 1; i < argc; i++) {
@@ -437,12 +656,20 @@ tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, s
             v = argv[++i];
         }
         snprintf(src, sizeof src, "--%s", o->name);
-        if ((st = apply(cfg, o, v, src, err, errlen)) != TQKV_OK)
+        if (!strcmp(o->name, "namespace-policy"))
+            st = ns_spec_add(specs, cfg, "--namespace-policy", v, strlen(v), err, errlen);
+        else
+            st = apply(cfg, &cfg->policy, o, v, src, err, errlen);
+        if (st != TQKV_OK)
             return st;
     }
-    if (cfg->help)
-        return TQKV_OK;
+    return TQKV_OK;
+}
 
+/* Flags that only make sense together, and the global policy. */
+static tqkv_status_t
+check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
+{
     if ((cfg->tls_cert[0] != 0) != (cfg->tls_key[0] != 0)) {
         snprintf(err, errlen, "--tls-cert and --tls-key must be given together");
         return TQKV_EINVAL;
@@ -477,6 +704,66 @@ tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, s
     return TQKV_OK;
 }
 
+tqkv_status_t
+tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, size_t errlen)
+{
+    ns_specs_t specs = {0};
+    tqkv_status_t st = parse_flags(cfg, &specs, argc, argv, err, errlen);
+
+    if (st != TQKV_OK || cfg->help)
+        return st;
+    if ((st = check_combinations(cfg, err, errlen)) != TQKV_OK)
+        return st;
+    /* Namespace specs last: unspecified keys inherit the global flags, wherever given. */
+    for (size_t i = 0; i < specs.n; i++)
+        if ((st = ns_spec_parse(cfg, specs.src, specs.s[i].p, specs.s[i].len, err, errlen)) !=
+            TQKV_OK)
+            return st;
+    return TQKV_OK;
+}
+
+const tqkv_policy_t *
+tqkv_config_ns_policy(const tqkv_server_config_t *cfg, const char *ns, size_t len)
+{
+    const tqkv_policy_t *best = &cfg->policy;
+    size_t best_len = 0;
+    for (unsigned i = 0; i < cfg->num_ns_policies; i++) {
+        const tqkv_ns_policy_t *e = &cfg->ns_policies[i];
+        size_t el = strlen(e->ns);
+        if (el > len || memcmp(e->ns, ns, el) != 0)
+            continue;
+        if (!e->prefix) {
+            if (el == len)
+                return &e->policy; /* exact beats any prefix */
+        } else if (el > best_len) {
+            best = &e->policy;
+            best_len = el;
+        }
+    }
+    return best;
+}
+
+static const char *
+mode_name(uint8_t mode)
+{
+    return mode == TQKV_MODE_PROD ? "prod" : "mse";
+}
+
+void
+tqkv_config_policy_format(const tqkv_policy_t *p, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "key=%g/%s%s value=%g/%s%s boundary_layers=%u boundary_key=%g/%s%s "
+             "boundary_value=%g/%s%s rotation=%s key_centering=%s seed=%llu",
+             p->k.bits_x2 / 2.0, mode_name(p->k.mode), p->k.norm_correction ? "/nc" : "",
+             p->v.bits_x2 / 2.0, mode_name(p->v.mode), p->v.norm_correction ? "/nc" : "",
+             p->boundary_layers, p->k_boundary.bits_x2 / 2.0, mode_name(p->k_boundary.mode),
+             p->k_boundary.norm_correction ? "/nc" : "", p->v_boundary.bits_x2 / 2.0,
+             mode_name(p->v_boundary.mode), p->v_boundary.norm_correction ? "/nc" : "",
+             p->rotation == TQKV_ROT_DENSE ? "dense" : "hadamard", p->key_centering ? "on" : "off",
+             (unsigned long long)p->seed);
+}
+
 void
 tqkv_config_usage(FILE *out)
 {
@@ -502,6 +789,27 @@ tqkv_config_usage(FILE *out)
             p.k_boundary.bits_x2 / 2.0, p.v_boundary.bits_x2 / 2.0,
             p.rotation == TQKV_ROT_HADAMARD ? "hadamard" : "dense", p.key_centering ? "on" : "off",
             (unsigned long long)p.seed);
+    fprintf(out, "\nNamespace policies: --namespace-policy NS:KEY=VALUE,... gives namespace NS "
+                 "its own codec\npolicy. KEY is a codec flag above without \"--\":");
+    int col = 47; /* the width of the line so far */
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!opts[i].ns)
+            continue;
+        if (col + strlen(opts[i].name) > 90) {
+            fprintf(out, "\n   ");
+            col = 3;
+        }
+        col += fprintf(out, " %s", opts[i].name);
+    }
+    fprintf(out,
+            ".\nKeys a spec leaves out inherit the global flags, wherever these are given. NS "
+            "ending in\n'*' is a prefix: an exact spec beats any prefix, a longer prefix a "
+            "shorter one; \"NS:\" alone\ngives NS the global policy. Repeatable, at most %d "
+            "specs; TQKV_NAMESPACE_POLICY separates\nspecs with ';'. The server logs each "
+            "effective policy at start-up (\"codec policy\" lines).\nExample:\n"
+            "  --namespace-policy 'team-*:key-bits=4,value-bits=4'\n"
+            "  --namespace-policy 'scratch:key-bits=2,value-bits=2,boundary-layers=0'\n",
+            TQKV_MAX_NS_POLICIES);
     fprintf(out, "Boolean flags take an optional =true/false. Exit status 2 on bad flags.\n");
 }
 

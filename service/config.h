@@ -13,12 +13,26 @@
 #include "kernels/status.h"
 #include "service/log.h"
 
+/* Most --namespace-policy specs; the longest namespace a spec may name (as Put's). */
+#define TQKV_MAX_NS_POLICIES 256
+#define TQKV_NS_POLICY_MAX_NAME 256
+
+/* One --namespace-policy: the codec policy of a namespace, or of every namespace that
+ * starts with a prefix (spec "team-*"). Fields a spec leaves out hold the global policy. */
+typedef struct tqkv_ns_policy {
+    char ns[TQKV_NS_POLICY_MAX_NAME + 1]; /* the namespace, or the prefix without its '*' */
+    uint8_t prefix;                       /* 1: ns is a prefix */
+    tqkv_policy_t policy;
+} tqkv_ns_policy_t;
+
 typedef struct tqkv_server_config {
     char listen[256];          /* HOST:PORT; port 0 picks a free port */
     unsigned threads;          /* gRPC worker threads (one completion queue each) */
     unsigned encoder_threads;  /* encode/decode pool */
     tqkv_store_config_t store; /* capacities, tiers, eviction, quota, verify_crc */
-    tqkv_policy_t policy;      /* default codec policy of every namespace */
+    tqkv_policy_t policy;      /* codec policy of a namespace no ns_policies entry matches */
+    unsigned num_ns_policies;  /* --namespace-policy specs, in the order given */
+    tqkv_ns_policy_t ns_policies[TQKV_MAX_NS_POLICIES];
     uint64_t max_message_bytes;
     unsigned max_streams;     /* concurrent streams per connection */
     unsigned drain_seconds;   /* SIGTERM: time in-flight streams get to finish */
@@ -42,6 +56,16 @@ tqkv_status_t tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv
 /* Parses a byte count with an optional K/M/G/T suffix (powers of 1024, optional
  * trailing "B"/"iB"). TQKV_EINVAL on anything else or overflow. */
 tqkv_status_t tqkv_config_parse_bytes(const char *s, uint64_t *out);
+
+/* The policy Put uses for namespace ns (len bytes): the spec naming ns exactly, else the
+ * spec with the longest prefix of ns, else cfg->policy. Returns borrowed (valid while cfg
+ * is). A linear scan: at most TQKV_MAX_NS_POLICIES short compares per Put. */
+const tqkv_policy_t *tqkv_config_ns_policy(const tqkv_server_config_t *cfg, const char *ns,
+                                           size_t len);
+
+/* One line describing a policy as space-separated key=value fields (for the start-up log):
+ * "key=3/mse/nc value=3/mse/nc boundary_layers=2 boundary_key=4/mse/nc ...". */
+void tqkv_config_policy_format(const tqkv_policy_t *p, char *buf, size_t len);
 
 /* Writes the --help text. */
 void tqkv_config_usage(FILE *out);

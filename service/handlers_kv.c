@@ -151,7 +151,9 @@ put_job(void *arg)
     } else {
         tqkv_block_codec_t codec;
         tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
-        tqkv_policy_block_codec(&s->cfg.policy, m->layer, m->num_layers, &codec);
+        /* The namespace's policy (--namespace-policy), then the request's overrides. */
+        tqkv_policy_block_codec(tqkv_config_ns_policy(&s->cfg, m->namespace_, key.ns_len), m->layer,
+                                m->num_layers, &codec);
         if (m->codec) {
             uint8_t b2;
             if (m->codec->key_bits != 0.0f &&

@@ -764,6 +764,21 @@ fail_store:
     return st;
 }
 
+/* One "codec policy" line for the global policy and one per --namespace-policy. */
+static void
+log_policies(const tqkv_server_config_t *cfg)
+{
+    char desc[400];
+    tqkv_config_policy_format(&cfg->policy, desc, sizeof desc);
+    tqkv_log(TQKV_LOG_INFO, "codec policy", "scope=default %s", desc);
+    for (unsigned i = 0; i < cfg->num_ns_policies; i++) {
+        const tqkv_ns_policy_t *e = &cfg->ns_policies[i];
+        tqkv_config_policy_format(&e->policy, desc, sizeof desc);
+        tqkv_log(TQKV_LOG_INFO, "codec policy", "scope=%s ns=%s%s %s",
+                 e->prefix ? "prefix" : "exact", e->ns, e->prefix ? "*" : "", desc);
+    }
+}
+
 tqkv_status_t
 tqkv_server_start(tqkv_server_t *s)
 {
@@ -786,6 +801,7 @@ tqkv_server_start(tqkv_server_t *s)
              "max_message_bytes=%llu",
              TQKV__VERSION, s->port, s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
              s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
+    log_policies(&s->cfg);
     return TQKV_OK;
 }
 

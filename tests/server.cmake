@@ -21,3 +21,16 @@ if(TARGET tqkv-server AND TARGET tqkv-bench)
     PASS_REGULAR_EXPRESSION "\"verify_failures\": 0,"
     FAIL_REGULAR_EXPRESSION "verify failure:|unexpected event|\"errors\": [1-9]")
 endif()
+
+# Per-namespace codec policies (--namespace-policy): the spec parser (case "config",
+# label unit) and a real server whose pages must carry each namespace's policy (case
+# "server"). One binary, two CTest entries split by Check's CK_RUN_CASE.
+if(TARGET tqkv_service AND TARGET tqkv-server)
+  tqkv_check_suite(check_server_policy SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/check_server_policy.c
+    LIBS tqkv_service LABELS "server" TIMEOUT 300)
+  set_tests_properties(check_server_policy PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;CK_RUN_CASE=server;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+  add_test(NAME check_config_ns_policy COMMAND check_server_policy)
+  set_tests_properties(check_config_ns_policy PROPERTIES LABELS "unit;server" TIMEOUT 120
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;CK_RUN_CASE=config")
+endif()
