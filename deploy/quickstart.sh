@@ -59,5 +59,24 @@ echo "   tqkv-server pid $SERVER_PID listening on $ADDR"
 echo "== tqkv-bench: ${SECONDS_RUN}s mixed, llama3-8b, concurrency 4, baselines on"
 JSON_ARGS=()
 [ -n "${TQKV_QUICKSTART_JSON:-}" ] && JSON_ARGS=(--json "$TQKV_QUICKSTART_JSON")
+BENCH_RC=0
 "$BENCH" --target "$ADDR" --duration "$SECONDS_RUN" --phase mixed --model llama3-8b \
-  --concurrency 4 "${JSON_ARGS[@]}"
+  --concurrency 4 "${JSON_ARGS[@]}" || BENCH_RC=$?
+case $BENCH_RC in
+0)
+  echo
+  echo "Reading it: 'Get BF16-equivalent GB/s' is KV delivered as if it were BF16 (the packed"
+  echo "pages are 'server compression ratio' times smaller; 'Get wire GB/s' is what crossed the"
+  echo "socket); 'verify failures' (CRC and content checks of returned pages) and 'errors'"
+  echo "(failed RPCs) must be 0; the baselines move the same 1 MiB blocks as raw BF16 over TCP"
+  echo "and through Redis on this machine."
+  ;;
+3) echo "quickstart: FAILED: tqkv-bench found pages that came back wrong (verify failures)" ;;
+4) echo "quickstart: FAILED: RPCs failed (the 'tqkv-bench:' lines above say which and why)" ;;
+*) echo "quickstart: FAILED: tqkv-bench exited $BENCH_RC" ;;
+esac
+if [ "$BENCH_RC" != 0 ]; then
+  echo "-- last lines of the tqkv-server log:"
+  tail -n 20 "$LOG"
+fi
+exit "$BENCH_RC"
