@@ -1427,6 +1427,41 @@ main(int argc, char **argv)
         fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
         goto out_server;
     }
+    /* Every target answers health before the run: calls wait for a connection (one
+     * target) up to their 60 s deadline, so an unreachable or mistyped target would
+     * otherwise hang every worker for a minute per call and still exit with a table. */
+    {
+        tqkv_client_opts_t po = co;
+        tqkv_client_t *probe;
+        po.replicas = 1;
+        po.channels_per_target = 1;
+        po.wait_for_ready = 1;
+        po.deadline_ms = 15000;
+        if (tqkv_client_create(&po, &probe) != TQKV_OK) {
+            fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
+            tqkv_client_destroy(cl);
+            goto out_server;
+        }
+        int unready = 0;
+        for (size_t t = 0; t < C.ntargets; t++) {
+            int serving = 0;
+            if (tqkv_client_health(probe, t, "", &serving) != TQKV_OK) {
+                const tqkv_client_error_t *e = tqkv_client_last_error();
+                fprintf(stderr, "tqkv-bench: %s: not reachable (%s: %s)\n", C.targets[t],
+                        tqkv_status_name(e->status), e->message);
+                unready++;
+            } else if (serving != 1) {
+                fprintf(stderr, "tqkv-bench: %s: health status %d, not SERVING\n", C.targets[t],
+                        serving);
+                unready++;
+            }
+        }
+        tqkv_client_destroy(probe);
+        if (unready) {
+            tqkv_client_destroy(cl);
+            goto out_server;
+        }
+    }
 
     worker_t *ws = calloc((size_t)C.concurrency, sizeof *ws);
     for (int i = 0; i < C.concurrency; i++) {

@@ -8,9 +8,12 @@ Usage: test_newuser_cli.py TQKV_CODEC TQKV_BENCH TQKV_SERVER
   "Input/output error" / "Cannot allocate memory"; it must say "Is a directory".
 - tqkv-bench took `--concurrency 0`, `--duration -5`, `--prefix-reuse 7`, `--key-bits 5`,
   `--duration 1x` either silently or with the bare usage; each must exit 2 with a line
-  naming the flag. A run whose RPCs failed exited 0; it must exit 4.
+  naming the flag. A run whose RPCs failed exited 0; it must exit 4. A target with
+  nothing listening hung every worker on 60 s wait-for-ready deadlines (a 2 s run took
+  minutes); the bench must fail up front naming the target.
 """
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,6 +101,16 @@ class Bench(unittest.TestCase):
             first = r.stderr.splitlines()[0] if r.stderr else ""
             self.assertIn(named, first, (flag, val))
             self.assertNotIn("tqkv-bench: 1 target(s)", r.stdout)
+
+    def test_unreachable_target_fails_up_front(self):
+        with socket.socket() as s:  # bound, never listening: connections are refused
+            s.bind(("127.0.0.1", 0))
+            target = "127.0.0.1:%d" % s.getsockname()[1]
+            r = run(BENCH, "--target", target, "--model", "tiny", "--duration", "2",
+                    "--no-baselines", timeout=60)
+        self.assertEqual(r.returncode, 1, r.stderr[-500:])
+        self.assertIn(target + ": not reachable", r.stderr)
+        self.assertNotIn("tqkv-bench: 1 target(s)", r.stdout)
 
     def test_rpc_errors_exit_4(self):
         # Every Put is larger than the server's 4 KiB message limit: all RPCs fail.
