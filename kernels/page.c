@@ -4,12 +4,14 @@
  * energies and norms in f64, rotation and quantization in f32, per vector through the
  * shared tqkv_group_encode_vec / tqkv_group_decode_vec of tq_math.h (the CUDA kernels
  * run the same code). tqkv_page_encode / tqkv_page_decode_* take the same route except
- * for mse groups under a Hadamard rotation with g a multiple of 16 (every power-of-two
- * head dim, centered or not, and both groups of 3.5 bits at d = 128), which go through
- * the SIMD kernels chosen once at run time (page_avx512.c, page_avx2.c; TQKV_ISA=avx2 or
- * scalar caps the choice). Those produce the same bytes except for coordinates within
- * float rounding of a decision threshold (near-ties) and the scales of such vectors.
- * Prod-mode and dense-rotation groups always use the reference.
+ * for mse groups with g a multiple of 16, which go through the SIMD kernels chosen once
+ * at run time (page_avx512.c, page_avx2.c; TQKV_ISA=avx2 or scalar caps the choice):
+ * Hadamard groups (every power-of-two head dim, both groups of 3.5 bits) and dense ones
+ * (the 3d/4 group of 2.5 bits, non-power-of-two head dims; rotation.h). Those produce
+ * the same bytes except for coordinates within float rounding of a decision threshold
+ * (near-ties) and the scales of such vectors. Two-group tensors are permuted per head
+ * into [T][D] rows of group 0's channels then group 1's, so each group is a strided
+ * row set for the kernels. Prod-mode groups always use the reference.
  *
  * Thread safety: every function is reentrant; codebooks and rotations come from
  * their thread-safe caches; the kernel table is set up under pthread_once.
@@ -34,10 +36,12 @@ typedef struct page_kernels {
     const char *isa;
     tqkv__enc_had_fn enc_had; /* NULL: reference only */
     tqkv__dec_had_fn dec_had;
+    size_t (*enc_dense)(const tqkv__enc_rows_t *, const float *mt); /* NULL: reference */
+    void (*dec_dense)(const tqkv__dec_rows_t *, const float *m);
     uint32_t (*crc)(uint32_t, const void *, size_t);
 } page_kernels_t;
 
-static page_kernels_t kern = {"scalar", NULL, NULL, tqkv_crc32c_ref};
+static page_kernels_t kern = {"scalar", NULL, NULL, NULL, NULL, tqkv_crc32c_ref};
 static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
 
 /* TQKV_ISA=scalar|avx2 caps the level (tests run every path on one machine). */
@@ -58,6 +62,8 @@ kern_init(void)
         kern.isa = "avx2";
         kern.enc_had = tqkv__page_enc_had_avx2;
         kern.dec_had = tqkv__page_dec_had_avx2;
+        kern.enc_dense = tqkv__page_enc_dense_avx2;
+        kern.dec_dense = tqkv__page_dec_dense_avx2;
     }
     if (cap >= 2 && kern.enc_had && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -65,6 +71,8 @@ kern_init(void)
         kern.isa = "avx512";
         kern.enc_had = tqkv__page_enc_had_avx512;
         kern.dec_had = tqkv__page_dec_had_avx512;
+        kern.enc_dense = tqkv__page_enc_dense_avx512;
+        kern.dec_dense = tqkv__page_dec_dense_avx512;
     }
 }
 
@@ -390,15 +398,49 @@ find_nonfinite(const uint16_t *x, uint64_t count, uint64_t *where)
 }
 
 /* Picks the n_hi highest-energy channels (ties to the lower index) into mask (ceil(D/8)
- * bytes, zeroed). Reentrant: ranks by counting instead of a shared qsort context. */
+ * bytes, zeroed): channel c is in when its rank (tqkv_energy_rank: energy descending,
+ * ties to the lower index) is below n_hi. Linear time: the n_hi-th largest energy by
+ * quickselect on a copy (tmp[d]), then every channel above it and the lowest-indexed
+ * ones equal to it. Energies are finite. Reentrant. */
 static void
-select_outliers(const double *energy, uint32_t d, uint32_t n_hi, uint8_t *mask)
+select_outliers(const double *energy, uint32_t d, uint32_t n_hi, uint8_t *mask, double *tmp)
 {
+    int lo = 0, hi = (int)d - 1, k = (int)n_hi - 1;
+    uint32_t gt = 0, need;
+    double thr;
+    memcpy(tmp, energy, sizeof(double) * d);
+    while (lo < hi) { /* k-th largest (0-based) of tmp[lo..hi] */
+        const double p = tmp[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (tmp[i] > p)
+                i++;
+            while (tmp[j] < p)
+                j--;
+            if (i <= j) {
+                double w = tmp[i];
+                tmp[i++] = tmp[j];
+                tmp[j--] = w;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break;
+    }
+    thr = tmp[k];
+    for (uint32_t c = 0; c < d; c++)
+        gt += energy[c] > thr;
+    need = n_hi - gt;
     for (uint32_t c = 0; c < d; c++) {
-        uint32_t r = 0;
-        for (uint32_t k = 0; k < d && r < n_hi; k++)
-            r += (energy[k] > energy[c]) || (energy[k] == energy[c] && k < c);
-        if (r < n_hi)
+        int in = energy[c] > thr;
+        if (!in && energy[c] == thr && need) {
+            in = 1;
+            need--;
+        }
+        if (in)
             mask[c >> 3] |= (uint8_t)(1u << (c & 7u));
     }
 }
@@ -413,8 +455,9 @@ encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_
 {
     const uint32_t g = G->L.dim;
     const int prod = G->L.mode == TQKV_MODE_PROD;
-    const int simd = fast && !prod && G->rot && G->rot->kind == TQKV_ROT_HADAMARD && g % 16 == 0 &&
-                     kernels()->enc_had; /* (kernels need g a multiple of 16) */
+    const int dense = G->rot && G->rot->kind == TQKV_ROT_DENSE;
+    const int simd = fast && !prod && G->rot && g % 16 == 0 && /* (kernels: g a multiple of 16) */
+                     (dense ? kernels()->enc_dense != NULL : kernels()->enc_had != NULL);
     uint16_t *scale = (uint16_t *)(base + G->L.off_scale);
     uint16_t *gamma = prod ? (uint16_t *)(base + G->L.off_gamma) : NULL;
     uint8_t *idx = base + G->L.off_idx;
@@ -443,7 +486,8 @@ encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_
             A.n = T - t;
             A.scale = scale + i;
             A.idx = idx + i * G->L.idx_row_bytes;
-            t += (uint32_t)kernels()->enc_had(&A);
+            t += (uint32_t)(dense ? kernels()->enc_dense(&A, G->rot->matrix_t)
+                                  : kernels()->enc_had(&A));
             if (t >= T)
                 break;
         }
@@ -548,36 +592,34 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
     }
     for (uint32_t hh = 0; hh < H; hh++) {
         const float *mu = mean ? mean + (uint64_t)hh * D : NULL;
-        if (ngroups == 2) {
-            uint8_t *mask = page + td->mask_offset + (uint64_t)hh * mrow;
-            uint32_t n0 = 0, n1 = 0;
-            select_outliers(acc + (uint64_t)hh * D, D, td->n_hi, mask);
-            for (uint32_t c = 0; c < D; c++) {
-                if ((mask[c >> 3] >> (c & 7u)) & 1u)
-                    chan[0][n0++] = c;
-                else
-                    chan[1][n1++] = c;
-            }
+        if (ngroups == 1) {
+            /* the head's rows in place: stride H*D */
+            encode_group_head(&G[0], page + td->group_offset[0], x + (uint64_t)hh * D, HD, mu, T,
+                              hh, H, fast, gx, work);
+            continue;
         }
-        for (uint32_t gi = 0; gi < ngroups; gi++) {
-            const group_ctx_t *g = &G[gi];
-            uint8_t *base = page + td->group_offset[gi];
-            if (ngroups == 1) {
-                /* the head's rows in place: stride H*D */
-                encode_group_head(g, base, x + (uint64_t)hh * D, HD, mu, T, hh, H, fast, gx, work);
-                continue;
-            }
-            /* gather the group's channels of this head into contiguous rows */
+        {
+            /* two groups: the head's rows permuted into [T][D] rows of group 0's channels
+             * then group 1's (perm[c]: position of channel c), one pass per token */
+            uint8_t *mask = page + td->mask_offset + (uint64_t)hh * mrow;
+            uint32_t *perm = chan[0], n0 = 0, n1 = gdim[0];
+            select_outliers(acc + (uint64_t)hh * D, D, td->n_hi, mask, gx);
+            for (uint32_t c = 0; c < D; c++)
+                perm[c] = ((mask[c >> 3] >> (c & 7u)) & 1u) ? n0++ : n1++;
             for (uint32_t tt = 0; tt < T; tt++) {
                 const uint16_t *xr = x + tt * HD + (uint64_t)hh * D;
-                uint16_t *o = xg + (size_t)tt * g->L.dim;
-                for (uint32_t j = 0; j < g->L.dim; j++)
-                    o[j] = xr[chan[gi][j]];
+                uint16_t *o = xg + (size_t)tt * D;
+                for (uint32_t c = 0; c < D; c++)
+                    o[perm[c]] = xr[c];
             }
             if (mu)
-                for (uint32_t j = 0; j < g->L.dim; j++)
-                    mug[j] = mu[chan[gi][j]];
-            encode_group_head(g, base, xg, g->L.dim, mu ? mug : NULL, T, hh, H, fast, gx, work);
+                for (uint32_t c = 0; c < D; c++)
+                    mug[perm[c]] = mu[c];
+            for (uint32_t gi = 0; gi < 2; gi++) {
+                const uint32_t off = gi ? gdim[0] : 0;
+                encode_group_head(&G[gi], page + td->group_offset[gi], xg + off, D,
+                                  mu ? mug + off : NULL, T, hh, H, fast, gx, work);
+            }
         }
     }
 out:
@@ -826,17 +868,25 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
 
 /* ---- decode ---- */
 
-/* A group the SIMD decoder handles: mse, Hadamard, g a multiple of 16. */
+/* A group the SIMD decoder handles: mse, Hadamard or dense, g a multiple of 16. */
 static int
 simd_group(const group_ctx_t *G)
 {
-    return G->L.mode == TQKV_MODE_MSE && G->rot && G->rot->kind == TQKV_ROT_HADAMARD &&
-           G->L.dim % 16 == 0 && kernels()->dec_had;
+    return G->L.mode == TQKV_MODE_MSE && G->rot && G->L.dim % 16 == 0 &&
+           (G->rot->kind == TQKV_ROT_DENSE ? kernels()->dec_dense != NULL
+                                           : kernels()->dec_had != NULL);
 }
 
-/* Fast decode of centered and/or two-group tensors: per head and group, SIMD (or the
- * reference for prod/dense groups) into a [T][g] f32 buffer, then scatter to the
- * channels, add the key mean, clamp / round. */
+/* Decodes rows of a simd_group. */
+static void
+dec_rows(const group_ctx_t *G, const tqkv__dec_rows_t *A)
+{
+    if (G->rot->kind == TQKV_ROT_DENSE)
+        kernels()->dec_dense(A, G->rot->matrix);
+    else
+        kernels()->dec_had(A);
+}
+
 /* f32 -> BF16, nearest even, saturating at +-max finite; f finite. */
 static inline uint16_t
 bf16_sat_finite(float f)
@@ -849,9 +899,10 @@ bf16_sat_finite(float f)
     return (h & 0x7fffu) == 0x7f80u ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
 }
 
-/* Fast decode of centered and/or two-group tensors: per head, each group decoded by
- * SIMD (or the reference for prod/dense groups) into [T][g] f32, then per token the
- * groups are scattered into one row, the key mean added, clamped / rounded. */
+/* Fast decode of centered and/or two-group tensors, per head: each group decoded (SIMD,
+ * adding its channels' key means, clamping and rounding; or the reference for
+ * prod/dense groups) into [T][D] rows holding group 0's channels then group 1's
+ * (perm[c]: position of channel c), then the rows gathered back into channel order. */
 static tqkv_status_t
 decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                    const group_ctx_t *G, const tqkv_group_view_t *gv, float *out_f, uint16_t *out_h)
@@ -860,29 +911,28 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
     const uint32_t T = h->num_tokens, H = h->num_kv_heads, D = h->head_dim;
     const uint32_t ngroups = td->lo_bits ? 2 : 1;
     const int centered = t == TQKV_TENSOR_K && (h->flags & TQKV_PAGE_KEY_CENTERED);
-    float *tmp = malloc(sizeof(float) * (size_t)T * D), *work = malloc(sizeof(float) * 2 * D);
-    float *rowf = malloc(sizeof(float) * D);
+    float *bf = out_f ? malloc(sizeof(float) * (size_t)T * D) : NULL;
+    uint16_t *bh = out_h ? malloc(sizeof(uint16_t) * (size_t)T * D) : NULL;
+    float *work = malloc(sizeof(float) * 2 * D), *mug = malloc(sizeof(float) * D);
     double *o = malloc(sizeof(double) * D);
-    uint32_t *chan = malloc(sizeof(uint32_t) * 2 * D);
+    uint32_t *perm = malloc(sizeof(uint32_t) * D);
     tqkv_status_t st = TQKV_OK;
-    if (!tmp || !work || !rowf || !o || !chan) {
+    if ((out_f && !bf) || (out_h && !bh) || !work || !mug || !o || !perm) {
         st = TQKV_ENOMEM;
         goto out;
     }
     for (uint32_t hh = 0; hh < H; hh++) {
         const uint8_t *mask = tqkv_page_mask(page, t, hh);
         const float *mu = centered ? tqkv_page_key_mean(page, hh) : NULL;
-        float *gt[2] = {tmp, tmp + (size_t)T * gv[0].L.dim};
-        uint32_t m0 = 0, m1 = 0;
-        for (uint32_t c = 0; c < D; c++) {
-            if (!mask || ((mask[c >> 3] >> (c & 7u)) & 1u))
-                chan[m0++] = c;
-            else
-                chan[D + m1++] = c;
-        }
+        uint32_t m0 = 0, m1 = gv[0].L.dim;
+        for (uint32_t c = 0; c < D; c++)
+            perm[c] = (!mask || ((mask[c >> 3] >> (c & 7u)) & 1u)) ? m0++ : m1++;
+        if (mu)
+            for (uint32_t c = 0; c < D; c++)
+                mug[perm[c]] = mu[c];
         for (uint32_t gi = 0; gi < ngroups; gi++) {
             const tqkv_group_view_t *v = &gv[gi];
-            const uint32_t g = v->L.dim;
+            const uint32_t g = v->L.dim, off = gi ? gv[0].L.dim : 0;
             if (simd_group(&G[gi])) {
                 tqkv__dec_rows_t A = {.idx = v->idx + (size_t)hh * v->L.idx_row_bytes,
                                       .idx_stride = (size_t)H * v->L.idx_row_bytes,
@@ -893,9 +943,11 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                                       .bits = v->L.mse_bits,
                                       .signs = G[gi].rot->signs,
                                       .z = v->codebook,
-                                      .out_f = gt[gi],
-                                      .out_stride = g};
-                kernels()->dec_had(&A);
+                                      .mu = mu ? mug + off : NULL,
+                                      .out_f = bf ? bf + off : NULL,
+                                      .out_h = bh ? bh + off : NULL,
+                                      .out_stride = D};
+                dec_rows(&G[gi], &A);
                 continue;
             }
             for (uint32_t tt = 0; tt < T; tt++) {
@@ -904,36 +956,42 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                 float gm = v->gamma ? tqkv_scale_get(v->gamma, i) : 0.0f;
                 decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
                                v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
-                for (uint32_t j = 0; j < g; j++)
-                    gt[gi][(size_t)tt * g + j] = tqkv_clamp_flt(o[j]);
+                for (uint32_t j = 0; j < g; j++) {
+                    float f = tqkv_clamp_flt(o[j]);
+                    if (mu) {
+                        f += mug[off + j];
+                        f = f > FLT_MAX ? FLT_MAX : (f < -FLT_MAX ? -FLT_MAX : f);
+                    }
+                    if (bf)
+                        bf[(size_t)tt * D + off + j] = f;
+                    if (bh)
+                        bh[(size_t)tt * D + off + j] = bf16_sat_finite(f);
+                }
             }
         }
         for (uint32_t tt = 0; tt < T; tt++) {
             uint64_t i = (uint64_t)tt * H + hh;
-            for (uint32_t gi = 0; gi < ngroups; gi++) {
-                const uint32_t g = gv[gi].L.dim, *ch = chan + gi * D;
-                const float *r = gt[gi] + (size_t)tt * g;
-                for (uint32_t j = 0; j < g; j++)
-                    rowf[ch[j]] = r[j];
-            }
-            if (mu)
-                for (uint32_t c = 0; c < D; c++) {
-                    float f = rowf[c] + mu[c];
-                    rowf[c] = f > FLT_MAX ? FLT_MAX : (f < -FLT_MAX ? -FLT_MAX : f);
-                }
-            if (out_f)
-                memcpy(out_f + i * D, rowf, sizeof(float) * D);
-            if (out_h)
+            if (bf) {
+                const float *r = bf + (size_t)tt * D;
+                float *w = out_f + i * D;
                 for (uint32_t c = 0; c < D; c++)
-                    out_h[i * D + c] = bf16_sat_finite(rowf[c]);
+                    w[c] = r[perm[c]];
+            }
+            if (bh) {
+                const uint16_t *r = bh + (size_t)tt * D;
+                uint16_t *w = out_h + i * D;
+                for (uint32_t c = 0; c < D; c++)
+                    w[c] = r[perm[c]];
+            }
         }
     }
 out:
-    free(tmp);
+    free(bf);
+    free(bh);
     free(work);
-    free(rowf);
+    free(mug);
     free(o);
-    free(chan);
+    free(perm);
     return st;
 }
 
@@ -979,7 +1037,7 @@ decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, floa
                               .out_f = out_f,
                               .out_h = out_h,
                               .out_stride = D};
-        kernels()->dec_had(&A);
+        dec_rows(&G[0], &A);
         goto out;
     }
     if (fast && ngroups == 1 && simd_group(&G[0])) {
@@ -998,7 +1056,7 @@ decode_tensor(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, floa
                                   .out_f = out_f ? out_f + (size_t)hh * D : NULL,
                                   .out_h = out_h ? out_h + (size_t)hh * D : NULL,
                                   .out_stride = (size_t)H * D};
-            kernels()->dec_had(&A);
+            dec_rows(&G[0], &A);
         }
         goto out;
     }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
 /* In-place FWHT of v[nv] (g = 8 nv floats). With nv a constant after inlining the
@@ -565,4 +566,211 @@ tqkv__page_dec_had_avx2(const tqkv__dec_rows_t *a)
         TQKV__BITS_SWITCH(DEC, 32)
     TQKV__BITS_SWITCH(DEC, g)
 #undef DEC
+}
+
+/* ---- dense-rotation groups (rotation.h) ---- */
+
+/* Y[r][c0 + j] = sum_i X[r][i] A[i][c0 + j] (i in order, from 0.f) for r < R and
+ * j < 8 NK. fma 0: separate multiply and add (the rounding of tqkv_matvec_t). */
+static inline __attribute__((always_inline)) void
+mm_block(const float *A, uint32_t g, uint32_t c0, const float *X, float *Y, const uint32_t R,
+         const uint32_t NK, const int fma)
+{
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (uint32_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < NK; k++)
+            acc[r][k] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < g; i++) {
+        const float *a = A + (size_t)i * g + c0;
+        __m256 av[4];
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < NK; k++)
+            av[k] = _mm256_loadu_ps(a + 8 * k);
+#pragma GCC unroll 2
+        for (uint32_t r = 0; r < R; r++) {
+            const __m256 b = _mm256_set1_ps(X[(size_t)r * g + i]);
+#pragma GCC unroll 4
+            for (uint32_t k = 0; k < NK; k++)
+                acc[r][k] = fma ? _mm256_fmadd_ps(av[k], b, acc[r][k])
+                                : _mm256_add_ps(acc[r][k], _mm256_mul_ps(av[k], b));
+        }
+    }
+#pragma GCC unroll 2
+    for (uint32_t r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < NK; k++)
+            _mm256_storeu_ps(Y + (size_t)r * g + c0 + 8 * k, acc[r][k]);
+}
+
+/* Y[r] = X[r] A for R (<= 4) rows of g floats (g a multiple of 16). */
+static void
+mm_rows(const float *A, uint32_t g, const float *X, float *Y, uint32_t R, int fma)
+{
+    for (uint32_t c0 = 0; c0 < g; c0 += 32)
+        for (uint32_t r = 0; r < R; r += 2) {
+            const float *x = X + (size_t)r * g;
+            float *y = Y + (size_t)r * g;
+            const int two = r + 1 < R;
+            if ((g - c0) >= 32) {
+                if (fma)
+                    two ? mm_block(A, g, c0, x, y, 2, 4, 1) : mm_block(A, g, c0, x, y, 1, 4, 1);
+                else
+                    two ? mm_block(A, g, c0, x, y, 2, 4, 0) : mm_block(A, g, c0, x, y, 1, 4, 0);
+            } else {
+                if (fma)
+                    two ? mm_block(A, g, c0, x, y, 2, 2, 1) : mm_block(A, g, c0, x, y, 1, 2, 1);
+                else
+                    two ? mm_block(A, g, c0, x, y, 2, 2, 0) : mm_block(A, g, c0, x, y, 1, 2, 0);
+            }
+        }
+}
+
+static inline __attribute__((always_inline)) size_t
+enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
+{
+    const uint32_t g = A->g, nthr = (1u << bits) - 1;
+    const float *z = A->z, *thr = A->thr, *mu = A->mu;
+    const float sg = sqrtf((float)g);
+    float xb[4 * TQKV_PAGE_MAX_DIM], yb[4 * TQKV_PAGE_MAX_DIM], s[4];
+
+    for (size_t i = 0; i < A->n; i += 4) {
+        uint32_t R = A->n - i < 4 ? (uint32_t)(A->n - i) : 4;
+        int stop = 0;
+        for (uint32_t r = 0; r < R; r++) {
+            const uint16_t *xr = A->x + (i + r) * A->x_stride;
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+            float ss;
+            for (uint32_t j = 0; j < g; j += 8) {
+                __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(xr + j))), 16));
+                if (mu)
+                    a = _mm256_sub_ps(a, _mm256_loadu_ps(mu + j));
+                if (j & 8)
+                    acc1 = _mm256_fmadd_ps(a, a, acc1);
+                else
+                    acc0 = _mm256_fmadd_ps(a, a, acc0);
+                _mm256_storeu_ps(xb + (size_t)r * g + j, a);
+            }
+            ss = hsum(_mm256_add_ps(acc0, acc1));
+            if (!(ss >= 1e-30f && ss <= 1e36f)) { /* the caller encodes row i + r */
+                R = r;
+                stop = 1;
+                break;
+            }
+            s[r] = sqrtf(ss);
+        }
+        mm_rows(mt, g, xb, yb, R, 1);
+        for (uint32_t r = 0; r < R; r++) {
+            uint8_t *out = A->idx + (i + r) * A->idx_stride;
+            const float kv = sg / s[r], *y = yb + (size_t)r * g;
+            float zn2 = 0;
+            for (uint32_t j = 0; j < g; j += 8) {
+                uint64_t w = 0;
+                for (uint32_t l = 0; l < 8; l++) {
+                    const float v = y[j + l] * kv;
+                    uint32_t k = 0;
+                    for (uint32_t t = 0; t < nthr; t++)
+                        k += v > thr[t];
+                    zn2 += z[k] * z[k];
+                    w |= (uint64_t)k << (l * bits);
+                }
+                memcpy(out + j / 8 * bits, &w, bits);
+            }
+            if (A->norm_corrected)
+                A->scale[(i + r) * A->scale_stride] =
+                    tqkv_scale_to_bf16(zn2 > 0 ? s[r] / sqrtf(zn2) : s[r] / sg);
+            else
+                A->scale[(i + r) * A->scale_stride] = tqkv_scale_to_bf16(s[r] / sg);
+        }
+        if (stop)
+            return i + R;
+    }
+    return A->n;
+}
+
+static inline __attribute__((always_inline)) void
+dec_dense_body(const tqkv__dec_rows_t *A, const float *m, const uint32_t bits)
+{
+    const uint32_t g = A->g;
+    const float *mu = A->mu, *z = A->z;
+    const size_t os = A->out_stride;
+    const uint32_t km = (1u << bits) - 1;
+    const __m256 fmax = _mm256_set1_ps(FLT_MAX), fmin = _mm256_set1_ps(-FLT_MAX);
+    float zb[4 * TQKV_PAGE_MAX_DIM], yb[4 * TQKV_PAGE_MAX_DIM];
+
+    for (size_t i = 0; i < A->n; i += 4) {
+        const uint32_t R = A->n - i < 4 ? (uint32_t)(A->n - i) : 4;
+        for (uint32_t r = 0; r < R; r++) {
+            const uint8_t *row = A->idx + (i + r) * A->idx_stride;
+            for (uint32_t j = 0; j < g; j += 8) {
+                uint64_t w = 0;
+                memcpy(&w, row + j / 8 * bits, bits);
+                for (uint32_t l = 0; l < 8; l++)
+                    zb[(size_t)r * g + j + l] = z[(w >> (l * bits)) & km];
+            }
+        }
+        mm_rows(m, g, zb, yb, R, 0);
+        for (uint32_t r = 0; r < R; r++) {
+            const size_t ii = i + r;
+            const __m256 c = _mm256_set1_ps(tqkv_scale_get(A->scale, ii * A->scale_stride));
+            for (uint32_t j = 0; j < g; j += 8) {
+                __m256 o = _mm256_mul_ps(_mm256_loadu_ps(yb + (size_t)r * g + j), c);
+                o = _mm256_min_ps(_mm256_max_ps(o, fmin), fmax);
+                if (mu) {
+                    o = _mm256_add_ps(o, _mm256_loadu_ps(mu + j));
+                    o = _mm256_min_ps(_mm256_max_ps(o, fmin), fmax);
+                }
+                if (A->out_f)
+                    _mm256_storeu_ps(A->out_f + ii * os + j, o);
+                if (A->out_h) {
+                    float f[8];
+                    _mm256_storeu_ps(f, o);
+                    for (uint32_t l = 0; l < 8; l++) {
+                        uint32_t u;
+                        uint16_t h;
+                        memcpy(&u, &f[l], 4);
+                        u += 0x7fffu + ((u >> 16) & 1u);
+                        h = (uint16_t)(u >> 16);
+                        A->out_h[ii * os + j + l] =
+                            (h & 0x7fffu) == 0x7f80u ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
+                    }
+                }
+            }
+        }
+    }
+}
+
+size_t
+tqkv__page_enc_dense_avx2(const tqkv__enc_rows_t *a, const float *mt)
+{
+    switch (a->bits) {
+    case 1:
+        return enc_dense_body(a, mt, 1);
+    case 2:
+        return enc_dense_body(a, mt, 2);
+    case 3:
+        return enc_dense_body(a, mt, 3);
+    default:
+        return enc_dense_body(a, mt, 4);
+    }
+}
+
+void
+tqkv__page_dec_dense_avx2(const tqkv__dec_rows_t *a, const float *m)
+{
+    switch (a->bits) {
+    case 1:
+        dec_dense_body(a, m, 1);
+        break;
+    case 2:
+        dec_dense_body(a, m, 2);
+        break;
+    case 3:
+        dec_dense_body(a, m, 3);
+        break;
+    default:
+        dec_dense_body(a, m, 4);
+    }
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
 /* In-place FWHT of v[nv] (g = 16 nv floats). */
@@ -246,6 +247,12 @@ tqkv__page_enc_had_avx512(const tqkv__enc_rows_t *a)
 #define ENC(G, B) return enc_body(a, G, B)
     if (g == 128)
         TQKV__BITS_SWITCH(ENC, 128)
+    if (g == 64)
+        TQKV__BITS_SWITCH(ENC, 64)
+    if (g == 32)
+        TQKV__BITS_SWITCH(ENC, 32)
+    if (g == 256)
+        TQKV__BITS_SWITCH(ENC, 256)
     TQKV__BITS_SWITCH(ENC, g)
 #undef ENC
 }
@@ -259,6 +266,248 @@ tqkv__page_dec_had_avx512(const tqkv__dec_rows_t *a)
     return
     if (g == 128)
         TQKV__BITS_SWITCH(DEC, 128)
+    if (g == 64)
+        TQKV__BITS_SWITCH(DEC, 64)
+    if (g == 32)
+        TQKV__BITS_SWITCH(DEC, 32)
+    if (g == 256)
+        TQKV__BITS_SWITCH(DEC, 256)
     TQKV__BITS_SWITCH(DEC, g)
 #undef DEC
+}
+
+/* ---- dense-rotation groups (rotation.h) ---- */
+
+/* Y[r][c0 + j] = sum_i X[r][i] A[i][c0 + j] (i in order, from 0.f) for r < R and
+ * j < 16 NK: each row of A loaded once per block of R rows. fma 0: separate multiply
+ * and add (the rounding of tqkv_matvec / tqkv_matvec_t). */
+static inline __attribute__((always_inline)) void
+mm_block(const float *A, uint32_t g, uint32_t c0, const float *X, float *Y, const uint32_t R,
+         const uint32_t NK, const int fma)
+{
+    __m512 acc[4][6];
+#pragma GCC unroll 4
+    for (uint32_t r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (uint32_t k = 0; k < NK; k++)
+            acc[r][k] = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < g; i++) {
+        const float *a = A + (size_t)i * g + c0;
+        __m512 av[6];
+#pragma GCC unroll 6
+        for (uint32_t k = 0; k < NK; k++)
+            av[k] = _mm512_loadu_ps(a + 16 * k);
+#pragma GCC unroll 4
+        for (uint32_t r = 0; r < R; r++) {
+            const __m512 b = _mm512_set1_ps(X[(size_t)r * g + i]);
+#pragma GCC unroll 6
+            for (uint32_t k = 0; k < NK; k++)
+                acc[r][k] = fma ? _mm512_fmadd_ps(av[k], b, acc[r][k])
+                                : _mm512_add_ps(acc[r][k], _mm512_mul_ps(av[k], b));
+        }
+    }
+#pragma GCC unroll 4
+    for (uint32_t r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (uint32_t k = 0; k < NK; k++)
+            _mm512_storeu_ps(Y + (size_t)r * g + c0 + 16 * k, acc[r][k]);
+}
+
+/* Y[r] = X[r] A for r < R (<= 4) rows of g floats (g a multiple of 16). */
+static void
+mm_rows(const float *A, uint32_t g, const float *X, float *Y, uint32_t R, int fma)
+{
+    for (uint32_t c0 = 0; c0 < g; c0 += 96) {
+        const uint32_t nk = (g - c0) / 16 < 6 ? (g - c0) / 16 : 6;
+#define MM_NK(NK)                                                                                  \
+    if (fma) {                                                                                     \
+        if (R == 4)                                                                                \
+            mm_block(A, g, c0, X, Y, 4, NK, 1);                                                    \
+        else                                                                                       \
+            for (uint32_t r = 0; r < R; r++)                                                       \
+                mm_block(A, g, c0, X + (size_t)r * g, Y + (size_t)r * g, 1, NK, 1);                \
+    } else {                                                                                       \
+        if (R == 4)                                                                                \
+            mm_block(A, g, c0, X, Y, 4, NK, 0);                                                    \
+        else                                                                                       \
+            for (uint32_t r = 0; r < R; r++)                                                       \
+                mm_block(A, g, c0, X + (size_t)r * g, Y + (size_t)r * g, 1, NK, 0);                \
+    }                                                                                              \
+    break
+        switch (nk) {
+        case 1:
+            MM_NK(1);
+        case 2:
+            MM_NK(2);
+        case 3:
+            MM_NK(3);
+        case 4:
+            MM_NK(4);
+        case 5:
+            MM_NK(5);
+        default:
+            MM_NK(6);
+        }
+#undef MM_NK
+    }
+}
+
+static inline __attribute__((always_inline)) size_t
+enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
+{
+    const uint32_t g = A->g, nv = g / 16, nthr = (1u << bits) - 1;
+    const float *z = A->z, *thr = A->thr, *mu = A->mu;
+    const uint64_t pmask = lane_mask[bits];
+    const float sg = sqrtf((float)g);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512 zv16 = _mm512_loadu_ps(z);
+    float xb[4 * TQKV_PAGE_MAX_DIM], yb[4 * TQKV_PAGE_MAX_DIM], s[4];
+    __m512 tv[15];
+
+    for (uint32_t t = 0; t < nthr; t++)
+        tv[t] = _mm512_set1_ps(thr[t]);
+    for (size_t i = 0; i < A->n; i += 4) {
+        uint32_t R = A->n - i < 4 ? (uint32_t)(A->n - i) : 4;
+        int stop = 0;
+        for (uint32_t r = 0; r < R; r++) {
+            const uint16_t *xr = A->x + (i + r) * A->x_stride;
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+            float ss;
+            for (uint32_t j = 0; j < nv; j++) {
+                __m512 a = load_bf16(xr + 16 * j);
+                if (mu)
+                    a = _mm512_sub_ps(a, _mm512_loadu_ps(mu + 16 * j));
+                if (j & 1)
+                    acc1 = _mm512_fmadd_ps(a, a, acc1);
+                else
+                    acc0 = _mm512_fmadd_ps(a, a, acc0);
+                _mm512_storeu_ps(xb + (size_t)r * g + 16 * j, a);
+            }
+            ss = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+            if (!(ss >= 1e-30f && ss <= 1e36f)) { /* the caller encodes row i + r */
+                R = r;
+                stop = 1;
+                break;
+            }
+            s[r] = sqrtf(ss);
+        }
+        mm_rows(mt, g, xb, yb, R, 1);
+        for (uint32_t r = 0; r < R; r++) {
+            uint8_t *out = A->idx + (i + r) * A->idx_stride;
+            const __m512 kv = _mm512_set1_ps(sg / s[r]);
+            __m512 zacc = _mm512_setzero_ps();
+            for (uint32_t j = 0; j < nv; j++) {
+                __m512 y = _mm512_mul_ps(_mm512_loadu_ps(yb + (size_t)r * g + 16 * j), kv);
+                __m512i cnt = _mm512_setzero_si512();
+                for (uint32_t t = 0; t < nthr; t++)
+                    cnt = _mm512_mask_add_epi32(cnt, _mm512_cmp_ps_mask(y, tv[t], _CMP_GT_OQ), cnt,
+                                                one);
+                if (A->norm_corrected) {
+                    __m512 zq = _mm512_permutexvar_ps(cnt, zv16);
+                    zacc = _mm512_fmadd_ps(zq, zq, zacc);
+                }
+                __m128i b8 = _mm512_cvtepi32_epi8(cnt);
+                uint64_t lo = _pext_u64((uint64_t)_mm_cvtsi128_si64(b8), pmask);
+                uint64_t hi = _pext_u64((uint64_t)_mm_extract_epi64(b8, 1), pmask);
+                store_bits16(out + j * 2 * bits, lo | hi << (8 * bits), bits);
+            }
+            if (A->norm_corrected) {
+                float zn2 = _mm512_reduce_add_ps(zacc);
+                A->scale[(i + r) * A->scale_stride] =
+                    tqkv_scale_to_bf16(zn2 > 0 ? s[r] / sqrtf(zn2) : s[r] / sg);
+            } else {
+                A->scale[(i + r) * A->scale_stride] = tqkv_scale_to_bf16(s[r] / sg);
+            }
+        }
+        if (stop)
+            return i + R;
+    }
+    return A->n;
+}
+
+static inline __attribute__((always_inline)) void
+dec_dense_body(const tqkv__dec_rows_t *A, const float *m, const uint32_t bits)
+{
+    const uint32_t g = A->g, nv = g / 16;
+    const float *mu = A->mu;
+    const size_t os = A->out_stride;
+    const uint64_t pmask = lane_mask[bits];
+    const uint64_t lowmask = bits == 4 ? ~0ull : ((1ull << (8 * bits)) - 1);
+    const __m512 zv16 = _mm512_loadu_ps(A->z);
+    const __m512 fmax = _mm512_set1_ps(FLT_MAX), fmin = _mm512_set1_ps(-FLT_MAX);
+    float zb[4 * TQKV_PAGE_MAX_DIM], yb[4 * TQKV_PAGE_MAX_DIM];
+
+    for (size_t i = 0; i < A->n; i += 4) {
+        const uint32_t R = A->n - i < 4 ? (uint32_t)(A->n - i) : 4;
+        for (uint32_t r = 0; r < R; r++) {
+            const uint8_t *row = A->idx + (i + r) * A->idx_stride;
+            for (uint32_t j = 0; j < nv; j++) {
+                uint64_t w = load_bits16(row + j * 2 * bits, bits);
+                uint64_t lo = _pdep_u64(w & lowmask, pmask), hi = _pdep_u64(w >> (8 * bits), pmask);
+                __m512i iv = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo));
+                _mm512_storeu_ps(zb + (size_t)r * g + 16 * j, _mm512_permutexvar_ps(iv, zv16));
+            }
+        }
+        mm_rows(m, g, zb, yb, R, 0);
+        for (uint32_t r = 0; r < R; r++) {
+            const size_t ii = i + r;
+            const __m512 c = _mm512_set1_ps(tqkv_scale_get(A->scale, ii * A->scale_stride));
+            for (uint32_t j = 0; j < nv; j++) {
+                __m512 o = _mm512_mul_ps(_mm512_loadu_ps(yb + (size_t)r * g + 16 * j), c);
+                o = _mm512_min_ps(_mm512_max_ps(o, fmin), fmax);
+                if (mu) {
+                    o = _mm512_add_ps(o, _mm512_loadu_ps(mu + 16 * j));
+                    o = _mm512_min_ps(_mm512_max_ps(o, fmin), fmax);
+                }
+                if (A->out_f)
+                    _mm512_storeu_ps(A->out_f + ii * os + 16 * j, o);
+                if (A->out_h) {
+                    __m512i u = _mm512_castps_si512(o);
+                    __m512i rr = _mm512_add_epi32(
+                        u, _mm512_add_epi32(
+                               _mm512_set1_epi32(0x7fff),
+                               _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+                    rr = _mm512_srli_epi32(rr, 16);
+                    __m512i mag = _mm512_min_epu32(_mm512_and_si512(rr, _mm512_set1_epi32(0x7fff)),
+                                                   _mm512_set1_epi32(0x7f7f));
+                    rr = _mm512_or_si512(_mm512_and_si512(rr, _mm512_set1_epi32(0x8000)), mag);
+                    _mm256_storeu_si256((__m256i *)(A->out_h + ii * os + 16 * j),
+                                        _mm512_cvtepi32_epi16(rr));
+                }
+            }
+        }
+    }
+}
+
+size_t
+tqkv__page_enc_dense_avx512(const tqkv__enc_rows_t *a, const float *mt)
+{
+    switch (a->bits) {
+    case 1:
+        return enc_dense_body(a, mt, 1);
+    case 2:
+        return enc_dense_body(a, mt, 2);
+    case 3:
+        return enc_dense_body(a, mt, 3);
+    default:
+        return enc_dense_body(a, mt, 4);
+    }
+}
+
+void
+tqkv__page_dec_dense_avx512(const tqkv__dec_rows_t *a, const float *m)
+{
+    switch (a->bits) {
+    case 1:
+        dec_dense_body(a, m, 1);
+        break;
+    case 2:
+        dec_dense_body(a, m, 2);
+        break;
+    case 3:
+        dec_dense_body(a, m, 3);
+        break;
+    default:
+        dec_dense_body(a, m, 4);
+    }
 }

@@ -12,6 +12,7 @@
 #ifndef TQKV_KERNELS_ROTATION_H
 #define TQKV_KERNELS_ROTATION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/status.h"
@@ -25,8 +26,9 @@ typedef struct tqkv_rotation {
     uint32_t kind; /* TQKV_ROT_DENSE, TQKV_ROT_HADAMARD or TQKV_ROT_QJL_GAUSS */
     uint32_t dim;
     uint64_t seed;
-    const float *matrix; /* dense and QJL: [dim][dim] row-major, y = M x; NULL for Hadamard */
-    const float *signs;  /* Hadamard: D1[dim] then D2[dim], +-1.f; NULL otherwise */
+    const float *matrix;   /* dense and QJL: [dim][dim] row-major, y = M x; NULL for Hadamard */
+    const float *signs;    /* Hadamard: D1[dim] then D2[dim], +-1.f; NULL otherwise */
+    const float *matrix_t; /* dense: the transpose of matrix, [dim][dim]; NULL otherwise */
 } tqkv_rotation_t;
 
 /* Acquires the transform (kind, dim, seed); *out valid until tqkv_rotation_release.
@@ -39,5 +41,19 @@ void tqkv_rotation_release(const tqkv_rotation_t *r);
 void tqkv_rotation_apply(const tqkv_rotation_t *r, const float *x, float *y);
 /* x = M^T y. */
 void tqkv_rotation_apply_t(const tqkv_rotation_t *r, const float *y, float *x);
+
+/* ---- internal: SIMD encode / decode of dense-rotation mse groups (tqkv__, not API) ----
+ * The contract of tqkv__page_enc_had_* / tqkv__page_dec_had_* (kernels/page.h; signs
+ * unused) for a group under a dense rotation with g a multiple of 16: y = Pi x is taken
+ * for blocks of rows at once as rows times mt = Pi^T (matrix_t), so the matrix streams
+ * from L1 once per block. Decode sums x = Pi^T z in the order of tqkv_matvec_t with
+ * separate multiplies and adds, so it rounds exactly as the reference; encode uses FMA
+ * and scales after the rotation (near-ties only, as the Hadamard kernels). */
+struct tqkv__enc_rows;
+struct tqkv__dec_rows;
+size_t tqkv__page_enc_dense_avx512(const struct tqkv__enc_rows *a, const float *mt);
+void tqkv__page_dec_dense_avx512(const struct tqkv__dec_rows *a, const float *m);
+size_t tqkv__page_enc_dense_avx2(const struct tqkv__enc_rows *a, const float *mt);
+void tqkv__page_dec_dense_avx2(const struct tqkv__dec_rows *a, const float *m);
 
 #endif

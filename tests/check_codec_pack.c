@@ -387,6 +387,209 @@ START_TEST(test_simd_decode_saturation)
 }
 END_TEST
 
+/* One fractional / dense page through both encoders and both decoders: equal header,
+ * means, masks (and the masks are the energy ranks of tq_math.h), indices equal but for
+ * adjacent near-ties, scales to rounding; every page decodes the same through the fast
+ * and the reference decoder (f32 to float rounding, BF16 within one unit), and a dense
+ * single group without centering decodes bit-exactly. */
+static void
+frac_case(uint32_t T, uint32_t H, uint32_t D, uint8_t bits_x2, uint8_t rotation, int cen, int nc,
+          size_t *fields, size_t *ties)
+{
+    tqkv_block_shape_t s = {T, H, D};
+    tqkv_block_codec_t c = {0};
+    const size_t n = (size_t)T * H * D;
+    uint16_t *x = malloc(n * 2), *oh = malloc(n * 2);
+    float *ff = malloc(n * 4), *fr = malloc(n * 4);
+    double *off = malloc(sizeof(double) * H * D), *en = malloc(sizeof(double) * D);
+    uint8_t *pg[2];
+    size_t sz;
+    const tqkv_page_header_t *h;
+    char err[200];
+    for (uint32_t k = 0; k < H * D; k++)
+        off[k] = cen && unif() < 0.3 ? 3 * gauss() : 0;
+    for (size_t i = 0; i < n; i++)
+        x[i] = tqkv_f32_to_bf16(
+            (float)(off[i % (H * D)] + gauss() * (i % D == 5 || i % D == 40 ? 8 : 1)));
+    c.k.bits_x2 = bits_x2;
+    c.k.norm_correction = (uint8_t)nc;
+    c.v.bits_x2 = bits_x2;
+    c.v.norm_correction = (uint8_t)nc;
+    c.key_centering = (uint8_t)cen;
+    c.rotation = rotation;
+    c.seed = tqkv_splitmix64(&rng);
+    ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+    pg[0] = malloc(sz);
+    pg[1] = malloc(sz);
+    ck_assert_int_eq(tqkv_page_encode(&s, &c, x, x, pg[0], sz, NULL, err, sizeof err), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, x, x, pg[1], sz, NULL, err, sizeof err), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_validate(pg[0], sz, 1, NULL, err, sizeof err), TQKV_OK);
+    h = (const tqkv_page_header_t *)pg[1];
+    ck_assert(memcmp(pg[0] + 16, pg[1] + 16, TQKV_PAGE_HEADER_BYTES - 16) == 0);
+    if (cen)
+        ck_assert(memcmp(pg[0] + h->mean_offset, pg[1] + h->mean_offset, 4 * H * D) == 0);
+    for (uint32_t t = 0; t < 2; t++) {
+        const tqkv_page_tensor_desc_t *td = &h->tensor[t];
+        const float *mean = t == 0 && cen ? (const float *)(pg[1] + h->mean_offset) : NULL;
+        size_t bad_scale = 0, adj_scale = 0, far = 0;
+        if (td->lo_bits) {
+            ck_assert(memcmp(pg[0] + td->mask_offset, pg[1] + td->mask_offset, H * ((D + 7) / 8)) ==
+                      0);
+            /* the mask holds the n_hi channels of lowest energy rank */
+            for (uint32_t hh = 0; hh < H; hh++) {
+                const uint8_t *m = pg[0] + td->mask_offset + hh * ((D + 7) / 8);
+                for (uint32_t ch = 0; ch < D; ch++) {
+                    en[ch] = 0;
+                    for (uint32_t tt = 0; tt < T; tt++) {
+                        double v = (double)tqkv_bf16_to_f32(x[((size_t)tt * H + hh) * D + ch]) -
+                                   (mean ? mean[hh * D + ch] : 0.0f);
+                        en[ch] += v * v;
+                    }
+                }
+                for (uint32_t ch = 0; ch < D; ch++)
+                    ck_assert_int_eq((m[ch >> 3] >> (ch & 7)) & 1,
+                                     tqkv_energy_rank(en, D, ch) < td->n_hi);
+            }
+        }
+        for (uint32_t gi = 0; gi < (td->lo_bits ? 2u : 1u); gi++) {
+            tqkv_group_view_t a, b;
+            ck_assert_int_eq(tqkv_page_group_view(pg[0], t, gi, &a), 0);
+            ck_assert_int_eq(tqkv_page_group_view(pg[1], t, gi, &b), 0);
+            ck_assert(memcmp(a.codebook, b.codebook, 64) == 0);
+            for (size_t i = 0; i < (size_t)T * H; i++) {
+                size_t d0 = *ties;
+                for (uint32_t j = 0; j < a.L.dim; j++) {
+                    uint32_t u = tqkv_bits_get(a.idx + i * a.L.idx_row_bytes, j, a.L.mse_bits);
+                    uint32_t v = tqkv_bits_get(b.idx + i * b.L.idx_row_bytes, j, b.L.mse_bits);
+                    (*fields)++;
+                    *ties += u != v;
+                    far += u != v && u + 1 != v && v + 1 != u;
+                }
+                if (*ties == d0 || !nc) {
+                    int dsc = bf16_scale_diff(a.scale[i], b.scale[i]);
+                    bad_scale += dsc == 2;
+                    adj_scale += dsc == 1;
+                }
+            }
+        }
+        ck_assert_msg(far == 0, "D=%u bits %u/2 rot %u: %zu indices differ by more than one", D,
+                      bits_x2, rotation, far);
+        ck_assert_msg(bad_scale == 0, "%zu scales differ", bad_scale);
+        ck_assert_msg(adj_scale * 50 <= (size_t)T * H, "%zu scales one BF16 step apart", adj_scale);
+    }
+    /* each page (fast- and reference-encoded) decodes the same through both decoders */
+    for (int pi = 0; pi < 2; pi++)
+        for (uint32_t t = 0; t < 2; t++) {
+            const float *mean = t == 0 && cen ? (const float *)(pg[1] + h->mean_offset) : NULL;
+            size_t bad = 0, inexact = 0;
+            float *kf = t ? NULL : ff, *vf = t ? ff : NULL, *kr = t ? NULL : fr,
+                  *vr = t ? fr : NULL;
+            uint16_t *kh = t ? NULL : oh, *vh = t ? oh : NULL;
+            ck_assert_int_eq(tqkv_page_decode_f32(pg[pi], sz, kf, vf), TQKV_OK);
+            ck_assert_int_eq(tqkv_page_decode_f32_ref(pg[pi], sz, kr, vr), TQKV_OK);
+            ck_assert_int_eq(tqkv_page_decode_bf16(pg[pi], sz, kh, vh), TQKV_OK);
+            for (size_t i = 0; i < n; i++) {
+                float mu = mean ? fabsf(mean[i % (H * D)]) : 0.0f;
+                int d = (int)oh[i] - (int)tqkv_f32_to_bf16_sat(fr[i]);
+                /* (centered: the fast decoder adds the mean in f32, the reference in f64,
+                 * so a value that cancels against its mean is off by a rounding of the
+                 * mean's magnitude, and its BF16 by more than one unit) */
+                bad += !(fabsf(ff[i] - fr[i]) <= 1e-6f * (fabsf(fr[i]) + mu) + 1e-30f) ||
+                       (!mean && (d > 1 || d < -1)) || oh[i] != tqkv_f32_to_bf16_sat(ff[i]);
+                inexact += ff[i] != fr[i];
+            }
+            ck_assert_msg(bad == 0, "D=%u bits %u/2 rot %u cen %d page %d tensor %u: %zu differ", D,
+                          bits_x2, rotation, cen, pi, t, bad);
+            if (rotation == TQKV_ROT_DENSE && !(bits_x2 & 1) && !mean)
+                ck_assert_msg(inexact == 0, "dense decode not exact: %zu values", inexact);
+        }
+    free(x);
+    free(oh);
+    free(ff);
+    free(fr);
+    free(off);
+    free(en);
+    free(pg[0]);
+    free(pg[1]);
+}
+
+/* 2.5 and 3.5 bits (the 2.5-bit low group takes the dense rotation: 96 or 48 channels),
+ * and dense-rotation pages, centered or not, with and without norm correction. */
+START_TEST(test_simd_vs_ref_frac_dense)
+{
+    static const uint8_t bits[] = {5, 7, 6, 3};
+    static const uint32_t Ds[] = {64, 128, 96};
+    size_t fields = 0, ties = 0;
+    rng = tqkv_test_seed() + 13;
+    for (size_t di = 0; di < 3; di++)
+        for (size_t bi = 0; bi < sizeof bits; bi++)
+            for (uint8_t rot = TQKV_ROT_DENSE; rot <= TQKV_ROT_HADAMARD; rot++)
+                for (int cen = 0; cen < 2; cen++)
+                    for (int nc = 0; nc < 2; nc++) {
+                        if (Ds[di] == 96 && rot == TQKV_ROT_HADAMARD && bits[bi] != 5)
+                            continue; /* (no 3.5-bit split of 96 is a power of two either) */
+                        frac_case(67, 3, Ds[di], bits[bi], rot, cen, nc, &fields, &ties);
+                    }
+    fprintf(stderr, "frac/dense simd vs ref: %zu near-ties in %zu indices\n", ties, fields);
+    ck_assert_msg(ties * 1000 <= fields, "%zu near-ties in %zu indices", ties, fields);
+}
+END_TEST
+
+/* Outlier selection with exact energy ties across the n_hi boundary: the lowest-indexed
+ * of the tied channels are taken (tqkv_energy_rank), fast and reference alike. */
+START_TEST(test_outlier_ties)
+{
+    static const uint8_t bits[] = {3, 5, 7};
+    for (size_t bi = 0; bi < sizeof bits; bi++)
+        for (uint32_t D = 16; D <= 256; D *= 2) {
+            const uint32_t T = 8;
+            tqkv_block_shape_t s = {T, 1, D};
+            tqkv_block_codec_t c = {0};
+            uint16_t *x = malloc((size_t)T * D * 2);
+            uint8_t *pg[2];
+            size_t sz;
+            double *en = malloc(sizeof(double) * D);
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t ch = 0; ch < D; ch++) {
+                    /* three energy levels, many channels per level; level by a hash */
+                    uint32_t lv = (ch * 2654435761u >> 7) % 3;
+                    x[t * D + ch] = tqkv_f32_to_bf16((float)((lv + 1) * (t + 1)) *
+                                                     ((t + ch) & 1 ? 1.0f : -1.0f));
+                }
+            c.k.bits_x2 = bits[bi];
+            c.rotation = TQKV_ROT_HADAMARD;
+            c.seed = 5;
+            ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
+            pg[0] = malloc(sz);
+            pg[1] = malloc(sz);
+            ck_assert_int_eq(tqkv_page_encode(&s, &c, x, NULL, pg[0], sz, NULL, NULL, 0), TQKV_OK);
+            ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, x, NULL, pg[1], sz, NULL, NULL, 0),
+                             TQKV_OK);
+            for (uint32_t ch = 0; ch < D; ch++) {
+                en[ch] = 0;
+                for (uint32_t t = 0; t < T; t++)
+                    en[ch] +=
+                        (double)tqkv_bf16_to_f32(x[t * D + ch]) * tqkv_bf16_to_f32(x[t * D + ch]);
+            }
+            for (int pi = 0; pi < 2; pi++) {
+                const tqkv_page_header_t *h = (const tqkv_page_header_t *)pg[pi];
+                const uint8_t *m = pg[pi] + h->tensor[0].mask_offset;
+                uint32_t pc = 0;
+                for (uint32_t ch = 0; ch < D; ch++) {
+                    int in = (m[ch >> 3] >> (ch & 7)) & 1;
+                    pc += (uint32_t)in;
+                    ck_assert_int_eq(in, tqkv_energy_rank(en, D, ch) < h->tensor[0].n_hi);
+                }
+                ck_assert_uint_eq(pc, h->tensor[0].n_hi);
+            }
+            free(x);
+            free(en);
+            free(pg[0]);
+            free(pg[1]);
+        }
+}
+END_TEST
+
 static Suite *
 pack_suite(void)
 {
@@ -398,6 +601,8 @@ pack_suite(void)
     tcase_add_test(tc, test_simd_special_rows);
     tcase_add_test(tc, test_simd_vs_ref_centered_fractional);
     tcase_add_test(tc, test_simd_decode_saturation);
+    tcase_add_test(tc, test_simd_vs_ref_frac_dense);
+    tcase_add_test(tc, test_outlier_ties);
     suite_add_tcase(s, tc);
     return s;
 }
