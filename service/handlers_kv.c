@@ -18,6 +18,7 @@
 #include "kernels/page.h"
 #include "kernels/policy.h"
 #include "service/log.h"
+#include "service/gpu_encode.h"
 #include "service/service_internal.h"
 #include "service/status_map.h"
 #include "transport/wire.h"
@@ -187,8 +188,22 @@ put_job(void *arg)
             goto done;
         }
         double t0 = tqkv__now();
-        st = tqkv_page_encode(&shape, &codec, (const uint16_t *)m->key.data,
-                              (const uint16_t *)m->value.data, page, cap, &plen, j->err, ERRLEN);
+        st = TQKV_EUNSUPPORTED;
+        if (s->gpu_encode_device >= 0) {
+            /* Any GPU failure falls back to the CPU encoder, which also words the
+             * error for bad input (the device only flags NaN/Inf). */
+            char gerr[ERRLEN];
+            st = tqkv__gpu_encode(s->gpu_encode_device, &shape, &codec,
+                                  (const uint16_t *)m->key.data, (const uint16_t *)m->value.data,
+                                  page, cap, &plen, gerr, sizeof gerr);
+            if (st != TQKV_OK && st != TQKV_ERANGE && !atomic_exchange(&s->gpu_encode_warned, 1))
+                tqkv_log(TQKV_LOG_WARN, "GPU encode failed, encoding on the CPU", "why=\"%s\"",
+                         gerr);
+        }
+        if (st != TQKV_OK)
+            st =
+                tqkv_page_encode(&shape, &codec, (const uint16_t *)m->key.data,
+                                 (const uint16_t *)m->value.data, page, cap, &plen, j->err, ERRLEN);
         if (st != TQKV_OK) {
             j->code = tqkv_status_to_grpc_input(st);
             goto done;

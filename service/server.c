@@ -27,6 +27,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 
 #include "service/log.h"
+#include "service/gpu_encode.h"
 #include "service/service_internal.h"
 #ifdef TQKV_HAVE_NCCL
 #include "transport/nccl_channel.h"
@@ -664,6 +665,12 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         snprintf(err, errlen, "store: %s", tqkv_strerror(st));
         goto fail_store;
     }
+    /* With a GPU for the HBM tier, Put encodes there too (TQKV_GPU_ENCODE=0: on the CPU). */
+    const char *ge = getenv("TQKV_GPU_ENCODE");
+    s->gpu_encode_device = cfg->store.device >= 0 && !(ge && !strcmp(ge, "0")) &&
+                                   tqkv__gpu_encode_available(cfg->store.device)
+                               ? cfg->store.device
+                               : -1;
     if ((st = tqkv_encoder_create(cfg->encoder_threads, &s->enc)) != TQKV_OK) {
         snprintf(err, errlen, "encoder pool: %s", tqkv_strerror(st));
         goto fail_enc;
@@ -802,6 +809,10 @@ tqkv_server_start(tqkv_server_t *s)
              TQKV__VERSION, s->port, s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
              s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
+    if (s->gpu_encode_device >= 0)
+        tqkv_log(TQKV_LOG_INFO, "put encoding", "device=%d", s->gpu_encode_device);
+    else
+        tqkv_log(TQKV_LOG_INFO, "put encoding", "cpu");
     return TQKV_OK;
 }
 

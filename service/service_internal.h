@@ -132,7 +132,9 @@ struct tqkv_server {
     tqkv_store_t *store;
     tqkv_encoder_t *enc;
     tqkv_metrics_t *metrics;
-    tqkv_auth_t *auth; /* NULL: no auth */
+    tqkv_auth_t *auth;     /* NULL: no auth */
+    int gpu_encode_device; /* Put encodes on this CUDA device (gpu_encode.c), -1 = CPU */
+    atomic_int gpu_encode_warned;
     tqkv__reflection_t *refl;
     grpc_server *server;
     void *method_handles[TQKV__M_COUNT];

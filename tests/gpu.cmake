@@ -7,6 +7,8 @@ tqkv_check_suite(check_gpu_math SOURCES gpu/check_gpu_math.c LIBS tqkv_kernels L
 if(TARGET tqkv_kernels_cuda AND TARGET tqkv_cache)
   tqkv_check_suite(check_gpu SOURCES gpu/check_gpu.c
     LIBS tqkv_kernels_cuda tqkv_cache tqkv_kernels CUDA::cudart LABELS gpu TIMEOUT 300)
+  tqkv_check_suite(check_gpu_put SOURCES gpu/check_gpu_put.c ${PROJECT_SOURCE_DIR}/service/gpu_encode.c
+    LIBS tqkv_kernels_cuda tqkv_kernels CUDA::cudart Threads::Threads LABELS gpu TIMEOUT 300)
   add_executable(tqkv-gpu-bench gpu/gpu_bench.c)
   target_link_libraries(tqkv-gpu-bench PRIVATE tqkv_flags tqkv_kernels_cuda tqkv_kernels
     CUDA::cudart Threads::Threads ${MATH_LIB})
@@ -20,6 +22,14 @@ if(TQKV_HAVE_CUDA AND TARGET tqkv_cache AND NOT TQKV_SANITIZE)
     gpu/emu_encode.cpp gpu/emu_decode.cpp gpu/emu_attention.cpp
     LIBS tqkv_cache tqkv_kernels LABELS unit TIMEOUT 300)
   target_compile_definitions(check_gpu_emu PRIVATE TQKV_SIMT_EMU=1)
+  # the server's Put encode on the GPU (service/gpu_encode.c) on the emulator
+  tqkv_check_suite(check_gpu_put_emu SOURCES gpu/check_gpu_put.c
+    ${PROJECT_SOURCE_DIR}/service/gpu_encode.c gpu/simt_emu.cpp gpu/emu_common.cpp
+    gpu/emu_encode.cpp gpu/emu_decode.cpp gpu/emu_attention.cpp
+    LIBS tqkv_kernels Threads::Threads LABELS unit TIMEOUT 300)
+  target_compile_definitions(check_gpu_put_emu PRIVATE TQKV_SIMT_EMU=1 TQKV_HAVE_CUDA=1)
+  target_include_directories(check_gpu_put_emu PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  set_target_properties(check_gpu_put_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
   target_include_directories(check_gpu_emu PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   set_target_properties(check_gpu_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
 
