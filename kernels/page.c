@@ -19,6 +19,7 @@
 #include "kernels/page.h"
 
 #include <float.h>
+#include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -503,6 +504,116 @@ encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_
     }
 }
 
+/* acc[k] += (x[k] - mean[k])^2 (f64; mean NULL: 0) for k < n: the energy pass, the same
+ * operations in every clone (no contraction in this library). */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+{
+    if (mean)
+        for (uint64_t k = 0; k < n; k++) {
+            double v = (double)tqkv_bf16_to_f32(x[k]) - (double)mean[k];
+            acc[k] += v * v;
+        }
+    else
+        for (uint64_t k = 0; k < n; k++) {
+            double v = (double)tqkv_bf16_to_f32(x[k]);
+            acc[k] += v * v;
+        }
+}
+
+/* acc[k] += x[k] (f64) for k < n; returns the largest |x| bits seen (max of *maxmag). */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static uint16_t
+sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+{
+    for (uint64_t k = 0; k < n; k++) {
+        uint16_t m = x[k] & 0x7fffu;
+        acc[k] += (double)tqkv_bf16_to_f32(x[k]);
+        maxmag = m > maxmag ? m : maxmag;
+    }
+    return maxmag;
+}
+
+static int have_vbmi2;
+static pthread_once_t vbmi2_once = PTHREAD_ONCE_INIT;
+
+static void
+vbmi2_init(void)
+{
+    const char *force = getenv("TQKV_ISA");
+    __builtin_cpu_init();
+    have_vbmi2 = !(force && (!strcmp(force, "scalar") || !strcmp(force, "avx2"))) &&
+                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vbmi2");
+}
+
+/* Rows x + t * xs (D BF16 channels, D a multiple of 32) into o + t * D as the channels
+ * with mask bit set, in order, then the others: AVX-512 VBMI2 compress per 32 channels. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) static void
+split_rows_vbmi2(const uint16_t *x, size_t xs, uint16_t *o, uint32_t T, uint32_t D,
+                 const uint8_t *mask, uint32_t g0)
+{
+    uint32_t m[TQKV_PAGE_MAX_DIM / 32];
+    for (uint32_t b = 0; b < D / 32; b++)
+        memcpy(&m[b], mask + 4 * b, 4);
+    for (uint32_t t = 0; t < T; t++) {
+        const uint16_t *xr = x + (size_t)t * xs;
+        uint16_t *o0 = o + (size_t)t * D, *o1 = o0 + g0;
+        for (uint32_t b = 0; b < D / 32; b++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(xr + 32 * b));
+            const uint32_t n0 = (uint32_t)__builtin_popcount(m[b]);
+            _mm512_mask_storeu_epi16(o0, (__mmask32)((1ull << n0) - 1),
+                                     _mm512_maskz_compress_epi16((__mmask32)m[b], v));
+            _mm512_mask_storeu_epi16(o1, (__mmask32)((1ull << (32 - n0)) - 1),
+                                     _mm512_maskz_compress_epi16((__mmask32)~m[b], v));
+            o0 += n0;
+            o1 += 32 - n0;
+        }
+    }
+}
+
+/* The inverse of split_rows_vbmi2 for decoded rows: b + t * D (group 0's channels, then
+ * group 1's) back into channel order at out_f / out_h + t * os (either may be NULL). */
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) static void
+merge_rows_vbmi2(const float *bf, const uint16_t *bh, float *out_f, uint16_t *out_h, size_t os,
+                 uint32_t T, uint32_t D, const uint8_t *mask, uint32_t g0)
+{
+    uint32_t m[TQKV_PAGE_MAX_DIM / 32];
+    for (uint32_t b = 0; b < D / 32; b++)
+        memcpy(&m[b], mask + 4 * b, 4);
+    for (uint32_t t = 0; t < T; t++) {
+        if (bf) {
+            const float *p0 = bf + (size_t)t * D, *p1 = p0 + g0;
+            float *w = out_f + (size_t)t * os;
+            for (uint32_t b = 0; b < D / 16; b++) {
+                const uint32_t mb = (m[b / 2] >> (16 * (b & 1))) & 0xffffu;
+                const uint32_t n0 = (uint32_t)__builtin_popcount(mb);
+                __m512 v0 = _mm512_maskz_loadu_ps((__mmask16)((1u << n0) - 1), p0);
+                __m512 v1 = _mm512_maskz_loadu_ps((__mmask16)((1u << (16 - n0)) - 1), p1);
+                _mm512_storeu_ps(w + 16 * b,
+                                 _mm512_mask_expand_ps(_mm512_maskz_expand_ps((__mmask16)mb, v0),
+                                                       (__mmask16)~mb, v1));
+                p0 += n0;
+                p1 += 16 - n0;
+            }
+        }
+        if (bh) {
+            const uint16_t *p0 = bh + (size_t)t * D, *p1 = p0 + g0;
+            uint16_t *w = out_h + (size_t)t * os;
+            for (uint32_t b = 0; b < D / 32; b++) {
+                const uint32_t n0 = (uint32_t)__builtin_popcount(m[b]);
+                __m512i v0 = _mm512_maskz_loadu_epi16((__mmask32)((1ull << n0) - 1), p0);
+                __m512i v1 = _mm512_maskz_loadu_epi16((__mmask32)((1ull << (32 - n0)) - 1), p1);
+                _mm512_storeu_si512(
+                    (void *)(w + 32 * b),
+                    _mm512_mask_expand_epi16(_mm512_maskz_expand_epi16((__mmask32)m[b], v0),
+                                             (__mmask32)~m[b], v1));
+                p0 += n0;
+                p1 += 32 - n0;
+            }
+        }
+    }
+}
+
 static tqkv_status_t
 encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_t *page, int fast,
               char *err, size_t errlen)
@@ -531,6 +642,7 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
     }
     gdim[0] = td->n_hi;
     gdim[1] = D - td->n_hi;
+    pthread_once(&vbmi2_once, vbmi2_init);
     for (uint32_t gi = 0; gi < ngroups; gi++) {
         uint32_t bits = gi == 0 ? td->hi_bits : td->lo_bits;
         if ((st = group_ctx_init(&G[gi], gdim[gi], bits, td->mode, n, h->rotation, h->seed, t, gi,
@@ -559,11 +671,7 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
         uint16_t maxmag = 0; /* |x| <= 2^125 everywhere => |x - mu| <= 2^126 */
         memset(acc, 0, sizeof(double) * HD);
         for (uint32_t tt = 0; tt < T; tt++)
-            for (uint64_t k = 0; k < HD; k++) {
-                uint16_t b = x[tt * HD + k], m = b & 0x7fffu;
-                acc[k] += (double)tqkv_bf16_to_f32(b);
-                maxmag = m > maxmag ? m : maxmag;
-            }
+            maxmag = sum_accum(acc, x + tt * HD, HD, maxmag);
         for (uint64_t k = 0; k < HD; k++)
             mean[k] = (float)(acc[k] / T);
         memset(acc, 0, sizeof(double) * HD);
@@ -585,10 +693,7 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
         /* energy sum_t (x - mu)^2 per (head, channel), f64 in token order */
         memset(acc, 0, sizeof(double) * HD);
         for (uint32_t tt = 0; tt < T; tt++)
-            for (uint64_t k = 0; k < HD; k++) {
-                double v = (double)tqkv_bf16_to_f32(x[tt * HD + k]) - (mean ? mean[k] : 0.0f);
-                acc[k] += v * v;
-            }
+            energy_accum(acc, x + tt * HD, mean, HD);
     }
     for (uint32_t hh = 0; hh < H; hh++) {
         const float *mu = mean ? mean + (uint64_t)hh * D : NULL;
@@ -606,12 +711,15 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
             select_outliers(acc + (uint64_t)hh * D, D, td->n_hi, mask, gx);
             for (uint32_t c = 0; c < D; c++)
                 perm[c] = ((mask[c >> 3] >> (c & 7u)) & 1u) ? n0++ : n1++;
-            for (uint32_t tt = 0; tt < T; tt++) {
-                const uint16_t *xr = x + tt * HD + (uint64_t)hh * D;
-                uint16_t *o = xg + (size_t)tt * D;
-                for (uint32_t c = 0; c < D; c++)
-                    o[perm[c]] = xr[c];
-            }
+            if (fast && have_vbmi2 && D % 32 == 0)
+                split_rows_vbmi2(x + (uint64_t)hh * D, HD, xg, T, D, mask, gdim[0]);
+            else
+                for (uint32_t tt = 0; tt < T; tt++) {
+                    const uint16_t *xr = x + tt * HD + (uint64_t)hh * D;
+                    uint16_t *o = xg + (size_t)tt * D;
+                    for (uint32_t c = 0; c < D; c++)
+                        o[perm[c]] = xr[c];
+                }
             if (mu)
                 for (uint32_t c = 0; c < D; c++)
                     mug[perm[c]] = mu[c];
@@ -917,6 +1025,7 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
     double *o = malloc(sizeof(double) * D);
     uint32_t *perm = malloc(sizeof(uint32_t) * D);
     tqkv_status_t st = TQKV_OK;
+    pthread_once(&vbmi2_once, vbmi2_init);
     if ((out_f && !bf) || (out_h && !bh) || !work || !mug || !o || !perm) {
         st = TQKV_ENOMEM;
         goto out;
@@ -968,6 +1077,12 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                         bh[(size_t)tt * D + off + j] = bf16_sat_finite(f);
                 }
             }
+        }
+        if (mask && have_vbmi2 && D % 32 == 0) {
+            merge_rows_vbmi2(bf, bh, out_f ? out_f + (size_t)hh * D : NULL,
+                             out_h ? out_h + (size_t)hh * D : NULL, (size_t)H * D, T, D, mask,
+                             gv[0].L.dim);
+            continue;
         }
         for (uint32_t tt = 0; tt < T; tt++) {
             uint64_t i = (uint64_t)tt * H + hh;
