@@ -465,7 +465,8 @@ tqkv_cli_decode_kv(int argc, char **argv)
             fail("%s: %s", pos[2], strerror(errno));
             goto done;
         }
-        fprintf(stderr, "%zu pages: %" PRIu64 " tokens x %u heads x %u dims\n", pl.n, T, H, D);
+        fprintf(stderr, "%zu page%s: %" PRIu64 " tokens x %u heads x %u dims\n", pl.n,
+                pl.n == 1 ? "" : "s", T, H, D);
     }
     rc = 0;
 done:
