@@ -103,6 +103,29 @@ store_bits16(uint8_t *p, uint64_t v, uint32_t bits)
     }
 }
 
+/* The index of each coordinate y among the ascending thresholds: the count of thresholds
+ * below it (tqkv_nearest_index: y > thr). 3 and 4 bits as a binary search over the
+ * threshold register thrv (unused lanes +inf), which gives the same count in bits steps
+ * instead of 2^bits - 1 comparisons; 1 and 2 bits count against the broadcasts tv. */
+static inline __attribute__((always_inline)) __m512i
+quant_idx(__m512 y, const __m512 *tv, __m512 thrv, const uint32_t bits)
+{
+    __m512i idx = _mm512_setzero_si512();
+    if (bits >= 3) {
+        for (uint32_t step = 1u << (bits - 1); step; step >>= 1) {
+            const __m512 t = _mm512_permutexvar_ps(
+                _mm512_add_epi32(idx, _mm512_set1_epi32((int)step - 1)), thrv);
+            idx = _mm512_mask_add_epi32(idx, _mm512_cmp_ps_mask(y, t, _CMP_GT_OQ), idx,
+                                        _mm512_set1_epi32((int)step));
+        }
+        return idx;
+    }
+    for (uint32_t t = 0; t < (1u << bits) - 1; t++)
+        idx = _mm512_mask_add_epi32(idx, _mm512_cmp_ps_mask(y, tv[t], _CMP_GT_OQ), idx,
+                                    _mm512_set1_epi32(1));
+    return idx;
+}
+
 static inline __attribute__((always_inline)) size_t
 enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 {
@@ -114,10 +137,13 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
     const uint32_t nv = g / 16, nthr = (1u << bits) - 1;
     const uint64_t pmask = lane_mask[bits];
     const float sg = sqrtf((float)g);
-    const __m512i one = _mm512_set1_epi32(1);
     const __m512 zv16 = _mm512_loadu_ps(z);
     __m512 tv[15];
 
+    float thr16[16];
+    for (uint32_t t = 0; t < 16; t++)
+        thr16[t] = t < nthr ? thr[t] : INFINITY;
+    const __m512 thrv = _mm512_loadu_ps(thr16);
     for (uint32_t t = 0; t < nthr; t++)
         tv[t] = _mm512_set1_ps(thr[t]);
     for (size_t i = 0; i < n; i++) {
@@ -149,10 +175,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < nv; j++) {
             __m512 y = _mm512_mul_ps(v[j], kv);
-            __m512i cnt = _mm512_setzero_si512();
-            for (uint32_t t = 0; t < nthr; t++)
-                cnt =
-                    _mm512_mask_add_epi32(cnt, _mm512_cmp_ps_mask(y, tv[t], _CMP_GT_OQ), cnt, one);
+            __m512i cnt = quant_idx(y, tv, thrv, bits);
             if (norm_corrected) {
                 __m512 zq = _mm512_permutexvar_ps(cnt, zv16);
                 zacc = _mm512_fmadd_ps(zq, zq, zacc);
@@ -359,11 +382,14 @@ enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
     const float *z = A->z, *thr = A->thr, *mu = A->mu;
     const uint64_t pmask = lane_mask[bits];
     const float sg = sqrtf((float)g);
-    const __m512i one = _mm512_set1_epi32(1);
     const __m512 zv16 = _mm512_loadu_ps(z);
     float xb[4 * TQKV_PAGE_MAX_DIM], yb[4 * TQKV_PAGE_MAX_DIM], s[4];
     __m512 tv[15];
 
+    float thr16[16];
+    for (uint32_t t = 0; t < 16; t++)
+        thr16[t] = t < nthr ? thr[t] : INFINITY;
+    const __m512 thrv = _mm512_loadu_ps(thr16);
     for (uint32_t t = 0; t < nthr; t++)
         tv[t] = _mm512_set1_ps(thr[t]);
     for (size_t i = 0; i < A->n; i += 4) {
@@ -398,10 +424,7 @@ enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
             __m512 zacc = _mm512_setzero_ps();
             for (uint32_t j = 0; j < nv; j++) {
                 __m512 y = _mm512_mul_ps(_mm512_loadu_ps(yb + (size_t)r * g + 16 * j), kv);
-                __m512i cnt = _mm512_setzero_si512();
-                for (uint32_t t = 0; t < nthr; t++)
-                    cnt = _mm512_mask_add_epi32(cnt, _mm512_cmp_ps_mask(y, tv[t], _CMP_GT_OQ), cnt,
-                                                one);
+                __m512i cnt = quant_idx(y, tv, thrv, bits);
                 if (A->norm_corrected) {
                     __m512 zq = _mm512_permutexvar_ps(cnt, zv16);
                     zacc = _mm512_fmadd_ps(zq, zq, zacc);
