@@ -39,10 +39,11 @@ typedef struct page_kernels {
     tqkv__dec_had_fn dec_had;
     size_t (*enc_dense)(const tqkv__enc_rows_t *, const float *mt); /* NULL: reference */
     void (*dec_dense)(const tqkv__dec_rows_t *, const float *m);
+    void (*rows_mm)(const float *a, uint32_t g, const float *x, float *y, size_t n);
     uint32_t (*crc)(uint32_t, const void *, size_t);
 } page_kernels_t;
 
-static page_kernels_t kern = {"scalar", NULL, NULL, NULL, NULL, tqkv_crc32c_ref};
+static page_kernels_t kern = {"scalar", NULL, NULL, NULL, NULL, NULL, tqkv_crc32c_ref};
 static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
 
 /* TQKV_ISA=scalar|avx2 caps the level (tests run every path on one machine). */
@@ -65,6 +66,7 @@ kern_init(void)
         kern.dec_had = tqkv__page_dec_had_avx2;
         kern.enc_dense = tqkv__page_enc_dense_avx2;
         kern.dec_dense = tqkv__page_dec_dense_avx2;
+        kern.rows_mm = tqkv__rows_matmul_avx2;
     }
     if (cap >= 2 && kern.enc_had && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -74,6 +76,7 @@ kern_init(void)
         kern.dec_had = tqkv__page_dec_had_avx512;
         kern.enc_dense = tqkv__page_enc_dense_avx512;
         kern.dec_dense = tqkv__page_dec_dense_avx512;
+        kern.rows_mm = tqkv__rows_matmul_avx512;
     }
 }
 
@@ -372,6 +375,32 @@ decode_vec_ref(const group_ctx_t *G, float scale, float gamma, const uint8_t *id
     tqkv_group_codec_t C;
     group_codec(G, &C);
     tqkv_group_decode_vec(&C, scale, gamma, idx_row, sign_row, work, out);
+}
+
+/* decode_vec_ref of a prod vector whose QJL product aq = S^T sign was taken already (by
+ * kernels()->rows_mm for a block of vectors, bit for bit tqkv_matvec_t): the rest of
+ * tqkv_group_decode_vec, operation for operation. work: 2g floats. */
+static void
+decode_vec_prod(const group_ctx_t *G, float scale, float gamma, const uint8_t *idx_row,
+                const float *aq, float *work, double *out)
+{
+    tqkv_group_codec_t C;
+    const uint32_t g = G->L.dim, b = G->L.mse_bits;
+    float *y = work, *a = work + g;
+    double c;
+    group_codec(G, &C);
+    for (uint32_t j = 0; j < g; j++)
+        out[j] = 0;
+    if (b) {
+        for (uint32_t j = 0; j < g; j++)
+            y[j] = C.z[tqkv_bits_get(idx_row, j, b)];
+        tqkv_group_rotate_t(&C, y, a);
+        for (uint32_t j = 0; j < g; j++)
+            out[j] = TQKV_DMUL(scale, a[j]);
+    }
+    c = TQKV_DMUL(TQKV_SQRT_HALF_PI / sqrt((double)g), gamma);
+    for (uint32_t j = 0; j < g; j++)
+        out[j] = TQKV_DADD(out[j], TQKV_DMUL(c, aq[j]));
 }
 
 /* ---- encode ---- */
@@ -1007,6 +1036,8 @@ bf16_sat_finite(float f)
     return (h & 0x7fffu) == 0x7f80u ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
 }
 
+#define PROD_BLOCK 64 /* prod vectors per QJL block product */
+
 /* Fast decode of centered and/or two-group tensors, per head: each group decoded (SIMD,
  * adding its channels' key means, clamping and rounding; or the reference for
  * prod/dense groups) into [T][D] rows holding group 0's channels then group 1's
@@ -1024,9 +1055,10 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
     float *work = malloc(sizeof(float) * 2 * D), *mug = malloc(sizeof(float) * D);
     double *o = malloc(sizeof(double) * D);
     uint32_t *perm = malloc(sizeof(uint32_t) * D);
+    float *qs = malloc(sizeof(float) * 2 * PROD_BLOCK * D), *qa = qs ? qs + PROD_BLOCK * D : NULL;
     tqkv_status_t st = TQKV_OK;
     pthread_once(&vbmi2_once, vbmi2_init);
-    if ((out_f && !bf) || (out_h && !bh) || !work || !mug || !o || !perm) {
+    if ((out_f && !bf) || (out_h && !bh) || !work || !mug || !o || !perm || !qs) {
         st = TQKV_ENOMEM;
         goto out;
     }
@@ -1059,12 +1091,28 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                 dec_rows(&G[gi], &A);
                 continue;
             }
+            const int qb = v->signs && G[gi].qjl && g % 16 == 0 && kernels()->rows_mm;
             for (uint32_t tt = 0; tt < T; tt++) {
                 uint64_t i = (uint64_t)tt * H + hh;
                 float sc = tqkv_scale_get(v->scale, i);
                 float gm = v->gamma ? tqkv_scale_get(v->gamma, i) : 0.0f;
-                decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
-                               v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
+                if (qb && tt % PROD_BLOCK == 0) {
+                    /* the QJL products S^T sign of the next block of vectors at once */
+                    const uint32_t nb = T - tt < PROD_BLOCK ? T - tt : PROD_BLOCK;
+                    for (uint32_t r = 0; r < nb; r++) {
+                        const uint8_t *sr =
+                            v->signs + ((uint64_t)(tt + r) * H + hh) * v->L.sign_row_bytes;
+                        for (uint32_t j = 0; j < g; j++)
+                            qs[(size_t)r * g + j] = ((sr[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
+                    }
+                    kernels()->rows_mm(G[gi].qjl->matrix, g, qs, qa, nb);
+                }
+                if (qb)
+                    decode_vec_prod(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                                    qa + (size_t)(tt % PROD_BLOCK) * g, work, o);
+                else
+                    decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                                   v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
                 for (uint32_t j = 0; j < g; j++) {
                     float f = tqkv_clamp_flt(o[j]);
                     if (mu) {
@@ -1107,6 +1155,7 @@ out:
     free(mug);
     free(o);
     free(perm);
+    free(qs);
     return st;
 }
 

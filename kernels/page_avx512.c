@@ -534,3 +534,10 @@ tqkv__page_dec_dense_avx512(const tqkv__dec_rows_t *a, const float *m)
         dec_dense_body(a, m, 4);
     }
 }
+
+void
+tqkv__rows_matmul_avx512(const float *a, uint32_t g, const float *x, float *y, size_t n)
+{
+    for (size_t r = 0; r < n; r += 4)
+        mm_rows(a, g, x + r * g, y + r * g, n - r < 4 ? (uint32_t)(n - r) : 4, 0);
+}

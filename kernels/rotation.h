@@ -55,5 +55,10 @@ size_t tqkv__page_enc_dense_avx512(const struct tqkv__enc_rows *a, const float *
 void tqkv__page_dec_dense_avx512(const struct tqkv__dec_rows *a, const float *m);
 size_t tqkv__page_enc_dense_avx2(const struct tqkv__enc_rows *a, const float *mt);
 void tqkv__page_dec_dense_avx2(const struct tqkv__dec_rows *a, const float *m);
+/* y[r] = x[r] a for n rows of g floats (g a multiple of 16), a [g][g] row-major: per
+ * output the sum over i in order from 0.f with separate multiplies and adds, so x a = the
+ * tqkv_matvec_t(a, x) of tq_math.h bit for bit (the QJL term of prod decode). */
+void tqkv__rows_matmul_avx512(const float *a, uint32_t g, const float *x, float *y, size_t n);
+void tqkv__rows_matmul_avx2(const float *a, uint32_t g, const float *x, float *y, size_t n);
 
 #endif

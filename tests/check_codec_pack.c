@@ -394,7 +394,7 @@ END_TEST
  * single group without centering decodes bit-exactly. */
 static void
 frac_case(uint32_t T, uint32_t H, uint32_t D, uint8_t bits_x2, uint8_t rotation, int cen, int nc,
-          size_t *fields, size_t *ties)
+          uint8_t mode, size_t *fields, size_t *ties)
 {
     tqkv_block_shape_t s = {T, H, D};
     tqkv_block_codec_t c = {0};
@@ -413,6 +413,8 @@ frac_case(uint32_t T, uint32_t H, uint32_t D, uint8_t bits_x2, uint8_t rotation,
             (float)(off[i % (H * D)] + gauss() * (i % D == 5 || i % D == 40 ? 8 : 1)));
     c.k.bits_x2 = bits_x2;
     c.k.norm_correction = (uint8_t)nc;
+    c.k.mode = mode;
+    c.v.mode = mode;
     c.v.bits_x2 = bits_x2;
     c.v.norm_correction = (uint8_t)nc;
     c.key_centering = (uint8_t)cen;
@@ -498,9 +500,10 @@ frac_case(uint32_t T, uint32_t H, uint32_t D, uint8_t bits_x2, uint8_t rotation,
                        (!mean && (d > 1 || d < -1)) || oh[i] != tqkv_f32_to_bf16_sat(ff[i]);
                 inexact += ff[i] != fr[i];
             }
-            ck_assert_msg(bad == 0, "D=%u bits %u/2 rot %u cen %d page %d tensor %u: %zu differ", D,
-                          bits_x2, rotation, cen, pi, t, bad);
-            if (rotation == TQKV_ROT_DENSE && !(bits_x2 & 1) && !mean)
+            ck_assert_msg(bad == 0,
+                          "D=%u bits %u/2 rot %u mode %u cen %d page %d tensor %u: %zu differ", D,
+                          bits_x2, rotation, mode, cen, pi, t, bad);
+            if (!mean && (mode == TQKV_MODE_PROD || (rotation == TQKV_ROT_DENSE && !(bits_x2 & 1))))
                 ck_assert_msg(inexact == 0, "dense decode not exact: %zu values", inexact);
         }
     free(x);
@@ -528,8 +531,15 @@ START_TEST(test_simd_vs_ref_frac_dense)
                     for (int nc = 0; nc < 2; nc++) {
                         if (Ds[di] == 96 && rot == TQKV_ROT_HADAMARD && bits[bi] != 5)
                             continue; /* (no 3.5-bit split of 96 is a power of two either) */
-                        frac_case(67, 3, Ds[di], bits[bi], rot, cen, nc, &fields, &ties);
+                        frac_case(67, 3, Ds[di], bits[bi], rot, cen, nc, TQKV_MODE_MSE, &fields,
+                                  &ties);
                     }
+    /* prod: reference encode; the fast decoder's block QJL product is exact */
+    for (size_t di = 0; di < 3; di++)
+        for (size_t bi = 0; bi < sizeof bits; bi++)
+            for (int cen = 0; cen < 2; cen++)
+                frac_case(35, 2, Ds[di], bits[bi], TQKV_ROT_HADAMARD, cen, bi & 1, TQKV_MODE_PROD,
+                          &fields, &ties);
     fprintf(stderr, "frac/dense simd vs ref: %zu near-ties in %zu indices\n", ties, fields);
     ck_assert_msg(ties * 1000 <= fields, "%zu near-ties in %zu indices", ties, fields);
 }
