@@ -662,7 +662,12 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     tqkv__health_init(s);
 
     if ((st = tqkv_store_create(&cfg->store, &s->store)) != TQKV_OK) {
-        snprintf(err, errlen, "store: %s", tqkv_strerror(st));
+        if (st == TQKV_ENODEV && cfg->store.device >= 0)
+            snprintf(err, errlen,
+                     "store: --device %d: no such CUDA device (or no driver) for the HBM tier",
+                     cfg->store.device);
+        else
+            snprintf(err, errlen, "store: %s", tqkv_strerror(st));
         goto fail_store;
     }
     /* With a GPU for the HBM tier, Put encodes there too (TQKV_GPU_ENCODE=0: on the CPU). */
@@ -811,6 +816,9 @@ tqkv_server_start(tqkv_server_t *s)
     log_policies(&s->cfg);
     if (s->gpu_encode_device >= 0)
         tqkv_log(TQKV_LOG_INFO, "put encoding", "device=%d", s->gpu_encode_device);
+    else if (s->cfg.store.device >= 0 && !tqkv__gpu_encode_available(s->cfg.store.device))
+        tqkv_log(TQKV_LOG_WARN, "no such CUDA device: Put encodes on the CPU", "device=%d",
+                 s->cfg.store.device);
     else
         tqkv_log(TQKV_LOG_INFO, "put encoding", "cpu");
     return TQKV_OK;

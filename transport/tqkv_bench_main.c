@@ -1411,17 +1411,23 @@ main(int argc, char **argv)
                 (int)server.pid);
     }
 
-    tqkv_client_opts_t co = {.targets = C.targets,
-                             .num_targets = C.ntargets,
-                             .tls_ca_path = C.tls_ca,
-                             .tls_target_name = C.tls_name,
-                             .token = C.token,
-                             .replicas = C.replicas,
-                             .channels_per_target =
-                                 C.channels ? C.channels
-                                            : (uint32_t)(C.concurrency < 4 ? C.concurrency : 4),
-                             .wait_for_ready = C.ntargets == 1,
-                             .deadline_ms = 60000};
+    tqkv_client_opts_t co = {
+        .targets = C.targets,
+        .num_targets = C.ntargets,
+        .tls_ca_path = C.tls_ca,
+        .tls_target_name = C.tls_name,
+        .token = C.token,
+        .replicas = C.replicas,
+        .channels_per_target =
+            C.channels ? C.channels : (uint32_t)(C.concurrency < 4 ? C.concurrency : 4),
+        /* The health probe below waits for the targets; once they
+         * answered, a target that dies mid-run must show up as
+         * errors, not stall every worker on a connection that will
+         * not come back: no wait-for-ready, and no call outlives
+         * the run by more than 15 s. */
+        .wait_for_ready = 0,
+        .deadline_ms =
+            C.duration > 0 && C.duration < 45 ? (uint32_t)(C.duration * 1000) + 15000 : 60000};
     tqkv_client_t *cl;
     if (tqkv_client_create(&co, &cl) != TQKV_OK) {
         fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
