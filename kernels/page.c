@@ -475,6 +475,106 @@ select_outliers(const double *energy, uint32_t d, uint32_t n_hi, uint8_t *mask, 
     }
 }
 
+/* encode_vec_ref of a prod vector up to its QJL product: tqkv_group_encode_vec operation
+ * for operation, leaving u = r / ||r|| in u_out (g floats) for S u, taken for a block of
+ * vectors by kernels()->rows_mm (bit for bit tqkv_matvec). Returns 0 for a zero vector
+ * (finished: scale and gamma 0, every sign set). work: 3g floats. */
+static int
+encode_vec_prod_pre(const group_ctx_t *G, const double *x, float *work, uint16_t *scale,
+                    uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row, float *u_out)
+{
+    tqkv_group_codec_t C;
+    const uint32_t g = G->L.dim, b = G->L.mse_bits;
+    float *u = work, *y = work + g, *a = work + 2 * g;
+    const float sqrt_g = sqrtf((float)g);
+    double s = 0, zn2 = 0, sc, rn = 0, sf;
+    group_codec(G, &C);
+    for (uint32_t j = 0; j < g; j++)
+        s = TQKV_DADD(s, TQKV_DMUL(x[j], x[j]));
+    s = sqrt(s);
+    if (s == 0) {
+        *scale = 0;
+        *gamma = 0;
+        for (uint32_t j = 0; j < g; j++)
+            sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
+        return 0;
+    }
+    for (uint32_t j = 0; j < g; j++)
+        u[j] = (float)(x[j] / s);
+    if (b) {
+        tqkv_group_rotate(&C, u, y);
+        for (uint32_t j = 0; j < g; j++) {
+            uint32_t k = tqkv_nearest_index(TQKV_FMUL(y[j], sqrt_g), C.thr, C.n_centroids);
+            tqkv_bits_put(idx_row, j, b, k);
+            y[j] = C.z[k];
+            zn2 = TQKV_DADD(zn2, TQKV_DMUL(y[j], y[j]));
+        }
+    }
+    if (C.norm_corrected && b && zn2 > 0)
+        sc = s / sqrt(zn2);
+    else
+        sc = s / sqrt((double)g);
+    *scale = tqkv_scale_to_bf16(tqkv_clamp_flt(sc));
+    if (b)
+        tqkv_group_rotate_t(&C, y, a);
+    sf = (double)tqkv_bf16_to_f32(*scale);
+    for (uint32_t j = 0; j < g; j++) {
+        double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
+        rn = TQKV_DADD(rn, TQKV_DMUL(r, r));
+    }
+    rn = sqrt(rn);
+    for (uint32_t j = 0; j < g; j++) {
+        double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
+        u_out[j] = rn > 0 ? (float)(r / rn) : 0.0f;
+    }
+    *gamma = tqkv_scale_to_bf16(tqkv_clamp_flt(rn / sqrt((double)g)));
+    return 1;
+}
+
+#define PROD_BLOCK 64 /* prod vectors per QJL block product */
+
+/* Prod rows [0, T) of head hh (see encode_group_head) with the QJL products of
+ * PROD_BLOCK vectors at a time. Returns 0 when out of memory (nothing written). */
+static int
+encode_group_head_prod(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_t xs,
+                       const float *mug, uint32_t T, uint64_t hh, uint64_t H, double *gx,
+                       float *work)
+{
+    const uint32_t g = G->L.dim;
+    uint16_t *scale = (uint16_t *)(base + G->L.off_scale);
+    uint16_t *gamma = (uint16_t *)(base + G->L.off_gamma);
+    uint8_t *idx = base + G->L.off_idx, *signs = base + G->L.off_signs;
+    float *ub = malloc(sizeof(float) * 2 * PROD_BLOCK * g), *yb = ub ? ub + PROD_BLOCK * g : NULL;
+    uint8_t live[PROD_BLOCK];
+    if (!ub)
+        return 0;
+    for (uint32_t t0 = 0; t0 < T; t0 += PROD_BLOCK) {
+        const uint32_t nb = T - t0 < PROD_BLOCK ? T - t0 : PROD_BLOCK;
+        for (uint32_t r = 0; r < nb; r++) {
+            const uint64_t i = (uint64_t)(t0 + r) * H + hh;
+            const uint16_t *xr = xg + (size_t)(t0 + r) * xs;
+            for (uint32_t j = 0; j < g; j++)
+                gx[j] = (double)tqkv_bf16_to_f32(xr[j]) - (mug ? (double)mug[j] : 0.0);
+            live[r] = (uint8_t)encode_vec_prod_pre(
+                G, gx, work, scale + i, gamma + i, idx + i * G->L.idx_row_bytes,
+                signs + i * G->L.sign_row_bytes, ub + (size_t)r * g);
+            if (!live[r])
+                memset(ub + (size_t)r * g, 0, sizeof(float) * g);
+        }
+        kernels()->rows_mm(G->qjl->matrix_t, g, ub, yb, nb);
+        for (uint32_t r = 0; r < nb; r++) {
+            uint8_t *sr = signs + ((uint64_t)(t0 + r) * H + hh) * G->L.sign_row_bytes;
+            if (!live[r])
+                continue;
+            for (uint32_t j = 0; j < g; j++)
+                if (yb[(size_t)r * g + j] >= 0.0f)
+                    sr[j >> 3] |= (uint8_t)(1u << (j & 7u));
+        }
+    }
+    free(ub);
+    return 1;
+}
+
 /* Encodes rows [0, T) of head hh of one group: the SIMD kernel when it applies, the
  * reference for the rows it hands back (and for everything else). xg: the group's BF16
  * rows (stride xs elements); mug: the group's f32 key mean or NULL. */
@@ -494,6 +594,9 @@ encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_
     uint8_t *signs = prod ? base + G->L.off_signs : NULL;
     tqkv__enc_rows_t A;
     uint32_t t = 0;
+    if (fast && prod && G->qjl && G->qjl->matrix_t && g % 16 == 0 && kernels()->rows_mm &&
+        encode_group_head_prod(G, base, xg, xs, mug, T, hh, H, gx, work))
+        return;
     memset(&A, 0, sizeof A);
     if (simd) {
         A.x_stride = xs;
@@ -1035,8 +1138,6 @@ bf16_sat_finite(float f)
     h = (uint16_t)(u >> 16);
     return (h & 0x7fffu) == 0x7f80u ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
 }
-
-#define PROD_BLOCK 64 /* prod vectors per QJL block product */
 
 /* Fast decode of centered and/or two-group tensors, per head: each group decoded (SIMD,
  * adding its channels' key means, clamping and rounding; or the reference for

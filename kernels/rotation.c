@@ -162,8 +162,8 @@ build(rot_entry_t *e, uint32_t kind, uint32_t dim, uint64_t seed)
         return TQKV_OK;
     }
     double *g = malloc(sizeof(double) * nn);
-    /* dense: the matrix, then its transpose (the SIMD kernels' row-block form) */
-    e->storage = malloc(sizeof(float) * nn * (kind == TQKV_ROT_DENSE ? 2 : 1));
+    /* the matrix, then its transpose (the SIMD kernels' row-block form) */
+    e->storage = malloc(sizeof(float) * nn * 2);
     if (!g || !e->storage) {
         free(g);
         free(e->storage);
@@ -186,7 +186,7 @@ build(rot_entry_t *e, uint32_t kind, uint32_t dim, uint64_t seed)
     free(g);
     e->pub.matrix = e->storage;
     e->bytes = sizeof(float) * nn + sizeof *e;
-    if (kind == TQKV_ROT_DENSE) {
+    {
         float *t = e->storage + nn;
         for (uint32_t i = 0; i < dim; i++)
             for (uint32_t j = 0; j < dim; j++)

@@ -28,7 +28,7 @@ typedef struct tqkv_rotation {
     uint64_t seed;
     const float *matrix;   /* dense and QJL: [dim][dim] row-major, y = M x; NULL for Hadamard */
     const float *signs;    /* Hadamard: D1[dim] then D2[dim], +-1.f; NULL otherwise */
-    const float *matrix_t; /* dense: the transpose of matrix, [dim][dim]; NULL otherwise */
+    const float *matrix_t; /* dense and QJL: the transpose of matrix; NULL for Hadamard */
 } tqkv_rotation_t;
 
 /* Acquires the transform (kind, dim, seed); *out valid until tqkv_rotation_release.
