@@ -611,6 +611,40 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
     return TQKV_OK;
 }
 
+/* TQKV_* variables read elsewhere (kernel selection, GPU encode, NCCL, tests). */
+static const char *const other_env[] = {
+    "TQKV_ATTN_ISA",    "TQKV_BENCH_CLOCK",  "TQKV_GPU_ENCODE",   "TQKV_ISA",
+    "TQKV_NCCL_DEVICE", "TQKV_NCCL_IDLE_MS", "TQKV_TEST_SEED",    "TQKV_SANITIZED",
+    "TQKV_SOURCE_DIR",  "TQKV_TEST_QUICK",   "TQKV_FUZZ_SECONDS", "TQKV_STRESS_SECONDS",
+};
+
+size_t
+tqkv_config_unknown_env(char *const *envp, char *out, size_t outlen)
+{
+    size_t n = 0, used = 0;
+    if (outlen)
+        out[0] = '\0';
+    for (; envp && *envp; envp++) {
+        const char *e = *envp, *eq = strchr(e, '=');
+        size_t nl = eq ? (size_t)(eq - e) : strlen(e);
+        if (nl < 5 || strncmp(e, "TQKV_", 5) != 0)
+            continue;
+        int known = 0;
+        for (size_t i = 0; i < N_OPTS && !known; i++)
+            known = opts[i].env && strlen(opts[i].env) == nl && !strncmp(opts[i].env, e, nl);
+        for (size_t i = 0; i < sizeof other_env / sizeof *other_env && !known; i++)
+            known = strlen(other_env[i]) == nl && !strncmp(other_env[i], e, nl);
+        if (known)
+            continue;
+        n++;
+        if (outlen && used + nl + 2 < outlen) {
+            used +=
+                (size_t)snprintf(out + used, outlen - used, "%s%.*s", used ? " " : "", (int)nl, e);
+        }
+    }
+    return n;
+}
+
 /* Environment, then argv, onto cfg; namespace specs are collected into specs. */
 static tqkv_status_t
 parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv, char *err,
@@ -621,8 +655,8 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
 
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
-        if (v == NULL || (*v == '\0' && opts[i].kind == OPT_BOOL))
-            continue;
+        if (v == NULL || *v == '\0')
+            continue; /* empty = unset, for every kind (a ConfigMap key left blank) */
         if (flag_given(argc, argv, opts[i].name))
             continue; /* the flag wins, even over a malformed variable */
         snprintf(src, sizeof src, "%s", opts[i].env);

@@ -53,6 +53,11 @@ void tqkv_config_default(tqkv_server_config_t *cfg);
 tqkv_status_t tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err,
                                 size_t errlen);
 
+/* Counts the TQKV_* variables of envp (NULL-terminated, as `environ`) that neither
+ * tqkv-server nor its libraries read (likely misspelled; they are ignored) and lists
+ * their names, space-separated, in out. */
+size_t tqkv_config_unknown_env(char *const *envp, char *out, size_t outlen);
+
 /* Parses a byte count with an optional K/M/G/T suffix (powers of 1024, optional
  * trailing "B"/"iB"). TQKV_EINVAL on anything else or overflow. */
 tqkv_status_t tqkv_config_parse_bytes(const char *s, uint64_t *out);

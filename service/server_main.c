@@ -31,6 +31,13 @@ main(int argc, char **argv)
         return 0;
     }
     tqkv_log_setup(cfg.log_level, cfg.log_format, stderr);
+    {
+        extern char **environ;
+        char names[512];
+        if (tqkv_config_unknown_env(environ, names, sizeof names) > 0)
+            tqkv_log(TQKV_LOG_WARN, "unknown TQKV_* environment variables ignored", "names=\"%s\"",
+                     names);
+    }
 
     signal(SIGPIPE, SIG_IGN);
     sigemptyset(&sigs);

@@ -493,6 +493,36 @@ START_TEST(test_server_bad_spec_exits)
 }
 END_TEST
 
+/* Empty variables are unset for every kind of option; TQKV_* names nobody reads are
+ * reported (a misspelled variable would otherwise be silently ignored). */
+START_TEST(test_env_empty_and_unknown)
+{
+    static tqkv_server_config_t cfg;
+    char err[512], names[64];
+    setenv("TQKV_KEY_BITS", "", 1);
+    setenv("TQKV_DRAM_CAPACITY", "", 1);
+    ck_assert_msg(parse(&cfg, err, sizeof err, 0) == TQKV_OK, "%s", err);
+    ck_assert_uint_eq(cfg.policy.k.bits_x2, 6); /* the default, 3 bits */
+    setenv("TQKV_KEY_BITS", "4", 1);
+    ck_assert_msg(parse(&cfg, err, sizeof err, 0) == TQKV_OK, "%s", err);
+    ck_assert_uint_eq(cfg.policy.k.bits_x2, 8);
+    unsetenv("TQKV_KEY_BITS");
+    unsetenv("TQKV_DRAM_CAPACITY");
+
+    char *envp[] = {"PATH=/bin",       "TQKV_KEY_BITZ=3", "TQKV_KEY_BITS=3",
+                    "TQKV_ISA=avx2",   "TQKV_=1",         "TQKV_NAMESPACE_POLICY",
+                    "TQKV_LISTENER=x", "tqkv_key_bits=3", NULL};
+    ck_assert_uint_eq(tqkv_config_unknown_env(envp, names, sizeof names), 3);
+    ck_assert_str_eq(names, "TQKV_KEY_BITZ TQKV_ TQKV_LISTENER");
+    /* a short buffer still counts them all and stays terminated */
+    ck_assert_uint_eq(tqkv_config_unknown_env(envp, names, 16), 3);
+    ck_assert_str_eq(names, "TQKV_KEY_BITZ");
+    char *none[] = {"TQKV_KEY_BITS=3", "HOME=/", NULL};
+    ck_assert_uint_eq(tqkv_config_unknown_env(none, names, sizeof names), 0);
+    ck_assert_str_eq(names, "");
+}
+END_TEST
+
 static Suite *
 server_policy_suite(void)
 {
@@ -504,6 +534,7 @@ server_policy_suite(void)
     tcase_add_test(tc, test_spec_bad);
     tcase_add_test(tc, test_spec_limit);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_env_empty_and_unknown);
     suite_add_tcase(s, tc);
     tc = tcase_create("server");
     tcase_set_timeout(tc, 120);
