@@ -349,6 +349,7 @@ class KVTest(unittest.TestCase):
             names = {s.name for s in out[0].list_services_response.service}
             self.assertIn("tqkv.v1.KVCache", names)
             self.assertIn("grpc.health.v1.Health", names)
+            self.assertIn("grpc.reflection.v1alpha.ServerReflection", names)
             from google.protobuf import descriptor_pb2
             fd = descriptor_pb2.FileDescriptorProto.FromString(
                 out[1].file_descriptor_response.file_descriptor_proto[0])
