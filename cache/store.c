@@ -1678,9 +1678,11 @@ tqkv_store_stats(tqkv_store_t *s, const char *ns_name, size_t ns_len, tqkv_store
     if (ns == NULL) {
         static counters_t zero;
         fill_stats(s, &zero, 0, out);
+        out->quota_bytes = s->cfg.default_ns_quota; /* what it will get */
         return TQKV_OK;
     }
     fill_stats(s, &ns->c, 0, out);
+    out->quota_bytes = atomic_load(&ns->quota);
     return TQKV_OK;
 }
 

@@ -121,6 +121,7 @@ typedef struct tqkv_store_stats {
     uint64_t bf16_bytes; /* BF16 bytes represented by the pages stored now */
     uint64_t pages, page_bytes;
     uint64_t alloc_failures;
+    uint64_t quota_bytes; /* namespace stats: its byte quota (0 = none); whole store: 0 */
 } tqkv_store_stats_t;
 
 /* Whole-store statistics (ns == NULL) or one namespace's. */

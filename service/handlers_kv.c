@@ -986,6 +986,7 @@ stats_start(tqkv__call_t *c)
     resp.pages = st.pages;
     resp.page_bytes = st.page_bytes;
     resp.bf16_bytes = st.bf16_bytes;
+    resp.quota_bytes = st.quota_bytes;
     resp.compression_ratio = st.page_bytes ? (double)st.bf16_bytes / (double)st.page_bytes : 0.0;
     tqkv__call_finish_msg(c, &resp.base);
 out:

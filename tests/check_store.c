@@ -435,6 +435,11 @@ START_TEST(test_quota)
         ck_assert(present(s, NS_B, 9, (uint64_t)i, 1));
     ck_assert_int_eq(tqkv_store_stats(s, NS_A, strlen(NS_A), &st), TQKV_OK);
     ck_assert_uint_eq(st.evictions, 5);
+    ck_assert_uint_eq(st.quota_bytes, 3000);
+    ck_assert_int_eq(tqkv_store_stats(s, NS_B, strlen(NS_B), &st), TQKV_OK);
+    ck_assert_uint_eq(st.quota_bytes, 0);
+    ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+    ck_assert_uint_eq(st.quota_bytes, 0);
     /* larger than the quota */
     ck_assert_int_eq(put_page(s, NS_A, 9, 100, 0, 3001, 0, NULL), TQKV_ENOSPC);
     /* with everything leased nothing can go: ENOSPC */

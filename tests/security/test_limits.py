@@ -120,6 +120,8 @@ def test_quota(r):
             set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, str(codes))
     r.check("ns-a stays within its quota", 0 < st.page_bytes <= quota,
             "page_bytes %d quota %d" % (st.page_bytes, quota))
+    r.check("Stats of ns-a reports its quota", st.quota_bytes == quota,
+            "quota_bytes %d" % st.quota_bytes)
     r.check("the flood was refused or evicted within ns-a",
             codes.get("RESOURCE_EXHAUSTED", 0) > 0 or st.pages < codes.get("OK", 0),
             "%s, pages %d" % (codes, st.pages))
