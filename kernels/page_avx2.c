@@ -1,4 +1,6 @@
-/* page_avx2.c - AVX2/FMA/BMI2 encode and decode of whole-head Hadamard mse groups.
+/* page_avx2.c - AVX2/FMA/BMI2 encode and decode of whole-head Hadamard mse groups
+ * (and, at the end, of dense-rotation groups: rotation.h, blocks of 2 rows x 32 columns
+ * through the matrix, scalar quantization and packing).
  *
  * Per row: BF16 -> f32 (shift), sum of squares (FMA), D1, FWHT, D2, FWHT, then the
  * coordinates are scaled straight into the z domain (y * sqrt(g) = w / (sqrt(g) s)),

@@ -4,7 +4,12 @@
  * registers, the FWHT never leaves them (32 registers), the 16-entry codebook lookup is
  * one vpermps, and comparisons count into mask registers. Same contract, same rounding
  * structure (FWHT butterflies in the order of tqkv_fwht), hence the same near-tie-only
- * differences from the reference.
+ * differences from the reference. 3- and 4-bit indices come from a binary search over
+ * a threshold register (same counts).
+ *
+ * Dense-rotation groups (rotation.h: tqkv__page_enc/dec_dense_avx512) multiply blocks of
+ * 4 rows by the matrix, 96 columns (24 accumulators) at a time, each matrix row loaded
+ * once per block; tqkv__rows_matmul_avx512 is the same product for prod's QJL term.
  */
 #include <float.h>
 #include <immintrin.h>
