@@ -1151,8 +1151,8 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
     const uint32_t T = h->num_tokens, H = h->num_kv_heads, D = h->head_dim;
     const uint32_t ngroups = td->lo_bits ? 2 : 1;
     const int centered = t == TQKV_TENSOR_K && (h->flags & TQKV_PAGE_KEY_CENTERED);
-    float *bf = out_f ? malloc(sizeof(float) * (size_t)T * D) : NULL;
-    uint16_t *bh = out_h ? malloc(sizeof(uint16_t) * (size_t)T * D) : NULL;
+    float *bf = out_f ? malloc(sizeof(float) * PROD_BLOCK * D) : NULL;
+    uint16_t *bh = out_h ? malloc(sizeof(uint16_t) * PROD_BLOCK * D) : NULL;
     float *work = malloc(sizeof(float) * 2 * D), *mug = malloc(sizeof(float) * D);
     double *o = malloc(sizeof(double) * D);
     uint32_t *perm = malloc(sizeof(uint32_t) * D);
@@ -1172,80 +1172,87 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
         if (mu)
             for (uint32_t c = 0; c < D; c++)
                 mug[perm[c]] = mu[c];
-        for (uint32_t gi = 0; gi < ngroups; gi++) {
-            const tqkv_group_view_t *v = &gv[gi];
-            const uint32_t g = v->L.dim, off = gi ? gv[0].L.dim : 0;
-            if (simd_group(&G[gi])) {
-                tqkv__dec_rows_t A = {.idx = v->idx + (size_t)hh * v->L.idx_row_bytes,
-                                      .idx_stride = (size_t)H * v->L.idx_row_bytes,
-                                      .scale = v->scale + hh,
-                                      .scale_stride = H,
-                                      .n = T,
-                                      .g = g,
-                                      .bits = v->L.mse_bits,
-                                      .signs = G[gi].rot->signs,
-                                      .z = v->codebook,
-                                      .mu = mu ? mug + off : NULL,
-                                      .out_f = bf ? bf + off : NULL,
-                                      .out_h = bh ? bh + off : NULL,
-                                      .out_stride = D};
-                dec_rows(&G[gi], &A);
+        /* blocks of PROD_BLOCK tokens: the permuted rows stay in L1 */
+        for (uint32_t t0 = 0; t0 < T; t0 += PROD_BLOCK) {
+            const uint32_t nb = T - t0 < PROD_BLOCK ? T - t0 : PROD_BLOCK;
+            const size_t ob =
+                ((size_t)t0 * H + hh) * D; /* output offset of the block's first row */
+            for (uint32_t gi = 0; gi < ngroups; gi++) {
+                const tqkv_group_view_t *v = &gv[gi];
+                const uint32_t g = v->L.dim, off = gi ? gv[0].L.dim : 0;
+                if (simd_group(&G[gi])) {
+                    tqkv__dec_rows_t A = {.idx =
+                                              v->idx + ((size_t)t0 * H + hh) * v->L.idx_row_bytes,
+                                          .idx_stride = (size_t)H * v->L.idx_row_bytes,
+                                          .scale = v->scale + (size_t)t0 * H + hh,
+                                          .scale_stride = H,
+                                          .n = nb,
+                                          .g = g,
+                                          .bits = v->L.mse_bits,
+                                          .signs = G[gi].rot->signs,
+                                          .z = v->codebook,
+                                          .mu = mu ? mug + off : NULL,
+                                          .out_f = bf ? bf + off : NULL,
+                                          .out_h = bh ? bh + off : NULL,
+                                          .out_stride = D};
+                    dec_rows(&G[gi], &A);
+                    continue;
+                }
+                const int qb = v->signs && G[gi].qjl && g % 16 == 0 && kernels()->rows_mm;
+                for (uint32_t tt = t0; tt < t0 + nb; tt++) {
+                    uint64_t i = (uint64_t)tt * H + hh;
+                    float sc = tqkv_scale_get(v->scale, i);
+                    float gm = v->gamma ? tqkv_scale_get(v->gamma, i) : 0.0f;
+                    if (qb && tt % PROD_BLOCK == 0) {
+                        /* the QJL products S^T sign of the next block of vectors at once */
+                        for (uint32_t r = 0; r < nb; r++) {
+                            const uint8_t *sr =
+                                v->signs + ((uint64_t)(tt + r) * H + hh) * v->L.sign_row_bytes;
+                            for (uint32_t j = 0; j < g; j++)
+                                qs[(size_t)r * g + j] =
+                                    ((sr[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
+                        }
+                        kernels()->rows_mm(G[gi].qjl->matrix, g, qs, qa, nb);
+                    }
+                    if (qb)
+                        decode_vec_prod(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                                        qa + (size_t)(tt % PROD_BLOCK) * g, work, o);
+                    else
+                        decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                                       v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work,
+                                       o);
+                    for (uint32_t j = 0; j < g; j++) {
+                        float f = tqkv_clamp_flt(o[j]);
+                        if (mu) {
+                            f += mug[off + j];
+                            f = f > FLT_MAX ? FLT_MAX : (f < -FLT_MAX ? -FLT_MAX : f);
+                        }
+                        if (bf)
+                            bf[(size_t)(tt - t0) * D + off + j] = f;
+                        if (bh)
+                            bh[(size_t)(tt - t0) * D + off + j] = bf16_sat_finite(f);
+                    }
+                }
+            }
+            if (mask && have_vbmi2 && D % 32 == 0) {
+                merge_rows_vbmi2(bf, bh, out_f ? out_f + ob : NULL, out_h ? out_h + ob : NULL,
+                                 (size_t)H * D, nb, D, mask, gv[0].L.dim);
                 continue;
             }
-            const int qb = v->signs && G[gi].qjl && g % 16 == 0 && kernels()->rows_mm;
-            for (uint32_t tt = 0; tt < T; tt++) {
+            for (uint32_t tt = t0; tt < t0 + nb; tt++) {
                 uint64_t i = (uint64_t)tt * H + hh;
-                float sc = tqkv_scale_get(v->scale, i);
-                float gm = v->gamma ? tqkv_scale_get(v->gamma, i) : 0.0f;
-                if (qb && tt % PROD_BLOCK == 0) {
-                    /* the QJL products S^T sign of the next block of vectors at once */
-                    const uint32_t nb = T - tt < PROD_BLOCK ? T - tt : PROD_BLOCK;
-                    for (uint32_t r = 0; r < nb; r++) {
-                        const uint8_t *sr =
-                            v->signs + ((uint64_t)(tt + r) * H + hh) * v->L.sign_row_bytes;
-                        for (uint32_t j = 0; j < g; j++)
-                            qs[(size_t)r * g + j] = ((sr[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
-                    }
-                    kernels()->rows_mm(G[gi].qjl->matrix, g, qs, qa, nb);
+                if (bf) {
+                    const float *r = bf + (size_t)(tt - t0) * D;
+                    float *w = out_f + i * D;
+                    for (uint32_t c = 0; c < D; c++)
+                        w[c] = r[perm[c]];
                 }
-                if (qb)
-                    decode_vec_prod(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
-                                    qa + (size_t)(tt % PROD_BLOCK) * g, work, o);
-                else
-                    decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
-                                   v->signs ? v->signs + i * v->L.sign_row_bytes : NULL, work, o);
-                for (uint32_t j = 0; j < g; j++) {
-                    float f = tqkv_clamp_flt(o[j]);
-                    if (mu) {
-                        f += mug[off + j];
-                        f = f > FLT_MAX ? FLT_MAX : (f < -FLT_MAX ? -FLT_MAX : f);
-                    }
-                    if (bf)
-                        bf[(size_t)tt * D + off + j] = f;
-                    if (bh)
-                        bh[(size_t)tt * D + off + j] = bf16_sat_finite(f);
+                if (bh) {
+                    const uint16_t *r = bh + (size_t)(tt - t0) * D;
+                    uint16_t *w = out_h + i * D;
+                    for (uint32_t c = 0; c < D; c++)
+                        w[c] = r[perm[c]];
                 }
-            }
-        }
-        if (mask && have_vbmi2 && D % 32 == 0) {
-            merge_rows_vbmi2(bf, bh, out_f ? out_f + (size_t)hh * D : NULL,
-                             out_h ? out_h + (size_t)hh * D : NULL, (size_t)H * D, T, D, mask,
-                             gv[0].L.dim);
-            continue;
-        }
-        for (uint32_t tt = 0; tt < T; tt++) {
-            uint64_t i = (uint64_t)tt * H + hh;
-            if (bf) {
-                const float *r = bf + (size_t)tt * D;
-                float *w = out_f + i * D;
-                for (uint32_t c = 0; c < D; c++)
-                    w[c] = r[perm[c]];
-            }
-            if (bh) {
-                const uint16_t *r = bh + (size_t)tt * D;
-                uint16_t *w = out_h + i * D;
-                for (uint32_t c = 0; c < D; c++)
-                    w[c] = r[perm[c]];
             }
         }
     }

@@ -542,7 +542,7 @@ START_TEST(test_simd_vs_ref_frac_dense)
     for (size_t di = 0; di < 3; di++)
         for (size_t bi = 0; bi < sizeof bits; bi++)
             for (int cen = 0; cen < 2; cen++)
-                frac_case(35, 2, Ds[di], bits[bi], TQKV_ROT_HADAMARD, cen, bi & 1, TQKV_MODE_PROD,
+                frac_case(70, 2, Ds[di], bits[bi], TQKV_ROT_HADAMARD, cen, bi & 1, TQKV_MODE_PROD,
                           &fields, &ties);
     fprintf(stderr, "frac/dense simd vs ref: %zu near-ties in %zu indices\n", ties, fields);
     ck_assert_msg(ties * 1000 <= fields, "%zu near-ties in %zu indices", ties, fields);
