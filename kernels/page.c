@@ -379,10 +379,11 @@ decode_vec_ref(const group_ctx_t *G, float scale, float gamma, const uint8_t *id
 
 /* decode_vec_ref of a prod vector whose QJL product aq = S^T sign was taken already (by
  * kernels()->rows_mm for a block of vectors, bit for bit tqkv_matvec_t): the rest of
- * tqkv_group_decode_vec, operation for operation. work: 2g floats. */
+ * tqkv_group_decode_vec, operation for operation. am: Pi^T z[idx] taken the same way
+ * (dense rotation), or NULL. work: 2g floats. */
 static void
 decode_vec_prod(const group_ctx_t *G, float scale, float gamma, const uint8_t *idx_row,
-                const float *aq, float *work, double *out)
+                const float *am, const float *aq, float *work, double *out)
 {
     tqkv_group_codec_t C;
     const uint32_t g = G->L.dim, b = G->L.mse_bits;
@@ -392,11 +393,14 @@ decode_vec_prod(const group_ctx_t *G, float scale, float gamma, const uint8_t *i
     for (uint32_t j = 0; j < g; j++)
         out[j] = 0;
     if (b) {
+        if (!am) {
+            for (uint32_t j = 0; j < g; j++)
+                y[j] = C.z[tqkv_bits_get(idx_row, j, b)];
+            tqkv_group_rotate_t(&C, y, a);
+            am = a;
+        }
         for (uint32_t j = 0; j < g; j++)
-            y[j] = C.z[tqkv_bits_get(idx_row, j, b)];
-        tqkv_group_rotate_t(&C, y, a);
-        for (uint32_t j = 0; j < g; j++)
-            out[j] = TQKV_DMUL(scale, a[j]);
+            out[j] = TQKV_DMUL(scale, am[j]);
     }
     c = TQKV_DMUL(TQKV_SQRT_HALF_PI / sqrt((double)g), gamma);
     for (uint32_t j = 0; j < g; j++)
@@ -1156,7 +1160,8 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
     float *work = malloc(sizeof(float) * 2 * D), *mug = malloc(sizeof(float) * D);
     double *o = malloc(sizeof(double) * D);
     uint32_t *perm = malloc(sizeof(uint32_t) * D);
-    float *qs = malloc(sizeof(float) * 2 * PROD_BLOCK * D), *qa = qs ? qs + PROD_BLOCK * D : NULL;
+    float *qs = malloc(sizeof(float) * 4 * PROD_BLOCK * D), *qa = qs ? qs + PROD_BLOCK * D : NULL;
+    float *zr = qs ? qs + 2 * PROD_BLOCK * D : NULL, *za = qs ? qs + 3 * PROD_BLOCK * D : NULL;
     tqkv_status_t st = TQKV_OK;
     pthread_once(&vbmi2_once, vbmi2_init);
     if ((out_f && !bf) || (out_h && !bh) || !work || !mug || !o || !perm || !qs) {
@@ -1199,6 +1204,8 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                     continue;
                 }
                 const int qb = v->signs && G[gi].qjl && g % 16 == 0 && kernels()->rows_mm;
+                const int mb =
+                    qb && v->L.mse_bits && G[gi].rot && G[gi].rot->kind == TQKV_ROT_DENSE;
                 for (uint32_t tt = t0; tt < t0 + nb; tt++) {
                     uint64_t i = (uint64_t)tt * H + hh;
                     float sc = tqkv_scale_get(v->scale, i);
@@ -1213,9 +1220,20 @@ decode_tensor_fast(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t,
                                     ((sr[j >> 3] >> (j & 7u)) & 1u) ? 1.0f : -1.0f;
                         }
                         kernels()->rows_mm(G[gi].qjl->matrix, g, qs, qa, nb);
+                        if (mb) { /* and the dense Pi^T z[idx] */
+                            for (uint32_t r = 0; r < nb; r++) {
+                                const uint8_t *ir =
+                                    v->idx + ((uint64_t)(tt + r) * H + hh) * v->L.idx_row_bytes;
+                                for (uint32_t j = 0; j < g; j++)
+                                    zr[(size_t)r * g + j] =
+                                        v->codebook[tqkv_bits_get(ir, j, v->L.mse_bits)];
+                            }
+                            kernels()->rows_mm(G[gi].rot->matrix, g, zr, za, nb);
+                        }
                     }
                     if (qb)
                         decode_vec_prod(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
+                                        mb ? za + (size_t)(tt % PROD_BLOCK) * g : NULL,
                                         qa + (size_t)(tt % PROD_BLOCK) * g, work, o);
                     else
                         decode_vec_ref(&G[gi], sc, gm, v->idx + i * v->L.idx_row_bytes,
