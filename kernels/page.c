@@ -969,8 +969,9 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
     if (!bad)
         return TQKV_OK;
     for (uint64_t i = 0; i < n; i++) {
-        float s = tqkv_scale_get(gv.scale, i), gm = gv.gamma ? tqkv_scale_get(gv.gamma, i) : 0.0f;
-        if (!isfinite(s) || s < 0 || !isfinite(gm) || gm < 0) {
+        /* the same bit test as above (a float test could disagree under DAZ) */
+        uint32_t us = gv.scale[i], ug = gv.gamma ? gv.gamma[i] : 0;
+        if ((us >= 0x7f80u && us != 0x8000u) || (ug >= 0x7f80u && ug != 0x8000u)) {
             seterr(err, errlen, "%s group %u: vector %llu has a bad scale or gamma", tname[t], gi,
                    (unsigned long long)i);
             return TQKV_ECORRUPT;

@@ -613,9 +613,10 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
 
 /* TQKV_* variables read elsewhere (kernel selection, GPU encode, NCCL, tests). */
 static const char *const other_env[] = {
-    "TQKV_ATTN_ISA",    "TQKV_BENCH_CLOCK",  "TQKV_GPU_ENCODE",   "TQKV_ISA",
-    "TQKV_NCCL_DEVICE", "TQKV_NCCL_IDLE_MS", "TQKV_TEST_SEED",    "TQKV_SANITIZED",
-    "TQKV_SOURCE_DIR",  "TQKV_TEST_QUICK",   "TQKV_FUZZ_SECONDS", "TQKV_STRESS_SECONDS",
+    "TQKV_ATTN_ISA",    "TQKV_BENCH_CLOCK",     "TQKV_GPU_ENCODE",   "TQKV_ISA",
+    "TQKV_NCCL_DEVICE", "TQKV_NCCL_IDLE_MS",    "TQKV_TEST_SEED",    "TQKV_SANITIZED",
+    "TQKV_SOURCE_DIR",  "TQKV_TEST_QUICK",      "TQKV_FUZZ_SECONDS", "TQKV_STRESS_SECONDS",
+    "TQKV_SERVER",      "TQKV_TEST_SERVER_LOG", "TQKV_FUZZ_LAST",    "TQKV_FUZZ_MUTATIONS",
 };
 
 size_t

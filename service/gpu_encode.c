@@ -76,9 +76,11 @@ thread_scratch(int device)
     pthread_once(&g_once, key_init);
     scratch_t *s = pthread_getspecific(g_key);
     if (s != NULL && s->device != device) {
-        scratch_free(s);
+        scratch_free(s); /* makes the old device current */
         s = NULL;
         (void)pthread_setspecific(g_key, NULL);
+        if (cudaSetDevice(device) != cudaSuccess)
+            return NULL;
     }
     if (s == NULL) {
         s = calloc(1, sizeof *s);

@@ -569,6 +569,10 @@ tqkv_nccl_chan_close_all(uint32_t wait_ms)
             break;
     unsigned left = reg_threads;
     pthread_mutex_unlock(&reg_mu);
+    /* All gone: channels opened from now on (another server in this process) work
+     * again. With threads still running the flag stays, so they keep giving up. */
+    if (left == 0)
+        atomic_store(&g_closing, 0);
     return left;
 }
 

@@ -71,7 +71,7 @@ tqkv_status_t tqkv_nccl_chan_close(uint64_t id);
 /* Server shutdown: aborts every channel (their pending waits give up at once) and
  * waits up to wait_ms for the channel threads to release their pages and exit.
  * Returns how many are still running (their pages stay pinned: do not free the store
- * then). New channels opened afterwards die at once. */
+ * then). While that is nonzero, channels opened afterwards die at once. */
 unsigned tqkv_nccl_chan_close_all(uint32_t wait_ms);
 
 /* Queues one page (host or device memory, len bytes) for ncclSend. release(arg) is
