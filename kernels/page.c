@@ -641,9 +641,9 @@ encode_group_head(const group_ctx_t *G, uint8_t *base, const uint16_t *xg, size_
 }
 
 /* acc[k] += (x[k] - mean[k])^2 (f64; mean NULL: 0) for k < n: the energy pass, the same
- * operations in every clone (no contraction in this library). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+ * operations in every ISA version (no contraction in this library). */
+static inline __attribute__((always_inline)) void
+energy_accum_body(double *acc, const uint16_t *x, const float *mean, uint64_t n)
 {
     if (mean)
         for (uint64_t k = 0; k < n; k++) {
@@ -658,8 +658,8 @@ energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n)
 }
 
 /* acc[k] += x[k] (f64) for k < n; returns the largest |x| bits seen (max of *maxmag). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static uint16_t
-sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+static inline __attribute__((always_inline)) uint16_t
+sum_accum_body(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
 {
     for (uint64_t k = 0; k < n; k++) {
         uint16_t m = x[k] & 0x7fffu;
@@ -667,6 +667,72 @@ sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
         maxmag = m > maxmag ? m : maxmag;
     }
     return maxmag;
+}
+
+/* One copy per ISA, picked at run time. Not target_clones: its IFUNC resolvers run before
+ * the sanitizer runtimes are up (every TSan binary crashed at start-up). */
+__attribute__((target("avx512f"))) static void
+energy_accum_avx512(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+{
+    energy_accum_body(acc, x, mean, n);
+}
+__attribute__((target("avx2"))) static void
+energy_accum_avx2(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+{
+    energy_accum_body(acc, x, mean, n);
+}
+static void
+energy_accum_plain(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+{
+    energy_accum_body(acc, x, mean, n);
+}
+__attribute__((target("avx512f"))) static uint16_t
+sum_accum_avx512(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+{
+    return sum_accum_body(acc, x, n, maxmag);
+}
+__attribute__((target("avx2"))) static uint16_t
+sum_accum_avx2(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+{
+    return sum_accum_body(acc, x, n, maxmag);
+}
+static uint16_t
+sum_accum_plain(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+{
+    return sum_accum_body(acc, x, n, maxmag);
+}
+
+static int accum_isa; /* 2 avx512f, 1 avx2, 0 plain */
+static pthread_once_t accum_once = PTHREAD_ONCE_INIT;
+
+static void
+accum_init(void)
+{
+    __builtin_cpu_init();
+    accum_isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+}
+
+static void
+energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+{
+    pthread_once(&accum_once, accum_init);
+    if (accum_isa == 2)
+        energy_accum_avx512(acc, x, mean, n);
+    else if (accum_isa == 1)
+        energy_accum_avx2(acc, x, mean, n);
+    else
+        energy_accum_plain(acc, x, mean, n);
+}
+
+static uint16_t
+sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+{
+    pthread_once(&accum_once, accum_init);
+    if (accum_isa == 2)
+        return sum_accum_avx512(acc, x, n, maxmag);
+    if (accum_isa == 1)
+        return sum_accum_avx2(acc, x, n, maxmag);
+    return sum_accum_plain(acc, x, n, maxmag);
 }
 
 static int have_vbmi2;
