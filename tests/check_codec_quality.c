@@ -216,8 +216,10 @@ START_TEST(test_dmse_structured)
          * ~25% across rotations at 4 bits, so fewer pages leave 10% at ~3 sigma */
         check_dmse(kind, 128, TQKV_ROT_DENSE, 32, (uint32_t)scale_n(128), tol(0.10));
     }
-    /* and at the other head dims, hadamard (the default) */
-    check_dmse(DATA_SPIKE, 64, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(128), tol(0.10));
+    /* and at the other head dims, hadamard (the default). d = 64 spikes are near one-hot
+     * (see test_dmse_onehot): over 128 pages the 4-bit excess had a mean of +1.3%, a spread
+     * of ~2.5% and a tail (+7.2%, and +10.02% once in CI), so 512 pages halve the spread */
+    check_dmse(DATA_SPIKE, 64, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(512), tol(0.10));
     check_dmse(DATA_CONSTANT, 256, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(128), tol(0.10));
 }
 END_TEST
