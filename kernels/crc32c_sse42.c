@@ -73,9 +73,11 @@ shift(uint32_t t[4][256], uint32_t c)
 }
 
 /* Three chains over p[0,lane), p[lane,2 lane), p[2 lane,3 lane); returns the joined
- * register. */
-static uint64_t
-three_lanes(uint64_t c0, const uint8_t *p, size_t lane, uint32_t t[4][256])
+ * register. With copy, each word is also stored to d at the same offset (a literal at
+ * every call, so each use compiles to its own loop). */
+static inline __attribute__((always_inline)) uint64_t
+three_lanes(uint64_t c0, uint8_t *d, const uint8_t *p, size_t lane, uint32_t t[4][256],
+            const int copy)
 {
     uint64_t c1 = 0, c2 = 0;
     for (size_t i = 0; i < lane; i += 8) {
@@ -83,6 +85,11 @@ three_lanes(uint64_t c0, const uint8_t *p, size_t lane, uint32_t t[4][256])
         memcpy(&w0, p + i, 8);
         memcpy(&w1, p + lane + i, 8);
         memcpy(&w2, p + 2 * lane + i, 8);
+        if (copy) {
+            memcpy(d + i, &w0, 8);
+            memcpy(d + lane + i, &w1, 8);
+            memcpy(d + 2 * lane + i, &w2, 8);
+        }
         c0 = _mm_crc32_u64(c0, w0);
         c1 = _mm_crc32_u64(c1, w1);
         c2 = _mm_crc32_u64(c2, w2);
@@ -91,36 +98,56 @@ three_lanes(uint64_t c0, const uint8_t *p, size_t lane, uint32_t t[4][256])
     return shift(t, (uint32_t)c0) ^ (uint32_t)c2;
 }
 
-uint32_t
-tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len)
+static inline __attribute__((always_inline)) uint32_t
+crc_body(uint32_t crc, uint8_t *d, const uint8_t *p, size_t len, const int copy)
 {
-    const uint8_t *p = buf;
     uint64_t c = ~crc;
     while (len && ((uintptr_t)p & 7)) {
+        if (copy)
+            *d++ = *p;
         c = _mm_crc32_u8((uint32_t)c, *p++);
         len--;
     }
     if (len >= 3 * LANE_SMALL) {
         pthread_once(&shift_once, shift_init);
         while (len >= 3 * LANE_BIG) {
-            c = three_lanes(c, p, LANE_BIG, shift_big);
+            c = three_lanes(c, d, p, LANE_BIG, shift_big, copy);
             p += 3 * LANE_BIG;
+            d += copy ? 3 * LANE_BIG : 0;
             len -= 3 * LANE_BIG;
         }
         while (len >= 3 * LANE_SMALL) {
-            c = three_lanes(c, p, LANE_SMALL, shift_small);
+            c = three_lanes(c, d, p, LANE_SMALL, shift_small, copy);
             p += 3 * LANE_SMALL;
+            d += copy ? 3 * LANE_SMALL : 0;
             len -= 3 * LANE_SMALL;
         }
     }
     while (len >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
+        if (copy)
+            memcpy(d, &w, 8), d += 8;
         c = _mm_crc32_u64(c, w);
         p += 8;
         len -= 8;
     }
-    while (len--)
+    while (len--) {
+        if (copy)
+            *d++ = *p;
         c = _mm_crc32_u8((uint32_t)c, *p++);
+    }
     return ~(uint32_t)c;
+}
+
+uint32_t
+tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len)
+{
+    return crc_body(crc, NULL, buf, len, 0);
+}
+
+uint32_t
+tqkv__crc32c_copy_sse42(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    return crc_body(crc, dst, src, len, 1);
 }

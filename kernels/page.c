@@ -41,9 +41,11 @@ typedef struct page_kernels {
     void (*dec_dense)(const tqkv__dec_rows_t *, const float *m);
     void (*rows_mm)(const float *a, uint32_t g, const float *x, float *y, size_t n);
     uint32_t (*crc)(uint32_t, const void *, size_t);
+    uint32_t (*crc_copy)(uint32_t, void *, const void *, size_t);
 } page_kernels_t;
 
-static page_kernels_t kern = {"scalar", NULL, NULL, NULL, NULL, NULL, tqkv_crc32c_ref};
+static page_kernels_t kern = {
+    "scalar", NULL, NULL, NULL, NULL, NULL, tqkv_crc32c_ref, tqkv_crc32c_copy_ref};
 static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
 
 /* TQKV_ISA=scalar|avx2 caps the level (tests run every path on one machine). */
@@ -58,7 +60,7 @@ kern_init(void)
         cap = 1;
     __builtin_cpu_init();
     if (cap > 0 && __builtin_cpu_supports("sse4.2"))
-        kern.crc = tqkv__crc32c_sse42;
+        kern.crc = tqkv__crc32c_sse42, kern.crc_copy = tqkv__crc32c_copy_sse42;
     if (cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("bmi2")) {
         kern.isa = "avx2";
@@ -124,6 +126,20 @@ uint32_t
 tqkv_crc32c(uint32_t crc, const void *buf, size_t len)
 {
     return kernels()->crc(crc, buf, len);
+}
+
+uint32_t
+tqkv_crc32c_copy_ref(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    if (len)
+        memcpy(dst, src, len);
+    return tqkv_crc32c_ref(crc, src, len);
+}
+
+uint32_t
+tqkv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    return kernels()->crc_copy(crc, dst, src, len);
 }
 
 uint32_t

@@ -85,6 +85,10 @@ tqkv_status_t tqkv_page_decode_bf16(const void *page, size_t len, uint16_t *k, u
 /* CRC32C (Castagnoli) of buf, continuing from crc (start with 0). */
 uint32_t tqkv_crc32c(uint32_t crc, const void *buf, size_t len);
 uint32_t tqkv_crc32c_ref(uint32_t crc, const void *buf, size_t len);
+/* Copies len bytes from src to dst (not overlapping) and returns the CRC32C of them,
+ * continuing from crc: one pass over the data instead of memcpy + tqkv_crc32c. */
+uint32_t tqkv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t tqkv_crc32c_copy_ref(uint32_t crc, void *dst, const void *src, size_t len);
 
 /* CRC of a page as stored in its header (crc field taken as zero). */
 uint32_t tqkv_page_crc(const void *page, size_t page_bytes);
@@ -136,5 +140,6 @@ size_t tqkv__page_enc_had_avx512(const tqkv__enc_rows_t *a);
 void tqkv__page_dec_had_avx512(const tqkv__dec_rows_t *a);
 /* CRC32C with the SSE4.2 crc32 instruction (same contract as tqkv_crc32c_ref). */
 uint32_t tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len);
+uint32_t tqkv__crc32c_copy_sse42(uint32_t crc, void *dst, const void *src, size_t len);
 
 #endif

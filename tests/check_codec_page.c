@@ -386,7 +386,7 @@ START_TEST(test_crc32c)
      * (512-byte lanes) and 24 KiB (8 KiB lanes); lengths and split points land on and
      * around both thresholds. */
     enum { N = 96 * 1024 };
-    static uint8_t buf[N + 8];
+    static uint8_t buf[N + 8], cp[N + 24];
     static const size_t edges[] = {1535, 1536, 1537, 3071, 3072, 24575, 24576, 24577, 49152, 73729};
     ck_assert_uint_eq(tqkv_crc32c_ref(0, "123456789", 9), 0xE3069283u);
     ck_assert_uint_eq(tqkv_crc32c(0, "123456789", 9), 0xE3069283u);
@@ -406,6 +406,19 @@ START_TEST(test_crc32c)
                           a);
         /* a nonzero starting register (a chained call) through the lanes */
         ck_assert_uint_eq(tqkv_crc32c(0x12345678u, buf + off, len),
+                          tqkv_crc32c_ref(0x12345678u, buf + off, len));
+        /* copy + CRC in one pass: same CRC, same bytes, nothing written past dst + len
+         * (dst misaligned independently of src; split in two chained calls) */
+        size_t doff = tqkv_splitmix64(&rng) % 8;
+        memset(cp, 0xA5, sizeof cp);
+        uint32_t c1 = tqkv_crc32c_copy(0, cp + doff, buf + off, cut);
+        ck_assert_uint_eq(tqkv_crc32c_copy(c1, cp + doff + cut, buf + off + cut, len - cut), a);
+        ck_assert_int_eq(memcmp(cp + doff, buf + off, len), 0);
+        for (size_t i = 0; i < doff; i++)
+            ck_assert_uint_eq(cp[i], 0xA5);
+        for (size_t i = doff + len; i < doff + len + 8 && i < sizeof cp; i++)
+            ck_assert_uint_eq(cp[i], 0xA5);
+        ck_assert_uint_eq(tqkv_crc32c_copy_ref(0x12345678u, cp, buf + off, len),
                           tqkv_crc32c_ref(0x12345678u, buf + off, len));
     }
     /* a flipped bit anywhere changes the CRC */
