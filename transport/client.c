@@ -37,6 +37,8 @@
 #include <grpc/support/time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "kernels/page.h"
+#include "kernels/page_format.h"
 #include "tqkv/v1/kvcache.pb-c.h"
 #include "transport/shard.h"
 #include "transport/wire.h"
@@ -1464,7 +1466,9 @@ typedef struct getop {
     uint8_t *done; /* n * L: reported */
     int canceled;
     scratch_t sc, sv;
-    size_t shift; /* offset from the scratch base that aligned the last page */
+    size_t shift;    /* offset from the scratch base that aligned the last page */
+    size_t bad_hash; /* the page that failed its CRC (get_message returned 1) */
+    uint32_t bad_layer;
 } getop_t;
 
 static int
@@ -1477,7 +1481,72 @@ deliver(getop_t *g, const tqkv_get_page_t *pg)
     return g->canceled;
 }
 
-/* One received message of rpc r. Returns -1 for a malformed message. */
+/* Offset and length of the first page field (4) of a GetResponse whose first avail
+ * bytes are at p, when the fields before it and its length prefix lie within them.
+ * Returns 0, or -1 (no page field found there: the caller copies and parses as usual). */
+static int
+page_field_at(const uint8_t *p, size_t avail, size_t *off, size_t *plen)
+{
+    const uint8_t *q = p, *end = p + avail;
+    while (q < end) {
+        uint64_t key, v;
+        if (rd_varint(&q, end, &key) != 0)
+            return -1;
+        switch (key & 7) {
+        case 0:
+            if (rd_varint(&q, end, &v) != 0)
+                return -1;
+            break;
+        case 2:
+            if (rd_varint(&q, end, &v) != 0)
+                return -1;
+            if ((key >> 3) == 4) {
+                *off = (size_t)(q - p);
+                *plen = (size_t)v;
+                return 0;
+            }
+            if (v > (uint64_t)(end - q))
+                return -1;
+            q += v;
+            break;
+        case 1:
+            q += 8;
+            break;
+        case 5:
+            q += 4;
+            break;
+        default:
+            return -1;
+        }
+    }
+    return -1;
+}
+
+/* Copies bytes [a, a + n) of a page from src to dst, continuing *crc over them with
+ * the header's CRC field (bytes 12..15) read as zero. */
+static void
+page_crc_copy(uint32_t *crc, uint8_t *dst, const uint8_t *src, size_t a, size_t n)
+{
+    static const uint8_t zero[4];
+    size_t b = a + n;
+    if (a < 12) {
+        size_t e = b < 12 ? b : 12;
+        *crc = tqkv_crc32c_copy(*crc, dst, src, e - a);
+        dst += e - a, src += e - a, a = e;
+    }
+    if (a < b && a < 16) {
+        size_t e = b < 16 ? b : 16;
+        memcpy(dst, src, e - a);
+        *crc = tqkv_crc32c(*crc, zero, e - a);
+        dst += e - a, src += e - a, a = e;
+    }
+    if (a < b)
+        *crc = tqkv_crc32c_copy(*crc, dst, src, b - a);
+}
+
+/* One received message of rpc r. Returns -1 for a malformed message, 1 for a packed
+ * page that fails its CRC32C. The slices are copied into the scratch buffer (the page
+ * 64-byte aligned) and, for a packed page, the CRC is computed in the same pass. */
 static int
 get_message(getop_t *g, rpc_t *r)
 {
@@ -1485,16 +1554,33 @@ get_message(getop_t *g, rpc_t *r)
     uint8_t *base = scratch_get(&g->sc, len);
     if (base == NULL)
         return -1;
-    uint8_t *dst = base + g->shift;
     grpc_byte_buffer_reader rd;
     grpc_slice s;
     if (!grpc_byte_buffer_reader_init(&rd, r->recv_bb))
         return -1;
-    size_t off = 0;
+    size_t off = 0, ps = 0, pl = 0;
+    int fused = 0; /* the page range [ps, ps + pl) is known before copying */
+    uint32_t crc = 0;
+    uint8_t *dst = base + g->shift;
     while (grpc_byte_buffer_reader_next(&rd, &s)) {
         size_t sl = GRPC_SLICE_LENGTH(s);
-        if (off + sl <= len)
-            memcpy(dst + off, GRPC_SLICE_START_PTR(s), sl);
+        const uint8_t *sp = GRPC_SLICE_START_PTR(s);
+        if (off == 0 && page_field_at(sp, sl, &ps, &pl) == 0 && pl >= TQKV_PAGE_HEADER_BYTES &&
+            ps + pl <= len) {
+            fused = 1;
+            g->shift = (64 - (ps & 63)) & 63;
+            dst = base + g->shift;
+        }
+        if (off + sl <= len) {
+            if (fused && off < ps + pl && off + sl > ps) {
+                size_t a = off > ps ? off : ps, b = off + sl < ps + pl ? off + sl : ps + pl;
+                memcpy(dst + off, sp, a - off);
+                page_crc_copy(&crc, dst + a, sp + (a - off), a - ps, b - a);
+                memcpy(dst + b, sp + (b - off), off + sl - b);
+            } else {
+                memcpy(dst + off, sp, sl);
+            }
+        }
         off += sl;
         grpc_slice_unref(s);
     }
@@ -1513,6 +1599,19 @@ get_message(getop_t *g, rpc_t *r)
         if (tqkv__client_parse_get(dst, len, &m) != 0)
             return -1;
     }
+    int crc_checked = 0;
+    if (m.page && m.found && m.page_len >= TQKV_PAGE_HEADER_BYTES) {
+        tqkv_page_header_t h;
+        memcpy(&h, m.page, sizeof h);
+        if (h.page_bytes == m.page_len) {
+            /* a page field other than the one copied with its CRC (a repeated field:
+             * the last one wins) is checked on its own */
+            if (!fused || m.page != dst + ps)
+                crc = tqkv_page_crc(m.page, m.page_len);
+            crc_checked = crc == h.crc32c ? 1 : -1;
+        }
+    }
+    int bad_crc = crc_checked < 0;
     if (m.value && ((uintptr_t)m.value & 1)) {
         uint8_t *v = scratch_get(&g->sv, m.value_len);
         if (v == NULL)
@@ -1536,6 +1635,13 @@ get_message(getop_t *g, rpc_t *r)
     size_t slot = gi * g->L + (m.layer - g->q->layer_begin);
     if (g->done[slot])
         return 0;
+    if (bad_crc) {
+        /* never handed out: another replica may hold a good copy */
+        if (g->round + 1 < g->nc)
+            return 0;
+        g->bad_hash = gi, g->bad_layer = m.layer;
+        return 1;
+    }
     if (!m.found && g->round + 1 < g->nc)
         return 0; /* ask the next candidate */
     g->done[slot] = 1;
@@ -1556,6 +1662,7 @@ get_message(getop_t *g, rpc_t *r)
     pg.value_len = m.value_len;
     pg.wire_bytes = len;
     pg.target = (int)r->target;
+    pg.crc_checked = crc_checked;
     deliver(g, &pg);
     return 0;
 }
@@ -1663,11 +1770,16 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
             if (r == NULL)
                 break;
             if (k == TAG_RECV && r->recv_bb) {
-                int bad = get_message(&g, r) != 0;
+                int bad = get_message(&g, r);
                 grpc_byte_buffer_destroy(r->recv_bb);
                 r->recv_bb = NULL;
                 if (bad) {
-                    if (st == TQKV_OK)
+                    if (st == TQKV_OK && bad > 0)
+                        st = set_err(TQKV_ECORRUPT, 0,
+                                     "%s: page of hash %zu layer %u failed its CRC32C check "
+                                     "(not delivered; no other replica to ask)",
+                                     c->t[r->target].name, g.bad_hash, g.bad_layer);
+                    else if (st == TQKV_OK)
                         st = set_err(TQKV_EINTERNAL, 0, "%s: malformed GetResponse",
                                      c->t[r->target].name);
                     grpc_call_cancel(r->call, NULL);

@@ -186,6 +186,11 @@ typedef struct tqkv_get_page {
     size_t key_len, value_len;
     size_t wire_bytes; /* size of the message on the wire */
     int target;        /* index of the target that answered (-1 for a final miss) */
+    /* 1: the library checked the packed page's CRC32C (in the pass that copies it out of
+     * the gRPC buffers). A page failing it is never delivered: the next replica is asked,
+     * and with none left the Get fails with TQKV_ECORRUPT. 0: not checked (BF16, or a
+     * page whose header does not describe the received length: validate it yourself). */
+    int crc_checked;
 } tqkv_get_page_t;
 
 /* Called once per (hash, layer). Return 0 to continue, non-zero to cancel the Get
