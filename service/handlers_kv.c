@@ -66,6 +66,34 @@ get_prefix(uint8_t *p, const ProtobufCBinaryData *hash, uint32_t layer, int foun
     return n;
 }
 
+static size_t
+varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* Bytes of the GetResponse of a found block: the prefix, then the page (PACKED, plen
+ * bytes) or each tensor the page holds, decoded to BF16. */
+static uint64_t
+get_response_bytes(const ProtobufCBinaryData *hash, uint32_t layer, const tqkv_page_header_t *hdr,
+                   int tier, int bf16, size_t plen)
+{
+    uint8_t pre[128];
+    uint64_t n = get_prefix(pre, hash, layer, 1, hdr, tier);
+    if (!bf16)
+        return n + 1 + varint_len(plen) + plen;
+    uint64_t tb = (uint64_t)hdr->num_tokens * hdr->num_kv_heads * hdr->head_dim * 2;
+    for (int t = 0; t < 2; t++)
+        if (hdr->tensor[t].bits_x2)
+            n += 1 + varint_len(tb) + tb;
+    return n;
+}
+
 /* ---- Put ----
  *
  * Messages of one stream are encoded in parallel: up to `window` jobs run on the
@@ -418,6 +446,7 @@ typedef struct get_slot {
     slot_state_t state; /* BUSY -> READY written by the job under the state's mu */
     int found;
     tqkv_status_t st;     /* store or decode status */
+    uint64_t too_big;     /* > 0: the response would be this many bytes, over the limit */
     tqkv_page_ref_t *ref; /* pinned while decoding (released by the job) */
     tqkv_page_header_t hdr;
     int tier;
@@ -565,6 +594,23 @@ get_done(tqkv__call_t *c)
     tqkv__call_finish(c, GRPC_STATUS_OK, NULL, NULL);
 }
 
+/* The message of a block whose response would exceed --max-message-bytes (gRPC would
+ * fail the call anyway, with a message naming neither the block nor a remedy). */
+static void
+too_big_msg(const get_state_t *h, size_t idx, uint64_t bytes, uint64_t limit, char *msg, size_t len)
+{
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    block_of(h, idx, &layer, &hash);
+    int bf16 = h->req->encoding == TQKV__V1__ENCODING__ENCODING_BF16;
+    snprintf(msg, len,
+             "layer %u, hashes[%zu]: the %s response is %llu bytes, over the server's "
+             "--max-message-bytes %llu%s",
+             layer, idx % h->req->n_hashes, bf16 ? "BF16" : "PACKED", (unsigned long long)bytes,
+             (unsigned long long)limit,
+             bf16 ? " (BF16 is larger than the stored page: ask for ENCODING_PACKED)" : "");
+}
+
 static void
 get_fail(tqkv__call_t *c, size_t idx, tqkv_status_t st)
 {
@@ -592,12 +638,28 @@ packed_next(tqkv__call_t *c)
         return;
     }
     tqkv_status_t st = lookup_block(c, h->i, &ref);
-    if (st == TQKV_ENOTFOUND)
+    if (st == TQKV_ENOTFOUND) {
         get_send_missing(c, h->i);
-    else if (st != TQKV_OK)
+    } else if (st != TQKV_OK) {
         get_fail(c, h->i, st);
-    else
+    } else {
+        tqkv_page_header_t hdr;
+        uint32_t layer;
+        const ProtobufCBinaryData *hash;
+        uint64_t limit = c->srv->limits.max_message_bytes;
+        memcpy(&hdr, tqkv_page_ref_data(ref), sizeof hdr);
+        block_of(h, h->i, &layer, &hash);
+        uint64_t bytes = get_response_bytes(hash, layer, &hdr, (int)tqkv_page_ref_tier(ref), 0,
+                                            tqkv_page_ref_len(ref));
+        if (bytes > limit) {
+            char msg[ERRLEN];
+            tqkv_page_ref_release(ref);
+            too_big_msg(h, h->i, bytes, limit, msg, sizeof msg);
+            tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
+            return;
+        }
         get_send_packed(c, h->i, ref);
+    }
 }
 
 /* Encoder-pool job: decode one pinned page into BF16 K and V. */
@@ -651,6 +713,20 @@ bf16_issue(tqkv__call_t *c, size_t idx)
         sl->state = SLOT_READY;
         return;
     }
+    tqkv_page_header_t hdr;
+    uint32_t layer;
+    const ProtobufCBinaryData *hash;
+    memcpy(&hdr, tqkv_page_ref_data(ref), sizeof hdr);
+    block_of(h, idx, &layer, &hash);
+    uint64_t bytes = get_response_bytes(hash, layer, &hdr, (int)tqkv_page_ref_tier(ref), 1, 0);
+    if (bytes > c->srv->limits.max_message_bytes) { /* not worth decoding */
+        tqkv_page_ref_release(ref);
+        sl->st = TQKV_ERANGE;
+        sl->too_big = bytes;
+        sl->found = 0;
+        sl->state = SLOT_READY;
+        return;
+    }
     sl->ref = ref;
     sl->state = SLOT_BUSY;
     if (tqkv__call_submit(c, get_decode_job, sl) != TQKV_OK) {
@@ -692,6 +768,12 @@ bf16_pump(tqkv__call_t *c)
     pthread_mutex_unlock(&h->mu);
     if (state != SLOT_READY) {
         tqkv__call_set_state(c, TQKV__CS_WORK);
+        return;
+    }
+    if (sl->too_big) {
+        h->fail = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        too_big_msg(h, h->i, sl->too_big, c->srv->limits.max_message_bytes, h->err, ERRLEN);
+        bf16_pump(c);
         return;
     }
     if (sl->st != TQKV_OK) {

@@ -162,7 +162,7 @@ check_bits(float bits, const char *field, char *err, size_t errlen)
         return TQKV_OK;
     if (!(bits == bits) || tqkv_bits_from_float(bits, &b2) != TQKV_OK)
         return fail(TQKV_EUNSUPPORTED, err, errlen,
-                    "%s: %g is not a supported bit width (1, 1.5, 2, 2.5, 3, 3.5, 4)", field,
+                    "%s: %.9g is not a supported bit width (1, 1.5, 2, 2.5, 3, 3.5, 4)", field,
                     (double)bits);
     return TQKV_OK;
 }

@@ -13,3 +13,18 @@ if(TARGET tqkv-codec AND TARGET tqkv-bench AND TARGET tqkv-server)
             $<TARGET_FILE:tqkv-codec> $<TARGET_FILE:tqkv-bench> $<TARGET_FILE:tqkv-server>)
   set_tests_properties(newuser_cli PROPERTIES LABELS "server" TIMEOUT 300)
 endif()
+
+# Adversarial new-user trial (Python grpcio against a real server): awkward shapes and
+# codecs in both encodings, special BF16 values, bad overrides and Gets, cancelled and
+# concurrent streams, oversize messages and responses, every flag and variable.
+if(TARGET tqkv-server AND TARGET tqkv-codec)
+  set(_adv_env "TQKV_SERVER=$<TARGET_FILE:tqkv-server>;TQKV_CODEC=$<TARGET_FILE:tqkv-codec>"
+               "TQKV_SOURCE_DIR=${PROJECT_SOURCE_DIR};PYTHONDONTWRITEBYTECODE=1")
+  if(TQKV_SANITIZE)
+    list(APPEND _adv_env "TQKV_SANITIZED=1")
+  endif()
+  add_test(NAME newuser_adversarial
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/interop/test_adversarial.py)
+  set_tests_properties(newuser_adversarial PROPERTIES LABELS "server" TIMEOUT 240
+    ENVIRONMENT "${_adv_env}")
+endif()
