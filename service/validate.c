@@ -252,6 +252,12 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
                         "[%u][%u][%u]",
                         info.shape.num_tokens, info.shape.num_kv_heads, info.shape.head_dim,
                         m->num_tokens, m->num_kv_heads, m->head_dim);
+        /* A block is K and V: a page of one tensor (tqkv-codec encode) would be stored,
+         * counted by Lookup, and then refused by decode-kv and attention. */
+        if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0)
+            return fail(TQKV_EINVAL, err, errlen,
+                        "page: holds no %s (a block page needs K and V: tqkv-codec encode-kv)",
+                        info.codec.k.bits_x2 == 0 ? "keys" : "values");
         return TQKV_OK;
     }
 

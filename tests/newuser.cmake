@@ -28,3 +28,9 @@ if(TARGET tqkv-server AND TARGET tqkv-codec)
   set_tests_properties(newuser_adversarial PROPERTIES LABELS "server" TIMEOUT 240
     ENVIRONMENT "${_adv_env}")
 endif()
+
+if(TARGET tqkv_service)
+  tqkv_check_suite(check_adversarial
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/check_adversarial.c
+    LIBS tqkv_service LABELS "unit;server" TIMEOUT 120)
+endif()

@@ -5,7 +5,8 @@ Python grpcio (stubs generated at test time by tests/security/tqkv_harness.py).
 Inputs: every Get encoding on awkward shapes and every codec override (the BF16 Get is
 compared byte for byte with `tqkv-codec decode-kv` of the PACKED page, which checks the
 page CRC); BF16 zeros, -0, denormals, the largest finite values, one-hot vectors; codec
-overrides out of range (bits 9, 2.75, NaN, Inf, -1, 4.0000005, unknown modes); Gets with
+overrides out of range (bits 9, 2.75, NaN, Inf, -1, 4.0000005, unknown modes); a page
+of keys only; Gets with
 duplicate hashes, layer_end at and over the limit, 10k hashes; hash lengths 7/8/64/65,
 namespaces of 0/256/257 bytes. Faults: a Put stream cancelled midway, a Get stream
 cancelled after its first block, 1 ms deadlines, 200 concurrent streams on one channel,
@@ -253,6 +254,28 @@ def test_get_requests(r, srv, ref):
         r.check("namespace of %d bytes: %s" % (len(nsx), "accepted" if ok else "refused"),
                 (pc == SC.OK) if ok else (pc == IA and "namespace" in pdet), str(pdet))
     r.check("reference blocks intact after odd Gets", ref.intact())
+
+
+def test_page_put_needs_keys_and_values(r, srv, ref):
+    """A page of keys only (what `tqkv-codec encode` writes) was stored as a block,
+    counted by Lookup, then refused by decode-kv and attention on the consumer."""
+    stub = srv.stub()
+    d_ = H.tmpdir()
+    vp, pp = os.path.join(d_, "konly.bf16"), os.path.join(d_, "konly.tqp")
+    with open(vp, "wb") as f:
+        f.write(H.bf16_bytes(RNG.standard_normal((16, 128), dtype=np.float32)))
+    subprocess.run([codec_binary(), "encode", "--dim", "128", "--bits", "3", vp, pp],
+                   check=True, capture_output=True, timeout=60)
+    h = H.make_hash(0, b"konly")
+    req = pb.PutRequest(namespace="adv-konly", hash=h, layer=0, num_tokens=16, num_kv_heads=1,
+                        head_dim=128, page=H.read(pp))
+    code, det = call(stub.Put, iter([req]))
+    r.check("Put of a keys-only page -> INVALID_ARGUMENT 'page: holds no values'",
+            code == SC.INVALID_ARGUMENT and "page: holds no values" in det, "%s %s" % (code, det))
+    lk = stub.Lookup(pb.LookupRequest(namespace="adv-konly", hashes=[h], num_layers=1),
+                     timeout=10)
+    r.check("the keys-only page was not stored", lk.prefix_blocks == 0, str(lk))
+    r.check("reference blocks intact after the keys-only page", ref.intact())
 
 
 # ---- faults ----
@@ -535,6 +558,7 @@ def main():
     r.run(test_special_values, srv)
     r.run(test_codec_overrides, srv, ref)
     r.run(test_get_requests, srv, ref)
+    r.run(test_page_put_needs_keys_and_values, srv, ref)
     r.run(test_faults, srv, ref)
     r.run(test_other_methods, srv, ref)
     r.run(test_metrics, srv)
