@@ -244,8 +244,20 @@ put_job(void *arg)
     st = tqkv_store_put(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
                         m->parent_hash.len, data, plen, bf16_bytes, &j->duplicate);
     if (st != TQKV_OK) {
+        const tqkv_store_config_t *sc = &s->cfg.store;
         j->code = tqkv_status_to_grpc(st);
-        if (st == TQKV_ENOSPC)
+        if (st == TQKV_ENOSPC && sc->default_ns_quota != 0 && plen > sc->default_ns_quota)
+            snprintf(j->err, ERRLEN,
+                     "store: a %zu-byte page cannot fit in namespace '%s': its quota is %llu "
+                     "bytes (--ns-quota)",
+                     plen, m->namespace_, (unsigned long long)sc->default_ns_quota);
+        else if (st == TQKV_ENOSPC && plen > sc->dram_capacity && plen > sc->hbm_capacity)
+            snprintf(j->err, ERRLEN,
+                     "store: a %zu-byte page is larger than every tier (--dram-capacity %llu, "
+                     "--hbm-capacity %llu)",
+                     plen, (unsigned long long)sc->dram_capacity,
+                     (unsigned long long)sc->hbm_capacity);
+        else if (st == TQKV_ENOSPC)
             snprintf(j->err, ERRLEN,
                      "store full: no room for a %zu-byte page in namespace '%s' and nothing "
                      "may be evicted (every candidate is leased by a Lookup, read, or the "

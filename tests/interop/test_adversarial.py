@@ -11,8 +11,9 @@ duplicate hashes, layer_end at and over the limit, 10k hashes; hash lengths 7/8/
 namespaces of 0/256/257 bytes. Faults: a Put stream cancelled midway, a Get stream
 cancelled after its first block, 1 ms deadlines, 200 concurrent streams on one channel,
 messages one byte over --max-message-bytes, a block whose Get response cannot fit in
---max-message-bytes. Afterwards: reference blocks byte-identical, the server serving,
-Delete/Stats/Health/reflection answers and the metrics that count the faults. Flags:
+--max-message-bytes, a page larger than --ns-quota or than every tier. Afterwards:
+reference blocks byte-identical, the server serving, Delete/Stats/Health/reflection
+answers and the metrics that count the faults. Flags:
 every tqkv-server flag and TQKV_* variable with a bad value exits 2 naming it.
 
 Usage: test_adversarial.py (TQKV_SERVER, TQKV_CODEC, TQKV_SOURCE_DIR in the environment;
@@ -427,6 +428,24 @@ def test_response_over_max_message(r):
     r.stop(srv, "max-message server")
 
 
+def test_page_larger_than_store(r):
+    """A page larger than the namespace quota or than every tier was refused with "nothing
+    may be evicted (every candidate is leased by a Lookup, read, or the parent of a kept
+    block ...)": nothing was leased, the page can never fit."""
+    for args, want in ((["--ns-quota", "4K"], "its quota is 4096 bytes (--ns-quota)"),
+                       (["--dram-capacity", "4K"], "larger than every tier (--dram-capacity 4096")):
+        srv = H.Server("--threads", "2", "--encoder-threads", "2", *args)
+        stub = srv.stub()
+        h = H.make_hash(0, b"huge")
+        code, det = call(stub.Put, iter([H.put_request("adv-big", h, 0, tokens=64, dim=128)]))
+        r.check("%s: a page that can never fit -> RESOURCE_EXHAUSTED saying why" % " ".join(args),
+                code == SC.RESOURCE_EXHAUSTED and want in det, "%s %s" % (code, det))
+        code, rs = get(stub, "adv-big", [h])
+        r.check("%s: nothing stored, server serving" % " ".join(args),
+                code == SC.OK and not rs[0].found)
+        r.stop(srv, "server %s" % " ".join(args))
+
+
 # ---- the other methods, reflection, metrics ----
 
 def test_other_methods(r, srv, ref):
@@ -563,6 +582,7 @@ def main():
     r.run(test_other_methods, srv, ref)
     r.run(test_metrics, srv)
     r.run(test_response_over_max_message)
+    r.run(test_page_larger_than_store)
     r.check("reference blocks intact at the end", ref.intact())
     r.stop(srv)
     r.finish()
