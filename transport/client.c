@@ -1463,11 +1463,14 @@ typedef struct getop {
     tqkv_get_cb_t cb;
     void *arg;
     size_t n, L, nc, round;
-    uint8_t *done; /* n * L: reported */
+    uint8_t *done;    /* n * L: reported */
+    uint8_t *corrupt; /* n * L: 1 + the target whose copy failed its CRC (0: none); a later
+                         miss is then no miss */
     int canceled;
     scratch_t sc, sv;
     size_t shift;    /* offset from the scratch base that aligned the last page */
-    size_t bad_hash; /* the page that failed its CRC (get_message returned 1) */
+    size_t bad_hash; /* the page that failed its CRC (get_message returned 1), and where */
+    size_t bad_target;
     uint32_t bad_layer;
 } getop_t;
 
@@ -1637,13 +1640,19 @@ get_message(getop_t *g, rpc_t *r)
         return 0;
     if (bad_crc) {
         /* never handed out: another replica may hold a good copy */
+        g->corrupt[slot] = (uint8_t)(r->target + 1);
         if (g->round + 1 < g->nc)
             return 0;
-        g->bad_hash = gi, g->bad_layer = m.layer;
+        g->bad_hash = gi, g->bad_layer = m.layer, g->bad_target = r->target;
         return 1;
     }
     if (!m.found && g->round + 1 < g->nc)
         return 0; /* ask the next candidate */
+    if (!m.found && g->corrupt[slot]) {
+        /* the only copies found were corrupt: an error, not a miss to recompute */
+        g->bad_hash = gi, g->bad_layer = m.layer, g->bad_target = g->corrupt[slot] - 1u;
+        return 1;
+    }
     g->done[slot] = 1;
     tqkv_get_page_t pg;
     memset(&pg, 0, sizeof pg);
@@ -1695,8 +1704,9 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     size_t *start = malloc((c->nt + 1) * sizeof *start);
     rpc_t *rs = calloc(c->nt, sizeof *rs);
     g.done = calloc(n * g.L, 1);
+    g.corrupt = calloc(n * g.L, 1);
     gpr_timespec dl = deadline_after(q->deadline_ms ? q->deadline_ms : c->deadline_ms);
-    if (!cand || !hb || !gidx || !start || !rs || !g.done) {
+    if (!cand || !hb || !gidx || !start || !rs || !g.done || !g.corrupt) {
         st = set_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
     }
@@ -1777,8 +1787,8 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                     if (st == TQKV_OK && bad > 0)
                         st = set_err(TQKV_ECORRUPT, 0,
                                      "%s: page of hash %zu layer %u failed its CRC32C check "
-                                     "(not delivered; no other replica to ask)",
-                                     c->t[r->target].name, g.bad_hash, g.bad_layer);
+                                     "(not delivered; no replica left with a good copy)",
+                                     c->t[g.bad_target].name, g.bad_hash, g.bad_layer);
                     else if (st == TQKV_OK)
                         st = set_err(TQKV_EINTERNAL, 0, "%s: malformed GetResponse",
                                      c->t[r->target].name);
@@ -1798,9 +1808,15 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
             if (!started[t])
                 continue;
             if (rs[t].call && !g.canceled) {
+                /* rpc_result records the call's status in the thread's error (a call
+                 * cancelled above for a bad page reads CANCELLED): the caller reads the
+                 * error of the status returned, the first failure */
+                tqkv_client_error_t first = last_err;
                 tqkv_status_t s2 = rpc_result(c, &rs[t]);
                 if (s2 != TQKV_OK && st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE))
                     st = s2;
+                else if (st != TQKV_OK)
+                    last_err = first;
             }
             rpc_fini(&rs[t]);
         }
@@ -1809,6 +1825,16 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     if (g.canceled) {
         st = set_err(TQKV_ECANCELED, (int)GRPC_STATUS_CANCELLED, "get: canceled by callback");
     } else if (st == TQKV_OK) {
+        /* A page whose copies failed their CRC and whose later candidates were down. */
+        for (size_t i = 0; i < n * g.L && st == TQKV_OK; i++)
+            if (!g.done[i] && g.corrupt[i])
+                st = set_err(TQKV_ECORRUPT, 0,
+                             "%s: page of hash %zu layer %u failed its CRC32C check (not "
+                             "delivered; no replica left with a good copy)",
+                             c->t[g.corrupt[i] - 1u].name, i / g.L,
+                             q->layer_begin + (uint32_t)(i % g.L));
+    }
+    if (st == TQKV_OK && !g.canceled) {
         /* What no candidate had, in layer-major order. */
         for (size_t l = 0; l < g.L && !g.canceled; l++) {
             for (size_t i = 0; i < n && !g.canceled; i++) {
@@ -1833,6 +1859,7 @@ out:
     free(start);
     free(rs);
     free(g.done);
+    free(g.corrupt);
     free(g.sc.mem);
     free(g.sv.mem);
     return st;
