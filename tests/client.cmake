@@ -31,6 +31,16 @@ if(TARGET tqkv-server)
   set_tests_properties(check_client_tls PROPERTIES
     ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>;LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_BINARY_DIR}/client_tls.lsan")
 
+  # libtqkv's Get page CRC check: real servers behind an in-process proxy that flips one
+  # bit inside pages on the wire (single target: TQKV_ECORRUPT; R = 2: the other replica).
+  tqkv_check_suite(check_client_crc
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client_crc.c
+    LIBS tqkv
+    LABELS server fault
+    TIMEOUT 300)
+  set_tests_properties(check_client_crc PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+
   tqkv_check_suite(check_shard
     SOURCES ${PROJECT_SOURCE_DIR}/tests/check_shard.c
     LIBS tqkv
