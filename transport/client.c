@@ -1603,15 +1603,20 @@ get_message(getop_t *g, rpc_t *r)
             return -1;
     }
     int crc_checked = 0;
-    if (m.page && m.found && m.page_len >= TQKV_PAGE_HEADER_BYTES) {
+    if (m.page && m.found) {
         tqkv_page_header_t h;
-        memcpy(&h, m.page, sizeof h);
-        if (h.page_bytes == m.page_len) {
-            /* a page field other than the one copied with its CRC (a repeated field:
-             * the last one wins) is checked on its own */
-            if (!fused || m.page != dst + ps)
-                crc = tqkv_page_crc(m.page, m.page_len);
-            crc_checked = crc == h.crc32c ? 1 : -1;
+        /* The server sends whole pages: one shorter than a header, or whose header gives
+         * another length, was damaged (in the length field itself, say) and fails too. */
+        crc_checked = -1;
+        if (m.page_len >= TQKV_PAGE_HEADER_BYTES) {
+            memcpy(&h, m.page, sizeof h);
+            if (h.page_bytes == m.page_len) {
+                /* a page field other than the one copied with its CRC (a repeated field:
+                 * the last one wins) is checked on its own */
+                if (!fused || m.page != dst + ps)
+                    crc = tqkv_page_crc(m.page, m.page_len);
+                crc_checked = crc == h.crc32c ? 1 : -1;
+            }
         }
     }
     int bad_crc = crc_checked < 0;

@@ -188,8 +188,8 @@ typedef struct tqkv_get_page {
     int target;        /* index of the target that answered (-1 for a final miss) */
     /* 1: the library checked the packed page's CRC32C (in the pass that copies it out of
      * the gRPC buffers). A page failing it is never delivered: the next replica is asked,
-     * and with none left the Get fails with TQKV_ECORRUPT. 0: not checked (BF16, or a
-     * page whose header does not describe the received length: validate it yourself). */
+     * and with none left the Get fails with TQKV_ECORRUPT (so does a page shorter than a
+     * header or whose header gives another length). 0: not checked (BF16: no page). */
     int crc_checked;
 } tqkv_get_page_t;
 
