@@ -76,6 +76,33 @@ put_escaped(char *buf, size_t cap, size_t *pos, const char *s, size_t n)
     }
 }
 
+/* put_escaped of a field value; in a quoted one (written by tqkv_log_quote) "\\x"
+ * stands for x. */
+static void
+put_value(char *buf, size_t cap, size_t *pos, const char *v, size_t vl, int quoted)
+{
+    for (size_t i = 0; i < vl; i++) {
+        if (quoted && v[i] == '\\' && i + 1 < vl)
+            i++;
+        put_escaped(buf, cap, pos, v + i, 1);
+    }
+}
+
+size_t
+tqkv_log_quote(char *dst, size_t cap, const char *s)
+{
+    size_t n = 0;
+    if (cap == 0)
+        return 0;
+    for (; s && *s && n + 3 <= cap; s++) {
+        if (*s == '"' || *s == '\\')
+            dst[n++] = '\\';
+        dst[n++] = *s;
+    }
+    dst[n] = '\0';
+    return n;
+}
+
 static void
 put_raw(char *buf, size_t cap, size_t *pos, const char *s)
 {
@@ -126,12 +153,17 @@ tqkv_log_format_line(char *buf, size_t cap, tqkv_log_format_t format, tqkv_log_l
         size_t kl = (size_t)(p - k);
         const char *v = "";
         size_t vl = 0;
+        int quoted = 0;
         if (*p == '=') {
             p++;
             if (*p == '"') {
+                quoted = 1;
                 v = ++p;
-                while (*p && !(*p == '"' && p[-1] != '\\'))
+                while (*p && *p != '"') {
+                    if (*p == '\\' && p[1])
+                        p++; /* an escaped '"' or '\\' */
                     p++;
+                }
                 vl = (size_t)(p - v);
                 if (*p == '"')
                     p++;
@@ -146,16 +178,16 @@ tqkv_log_format_line(char *buf, size_t cap, tqkv_log_format_t format, tqkv_log_l
             put_raw(buf, cap, &pos, ",\"");
             put_escaped(buf, cap, &pos, k, kl);
             put_raw(buf, cap, &pos, "\":\"");
-            put_escaped(buf, cap, &pos, v, vl);
+            put_value(buf, cap, &pos, v, vl, quoted);
             put_raw(buf, cap, &pos, "\"");
         } else {
             put_raw(buf, cap, &pos, " ");
             put_escaped(buf, cap, &pos, k, kl);
             put_raw(buf, cap, &pos, "=");
-            int quote = memchr(v, ' ', vl) != NULL || vl == 0;
+            int quote = memchr(v, ' ', vl) != NULL || memchr(v, '"', vl) != NULL || vl == 0;
             if (quote)
                 put_raw(buf, cap, &pos, "\"");
-            put_escaped(buf, cap, &pos, v, vl);
+            put_value(buf, cap, &pos, v, vl, quoted);
             if (quote)
                 put_raw(buf, cap, &pos, "\"");
         }

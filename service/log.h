@@ -2,7 +2,10 @@
  *
  * A line is: ts, level, msg, then the caller's fields. Fields are passed as one
  * printf-formatted string of space-separated `key=value` pairs; a value containing
- * spaces must be double-quoted ("path=\"a b\""). Thread-safe: one fputs per line.
+ * spaces must be double-quoted ("path=\"a b\""), and inside the quotes '"' and '\\'
+ * are escaped with '\\' (tqkv_log_quote does it: use it for any text a client can
+ * choose, or a '"' in it would end the value and forge fields). Thread-safe: one fputs
+ * per line.
  */
 #ifndef TQKV_SERVICE_LOG_H
 #define TQKV_SERVICE_LOG_H
@@ -33,6 +36,10 @@ tqkv_status_t tqkv_log_format_parse(const char *s, tqkv_log_format_t *out);
 
 /* Non-zero when a line at level would be written. */
 int tqkv_log_enabled(tqkv_log_level_t level);
+
+/* Copies s (NULL = "") into dst[0..cap) with '"' and '\\' escaped for a quoted field
+ * value; truncates to fit, always NUL-terminates (cap > 0). Returns the length. */
+size_t tqkv_log_quote(char *dst, size_t cap, const char *s);
 
 /* Writes one line. fields (may be NULL) is a printf format of "key=value" pairs. */
 void tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)

@@ -203,9 +203,12 @@ tqkv__call_finish(tqkv__call_t *c, grpc_status_code code, const char *msg, grpc_
     ops[n].data.send_status_from_server.status = code;
     ops[n].data.send_status_from_server.status_details = &details;
     n++;
-    if (code != GRPC_STATUS_OK && tqkv_log_enabled(TQKV_LOG_DEBUG))
+    if (code != GRPC_STATUS_OK && tqkv_log_enabled(TQKV_LOG_DEBUG)) {
+        char q[700]; /* details echo client text (namespaces, reflection symbols) */
+        tqkv_log_quote(q, sizeof q, msg);
         tqkv_log(TQKV_LOG_DEBUG, "call failed", "method=%s code=%d detail=\"%s\"",
-                 handler_of(c->method)->metric, (int)code, msg ? msg : "");
+                 handler_of(c->method)->metric, (int)code, q);
+    }
     tqkv__call_set_state(c, TQKV__CS_STATUS);
     if (start(c, ops, n, TQKV__TAG_STATUS) != GRPC_CALL_OK) {
         if (last) {

@@ -51,7 +51,9 @@ main(int argc, char **argv)
 
     tqkv_server_t *srv = NULL;
     if (tqkv_server_create(&cfg, &srv, err, sizeof err) != TQKV_OK) {
-        tqkv_log(TQKV_LOG_ERROR, "start-up failed", "error=\"%s\"", err);
+        char q[1024];
+        tqkv_log_quote(q, sizeof q, err);
+        tqkv_log(TQKV_LOG_ERROR, "start-up failed", "error=\"%s\"", q);
         fprintf(stderr, "tqkv-server: %s\n", err);
         return 1;
     }

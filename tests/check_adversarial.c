@@ -2,7 +2,9 @@
  * (tests/interop/test_adversarial.py): a page Put whose page holds only keys (what
  * `tqkv-codec encode` writes) or only values was stored as a block, counted by Lookup,
  * and then refused by decode-kv and attention; a codec override of 4.0000005 bits was
- * reported as "4 is not a supported bit width (..., 4)".
+ * reported as "4 is not a supported bit width (..., 4)"; a '"' in a call's error detail
+ * (which echoes namespaces and reflection symbols) ended the logged value, so a client
+ * could forge fields ("level":"error") in the debug log.
  */
 #include <check.h>
 #include <stdint.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "service/log.h"
 #include "service/validate.h"
 #include "check_main.h"
 
@@ -146,6 +149,42 @@ START_TEST(codec_bits_printed_exactly)
 }
 END_TEST
 
+/* Counts the occurrences of needle in s. */
+static int
+count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+START_TEST(log_fields_cannot_be_forged)
+{
+    const char *detail = "namespace: 'x\"level=\"error\"msg=\"forged' holds no blocks\\";
+    char q[256], fields[400], line[1024];
+    tqkv_log_quote(q, sizeof q, detail);
+    snprintf(fields, sizeof fields, "method=Delete code=5 detail=\"%s\" after=1", q);
+    size_t n = tqkv_log_format_line(line, sizeof line, TQKV_LOG_JSON, TQKV_LOG_DEBUG, "call failed",
+                                    fields);
+    ck_assert_uint_eq(n, strlen(line));
+    ck_assert_msg(count(line, "\"level\":") == 1, "%s", line);
+    ck_assert_msg(count(line, "\"msg\":") == 1, "%s", line);
+    ck_assert_msg(strstr(line, "\"detail\":\"namespace: 'x\\\"level=\\\"error\\\"msg=\\\"forged' "
+                               "holds no blocks\\\\\",\"after\":\"1\"}") != NULL,
+                  "%s", line);
+    n = tqkv_log_format_line(line, sizeof line, TQKV_LOG_TEXT, TQKV_LOG_DEBUG, "call failed",
+                             fields);
+    ck_assert_msg(count(line, " level=") == 1, "%s", line);
+    ck_assert_msg(strstr(line, " after=1\n") != NULL, "%s", line);
+    /* Quoting truncates to the buffer and never splits an escape. */
+    char tiny[8];
+    ck_assert_uint_le(tqkv_log_quote(tiny, sizeof tiny, "\"\"\"\"\"\""), 6);
+    ck_assert_uint_eq(strlen(tiny) % 2, 0);
+    ck_assert_uint_eq(tqkv_log_quote(tiny, sizeof tiny, NULL), 0);
+}
+END_TEST
+
 static Suite *
 adversarial_suite(void)
 {
@@ -153,6 +192,7 @@ adversarial_suite(void)
     TCase *tc = tcase_create("validate");
     tcase_add_test(tc, page_put_needs_keys_and_values);
     tcase_add_test(tc, codec_bits_printed_exactly);
+    tcase_add_test(tc, log_fields_cannot_be_forged);
     suite_add_tcase(s, tc);
     return s;
 }
