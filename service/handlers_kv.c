@@ -950,9 +950,25 @@ lookup_start(tqkv__call_t *c)
     }
     if (!auth_or_finish(c, r->namespace_, TQKV_AUTH_READ))
         goto out;
+    /* The response echoes every hash with its tier, so it is larger than the request:
+     * one that could exceed the send limit is refused before any lease is taken (gRPC
+     * would fail it with a message naming neither the cause nor a remedy). */
+    uint64_t bound = 6; /* prefix_blocks */
     for (size_t i = 0; i < n; i++) {
         hp[i] = r->hashes[i].data;
         hl[i] = r->hashes[i].len;
+        uint64_t bi = 1 + varint_len(hl[i]) + hl[i] + 2; /* hash, tier */
+        bound += 1 + varint_len(bi) + bi;
+    }
+    if (bound > c->srv->limits.max_message_bytes) {
+        char msg[ERRLEN];
+        snprintf(msg, sizeof msg,
+                 "hashes: the response to %zu hashes can reach %llu bytes, over the server's "
+                 "--max-message-bytes %llu (send fewer hashes per Lookup)",
+                 n, (unsigned long long)bound,
+                 (unsigned long long)c->srv->limits.max_message_bytes);
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
+        goto out;
     }
     uint32_t prefix = 0;
     tqkv_status_t st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp,

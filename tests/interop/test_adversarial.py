@@ -5,16 +5,16 @@ Python grpcio (stubs generated at test time by tests/security/tqkv_harness.py).
 Inputs: every Get encoding on awkward shapes and every codec override (the BF16 Get is
 compared byte for byte with `tqkv-codec decode-kv` of the PACKED page, which checks the
 page CRC); BF16 zeros, -0, denormals, the largest finite values, one-hot vectors; codec
-overrides out of range (bits 9, 2.75, NaN, Inf, -1, 4.0000005, unknown modes); a page
-of keys only; Gets with
-duplicate hashes, layer_end at and over the limit, 10k hashes; hash lengths 7/8/64/65,
-namespaces of 0/256/257 bytes. Faults: a Put stream cancelled midway, a Get stream
-cancelled after its first block, 1 ms deadlines, 200 concurrent streams on one channel,
-messages one byte over --max-message-bytes, a block whose Get response cannot fit in
---max-message-bytes, a page larger than --ns-quota or than every tier. Afterwards:
-reference blocks byte-identical, the server serving, Delete/Stats/Health/reflection
-answers and the metrics that count the faults. Flags:
-every tqkv-server flag and TQKV_* variable with a bad value exits 2 naming it.
+overrides out of range (bits 9, 2.75, NaN, Inf, -1, 4.0000005, unknown modes); a page of
+keys only; Gets with duplicate hashes, layer_end at and over the limit, 10k hashes; hash
+lengths 7/8/64/65, namespaces of 0/256/257 bytes. Faults: a Put stream cancelled
+midway, a Get stream cancelled after its first block, 1 ms deadlines, 200 concurrent
+streams on one channel, messages one byte over --max-message-bytes, a block whose Get
+response cannot fit in --max-message-bytes, a Lookup whose answer cannot, a page larger
+than --ns-quota or than every tier. Afterwards: reference blocks byte-identical, the
+server serving, Delete/Stats/Health/reflection answers and the metrics that count the
+faults. Flags: every tqkv-server flag and TQKV_* variable with a bad value exits 2
+naming it.
 
 Usage: test_adversarial.py (TQKV_SERVER, TQKV_CODEC, TQKV_SOURCE_DIR in the environment;
 TQKV_SANITIZED=1 shortens the loops).
@@ -428,6 +428,27 @@ def test_response_over_max_message(r):
     r.stop(srv, "max-message server")
 
 
+def test_lookup_response_over_max_message(r):
+    """A Lookup answers every hash with its tier, so its response is larger than the
+    request: 992 hashes of 64 bytes fit in a 64 KiB request and not in the response
+    (was gRPC's bare "Sent message larger than max")."""
+    srv = H.Server("--threads", "2", "--encoder-threads", "2", "--max-message-bytes", "64K")
+    stub = srv.stub()
+    h0 = bytes(64)
+    H.put_blocks(stub, [H.put_request("adv-lk", h0, 0)])
+    hs = [h0] + [i.to_bytes(64, "little") for i in range(1, 992)]
+    req = pb.LookupRequest(namespace="adv-lk", hashes=hs, num_layers=1, lease_ms=60000)
+    code, det = call(stub.Lookup, req, timeout=30)
+    r.check("Lookup of 992 64-byte hashes (request %d bytes) -> RESOURCE_EXHAUSTED saying so"
+            % req.ByteSize(), code == SC.RESOURCE_EXHAUSTED and "send fewer hashes" in det
+            and "--max-message-bytes 65536" in det, "%s %s" % (code, det))
+    code, lk = call(stub.Lookup, pb.LookupRequest(namespace="adv-lk", hashes=hs[:900],
+                                                  num_layers=1), timeout=30)
+    r.check("Lookup of 900 such hashes answers", code == SC.OK and lk.prefix_blocks == 1
+            and len(lk.blocks) == 900, str(code))
+    r.stop(srv, "64K server")
+
+
 def test_page_larger_than_store(r):
     """A page larger than the namespace quota or than every tier was refused with "nothing
     may be evicted (every candidate is leased by a Lookup, read, or the parent of a kept
@@ -583,6 +604,7 @@ def main():
     r.run(test_metrics, srv)
     r.run(test_response_over_max_message)
     r.run(test_page_larger_than_store)
+    r.run(test_lookup_response_over_max_message)
     r.check("reference blocks intact at the end", ref.intact())
     r.stop(srv)
     r.finish()
