@@ -192,15 +192,34 @@ copy_str(char *dst, size_t cap, const char *v)
     return 0;
 }
 
-/* Checks HOST:PORT: a non-empty host (or [v6]) and a port 0..65535. */
+/* Checks HOST:PORT: a port 0..65535 and a non-empty host: a name or IPv4 address
+ * (letters, digits, '-', '.', '_') or [IPv6] (hex digits, ':', '.', then an optional
+ * %zone). Anything else ("[::1", "::1:80", "a b:80") failed later as "cannot bind". */
 static int
 listen_ok(const char *v)
 {
     const char *colon = strrchr(v, ':');
     unsigned long long port;
-    if (colon == NULL || colon == v)
+    if (colon == NULL || colon == v || parse_uint(colon + 1, 65535, &port) != TQKV_OK)
         return 0;
-    return parse_uint(colon + 1, 65535, &port) == TQKV_OK;
+    size_t hl = (size_t)(colon - v), i = 0, end = hl;
+    int zone = 0;
+    if (v[0] == '[') {
+        if (hl < 3 || v[hl - 1] != ']')
+            return 0;
+        i = 1;
+        end = hl - 1;
+    }
+    for (; i < end; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if (v[0] == '[' && !zone && ch == '%' && i + 1 < end)
+            zone = 1;
+        else if (v[0] == '[' && !zone && !isxdigit(ch) && ch != ':' && ch != '.')
+            return 0;
+        else if ((v[0] != '[' || zone) && !isalnum(ch) && ch != '-' && ch != '.' && ch != '_')
+            return 0;
+    }
+    return 1;
 }
 
 /* Applies one option; codec policy settings go to *pol (&cfg->policy, or a namespace's

@@ -554,7 +554,8 @@ def test_metrics(r, srv):
 # ---- flags ----
 
 BAD_FLAGS = [
-    ("--listen", "127.0.0.1:99999"), ("--threads", "0"), ("--encoder-threads", "x"),
+    ("--listen", "127.0.0.1:99999"), ("--listen", "[::1"), ("--listen", "::1:50051"),
+    ("--listen", "a b:1"), ("--metrics-listen", "[]:9090"), ("--threads", "0"), ("--encoder-threads", "x"),
     ("--dram-capacity", "-1G"), ("--hbm-capacity", "1.5G"), ("--hbm-standin", "=maybe"),
     ("--device", "-2"), ("--max-message-bytes", "3G"), ("--max-streams", "0"),
     ("--key-bits", "2.75"), ("--value-bits", "nan"), ("--key-mode", "PROD"),
@@ -568,6 +569,9 @@ BAD_FLAGS = [
 
 
 def test_flags(r):
+    """Bad values exit 2 naming the flag or variable. Hosts that are not a name, an IPv4
+    address or [IPv6] ("[::1", "::1:50051", "a b:1") were accepted and failed later with
+    exit 1 "cannot bind (address in use or invalid)"."""
     srv = H.server_binary()
     env0 = {k: v for k, v in os.environ.items() if not k.startswith("TQKV_")}
     for flag, value in BAD_FLAGS:
