@@ -688,8 +688,16 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         goto fail_metrics;
     }
     if (cfg->auth_tokens[0] &&
-        (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK)
+        (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK) {
+        /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
+         * come from TQKV_AUTH_TOKENS: name the setting too) */
+        size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
+        if (el + pl < errlen) {
+            memmove(err + pl, err, el + 1);
+            memcpy(err, "--auth-tokens ", pl);
+        }
         goto fail_auth;
+    }
     if ((st = tqkv__reflection_create(&s->refl, err, errlen)) != TQKV_OK)
         goto fail_refl;
     if (cfg->tls_cert[0]) {

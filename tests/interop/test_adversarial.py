@@ -555,7 +555,8 @@ def test_metrics(r, srv):
 
 BAD_FLAGS = [
     ("--listen", "127.0.0.1:99999"), ("--listen", "[::1"), ("--listen", "::1:50051"),
-    ("--listen", "a b:1"), ("--metrics-listen", "[]:9090"), ("--threads", "0"), ("--encoder-threads", "x"),
+    ("--listen", "a b:1"), ("--metrics-listen", "[]:9090"), ("--threads", "0"),
+    ("--encoder-threads", "x"),
     ("--dram-capacity", "-1G"), ("--hbm-capacity", "1.5G"), ("--hbm-standin", "=maybe"),
     ("--device", "-2"), ("--max-message-bytes", "3G"), ("--max-streams", "0"),
     ("--key-bits", "2.75"), ("--value-bits", "nan"), ("--key-mode", "PROD"),
@@ -586,6 +587,16 @@ def test_flags(r):
         p = subprocess.run([srv], capture_output=True, text=True, timeout=20, env=env)
         r.check("%s=%s -> exit 2 naming the variable" % (var, env[var]),
                 p.returncode == 2 and var in p.stderr, "rc %d: %s" % (p.returncode, p.stderr))
+    # A token file that cannot be read: start-up fails (exit 1) naming the setting and
+    # the path (the message named only the path, which may come from TQKV_AUTH_TOKENS).
+    missing = os.path.join(H.tmpdir(), "no-such-tokens")
+    for args, env in ((["--auth-tokens", missing], env0),
+                      ([], dict(env0, TQKV_AUTH_TOKENS=missing))):
+        p = subprocess.run([srv, "--listen", "127.0.0.1:0"] + args, capture_output=True,
+                           text=True, timeout=20, env=env)
+        r.check("unreadable token file (%s) -> exit 1 naming --auth-tokens and the path" %
+                ("flag" if args else "variable"), p.returncode == 1 and
+                ("--auth-tokens " + missing) in p.stderr, "rc %d: %s" % (p.returncode, p.stderr))
     for flag in ("--listen", "--threads", "--seed"):
         p = subprocess.run([srv, flag], capture_output=True, text=True, timeout=20, env=env0)
         r.check("%s without a value -> exit 2 naming it" % flag,
