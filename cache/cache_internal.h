@@ -103,6 +103,8 @@ tqkv_pool_t *tqkv__store_pool(tqkv_store_t *s, tqkv_tier_t tier);
  * TQKV_ENOTFOUND when absent, TQKV_EINVAL when offset is out of range. */
 tqkv_status_t tqkv__store_debug_corrupt(tqkv_store_t *s, const tqkv_block_key_t *key,
                                         size_t offset);
+/* Moves the store's clock (leases) forward by ms. */
+void tqkv__store_debug_advance_clock(tqkv_store_t *s, uint64_t ms);
 /* Runs one demotion/lease-reaping pass synchronously (what the background thread does). */
 void tqkv__store_maintain(tqkv_store_t *s);
 /* Checks internal invariants (accounting vs. index contents); TQKV_EINTERNAL on a

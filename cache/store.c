@@ -82,7 +82,9 @@ typedef struct entry {
     struct entry *sib_prev, *sib_next; /* the orphan's kids list: evict_lock */
     copy_t *cur;                       /* current copy: stripe lock (+ evict lock to swap) */
     uint64_t bf16;                     /* BF16 bytes represented */
-    _Atomic uint32_t lease_until;      /* ms since the store epoch; evictor skips until then */
+    _Atomic uint64_t lease_until;      /* ms since the store epoch; evictor skips until then
+                                          (64-bit: a 32-bit one wrapped after 24.9 days and
+                                          revived every expired lease for as long again) */
     _Atomic uint32_t sref;             /* struct lifetime */
     uint32_t children;                 /* linked children counting us: evict_lock */
     uint32_t layer;
@@ -164,6 +166,7 @@ struct tqkv_store {
     size_t ns_cap, ns_count;
 
     struct timespec epoch;
+    _Atomic int64_t clock_skew_ms; /* added to the clock (tqkv__store_debug_advance_clock) */
 
     pthread_mutex_t maint_lock; /* one maintenance pass at a time (outermost lock) */
     pthread_mutex_t bg_lock;    /* bg_stop and bg_cond */
@@ -221,14 +224,15 @@ stripe_of(tqkv_store_t *s, uint64_t hv)
     return &s->stripes[hv >> 56];
 }
 
-static uint32_t
+static uint64_t
 now_ms(tqkv_store_t *s)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     int64_t ms =
         (int64_t)(t.tv_sec - s->epoch.tv_sec) * 1000 + (t.tv_nsec - s->epoch.tv_nsec) / 1000000;
-    return ms < 0 ? 0 : (uint32_t)ms;
+    ms += atomic_load_explicit(&s->clock_skew_ms, memory_order_relaxed);
+    return ms < 0 ? 0 : (uint64_t)ms;
 }
 
 static void
@@ -617,7 +621,7 @@ do_unlink(tqkv_store_t *s, entry_t *e, int evicted)
 typedef struct victim_filter {
     tqkv_store_t *s;
     ns_rec_t *ns; /* only this namespace, or NULL */
-    uint32_t now;
+    uint64_t now;
 } victim_filter_t;
 
 static int
@@ -627,8 +631,8 @@ evictable(tqkv__evq_node_t *n, void *arg)
     entry_t *e = (entry_t *)n;
     if (f->ns != NULL && e->blk->ns != f->ns)
         return 0;
-    uint32_t lease = atomic_load_explicit(&e->lease_until, memory_order_relaxed);
-    return lease == 0 || (int32_t)(lease - f->now) <= 0;
+    uint64_t lease = atomic_load_explicit(&e->lease_until, memory_order_relaxed);
+    return lease <= f->now;
 }
 
 /* Evicts one page of `tier` by the policy, or with ns non-NULL the oldest evictable leaf
@@ -1459,7 +1463,8 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
                   uint32_t *prefix_blocks, uint8_t *tiers_out)
 {
     ns_rec_t *ns;
-    uint32_t prefix = 0, until = 0;
+    uint32_t prefix = 0;
+    uint64_t until = 0;
     int running = 1;
 
     if (s == NULL || prefix_blocks == NULL || (n > 0 && (hashes == NULL || hash_lens == NULL)) ||
@@ -1472,8 +1477,6 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
     ns = ns_find(s, ns_name, ns_len);
     if (lease_ms > 0) {
         until = now_ms(s) + lease_ms;
-        if (until == 0)
-            until = 1;
     }
     for (size_t i = 0; i < n; i++) {
         uint8_t tier = TQKV_TIER_NONE;
@@ -1496,9 +1499,9 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
                     tier = slow;
                     if (running && until != 0)
                         for (l = 0; l < num_layers; l++) {
-                            _Atomic uint32_t *lu = &b->layers[l]->lease_until;
-                            uint32_t cur = atomic_load_explicit(lu, memory_order_relaxed);
-                            if (cur == 0 || (int32_t)(until - cur) > 0)
+                            _Atomic uint64_t *lu = &b->layers[l]->lease_until;
+                            uint64_t cur = atomic_load_explicit(lu, memory_order_relaxed);
+                            if (until > cur)
                                 atomic_store_explicit(lu, until, memory_order_relaxed);
                         }
                 }
@@ -1724,6 +1727,12 @@ tqkv__store_pool(tqkv_store_t *s, tqkv_tier_t tier)
     if (s == NULL || tier <= TQKV_TIER_NONE || tier >= TQKV_TIER_COUNT)
         return NULL;
     return s->pool[tier];
+}
+
+void
+tqkv__store_debug_advance_clock(tqkv_store_t *s, uint64_t ms)
+{
+    atomic_fetch_add_explicit(&s->clock_skew_ms, (int64_t)ms, memory_order_relaxed);
 }
 
 tqkv_status_t

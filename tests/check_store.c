@@ -688,6 +688,43 @@ START_TEST(test_lease_pins)
 }
 END_TEST
 
+START_TEST(test_lease_clock_wrap)
+{
+    /* Leases are ms since the store's epoch. Kept in 32 bits they wrapped after 24.9 days:
+     * an expired lease then read as live for 24.9 days more (its page unevictable) and a
+     * new Lookup could not renew it. The clock is moved, not waited for. */
+    tqkv_store_t *s = mkstore(5 * 1000, 0, TQKV_EVICT_LRU);
+    uint8_t h[2][32];
+    const uint8_t *hp[2] = {h[0], h[1]};
+    size_t hl[2] = {32, 32};
+    uint32_t prefix;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
+        st_hash(h[i], 6, (uint64_t)i);
+    }
+    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), hp, hl, 1, 1, 1000, &prefix, NULL),
+                     TQKV_OK);
+    ck_assert_uint_eq(prefix, 1);
+    /* 2^31 ms + 5 s later the 1 s lease is long over: page 0 (the oldest) is evictable */
+    tqkv__store_debug_advance_clock(s, ((uint64_t)1 << 31) + 5000);
+    for (int i = 10; i < 20; i++)
+        ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
+    ck_assert(!present(s, NS_A, 6, 0, 1));
+    ck_assert(!present(s, NS_A, 6, 1, 1));
+    /* past 2^32 ms a new lease still pins (a wrapped clock made until < now) */
+    tqkv__store_debug_advance_clock(s, (uint64_t)1 << 32);
+    st_hash(h[0], 6, 19);
+    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), hp, hl, 1, 1, 60000, &prefix, NULL),
+                     TQKV_OK);
+    ck_assert_uint_eq(prefix, 1);
+    for (int i = 30; i < 40; i++)
+        ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
+    ck_assert(present(s, NS_A, 6, 19, 1));
+    ck_assert(!present(s, NS_A, 6, 30, 1)); /* the others went */
+    drain_and_destroy(s);
+}
+END_TEST
+
 START_TEST(test_demotion_and_promotion)
 {
     tqkv_store_config_t c;
@@ -989,6 +1026,7 @@ store_suite(void)
     tcase_add_test(tc, test_regression_parents_in_dram_leaf_in_hbm);
     tcase_add_test(tc, test_pinned_survives_eviction);
     tcase_add_test(tc, test_lease_pins);
+    tcase_add_test(tc, test_lease_clock_wrap);
     tcase_add_test(tc, test_demotion_and_promotion);
     tcase_add_test(tc, test_hbm_full_put);
     tcase_add_test(tc, test_verify_crc);
