@@ -41,6 +41,17 @@ if(TARGET tqkv-server)
   set_tests_properties(check_client_crc PROPERTIES
     ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
 
+  # libtqkv used adversarially by a new C user: NULL/zero arguments, duplicate,
+  # unresolvable and refusing targets, servers SIGKILLed mid-Get and mid-Put and
+  # restarted on the same port, callbacks that stop a Get, large Gets, open sessions.
+  tqkv_check_suite(check_client_adversarial
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client_adversarial.c
+    LIBS tqkv
+    LABELS server fault
+    TIMEOUT 300)
+  set_tests_properties(check_client_adversarial PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+
   tqkv_check_suite(check_shard
     SOURCES ${PROJECT_SOURCE_DIR}/tests/check_shard.c
     LIBS tqkv

@@ -608,6 +608,8 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     char *ca = NULL, *cert = NULL, *key = NULL;
     size_t cap = 0;
 
+    if (out == NULL)
+        return set_err(TQKV_EINVAL, 0, "client_create: out is NULL");
     *out = NULL;
     if (o == NULL || o->num_targets == 0 || o->targets == NULL)
         return set_err(TQKV_EINVAL, 0, "no target");
@@ -638,6 +640,17 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
         st = set_err(TQKV_EINVAL, 0, "%zu targets: at most %u", c->nt, TQKV_CLIENT_MAX_TARGETS);
         goto fail;
     }
+    /* A target named twice would rank twice: R replicas of a block could land on one
+     * server, and losing it would lose every copy. */
+    for (size_t i = 0; i < c->nt; i++)
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(c->t[i].name, c->t[j].name) == 0) {
+                st = set_err(TQKV_EINVAL, 0,
+                             "duplicate target %s (each server once: replicas must land on "
+                             "different servers)",
+                             c->t[i].name);
+                goto fail;
+            }
     if (c->replicas > c->nt)
         c->replicas = (uint32_t)c->nt;
 
@@ -784,13 +797,13 @@ tqkv_client_destroy(tqkv_client_t *c)
 size_t
 tqkv_client_num_targets(const tqkv_client_t *c)
 {
-    return c->nt;
+    return c ? c->nt : 0;
 }
 
 const char *
 tqkv_client_target_name(const tqkv_client_t *c, size_t i)
 {
-    return i < c->nt ? c->t[i].name : NULL;
+    return c && i < c->nt ? c->t[i].name : NULL;
 }
 
 /* Candidate targets of a block, best first: cand[0..nc). */
@@ -880,8 +893,12 @@ struct tqkv_put {
 tqkv_status_t
 tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *o, tqkv_put_t **out)
 {
-    tqkv_put_t *p = calloc(1, sizeof *p);
+    if (out == NULL)
+        return set_err(TQKV_EINVAL, 0, "put_begin: out is NULL");
     *out = NULL;
+    if (c == NULL)
+        return set_err(TQKV_EINVAL, 0, "put_begin: client is NULL");
+    tqkv_put_t *p = calloc(1, sizeof *p);
     if (p == NULL || (p->rpc = calloc(c->nt, sizeof *p->rpc)) == NULL ||
         (p->kept = calloc(c->nt, sizeof *p->kept)) == NULL) {
         if (p)
@@ -1029,6 +1046,8 @@ put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint8_t *rank, size_t nrank
 tqkv_status_t
 tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b)
 {
+    if (p == NULL)
+        return set_err(TQKV_EINVAL, 0, "put_block: session is NULL");
     tqkv_client_t *c = p->c;
     Tqkv__V1__PutRequest m;
     size_t tensor = 0;
@@ -1161,6 +1180,10 @@ put_collect(tqkv_put_t *p, tqkv_client_error_t *saved)
 tqkv_status_t
 tqkv_client_put_end(tqkv_put_t *p, tqkv_put_result_t *res)
 {
+    if (res)
+        memset(res, 0, sizeof *res);
+    if (p == NULL)
+        return set_err(TQKV_EINVAL, 0, "put_end: session is NULL");
     tqkv_status_t first = p->err;
     tqkv_client_error_t saved = last_err;
     tqkv_status_t st = put_collect(p, &saved);
@@ -1215,11 +1238,16 @@ tqkv_status_t
 tqkv_client_lookup(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks,
                    uint8_t *tiers)
 {
+    if (prefix_blocks)
+        *prefix_blocks = 0;
+    if (c == NULL || q == NULL || prefix_blocks == NULL)
+        return set_err(TQKV_EINVAL, 0, "lookup: client, request and prefix_blocks required");
     size_t n = q->num_hashes, nc = read_candidates(c);
     tqkv_status_t st = TQKV_OK;
-    *prefix_blocks = 0;
     if (q->ns == NULL)
         return set_err(TQKV_EINVAL, 0, "lookup: namespace required");
+    if (n > 0 && q->hashes == NULL)
+        return set_err(TQKV_EINVAL, 0, "lookup: hashes is NULL with num_hashes %zu", n);
     for (size_t i = 0; i < n; i++)
         if (!hash_ok(&q->hashes[i]))
             return set_err(TQKV_EINVAL, 0, "lookup: hash %zu is not 8..64 bytes", i);
@@ -1687,8 +1715,12 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     getop_t g;
     tqkv_status_t st = TQKV_OK;
     memset(&g, 0, sizeof g);
+    if (c == NULL || q == NULL)
+        return set_err(TQKV_EINVAL, 0, "get: client and request required");
     if (q->ns == NULL || cb == NULL || q->layer_end <= q->layer_begin)
         return set_err(TQKV_EINVAL, 0, "get: namespace, callback and layer_end > layer_begin");
+    if (q->num_hashes > 0 && q->hashes == NULL)
+        return set_err(TQKV_EINVAL, 0, "get: hashes is NULL with num_hashes %zu", q->num_hashes);
     for (size_t i = 0; i < q->num_hashes; i++)
         if (!hash_ok(&q->hashes[i]))
             return set_err(TQKV_EINVAL, 0, "get: hash %zu is not 8..64 bytes", i);
@@ -1878,8 +1910,14 @@ tqkv_client_delete(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, 
 {
     tqkv_status_t st = TQKV_OK;
     uint64_t pd = 0, bf = 0;
-    if (ns == NULL)
-        return set_err(TQKV_EINVAL, 0, "delete: namespace required");
+    if (pages_deleted)
+        *pages_deleted = 0;
+    if (bytes_freed)
+        *bytes_freed = 0;
+    if (c == NULL || ns == NULL)
+        return set_err(TQKV_EINVAL, 0, "delete: client and namespace required");
+    if (n > 0 && hashes == NULL)
+        return set_err(TQKV_EINVAL, 0, "delete: hashes is NULL with num_hashes %zu", n);
     for (size_t i = 0; i < n; i++)
         if (!hash_ok(&hashes[i]))
             return set_err(TQKV_EINVAL, 0, "delete: hash %zu is not 8..64 bytes", i);
@@ -1952,6 +1990,8 @@ tqkv_status_t
 tqkv_client_stats(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out)
 {
     tqkv_status_t st = TQKV_OK;
+    if (c == NULL || out == NULL)
+        return set_err(TQKV_EINVAL, 0, "stats: client and out required");
     memset(out, 0, sizeof *out);
     size_t *tis = malloc(c->nt * sizeof *tis);
     ProtobufCMessage **rq = malloc(c->nt * sizeof *rq);
@@ -2039,6 +2079,8 @@ tqkv_client_health(tqkv_client_t *c, size_t target, const char *service, int *se
     Grpc__Health__V1__HealthCheckRequest m;
     ProtobufCMessage *rq, *rs;
     tqkv_status_t st;
+    if (c == NULL || serving_status == NULL)
+        return set_err(TQKV_EINVAL, 0, "health: client and serving_status required");
     *serving_status = 0;
     if (target >= c->nt)
         return set_err(TQKV_EINVAL, 0, "health: no target %zu", target);
@@ -2145,8 +2187,10 @@ tqkv_status_t
 tqkv_client_open_channel(tqkv_client_t *c, size_t target, int device, uint32_t timeout_ms,
                          tqkv_channel_t **out)
 {
+    if (out == NULL)
+        return set_err(TQKV_EINVAL, 0, "open channel: out is NULL");
     *out = NULL;
-    if (target >= c->nt)
+    if (c == NULL || target >= c->nt)
         return set_err(TQKV_EINVAL, 0, "open channel: no target %zu", target);
     tqkv_channel_t *ch = calloc(1, sizeof *ch);
     if (ch == NULL)
@@ -2381,6 +2425,8 @@ tqkv_client_get_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t 
                      void *const *dev_bufs, size_t n_bufs, size_t buf_len, tqkv_nccl_cb_t cb,
                      void *arg)
 {
+    if (c == NULL || req == NULL)
+        return set_err(TQKV_EINVAL, 0, "get (nccl): client and request required");
     if (req->encoding != TQKV_CLIENT_PACKED)
         return set_err(TQKV_EINVAL, 0, "get (nccl): PACKED encoding only");
     if (ch == NULL || !ch->nccl) {

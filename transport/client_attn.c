@@ -12,9 +12,17 @@ tqkv_client_attend(const float *q, uint32_t num_q_heads, const void *const *page
                    const size_t *page_lens, size_t n_pages, float *out)
 {
     tqkv_attn_opts_t o;
+    char err[200] = "";
     tqkv_attn_opts_default(&o);
     o.check_crc = 1;
-    return tqkv_attn_decode(q, num_q_heads, pages, page_lens, n_pages, &o, out);
+    tqkv_status_t st =
+        tqkv_attn_decode_ex(q, num_q_heads, pages, page_lens, n_pages, &o, out, err, sizeof err);
+    if (st != TQKV_OK) {
+        char msg[224];
+        snprintf(msg, sizeof msg, "attend: %s", err);
+        tqkv__client_set_error(st, 0, msg);
+    }
+    return st;
 }
 
 /* Pages of one layer, copied out of the Get stream (64-byte aligned). */
@@ -56,7 +64,10 @@ tqkv_client_get_attend(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hash
     collect_t col = {0};
     tqkv_status_t st;
     if (num_hashes == 0)
-        return TQKV_EINVAL;
+        return tqkv__client_set_error(TQKV_EINVAL, 0, "get_attend: no hashes");
+    if (layer == UINT32_MAX)
+        return tqkv__client_set_error(TQKV_EINVAL, 0,
+                                      "get_attend: layer 4294967295 is out of range");
     col.n = num_hashes;
     col.pages = calloc(num_hashes, sizeof *col.pages);
     col.lens = calloc(num_hashes, sizeof *col.lens);
@@ -73,7 +84,7 @@ tqkv_client_get_attend(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hash
                         .deadline_ms = deadline_ms};
     st = tqkv_client_get(c, &r, on_page, &col);
     if (col.oom) {
-        st = TQKV_ENOMEM;
+        st = tqkv__client_set_error(TQKV_ENOMEM, 0, "get_attend: out of memory copying pages");
         goto out;
     }
     if (st != TQKV_OK)
