@@ -79,7 +79,8 @@ typedef struct tqkv_client_error {
 const tqkv_client_error_t *tqkv_client_last_error(void);
 
 /* Creates a client. Returns TQKV_EINVAL (no target, more than TQKV_CLIENT_MAX_TARGETS,
- * unreadable TLS file), TQKV_ENOMEM.
+ * a target named twice, unreadable TLS file, out NULL), TQKV_ENOMEM. Every function
+ * below returns TQKV_EINVAL for a NULL client, request or result pointer.
  * Connections are made lazily. Returns new in *out (tqkv_client_destroy). */
 tqkv_status_t tqkv_client_create(const tqkv_client_opts_t *opts, tqkv_client_t **out);
 
