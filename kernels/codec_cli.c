@@ -15,6 +15,7 @@
 #include <zstd.h>
 
 #include "kernels/codebook.h"
+#include "kernels/io_cli.h"
 #include "kernels/page.h"
 #include "kernels/tq_math.h"
 
@@ -104,22 +105,12 @@ read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* Whole or nothing: a temporary file renamed over path; a device is written in place
+ * and never removed (this removed the output on failure: /dev/full itself, as root). */
 static int
 write_file(const char *path, const void *buf, size_t len)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    if (len && fwrite(buf, 1, len, f) != len) {
-        fclose(f);
-        remove(path);
-        return -1;
-    }
-    if (fclose(f) != 0) {
-        remove(path);
-        return -1;
-    }
-    return 0;
+    return tqkv__cli_write_file(path, buf, len);
 }
 
 static int

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "kernels/attention.h"
+#include "kernels/io_cli.h"
 #include "kernels/kivi.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
@@ -64,6 +65,43 @@ is_help(int argc, char **argv)
     return 0;
 }
 
+/* Reads f to its end and closes it (they read as 'Input/output error': ftell fails on a
+ * pipe). Returns new memory (64-byte aligned, free()), or NULL with errno. */
+static void *
+read_stream(FILE *f, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    uint8_t *buf = aligned_alloc(64, cap);
+    while (buf) {
+        if (n == cap) {
+            uint8_t *nb = aligned_alloc(64, cap * 2);
+            if (nb)
+                memcpy(nb, buf, n);
+            free(buf);
+            buf = nb;
+            cap *= 2;
+            if (!buf)
+                break;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) {
+            int bad = ferror(f);
+            fclose(f);
+            if (bad) {
+                free(buf);
+                errno = EIO;
+                return NULL;
+            }
+            *len = n;
+            return buf;
+        }
+    }
+    fclose(f);
+    errno = ENOMEM;
+    return NULL;
+}
+
 /* Reads a whole file; returns new memory (64-byte aligned, free()), or NULL with errno. */
 static void *
 read_file(const char *path, size_t *len)
@@ -74,11 +112,14 @@ read_file(const char *path, size_t *len)
     if (!f)
         return NULL;
     struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    int have_st = fstat(fileno(f), &sb) == 0;
+    if (have_st && S_ISDIR(sb.st_mode)) {
         fclose(f);
         errno = EISDIR;
         return NULL;
     }
+    if (!have_st || !S_ISREG(sb.st_mode))
+        return read_stream(f, len); /* a pipe, FIFO or /dev/stdin: no size up front */
     if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
         errno = EIO;
@@ -101,17 +142,11 @@ read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* Whole or nothing (kernels/io_cli.h): a failed write left a truncated file. */
 static int
 write_file(const char *path, const void *buf, size_t len)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    if (len && fwrite(buf, 1, len, f) != len) {
-        fclose(f);
-        return -1;
-    }
-    return fclose(f);
+    return tqkv__cli_write_file(path, buf, len);
 }
 
 static int
@@ -422,6 +457,13 @@ tqkv_cli_decode_kv(int argc, char **argv)
         return usage_err(decode_kv_usage, "%s needs a value", missing);
     if (npos != 3)
         return usage_err(decode_kv_usage, "IN.tqp, K.out and V.out are required");
+    {
+        /* one path for both would silently keep only V (a device such as /dev/null is fine) */
+        struct stat sb;
+        if (tqkv__cli_same_file(pos[1], pos[2]) &&
+            !(stat(pos[1], &sb) == 0 && !S_ISREG(sb.st_mode)))
+            return usage_err(decode_kv_usage, "K.out and V.out are the same file '%s'", pos[2]);
+    }
     if (!(buf = read_file(pos[0], &len)))
         return fail("%s: %s", pos[0], strerror(errno));
     if (page_list_add(&pl, pos[0], buf, len, check_crc) != 0)
@@ -457,11 +499,23 @@ tqkv_cli_decode_kv(int argc, char **argv)
             }
             off += pt;
         }
-        if (write_file(pos[1], k, total) != 0) {
+        /* both files or neither: K is renamed into place only once V is written too */
+        tqkv__cli_out_t ko, vo;
+        if (tqkv__cli_out_write(&ko, pos[1], k, total) != 0) {
             fail("%s: %s", pos[1], strerror(errno));
             goto done;
         }
-        if (write_file(pos[2], v, total) != 0) {
+        if (tqkv__cli_out_write(&vo, pos[2], v, total) != 0) {
+            fail("%s: %s", pos[2], strerror(errno));
+            tqkv__cli_out_abort(&ko);
+            goto done;
+        }
+        if (tqkv__cli_out_commit(&ko) != 0) {
+            fail("%s: %s", pos[1], strerror(errno));
+            tqkv__cli_out_abort(&vo);
+            goto done;
+        }
+        if (tqkv__cli_out_commit(&vo) != 0) {
             fail("%s: %s", pos[2], strerror(errno));
             goto done;
         }
