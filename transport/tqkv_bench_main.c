@@ -1136,7 +1136,8 @@ usage(void)
         "                   --key-bits/--value-bits, default 3.5/3)\n"
         "  --json FILE|-  --csv FILE  --tls-ca FILE [--tls-target-name N]  --token T  "
         "--no-baselines  --seed N\n"
-        "exit status: 0 ok, 2 bad flags, 3 verify failures, 4 RPC errors (see \"errors\")\n");
+        "exit status: 0 ok, 1 cannot run or write a report, 2 bad flags, 3 verify failures,\n"
+        "             4 RPC errors (see \"errors\")\n");
 }
 
 static int
@@ -1220,12 +1221,39 @@ arg_bits(const char *flag, const char *v, float *out)
     return 0;
 }
 
+/* Whether path can be opened for writing, without truncating an existing file (a file
+ * this creates is removed again). Prints 'FLAG PATH: reason' and returns -1 if not. */
+static int
+probe_writable(const char *flag, const char *path)
+{
+    int existed = access(path, F_OK) == 0;
+    FILE *f = fopen(path, "a");
+    if (f == NULL) {
+        fprintf(stderr, "tqkv-bench: %s %s: %s\n", flag, path, strerror(errno));
+        return -1;
+    }
+    fclose(f);
+    if (!existed)
+        unlink(path);
+    return 0;
+}
+
+/* Closes (stdout: flushes) a report file. Returns -1 when any write to it failed. */
+static int
+report_close(FILE *f)
+{
+    int err = ferror(f);
+    if (f == stdout)
+        return fflush(f) != 0 || err ? -1 : 0;
+    return fclose(f) != 0 || err ? -1 : 0;
+}
+
 int
 main(int argc, char **argv)
 {
     static char spawned_addr[128];
     child_t server = {0};
-    int rc = 1;
+    int rc = 1, report_failed = 0;
 
     C.duration = 10;
     C.concurrency = 4;
@@ -1332,13 +1360,20 @@ main(int argc, char **argv)
         } else if (ARG("--spawn-server")) {
             C.spawn = v;
         } else if (ARG("--server-arg")) {
-            if (C.nserver_args < MAX_SERVER_ARGS)
-                C.server_args[C.nserver_args++] = v;
-        } else if (ARG("--dram-capacity")) {
-            if (C.nserver_args + 2 <= MAX_SERVER_ARGS) {
-                C.server_args[C.nserver_args++] = "--dram-capacity";
-                C.server_args[C.nserver_args++] = v;
+            if (C.nserver_args >= MAX_SERVER_ARGS) {
+                fprintf(stderr, "tqkv-bench: --server-arg: more than %d server arguments\n",
+                        MAX_SERVER_ARGS);
+                return 2;
             }
+            C.server_args[C.nserver_args++] = v;
+        } else if (ARG("--dram-capacity")) {
+            if (C.nserver_args + 2 > MAX_SERVER_ARGS) {
+                fprintf(stderr, "tqkv-bench: --dram-capacity: more than %d server arguments\n",
+                        MAX_SERVER_ARGS);
+                return 2;
+            }
+            C.server_args[C.nserver_args++] = "--dram-capacity";
+            C.server_args[C.nserver_args++] = v;
         } else if (ARG("--replicas")) {
             if (arg_u32("--replicas", v, 1, MAX_TARGETS, &C.replicas) != 0)
                 return 2;
@@ -1379,6 +1414,15 @@ main(int argc, char **argv)
         fprintf(stderr, "tqkv-bench: --duration 0 needs --ops N (a run must end)\n");
         return 2;
     }
+    /* The report files must be writable before the run: they were opened only after it,
+     * and a bad path was skipped in silence (exit 0, no report). */
+    if (C.json && C.csv && strcmp(C.json, "-") && !strcmp(C.json, C.csv)) {
+        fprintf(stderr, "tqkv-bench: --json and --csv name the same file %s\n", C.csv);
+        return 2;
+    }
+    if ((C.json && strcmp(C.json, "-") && probe_writable("--json", C.json) != 0) ||
+        (C.csv && probe_writable("--csv", C.csv) != 0))
+        return 2;
     signal(SIGPIPE, SIG_IGN);
 
     block_elems = (size_t)C.block_tokens * C.heads * C.dim;
@@ -1465,8 +1509,10 @@ main(int argc, char **argv)
             int serving = 0;
             if (tqkv_client_health(probe, t, "", &serving) != TQKV_OK) {
                 const tqkv_client_error_t *e = tqkv_client_last_error();
-                fprintf(stderr, "tqkv-bench: %s: not reachable (%s: %s)\n", C.targets[t],
-                        tqkv_status_name(e->status), e->message);
+                /* a TLS server seen in plaintext only times out: say what to try */
+                fprintf(stderr, "tqkv-bench: %s: not reachable (%s: %s)%s\n", C.targets[t],
+                        tqkv_status_name(e->status), e->message,
+                        C.tls_ca ? "" : "; if the server uses TLS, give --tls-ca FILE");
                 unready++;
             } else if (serving != 1) {
                 fprintf(stderr, "tqkv-bench: %s: health status %d, not SERVING\n", C.targets[t],
@@ -1518,6 +1564,10 @@ main(int argc, char **argv)
     atomic_store(&K.errors, 0);
 
     FILE *csv = C.csv ? fopen(C.csv, "w") : NULL;
+    if (C.csv && csv == NULL) {
+        fprintf(stderr, "tqkv-bench: --csv %s: %s\n", C.csv, strerror(errno));
+        goto out_client;
+    }
     if (csv)
         fprintf(csv, "t_s,put_gbps,get_bf16_gbps,get_wire_gbps,pages_per_s,hit_rate,"
                      "verify_failures,errors\n");
@@ -1563,8 +1613,10 @@ main(int argc, char **argv)
     double elapsed = now_s() - t0;
     if (tty)
         fputc('\n', stderr);
-    if (csv)
-        fclose(csv);
+    if (csv && report_close(csv) != 0) {
+        fprintf(stderr, "tqkv-bench: --csv %s: write failed: %s\n", C.csv, strerror(errno));
+        report_failed = 1;
+    }
 
     tqkv_client_stats_t sst;
     int have_stats = tqkv_client_stats(cl, C.ns, &sst) == TQKV_OK;
@@ -1666,7 +1718,10 @@ main(int argc, char **argv)
 
     if (C.json) {
         FILE *j = strcmp(C.json, "-") ? fopen(C.json, "w") : stdout;
-        if (j) {
+        if (j == NULL) {
+            fprintf(stderr, "tqkv-bench: --json %s: %s\n", C.json, strerror(errno));
+            report_failed = 1;
+        } else {
             fprintf(j,
                     "{\"bf16_equiv_gbps\": %.6f, \"wire_gbps\": %.6f, \"pages_per_s\": %.3f, "
                     "\"put_bf16_gbps\": %.6f, \"put_wire_gbps\": %.6f, "
@@ -1701,11 +1756,14 @@ main(int argc, char **argv)
                 fprintf(j, "}");
             }
             fprintf(j, "}}\n");
-            if (j != stdout)
-                fclose(j);
+            if (report_close(j) != 0) {
+                fprintf(stderr, "tqkv-bench: --json %s: write failed: %s\n", C.json,
+                        strerror(errno));
+                report_failed = 1;
+            }
         }
     }
-    rc = K.verify_failures != 0 ? 3 : K.errors != 0 ? 4 : 0;
+    rc = K.verify_failures != 0 ? 3 : K.errors != 0 ? 4 : report_failed ? 1 : 0;
 
 out_client:
     for (int i = 0; i < C.concurrency; i++) {
