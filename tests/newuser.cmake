@@ -34,3 +34,14 @@ if(TARGET tqkv_service)
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/check_adversarial.c
     LIBS tqkv_service LABELS "unit;server" TIMEOUT 120)
 endif()
+
+# Adversarial trial of the tools (tqkv-codec, tqkv-bench): outputs that cannot be
+# written (a full device, a file size limit), one file twice, pipes as input, report
+# paths that do not exist, conflicting flags, a TLS server without --tls-ca.
+if(TARGET tqkv-server AND TARGET tqkv-codec AND TARGET tqkv-bench)
+  add_test(NAME tools_adversarial
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/interop/test_tools_adversarial.py)
+  set_tests_properties(tools_adversarial PROPERTIES LABELS "server" TIMEOUT 240
+    SKIP_RETURN_CODE 77
+    ENVIRONMENT "TQKV_SERVER=$<TARGET_FILE:tqkv-server>;TQKV_CODEC=$<TARGET_FILE:tqkv-codec>;TQKV_BENCH=$<TARGET_FILE:tqkv-bench>;PYTHONDONTWRITEBYTECODE=1")
+endif()
