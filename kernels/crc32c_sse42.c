@@ -113,13 +113,15 @@ crc_body(uint32_t crc, uint8_t *d, const uint8_t *p, size_t len, const int copy)
         while (len >= 3 * LANE_BIG) {
             c = three_lanes(c, d, p, LANE_BIG, shift_big, copy);
             p += 3 * LANE_BIG;
-            d += copy ? 3 * LANE_BIG : 0;
+            if (copy) /* (d is NULL otherwise: no arithmetic on it at all) */
+                d += 3 * LANE_BIG;
             len -= 3 * LANE_BIG;
         }
         while (len >= 3 * LANE_SMALL) {
             c = three_lanes(c, d, p, LANE_SMALL, shift_small, copy);
             p += 3 * LANE_SMALL;
-            d += copy ? 3 * LANE_SMALL : 0;
+            if (copy)
+                d += 3 * LANE_SMALL;
             len -= 3 * LANE_SMALL;
         }
     }
