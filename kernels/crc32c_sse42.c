@@ -18,6 +18,9 @@
 #define POLY 0x82f63b78u /* CRC32C, reflected */
 #define LANE_BIG 8192u
 #define LANE_SMALL 512u
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2048
+#endif
 
 static uint32_t shift_big[4][256], shift_small[4][256];
 static pthread_once_t shift_once = PTHREAD_ONCE_INIT;
@@ -82,6 +85,13 @@ three_lanes(uint64_t c0, uint8_t *d, const uint8_t *p, size_t lane, uint32_t t[4
     uint64_t c1 = 0, c2 = 0;
     for (size_t i = 0; i < lane; i += 8) {
         uint64_t w0, w1, w2;
+        if ((i & 63) == 0) {
+            /* a source just written by the kernel may sit in L3 or DRAM: the three
+             * streams are too many for the hardware prefetcher to cover on its own */
+            __builtin_prefetch(p + i + PREFETCH_AHEAD);
+            __builtin_prefetch(p + lane + i + PREFETCH_AHEAD);
+            __builtin_prefetch(p + 2 * lane + i + PREFETCH_AHEAD);
+        }
         memcpy(&w0, p + i, 8);
         memcpy(&w1, p + lane + i, 8);
         memcpy(&w2, p + 2 * lane + i, 8);
