@@ -691,7 +691,7 @@ evict_one(tqkv_store_t *s, int tier, ns_rec_t *ns)
     return 0;
 }
 
-static tqkv_status_t make_room(tqkv_store_t *s, int tier, size_t len, void **ptr);
+static tqkv_status_t make_room(tqkv_store_t *s, int tier, size_t len, void **ptr, int hbm_leaves);
 
 /* Switches e from its copy `old` to `nc` in tier `to` (demotion to DRAM or promotion to
  * HBM): queues, accounting and counters. Expects the stripe lock and evict_lock held.
@@ -760,7 +760,10 @@ demote_one(tqkv_store_t *s)
         pthread_mutex_unlock(&st->lock);
 
         nc = malloc(sizeof(*nc));
-        if (nc == NULL || make_room(s, TQKV_TIER_DRAM, old->len, &mem) != TQKV_OK) {
+        /* Room in DRAM from DRAM pages only: dropping HBM pages to demote one would
+         * empty the tier it is meant to relieve (make_room of HBM evicts there itself
+         * when the demotion fails). */
+        if (nc == NULL || make_room(s, TQKV_TIER_DRAM, old->len, &mem, 0) != TQKV_OK) {
             free(nc);
             copy_release(s, old);
             entry_put(e);
@@ -795,7 +798,7 @@ demote_one(tqkv_store_t *s)
 
 /* Allocates len bytes in tier, evicting (DRAM) or demoting (HBM) as needed. */
 static tqkv_status_t
-make_room(tqkv_store_t *s, int tier, size_t len, void **ptr)
+make_room(tqkv_store_t *s, int tier, size_t len, void **ptr, int hbm_leaves)
 {
     for (int tries = 0; tries < MAX_EVICT_TRIES; tries++) {
         tqkv_status_t st = tqkv_pool_alloc(s->pool[tier], len, ptr);
@@ -808,10 +811,14 @@ make_room(tqkv_store_t *s, int tier, size_t len, void **ptr)
              * block, the leaves are in HBM; dropping the coldest HBM leaf makes its
              * parent evictable. */
             if (!evict_one(s, TQKV_TIER_DRAM, NULL) &&
-                (s->pool[TQKV_TIER_HBM] == NULL || !evict_one(s, TQKV_TIER_HBM, NULL)))
+                (!hbm_leaves || s->pool[TQKV_TIER_HBM] == NULL ||
+                 !evict_one(s, TQKV_TIER_HBM, NULL)))
                 return TQKV_ENOSPC;
         } else {
-            if (!demote_one(s))
+            /* Demote the coldest page; when DRAM cannot take it (smaller than the page,
+             * or everything there leased, pinned or a parent), drop the coldest
+             * evictable HBM page instead of refusing the Put. */
+            if (!demote_one(s) && !evict_one(s, TQKV_TIER_HBM, NULL))
                 return TQKV_ENOSPC;
         }
     }
@@ -1115,10 +1122,10 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
         parent = entry_lookup_hold(s, ns, parent_hash, parent_len, key->layer);
 
     tier = s->pool[TQKV_TIER_HBM] ? TQKV_TIER_HBM : TQKV_TIER_DRAM;
-    st = make_room(s, tier, len, &mem);
+    st = make_room(s, tier, len, &mem, 1);
     if (st != TQKV_OK && tier == TQKV_TIER_HBM) {
         tier = TQKV_TIER_DRAM;
-        st = make_room(s, tier, len, &mem);
+        st = make_room(s, tier, len, &mem, 1);
     }
     if (st != TQKV_OK)
         goto fail_alloc;

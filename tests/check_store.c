@@ -725,6 +725,56 @@ START_TEST(test_lease_clock_wrap)
 }
 END_TEST
 
+START_TEST(test_hbm_full_dram_cannot_take)
+{
+    /* HBM full and DRAM unable to take a demoted page (here smaller than one page; the
+     * same holds when every DRAM page is leased): a Put evicts the coldest HBM page
+     * instead of failing with "nothing may be evicted". */
+    tqkv_store_t *s = mkstore(500, 5 * 1000, TQKV_EVICT_LRU);
+    for (uint64_t i = 0; i < 5; i++)
+        ck_assert_int_eq(put_page(s, NS_A, 8, i, 0, 1000, 0, NULL), TQKV_OK);
+    for (uint64_t i = 5; i < 12; i++) {
+        ck_assert_int_eq(put_page(s, NS_A, 8, i, 0, 1000, 0, NULL), TQKV_OK);
+        ck_assert(present(s, NS_A, 8, i, 1));
+        ck_assert(!present(s, NS_A, 8, i - 5, 1)); /* the coldest went */
+    }
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    drain_and_destroy(s);
+
+    /* every DRAM page leased: pages 0-2 were demoted there as 3-5 filled HBM (no
+     * background demotion: high watermark 1, so DRAM holds exactly 0-2) */
+    tqkv_store_config_t c;
+    tqkv_store_config_default(&c);
+    c.dram_capacity = 3 * 1000;
+    c.hbm_capacity = 3 * 1000;
+    c.hbm_standin = 1;
+    c.policy = TQKV_EVICT_LRU;
+    c.high_watermark = 1.0;
+    ck_assert_int_eq(tqkv_store_create(&c, &s), TQKV_OK);
+    uint8_t h[3][32];
+    const uint8_t *hp[3] = {h[0], h[1], h[2]};
+    size_t hl[3] = {32, 32, 32};
+    uint32_t prefix;
+    tqkv_store_stats_t st;
+    for (uint64_t i = 0; i < 6; i++)
+        ck_assert_int_eq(put_page(s, NS_A, 9, i, 0, 1000, 0, NULL), TQKV_OK);
+    ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DRAM].pages, 3);
+    for (uint64_t i = 0; i < 3; i++)
+        st_hash(h[i], 9, i);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(
+            tqkv_store_lookup(s, NS_A, strlen(NS_A), hp + i, hl, 1, 1, 60000, &prefix, NULL),
+            TQKV_OK);
+    for (uint64_t i = 6; i < 9; i++)
+        ck_assert_int_eq(put_page(s, NS_A, 9, i, 0, 1000, 0, NULL), TQKV_OK);
+    for (uint64_t i = 0; i < 9; i++)
+        ck_assert_msg(present(s, NS_A, 9, i, 1) == (i < 3 || i >= 6), "page %u", (unsigned)i);
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    drain_and_destroy(s);
+}
+END_TEST
+
 START_TEST(test_demotion_and_promotion)
 {
     tqkv_store_config_t c;
@@ -1027,6 +1077,7 @@ store_suite(void)
     tcase_add_test(tc, test_pinned_survives_eviction);
     tcase_add_test(tc, test_lease_pins);
     tcase_add_test(tc, test_lease_clock_wrap);
+    tcase_add_test(tc, test_hbm_full_dram_cannot_take);
     tcase_add_test(tc, test_demotion_and_promotion);
     tcase_add_test(tc, test_hbm_full_put);
     tcase_add_test(tc, test_verify_crc);
