@@ -61,6 +61,10 @@ kern_init(void)
     __builtin_cpu_init();
     if (cap > 0 && __builtin_cpu_supports("sse4.2"))
         kern.crc = tqkv__crc32c_sse42, kern.crc_copy = tqkv__crc32c_copy_sse42;
+    if (cap >= 2 && kern.crc == tqkv__crc32c_sse42 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vpclmulqdq") &&
+        __builtin_cpu_supports("pclmul"))
+        kern.crc = tqkv__crc32c_vpclmul, kern.crc_copy = tqkv__crc32c_copy_vpclmul;
     if (cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("bmi2")) {
         kern.isa = "avx2";

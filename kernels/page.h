@@ -141,5 +141,9 @@ void tqkv__page_dec_had_avx512(const tqkv__dec_rows_t *a);
 /* CRC32C with the SSE4.2 crc32 instruction (same contract as tqkv_crc32c_ref). */
 uint32_t tqkv__crc32c_sse42(uint32_t crc, const void *buf, size_t len);
 uint32_t tqkv__crc32c_copy_sse42(uint32_t crc, void *dst, const void *src, size_t len);
+/* The same with AVX-512 VPCLMULQDQ folding (256 bytes a step); short buffers take the
+ * SSE4.2 path. */
+uint32_t tqkv__crc32c_vpclmul(uint32_t crc, const void *buf, size_t len);
+uint32_t tqkv__crc32c_copy_vpclmul(uint32_t crc, void *dst, const void *src, size_t len);
 
 #endif

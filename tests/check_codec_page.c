@@ -421,6 +421,17 @@ START_TEST(test_crc32c)
         ck_assert_uint_eq(tqkv_crc32c_copy_ref(0x12345678u, cp, buf + off, len),
                           tqkv_crc32c_ref(0x12345678u, buf + off, len));
     }
+    /* the VPCLMULQDQ path (AVX-512 machines): 512 bytes and up fold 256 bytes a step,
+     * then 64, then the SSE4.2 tail; lengths on and around each step */
+    static const size_t vp_edges[] = {511, 512, 513, 575, 576, 577, 767, 768, 769, 831, 832, 833};
+    for (size_t e = 0; e < sizeof vp_edges / sizeof vp_edges[0]; e++)
+        for (size_t off = 0; off < 8; off++) {
+            size_t len = vp_edges[e];
+            uint32_t a = tqkv_crc32c_ref(0xFFFFFFFFu, buf + off, len);
+            ck_assert_uint_eq(tqkv_crc32c(0xFFFFFFFFu, buf + off, len), a);
+            ck_assert_uint_eq(tqkv_crc32c_copy(0xFFFFFFFFu, cp + 7 - off, buf + off, len), a);
+            ck_assert_int_eq(memcmp(cp + 7 - off, buf + off, len), 0);
+        }
     /* a flipped bit anywhere changes the CRC */
     uint32_t whole = tqkv_crc32c(0, buf, N);
     for (int r = 0; r < 64; r++) {
