@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "kernels/page.h"
 #include "tests/check_main.h"
@@ -378,10 +379,21 @@ px_arm(proxy_t *px, unsigned skip)
     atomic_store(&px->armed, 1);
 }
 
+/* Disarms, then waits until the proxy stops flipping: a message whose prefix was read
+ * while armed is still flipped when its bytes arrive later (the tail of a Get the client
+ * cancelled), so counts read right after the store could still move. */
 static void
 px_disarm(proxy_t *px)
 {
     atomic_store(&px->armed, 0);
+    unsigned last = atomic_load(&px->flips), same = 0;
+    for (int i = 0; i < 200 && same < 8; i++) {
+        struct timespec ts = {0, 25 * 1000000};
+        nanosleep(&ts, NULL);
+        unsigned now = atomic_load(&px->flips);
+        same = now == last ? same + 1 : 0;
+        last = now;
+    }
 }
 
 /* ---- clients, data, collection ---- */
