@@ -43,16 +43,17 @@ gf_mul(uint32_t a, uint32_t b)
     return r;
 }
 
-/* x^(8n) mod P. */
+/* x^e mod P, reflected (the lane shifts use e = 8 * bytes, the folding constants below
+ * other exponents). */
 static uint32_t
-x_pow_8n(size_t n)
+x_pow(uint64_t e)
 {
-    uint32_t p = 0x80000000u, base = 0x00800000u; /* x^0, x^8 */
-    while (n) {
-        if (n & 1)
+    uint32_t p = 0x80000000u, base = 0x40000000u; /* x^0, x^1 */
+    while (e) {
+        if (e & 1)
             p = gf_mul(p, base);
         base = gf_mul(base, base);
-        n >>= 1;
+        e >>= 1;
     }
     return p;
 }
@@ -60,7 +61,7 @@ x_pow_8n(size_t n)
 static void
 shift_table(uint32_t t[4][256], size_t nbytes)
 {
-    uint32_t k = x_pow_8n(nbytes);
+    uint32_t k = x_pow(8 * (uint64_t)nbytes);
     for (int i = 0; i < 4; i++)
         for (uint32_t b = 0; b < 256; b++)
             t[i][b] = gf_mul(b << (8 * i), k);
@@ -182,19 +183,6 @@ tqkv__crc32c_copy_sse42(uint32_t crc, void *dst, const void *src, size_t len)
  * first use; the result equals tqkv_crc32c_ref (tests at every length class). */
 
 #define VP_ATTR __attribute__((target("avx512f,avx512bw,vpclmulqdq,pclmul,sse4.2")))
-
-static uint32_t
-x_pow(uint64_t e) /* x^e mod P, reflected */
-{
-    uint32_t p = 0x80000000u, base = 0x40000000u; /* x^0, x^1 */
-    while (e) {
-        if (e & 1)
-            p = gf_mul(p, base);
-        base = gf_mul(base, base);
-        e >>= 1;
-    }
-    return p;
-}
 
 /* The 128-bit constant folding a lane forward by d bits: {x^(d+63), x^(d-1)} mod P,
  * each in the top half of its qword. */
