@@ -90,6 +90,20 @@ present(tqkv_store_t *s, const char *ns, uint64_t seq, uint64_t n, uint32_t laye
     return prefix == 1;
 }
 
+/* Lookup of block (seq, n) of NS_A with a lease of ms; returns the prefix found (0/1). */
+static uint32_t
+lease(tqkv_store_t *s, uint64_t seq, uint64_t n, uint32_t ms)
+{
+    uint8_t h[32];
+    const uint8_t *hp = h;
+    size_t hl = 32;
+    uint32_t prefix = 99;
+    st_hash(h, seq, n);
+    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), &hp, &hl, 1, 1, ms, &prefix, NULL),
+                     TQKV_OK);
+    return prefix;
+}
+
 static tqkv_store_t *
 mkstore(uint64_t dram, uint64_t hbm, tqkv_evict_policy_t pol)
 {
@@ -657,19 +671,11 @@ END_TEST
 START_TEST(test_lease_pins)
 {
     tqkv_store_t *s = mkstore(5 * 1000, 0, TQKV_EVICT_LRU);
-    uint8_t h[2][32];
-    const uint8_t *hp[2] = {h[0], h[1]};
-    size_t hl[2] = {32, 32};
-    uint32_t prefix;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++)
         ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
-        st_hash(h[i], 6, (uint64_t)i);
-    }
-    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), hp, hl, 1, 1, 60000, &prefix, NULL),
-                     TQKV_OK);
+    ck_assert_uint_eq(lease(s, 6, 0, 60000), 1);
     double t0 = mono_s();
-    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), hp + 1, hl, 1, 1, 400, &prefix, NULL),
-                     TQKV_OK);
+    ck_assert_uint_eq(lease(s, 6, 1, 400), 1);
     for (int i = 10; i < 20; i++)
         ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
     ck_assert(present(s, NS_A, 6, 0, 1));
@@ -694,17 +700,9 @@ START_TEST(test_lease_clock_wrap)
      * an expired lease then read as live for 24.9 days more (its page unevictable) and a
      * new Lookup could not renew it. The clock is moved, not waited for. */
     tqkv_store_t *s = mkstore(5 * 1000, 0, TQKV_EVICT_LRU);
-    uint8_t h[2][32];
-    const uint8_t *hp[2] = {h[0], h[1]};
-    size_t hl[2] = {32, 32};
-    uint32_t prefix;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++)
         ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
-        st_hash(h[i], 6, (uint64_t)i);
-    }
-    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), hp, hl, 1, 1, 1000, &prefix, NULL),
-                     TQKV_OK);
-    ck_assert_uint_eq(prefix, 1);
+    ck_assert_uint_eq(lease(s, 6, 0, 1000), 1);
     /* 2^31 ms + 5 s later the 1 s lease is long over: page 0 (the oldest) is evictable */
     tqkv__store_debug_advance_clock(s, ((uint64_t)1 << 31) + 5000);
     for (int i = 10; i < 20; i++)
@@ -713,10 +711,7 @@ START_TEST(test_lease_clock_wrap)
     ck_assert(!present(s, NS_A, 6, 1, 1));
     /* past 2^32 ms a new lease still pins (a wrapped clock made until < now) */
     tqkv__store_debug_advance_clock(s, (uint64_t)1 << 32);
-    st_hash(h[0], 6, 19);
-    ck_assert_int_eq(tqkv_store_lookup(s, NS_A, strlen(NS_A), hp, hl, 1, 1, 60000, &prefix, NULL),
-                     TQKV_OK);
-    ck_assert_uint_eq(prefix, 1);
+    ck_assert_uint_eq(lease(s, 6, 19, 60000), 1);
     for (int i = 30; i < 40; i++)
         ck_assert_int_eq(put_page(s, NS_A, 6, (uint64_t)i, 0, 1000, 0, NULL), TQKV_OK);
     ck_assert(present(s, NS_A, 6, 19, 1));
@@ -751,21 +746,13 @@ START_TEST(test_hbm_full_dram_cannot_take)
     c.policy = TQKV_EVICT_LRU;
     c.high_watermark = 1.0;
     ck_assert_int_eq(tqkv_store_create(&c, &s), TQKV_OK);
-    uint8_t h[3][32];
-    const uint8_t *hp[3] = {h[0], h[1], h[2]};
-    size_t hl[3] = {32, 32, 32};
-    uint32_t prefix;
     tqkv_store_stats_t st;
     for (uint64_t i = 0; i < 6; i++)
         ck_assert_int_eq(put_page(s, NS_A, 9, i, 0, 1000, 0, NULL), TQKV_OK);
     ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
     ck_assert_uint_eq(st.tier[TQKV_TIER_DRAM].pages, 3);
     for (uint64_t i = 0; i < 3; i++)
-        st_hash(h[i], 9, i);
-    for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(
-            tqkv_store_lookup(s, NS_A, strlen(NS_A), hp + i, hl, 1, 1, 60000, &prefix, NULL),
-            TQKV_OK);
+        ck_assert_uint_eq(lease(s, 9, i, 60000), 1);
     for (uint64_t i = 6; i < 9; i++)
         ck_assert_int_eq(put_page(s, NS_A, 9, i, 0, 1000, 0, NULL), TQKV_OK);
     for (uint64_t i = 0; i < 9; i++)
