@@ -645,6 +645,29 @@ START_TEST(test_corrupt_single_target)
 }
 END_TEST
 
+/* Servers A and B started, a proxy in front of A, and a client with targets {proxy, B}. */
+static tqkv_client_t *
+pair_via_proxy(srv_t *A, srv_t *B, proxy_t *px, uint32_t replicas)
+{
+    start_srv(A);
+    start_srv(B);
+    px_start(px, A->port);
+    const char *t[2] = {px->addr, B->addr};
+    return client_of(t, 2, replicas);
+}
+
+/* The client's target ranked first for hash h of namespace "crc" (the ring of
+ * transport/shard.h is deterministic): 0 = the proxied one. */
+static uint32_t
+primary_of(tqkv_client_t *c, const tqkv_hash_t *h)
+{
+    uint64_t ids[2] = {tqkv_shard_target_id(tqkv_client_target_name(c, 0)),
+                       tqkv_shard_target_id(tqkv_client_target_name(c, 1))};
+    uint32_t order[2];
+    tqkv_shard_rank(ids, 2, tqkv_shard_block_key("crc", h->bytes, h->len), order);
+    return order[0];
+}
+
 /* Two servers, R = 2, the first behind the proxy: pages corrupted on the way from it are
  * replaced by the second server's copies; the Get succeeds with every page checked. */
 START_TEST(test_corrupt_replica_fallback)
@@ -653,27 +676,19 @@ START_TEST(test_corrupt_replica_fallback)
     const uint32_t L = 2;
     srv_t A, B;
     proxy_t px;
-    start_srv(&A);
-    start_srv(&B);
-    px_start(&px, A.port);
-    const char *t[2] = {px.addr, B.addr};
-    tqkv_client_t *c = client_of(t, 2, 2);
+    tqkv_client_t *c = pair_via_proxy(&A, &B, &px, 2);
 
-    /* The ring is deterministic (transport/shard.h): draw hashes until at least 4 of the
-     * 16 have the proxied target first, and at least 4 the direct one. */
-    uint64_t ids[2] = {tqkv_shard_target_id(tqkv_client_target_name(c, 0)),
-                       tqkv_shard_target_id(tqkv_client_target_name(c, 1))};
+    /* Draw hashes until at least 4 of the 16 have the proxied target first, and at least
+     * 4 the direct one. */
     tqkv_hash_t hs[16];
     int primary[16];
     size_t via_px = 0;
     for (uint64_t salt = 0; salt < 100; salt++) {
         via_px = 0;
         for (size_t i = 0; i < nh; i++) {
-            uint32_t order[2];
             proc_hash(&hs[i], SEED + salt * 7777, i, 40);
-            tqkv_shard_rank(ids, 2, tqkv_shard_block_key("crc", hs[i].bytes, hs[i].len), order);
-            primary[i] = (int)order[0];
-            via_px += order[0] == 0;
+            primary[i] = (int)primary_of(c, &hs[i]);
+            via_px += primary[i] == 0;
         }
         if (via_px >= 4 && via_px <= nh - 4)
             break;
@@ -736,21 +751,13 @@ START_TEST(test_corrupt_only_copy_is_not_a_miss)
     const uint32_t L = 2;
     srv_t A, B;
     proxy_t px;
-    start_srv(&A);
-    start_srv(&B);
-    px_start(&px, A.port);
-    const char *t[2] = {px.addr, B.addr};
-    tqkv_client_t *c = client_of(t, 2, 1);
-    uint64_t ids[2] = {tqkv_shard_target_id(tqkv_client_target_name(c, 0)),
-                       tqkv_shard_target_id(tqkv_client_target_name(c, 1))};
+    tqkv_client_t *c = pair_via_proxy(&A, &B, &px, 1);
     /* hash 0 ranks B first, hash 1 the proxied A; the rest at random */
     tqkv_hash_t hs[8];
     size_t i = 0;
     for (uint64_t k = 0; i < nh && k < 10000; k++) {
-        uint32_t order[2];
         proc_hash(&hs[i], SEED, 1000 + k, 24);
-        tqkv_shard_rank(ids, 2, tqkv_shard_block_key("crc", hs[i].bytes, hs[i].len), order);
-        if (i >= 2 || order[0] == (i == 0 ? 1u : 0u))
+        if (i >= 2 || primary_of(c, &hs[i]) == (i == 0 ? 1u : 0u))
             i++;
     }
     ck_assert_uint_eq(i, nh);
