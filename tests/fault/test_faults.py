@@ -125,9 +125,11 @@ def test_server_killed_under_load(r):
     def worker(seed):
         rnd = random.Random(seed)
         # Short reconnect back-off: gRPC's default (1 s, growing 1.6x) could outlast
-        # the few seconds the test gives the restarted server.
+        # the few seconds the test gives the restarted server. gRPC also takes
+        # min_reconnect_backoff_ms as the connect timeout: at 100 ms a loaded machine
+        # timed out every attempt (0 good Gets in 3 s in a full test run), so it stays 2 s.
         ch = grpc.insecure_channel("127.0.0.1:%d" % port, options=H.CHANNEL_OPTS + [
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 2000),
             ("grpc.max_reconnect_backoff_ms", 300)])
         stub = H.pbg.KVCacheStub(ch)
         while not phase["stop"]:
@@ -179,7 +181,7 @@ def test_server_killed_under_load(r):
         except RuntimeError:
             time.sleep(0.25)
     phase["restarted"] = srv2 is not None
-    time.sleep(3.0)
+    time.sleep(4.0)
     phase["stop"] = True
     for t in threads:
         t.join(30)
