@@ -65,6 +65,10 @@ static const opt_t opts[] = {
     {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read", 0},
     {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_VALUE, "HOST:PORT",
      "serve Prometheus /metrics here (default: off)", 0},
+    {"data-listen", "TQKV_DATA_LISTEN", OPT_VALUE, "HOST:PORT",
+     "accept TCP data channels here (Get with TRANSPORT_TCP; unencrypted, so not with "
+     "--tls-cert; default: off)",
+     0},
     {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
      "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0},
     {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)", 0},
@@ -264,6 +268,11 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
         }
     } else if (!strcmp(n, "metrics-listen")) {
         if (!listen_ok(v) || copy_str(cfg->metrics_listen, sizeof cfg->metrics_listen, v)) {
+            why = "expected HOST:PORT with a port in 0..65535";
+            goto bad;
+        }
+    } else if (!strcmp(n, "data-listen")) {
+        if (!listen_ok(v) || copy_str(cfg->data_listen, sizeof cfg->data_listen, v)) {
             why = "expected HOST:PORT with a port in 0..65535";
             goto bad;
         }
@@ -726,6 +735,11 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
 {
     if ((cfg->tls_cert[0] != 0) != (cfg->tls_key[0] != 0)) {
         snprintf(err, errlen, "--tls-cert and --tls-key must be given together");
+        return TQKV_EINVAL;
+    }
+    if (cfg->data_listen[0] && cfg->tls_cert[0]) {
+        snprintf(err, errlen,
+                 "--data-listen: the TCP data channel is unencrypted; not offered with --tls-cert");
         return TQKV_EINVAL;
     }
     if (cfg->tls_client_ca[0] && !cfg->tls_cert[0]) {

@@ -37,6 +37,7 @@ typedef struct tqkv_server_config {
     unsigned max_streams;     /* concurrent streams per connection */
     unsigned drain_seconds;   /* SIGTERM: time in-flight streams get to finish */
     char metrics_listen[256]; /* "" = no metrics endpoint */
+    char data_listen[256];    /* "" = no TCP data channels */
     char auth_tokens[1024];   /* "" = no auth */
     char tls_cert[1024], tls_key[1024], tls_client_ca[1024];
     tqkv_log_level_t log_level;

@@ -2,8 +2,10 @@
  * with transport = TRANSPORT_NCCL (issue 8).
  *
  * Get is registered with tqkv__get_dispatch_handler: a Get whose request asks for
- * TRANSPORT_NCCL switches the call to TQKV__M_GET_NCCL (tqkv__get_nccl_handler);
- * every other Get runs tqkv__get_handler unchanged.
+ * TRANSPORT_NCCL switches the call to TQKV__M_GET_NCCL (tqkv__get_nccl_handler), one
+ * asking for TRANSPORT_TCP to TQKV__M_GET_TCP (service/data_channel.c); every other Get
+ * runs tqkv__get_handler unchanged. OpenChannel/CloseChannel with transport TCP are
+ * answered by data_channel.c too.
  *
  * Without NCCL in the build (or without a CUDA device at run time) OpenChannel and a
  * NCCL Get answer FAILED_PRECONDITION "NCCL transport not available on this server":
@@ -59,28 +61,36 @@ nccl_device(void)
 
 /* ---- Get dispatch ---- */
 
+/* The request's transport (TRANSPORT_GRPC when it does not parse: tqkv__get_handler
+ * reports that). */
 static int
-get_wants_nccl(tqkv__call_t *c)
+get_transport(tqkv__call_t *c)
 {
     size_t len;
     uint8_t *buf = request_bytes(c, &len);
     if (buf == NULL)
-        return 0;
+        return TQKV__V1__TRANSPORT__TRANSPORT_GRPC;
     Tqkv__V1__GetRequest *r = tqkv__v1__get_request__unpack(NULL, len, buf);
     free(buf);
     if (r == NULL)
-        return 0; /* tqkv__get_handler reports it */
-    int nccl = r->transport == TQKV__V1__TRANSPORT__TRANSPORT_NCCL;
+        return TQKV__V1__TRANSPORT__TRANSPORT_GRPC;
+    int t = (int)r->transport;
     tqkv__v1__get_request__free_unpacked(r, NULL);
-    return nccl;
+    return t;
 }
 
 static void
 dispatch_start(tqkv__call_t *c)
 {
-    if (get_wants_nccl(c)) {
+    int t = get_transport(c);
+    if (t == TQKV__V1__TRANSPORT__TRANSPORT_NCCL) {
         c->method = TQKV__M_GET_NCCL; /* every later event goes to tqkv__get_nccl_handler */
         tqkv__get_nccl_handler.on_start(c);
+        return;
+    }
+    if (t == TQKV__V1__TRANSPORT__TRANSPORT_TCP) {
+        c->method = TQKV__M_GET_TCP; /* data_channel.c */
+        tqkv__get_tcp_handler.on_start(c);
         return;
     }
     tqkv__get_handler.on_start(c);
@@ -423,6 +433,11 @@ open_start(tqkv__call_t *c)
         tqkv__v1__open_channel_request__free_unpacked(r, NULL);
         return;
     }
+    if (r->transport == TQKV__V1__TRANSPORT__TRANSPORT_TCP) {
+        tqkv__v1__open_channel_request__free_unpacked(r, NULL);
+        tqkv__dc_open(c);
+        return;
+    }
 #ifdef TQKV_HAVE_NCCL
     char err[NERR];
     uint8_t uid[TQKV_NCCL_UID_BYTES];
@@ -469,6 +484,16 @@ close_start(tqkv__call_t *c)
     tqkv__v1__close_channel_request__free_unpacked(r, NULL);
     if (!channel_auth(c))
         return;
+    if (tqkv__dc_close(c, id))
+        return;
+#ifndef TQKV_HAVE_NCCL
+    if (c->srv->dc) {
+        char err[NERR];
+        snprintf(err, sizeof err, "channel_id %llu: no such open channel", (unsigned long long)id);
+        tqkv__call_finish(c, GRPC_STATUS_NOT_FOUND, err, NULL);
+        return;
+    }
+#endif
 #ifdef TQKV_HAVE_NCCL
     if (tqkv_nccl_chan_close(id) != TQKV_OK) {
         char err[NERR];

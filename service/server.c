@@ -48,6 +48,8 @@ handler_of(tqkv__method_t m)
         return &tqkv__get_dispatch_handler; /* tqkv__get_handler unless transport NCCL */
     case TQKV__M_GET_NCCL:
         return &tqkv__get_nccl_handler;
+    case TQKV__M_GET_TCP:
+        return &tqkv__get_tcp_handler;
     case TQKV__M_OPEN_CHANNEL:
         return &tqkv__open_channel_handler;
     case TQKV__M_CLOSE_CHANNEL:
@@ -626,6 +628,7 @@ set_arg_int(grpc_arg *a, const char *key, int v)
 static void
 destroy_unstarted(tqkv_server_t *s)
 {
+    (void)tqkv__dc_destroy(s, 1000);
     if (s->workers && s->nworkers > 0) {
         s->shutdown_tag.call = NULL;
         grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
@@ -754,6 +757,8 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         st = TQKV_EIO;
         goto fail_bind;
     }
+    if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
+        goto fail_bind;
     if (cfg->metrics_listen[0]) {
         st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
         if (st != TQKV_OK) {
@@ -825,6 +830,9 @@ tqkv_server_start(tqkv_server_t *s)
              TQKV__VERSION, s->port, s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
              s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
+    if (s->dc)
+        tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d", s->cfg.data_listen,
+                 tqkv__dc_port(s));
     if (s->gpu_encode_device >= 0)
         tqkv_log(TQKV_LOG_INFO, "put encoding", "device=%d", s->gpu_encode_device);
     else if (s->cfg.store.device >= 0 && !tqkv__gpu_encode_available(s->cfg.store.device))
@@ -891,6 +899,7 @@ tqkv_server_shutdown(tqkv_server_t *s)
              s->cfg.drain_seconds);
     tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
     atomic_store(&s->shutting_down, 1);
+    tqkv__dc_stop_accepting(s); /* channels already attached serve out the drain */
     s->shutdown_tag.call = NULL;
     grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
     wait_until(s, tqkv__now() + s->cfg.drain_seconds, no_work);
@@ -899,6 +908,9 @@ tqkv_server_shutdown(tqkv_server_t *s)
         tqkv_log(TQKV_LOG_WARN, "drain time over, cancelling calls", "in_flight=%ld", left);
     grpc_server_cancel_all_calls(s->server);
     wait_until(s, 0, all_gone);
+    unsigned dc_left = tqkv__dc_destroy(s, 5000);
+    if (dc_left)
+        tqkv_log(TQKV_LOG_WARN, "data channel threads did not stop", "threads=%u", dc_left);
     for (unsigned i = 0; i < s->nworkers; i++)
         grpc_completion_queue_shutdown(s->workers[i].cq);
     for (unsigned i = 0; i < s->nworkers; i++)

@@ -21,6 +21,7 @@
 #include "kernels/policy.h"
 #include "service/auth.h"
 #include "service/config.h"
+#include "service/data_channel.h"
 #include "service/encoder.h"
 #include "service/metrics.h"
 #include "service/server.h"
@@ -45,6 +46,7 @@ typedef enum tqkv__method {
     TQKV__M_COUNT,
     TQKV__M_GENERIC = TQKV__M_COUNT, /* any unregistered method: UNIMPLEMENTED */
     TQKV__M_GET_NCCL,                /* not registered: a Get with transport NCCL switches to it */
+    TQKV__M_GET_TCP,                 /* not registered: a Get with transport TCP switches to it */
 } tqkv__method_t;
 
 /* What a completion-queue tag stands for. */
@@ -136,6 +138,7 @@ struct tqkv_server {
     int gpu_encode_device; /* Put encodes on this CUDA device (gpu_encode.c), -1 = CPU */
     atomic_int gpu_encode_warned;
     tqkv__reflection_t *refl;
+    tqkv__dc_t *dc; /* TCP data channels (data_channel.c); NULL without --data-listen */
     grpc_server *server;
     void *method_handles[TQKV__M_COUNT];
     tqkv__worker_t *workers;
@@ -164,6 +167,7 @@ extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_hand
 extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
 extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__get_nccl_handler,
     tqkv__open_channel_handler, tqkv__close_channel_handler; /* handlers_nccl.c */
+extern const tqkv__handler_t tqkv__get_tcp_handler;          /* data_channel.c */
 
 /* Call helpers (server.c). All run on the call's worker except tqkv__call_wake. */
 void tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st);

@@ -364,7 +364,8 @@ tqkv_validate_get(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
         goto bad;
     }
     if ((int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_GRPC &&
-        (int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_NCCL) {
+        (int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_NCCL &&
+        (int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_TCP) {
         st = fail(TQKV_EUNSUPPORTED, err, errlen, "transport: unknown value %d",
                   (int)msg->transport);
         goto bad;

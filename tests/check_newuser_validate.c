@@ -25,13 +25,13 @@ START_TEST(get_unknown_transport)
     uint8_t buf[256];
     char err[256] = "";
     Tqkv__V1__GetRequest *g = NULL;
-    for (int t = 0; t <= 1; t++) {
+    for (int t = 0; t <= 2; t++) {
         gr.transport = (Tqkv__V1__Transport)t;
         size_t len = tqkv__v1__get_request__pack(&gr, buf);
         ck_assert_int_eq(tqkv_validate_get(buf, len, &lim, &g, err, sizeof err), TQKV_OK);
         tqkv__v1__get_request__free_unpacked(g, NULL);
     }
-    int bad[] = {2, 5, 1000, -1};
+    int bad[] = {3, 5, 1000, -1};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         gr.transport = (Tqkv__V1__Transport)bad[i];
         size_t len = tqkv__v1__get_request__pack(&gr, buf);

@@ -21,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -28,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -40,6 +43,7 @@
 #include "kernels/page.h"
 #include "kernels/page_format.h"
 #include "tqkv/v1/kvcache.pb-c.h"
+#include "transport/data_channel.h"
 #include "transport/shard.h"
 #include "transport/wire.h"
 
@@ -62,7 +66,21 @@ typedef struct target {
     _Atomic uint32_t rr;
     uint64_t id; /* rendezvous id of name */
     tqkv_shard_health_t health;
+    /* TCP data channels (TQKV_CLIENT_TRANSPORT_TCP), under dc_mu: idle connected
+     * channels, and why the target has none (then its Gets use gRPC) */
+    pthread_mutex_t dc_mu;
+    struct dconn *dc_idle;
+    _Atomic int dc_off;
+    char dc_why[256];
+    _Atomic uint64_t dc_retry_ns; /* dc_off: try again after this */
 } target_t;
+
+/* A connected TCP data channel, owned by one Get at a time. */
+typedef struct dconn {
+    int fd;
+    uint64_t id;
+    struct dconn *next;
+} dconn_t;
 
 struct tqkv_client {
     target_t *t;
@@ -77,6 +95,8 @@ struct tqkv_client {
     grpc_arg args[10];
     grpc_channel_args cargs;
     char *tls_name; /* owned copy for the target-name override arg */
+    int transport;  /* TQKV_CLIENT_TRANSPORT_* */
+    size_t max_msg; /* receive limit, also for data channel pages */
 };
 
 static _Thread_local tqkv_client_error_t last_err;
@@ -172,6 +192,10 @@ struct rpc {
     size_t *gidx; /* Get/Lookup: global hash index of each hash sent */
     size_t count;
     size_t pos; /* messages received */
+    /* Get over a TCP data channel: the channel, frames still due, the next index */
+    dconn_t *dc;
+    size_t frames_left, next_frame;
+    int dc_bad; /* out of step with the server: closed, not reused */
 };
 
 static tqkv_status_t
@@ -546,6 +570,7 @@ add_target(tqkv_client_t *c, size_t *cap, const char *name)
     t->id = tqkv_shard_target_id(name);
     tqkv_shard_health_init(&t->health);
     pthread_rwlock_init(&t->lock, NULL);
+    pthread_mutex_init(&t->dc_mu, NULL);
     atomic_init(&t->renewed_ns, 0);
     c->nt++;
     return 0;
@@ -683,6 +708,13 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     }
 
     size_t maxmsg = o->max_message_bytes ? o->max_message_bytes : TQKV_CLIENT_DEFAULT_MAX_MESSAGE;
+    c->max_msg = maxmsg;
+    if (o->transport != TQKV_CLIENT_TRANSPORT_GRPC && o->transport != TQKV_CLIENT_TRANSPORT_TCP) {
+        st = set_err(TQKV_EINVAL, 0, "transport %d: expected TQKV_CLIENT_TRANSPORT_GRPC or _TCP",
+                     o->transport);
+        goto fail;
+    }
+    c->transport = o->transport;
     int maxmsg_i = maxmsg > 0x7fffffff ? 0x7fffffff : (int)maxmsg;
     grpc_arg *args = c->args;
     size_t na = 0;
@@ -783,6 +815,12 @@ tqkv_client_destroy(tqkv_client_t *c)
         free(c->t[i].ch);
         free(c->t[i].name);
         pthread_rwlock_destroy(&c->t[i].lock);
+        for (dconn_t *d = c->t[i].dc_idle, *nx; d; d = nx) {
+            nx = d->next;
+            close(d->fd); /* the server drops a channel whose connection closes */
+            free(d);
+        }
+        pthread_mutex_destroy(&c->t[i].dc_mu);
     }
     free(c->t);
     if (c->has_auth)
@@ -1575,6 +1613,9 @@ page_crc_copy(uint32_t *crc, uint8_t *dst, const uint8_t *src, size_t a, size_t 
         *crc = tqkv_crc32c_copy(*crc, dst, src, b - a);
 }
 
+static int get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_checked,
+                       size_t wire_len, int via_dc);
+
 /* One received message of rpc r. Returns -1 for a malformed message, 1 for a packed
  * page that fails its CRC32C. The slices are copied into the scratch buffer (the page
  * 64-byte aligned) and, for a packed page, the CRC is computed in the same pass. */
@@ -1647,7 +1688,6 @@ get_message(getop_t *g, rpc_t *r)
             }
         }
     }
-    int bad_crc = crc_checked < 0;
     if (m.value && ((uintptr_t)m.value & 1)) {
         uint8_t *v = scratch_get(&g->sv, m.value_len);
         if (v == NULL)
@@ -1666,6 +1706,18 @@ get_message(getop_t *g, rpc_t *r)
             break;
         }
     }
+    return get_deliver(g, r, gi, &m, crc_checked, len, 0);
+}
+
+/* The rest of one page's handling, shared by gRPC messages and data channel frames:
+ * hash index gi (SIZE_MAX: not one asked for), bad CRC -> next replica or error,
+ * a miss -> next candidate, else the callback. Same returns as get_message. */
+static int
+get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_checked,
+            size_t wire_len, int via_dc)
+{
+    tqkv__get_msg_t m = *mp;
+    int bad_crc = crc_checked < 0;
     if (gi == SIZE_MAX || m.layer < g->q->layer_begin || m.layer >= g->q->layer_end)
         return -1;
     size_t slot = gi * g->L + (m.layer - g->q->layer_begin);
@@ -1702,11 +1754,260 @@ get_message(getop_t *g, rpc_t *r)
     pg.key_len = m.key_len;
     pg.value = m.value;
     pg.value_len = m.value_len;
-    pg.wire_bytes = len;
+    pg.wire_bytes = wire_len;
     pg.target = (int)r->target;
     pg.crc_checked = crc_checked;
+    pg.data_channel = via_dc;
     deliver(g, &pg);
     return 0;
+}
+
+/* One frame of r's TCP data channel (transport/data_frame.h), read into the scratch
+ * buffer (the page 64-byte aligned) and CRC-checked while cache-hot. Returns as
+ * get_message; -1 also for a read that fails or passes deadline_ns (why says which):
+ * the channel is then out of step. */
+static int
+get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
+{
+    uint8_t hb[TQKV_DC_FRAME_BYTES];
+    tqkv_dc_frame_t f;
+    if (tqkv__dcc_read(r->dc->fd, hb, sizeof hb, deadline_ns) != 0) {
+        snprintf(why, whylen, "reading frame %zu: %s", r->next_frame,
+                 errno ? strerror(errno) : "connection closed by the server");
+        return -1;
+    }
+    if (tqkv_dc_frame_decode(hb, &f) != 0) {
+        snprintf(why, whylen, "frame %zu: not a frame header", r->next_frame);
+        return -1;
+    }
+    int found = (f.flags & TQKV_DC_FLAG_FOUND) != 0;
+    if (f.index != r->next_frame || f.layer != g->q->layer_begin + f.index / r->count ||
+        (f.flags & ~TQKV_DC_FLAG_FOUND) != 0) {
+        snprintf(why, whylen, "frame %u (layer %u, flags %#x) where frame %zu was due", f.index,
+                 f.layer, f.flags, r->next_frame);
+        return -1;
+    }
+    if (found ? f.page_len < TQKV_PAGE_HEADER_BYTES || f.page_len > g->c->max_msg
+              : f.page_len != 0) {
+        snprintf(why, whylen, "frame %u: page of %u bytes (%s)", f.index, f.page_len,
+                 found ? "limit: the client's max_message_bytes" : "missing block");
+        return -1;
+    }
+    uint8_t *page = NULL;
+    if (found) {
+        page = scratch_get(&g->sc, f.page_len);
+        if (page == NULL) {
+            snprintf(why, whylen, "out of memory");
+            return -1;
+        }
+        if (tqkv__dcc_read(r->dc->fd, page, f.page_len, deadline_ns) != 0) {
+            snprintf(why, whylen, "reading page %u: %s", f.index,
+                     errno ? strerror(errno) : "connection closed by the server");
+            return -1;
+        }
+    }
+    r->next_frame++;
+    r->frames_left--;
+    tqkv__get_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.layer = f.layer;
+    m.found = found;
+    m.tier = (int)f.tier;
+    int crc_checked = 0;
+    if (found) {
+        tqkv_page_header_t h;
+        memcpy(&h, page, sizeof h);
+        m.page = page;
+        m.page_len = f.page_len;
+        m.num_tokens = h.num_tokens;
+        m.num_kv_heads = h.num_kv_heads;
+        m.head_dim = h.head_dim;
+        crc_checked =
+            h.page_bytes == f.page_len && tqkv_page_crc(page, f.page_len) == h.crc32c ? 1 : -1;
+    }
+    return get_deliver(g, r, r->gidx[f.index % r->count], &m, crc_checked,
+                       TQKV_DC_FRAME_BYTES + (size_t)f.page_len, 1);
+}
+
+/* Cancels every call of a Get round (the callback asked to stop); data channels with
+ * frames due are then out of step. */
+static void
+get_cancel_all(tqkv_client_t *c, rpc_t *rs, const int *started)
+{
+    for (size_t t = 0; t < c->nt; t++) {
+        if (!started[t])
+            continue;
+        if (rs[t].call && rs[t].inflight > 0)
+            grpc_call_cancel(rs[t].call, NULL);
+        if (rs[t].dc && rs[t].frames_left > 0)
+            rs[t].dc_bad = 1, rs[t].frames_left = 0;
+    }
+}
+
+/* One completion of a Get round's calls (already booked by rpc_event). */
+static void
+get_event(tqkv_client_t *c, getop_t *g, rpc_t *rs, const int *started, rpc_t *r, tag_kind_t k,
+          tqkv_status_t *st)
+{
+    if (k == TAG_RECV && r->recv_bb) {
+        int bad = r->dc ? -1 : get_message(g, r); /* nothing comes on a data channel's stream */
+        grpc_byte_buffer_destroy(r->recv_bb);
+        r->recv_bb = NULL;
+        if (bad) {
+            if (*st == TQKV_OK && bad > 0)
+                *st = set_err(TQKV_ECORRUPT, 0,
+                              "%s: page of hash %zu layer %u failed its CRC32C check "
+                              "(not delivered; no replica left with a good copy)",
+                              c->t[g->bad_target].name, g->bad_hash, g->bad_layer);
+            else if (*st == TQKV_OK)
+                *st = set_err(TQKV_EINTERNAL, 0, "%s: malformed GetResponse", c->t[r->target].name);
+            grpc_call_cancel(r->call, NULL);
+            if (r->dc)
+                r->dc_bad = 1, r->frames_left = 0;
+        } else if (g->canceled) {
+            get_cancel_all(c, rs, started);
+        } else if (!r->recv_eof) {
+            rpc_recv(r);
+        }
+    }
+    /* A data channel Get that failed sends no more frames (the server closed it). */
+    if (r->dc && r->status_done && r->status != GRPC_STATUS_OK && r->frames_left > 0)
+        r->dc_bad = 1, r->frames_left = 0;
+}
+
+/* ---- TCP data channels (TQKV_CLIENT_TRANSPORT_TCP) ---- */
+
+#define M_OPEN_CHANNEL "/tqkv.v1.KVCache/OpenChannel"
+#define M_CLOSE_CHANNEL "/tqkv.v1.KVCache/CloseChannel"
+#define DC_RETRY_NS (30ull * 1000000000ull) /* a target without channels is asked again after */
+#define DC_CONNECT_MS 5000u
+
+static void dc_disable(target_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+dc_disable(target_t *t, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&t->dc_mu);
+    t->dc_off = 1;
+    va_start(ap, fmt);
+    vsnprintf(t->dc_why, sizeof t->dc_why, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&t->dc_mu);
+    atomic_store(&t->dc_retry_ns, tqkv_shard_now_ns() + DC_RETRY_NS);
+}
+
+/* An idle channel the server has not closed (a restarted server closed the old ones). */
+static dconn_t *
+dc_pop_live(target_t *t)
+{
+    for (;;) {
+        pthread_mutex_lock(&t->dc_mu);
+        dconn_t *d = t->dc_idle;
+        if (d)
+            t->dc_idle = d->next;
+        pthread_mutex_unlock(&t->dc_mu);
+        if (d == NULL)
+            return NULL;
+        struct pollfd pf = {d->fd, POLLIN, 0}; /* EOF reads as POLLIN */
+        if (poll(&pf, 1, 0) == 0)
+            return d;
+        close(d->fd); /* EOF, or bytes nobody asked for */
+        free(d);
+    }
+}
+
+/* A data channel for one Get to target ti, or NULL: ask over gRPC. A new one costs an
+ * OpenChannel call and a connect; channels are kept for later Gets. */
+static dconn_t *
+dc_acquire(tqkv_client_t *c, size_t ti)
+{
+    target_t *t = &c->t[ti];
+    if (t->dc_off) {
+        if (tqkv_shard_now_ns() < atomic_load(&t->dc_retry_ns))
+            return NULL;
+        pthread_mutex_lock(&t->dc_mu);
+        t->dc_off = 0;
+        pthread_mutex_unlock(&t->dc_mu);
+    }
+    dconn_t *d = dc_pop_live(t);
+    if (d)
+        return d;
+    char host[256], err[320];
+    if (tqkv__dcc_target_host(t->name, host, sizeof host) != 0) {
+        dc_disable(t, "target %s has no TCP host", t->name);
+        return NULL;
+    }
+    tqkv_client_error_t saved = last_err;
+    Tqkv__V1__OpenChannelRequest m;
+    tqkv__v1__open_channel_request__init(&m);
+    m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
+    ProtobufCMessage *rq = &m.base, *rs = NULL;
+    tqkv_status_t st;
+    unary_fanout(c, 1, &ti, M_OPEN_CHANNEL, &rq, &tqkv__v1__open_channel_response__descriptor, 0,
+                 &rs, &st);
+    if (st != TQKV_OK) {
+        dc_disable(t, "OpenChannel: %s", last_err.message);
+        last_err = saved;
+        return NULL;
+    }
+    Tqkv__V1__OpenChannelResponse *r = (Tqkv__V1__OpenChannelResponse *)rs;
+    int fd = -1;
+    if (r->data_port == 0 || r->data_port > 65535 || r->channel_secret.len != TQKV_DC_SECRET_BYTES)
+        snprintf(err, sizeof err, "OpenChannel: malformed answer (port %u, secret of %zu bytes)",
+                 r->data_port, r->channel_secret.len);
+    else
+        fd = tqkv__dcc_connect(host, r->data_port, r->channel_id, r->channel_secret.data,
+                               DC_CONNECT_MS, err, sizeof err);
+    uint64_t id = r->channel_id;
+    protobuf_c_message_free_unpacked(rs, NULL);
+    last_err = saved;
+    if (fd < 0) {
+        dc_disable(t, "%s", err);
+        return NULL;
+    }
+    d = calloc(1, sizeof *d);
+    if (d == NULL) {
+        close(fd);
+        return NULL;
+    }
+    d->fd = fd;
+    d->id = id;
+    return d;
+}
+
+/* Back to the pool when the Get ended in step with the server, else closed (the
+ * server then drops the channel). */
+static void
+dc_release(tqkv_client_t *c, size_t ti, dconn_t *d, int reuse)
+{
+    if (d == NULL)
+        return;
+    if (!reuse) {
+        close(d->fd);
+        free(d);
+        return;
+    }
+    target_t *t = &c->t[ti];
+    pthread_mutex_lock(&t->dc_mu);
+    d->next = t->dc_idle;
+    t->dc_idle = d;
+    pthread_mutex_unlock(&t->dc_mu);
+}
+
+const char *
+tqkv_client_data_channel_status(tqkv_client_t *c, size_t target)
+{
+    static _Thread_local char buf[256];
+    if (c == NULL || target >= c->nt)
+        return "no such target";
+    if (c->transport != TQKV_CLIENT_TRANSPORT_TCP)
+        return "the client uses gRPC (transport TQKV_CLIENT_TRANSPORT_GRPC)";
+    target_t *t = &c->t[target];
+    pthread_mutex_lock(&t->dc_mu);
+    snprintf(buf, sizeof buf, "%s", t->dc_off ? t->dc_why : "");
+    pthread_mutex_unlock(&t->dc_mu);
+    return buf;
 }
 
 tqkv_status_t
@@ -1742,7 +2043,8 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     rpc_t *rs = calloc(c->nt, sizeof *rs);
     g.done = calloc(n * g.L, 1);
     g.corrupt = calloc(n * g.L, 1);
-    gpr_timespec dl = deadline_after(q->deadline_ms ? q->deadline_ms : c->deadline_ms);
+    uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
+    gpr_timespec dl = deadline_after(op_ms);
     if (!cand || !hb || !gidx || !start || !rs || !g.done || !g.corrupt) {
         st = set_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
@@ -1799,47 +2101,94 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
             rpc_t *r = &rs[t];
             r->gidx = &gidx[start[t]];
             r->count = m.n_hashes;
+            if (c->transport == TQKV_CLIENT_TRANSPORT_TCP && q->encoding != TQKV_CLIENT_BF16 &&
+                (r->dc = dc_acquire(c, t)) != NULL) {
+                m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
+                m.channel_id = r->dc->id;
+                r->frames_left = m.n_hashes * g.L;
+            }
             grpc_byte_buffer *bb = tqkv_wire_encode(&m.base);
             tqkv_status_t s2 = rpc_start(c, r, cq, t, M_GET, dl, bb);
             if (r->call == NULL)
                 grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
             started[t] = 1;
-            if (s2 == TQKV_OK)
+            if (s2 == TQKV_OK && r->dc == NULL)
                 rpc_recv(r);
-            else if (st == TQKV_OK)
+            else if (s2 != TQKV_OK && st == TQKV_OK)
                 st = s2;
+            if (s2 != TQKV_OK)
+                r->frames_left = 0, r->dc_bad = 1;
             live += r->inflight > 0;
         }
-        while (live > 0) {
-            tag_kind_t k;
-            int ok;
-            rpc_t *r = cq_step(cq, &k, &ok);
-            if (r == NULL)
-                break;
-            if (k == TAG_RECV && r->recv_bb) {
-                int bad = get_message(&g, r);
-                grpc_byte_buffer_destroy(r->recv_bb);
-                r->recv_bb = NULL;
-                if (bad) {
+        uint64_t dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull;
+        for (;;) {
+            /* Data channels with frames due are read as they become readable; between
+             * reads the completion queue is polled without waiting (statuses). */
+            struct pollfd pf[64];
+            size_t who[64], nfd = 0;
+            for (size_t t = 0; t < c->nt && t < 64; t++)
+                if (started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
+                    pf[nfd].fd = rs[t].dc->fd;
+                    pf[nfd].events = POLLIN;
+                    pf[nfd].revents = 0;
+                    who[nfd++] = t;
+                }
+            if (nfd == 0) {
+                if (live == 0)
+                    break;
+                tag_kind_t k;
+                int ok;
+                rpc_t *r = cq_step(cq, &k, &ok);
+                if (r == NULL)
+                    break;
+                get_event(c, &g, rs, started, r, k, &st);
+                if (r->inflight == 0)
+                    live--;
+                continue;
+            }
+            int pr = poll(pf, nfd, live > 0 ? 1 : 50);
+            for (size_t i = 0; i < nfd && pr > 0; i++) {
+                if (pf[i].revents == 0 || g.canceled)
+                    continue;
+                rpc_t *r = &rs[who[i]];
+                char why[240];
+                int bad = get_frame(&g, r, dl_ns, why, sizeof why);
+                if (bad != 0) {
+                    r->dc_bad = 1;
+                    r->frames_left = 0;
+                    if (r->inflight > 0)
+                        grpc_call_cancel(r->call, NULL);
                     if (st == TQKV_OK && bad > 0)
                         st = set_err(TQKV_ECORRUPT, 0,
                                      "%s: page of hash %zu layer %u failed its CRC32C check "
                                      "(not delivered; no replica left with a good copy)",
                                      c->t[g.bad_target].name, g.bad_hash, g.bad_layer);
                     else if (st == TQKV_OK)
-                        st = set_err(TQKV_EINTERNAL, 0, "%s: malformed GetResponse",
-                                     c->t[r->target].name);
-                    grpc_call_cancel(r->call, NULL);
+                        st = set_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
+                                     "%s: data channel: %s", c->t[r->target].name, why);
                 } else if (g.canceled) {
-                    for (size_t t = 0; t < c->nt; t++)
-                        if (started[t] && rs[t].call && rs[t].inflight > 0)
-                            grpc_call_cancel(rs[t].call, NULL);
-                } else if (!r->recv_eof) {
-                    rpc_recv(r);
+                    get_cancel_all(c, rs, started);
                 }
             }
-            if (r->inflight == 0)
-                live--;
+            if (pr == 0 && live == 0 && tqkv_shard_now_ns() >= dl_ns) {
+                for (size_t i = 0; i < nfd; i++)
+                    rs[who[i]].dc_bad = 1, rs[who[i]].frames_left = 0;
+                if (st == TQKV_OK)
+                    st = set_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
+                                 "%s: data channel: deadline passed with frames still due",
+                                 c->t[rs[who[0]].target].name);
+            }
+            while (live > 0) {
+                grpc_event ev =
+                    grpc_completion_queue_next(cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+                if (ev.type != GRPC_OP_COMPLETE)
+                    break;
+                rtag_t *tg = ev.tag;
+                rpc_event(tg->r, tg->k, ev.success);
+                get_event(c, &g, rs, started, tg->r, tg->k, &st);
+                if (tg->r->inflight == 0)
+                    live--;
+            }
         }
         for (size_t t = 0; t < c->nt; t++) {
             if (!started[t])
@@ -1854,7 +2203,16 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                     st = s2;
                 else if (st != TQKV_OK)
                     last_err = first;
+                if (s2 != TQKV_OK)
+                    rs[t].dc_bad = 1;
             }
+            if (rs[t].dc && rs[t].frames_left > 0 && st == TQKV_OK && !g.canceled)
+                st = set_err(TQKV_EINTERNAL, 0, "%s: data channel: %zu frames missing",
+                             c->t[t].name, rs[t].frames_left);
+            dc_release(c, t, rs[t].dc,
+                       !rs[t].dc_bad && rs[t].frames_left == 0 && !g.canceled &&
+                           rs[t].status_done && rs[t].status == GRPC_STATUS_OK);
+            rs[t].dc = NULL;
             rpc_fini(&rs[t]);
         }
         cq_destroy(cq);
@@ -2120,9 +2478,6 @@ tqkv_client_decode_page(const void *page, size_t len, uint16_t *k, uint16_t *v,
 #ifdef TQKV_HAVE_NCCL
 #include "transport/nccl_channel.h"
 #endif
-
-#define M_OPEN_CHANNEL "/tqkv.v1.KVCache/OpenChannel"
-#define M_CLOSE_CHANNEL "/tqkv.v1.KVCache/CloseChannel"
 
 struct tqkv_channel {
     size_t target;

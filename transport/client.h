@@ -54,7 +54,16 @@ typedef struct tqkv_client_opts {
     int wait_for_ready;           /* 1: calls wait for a connection until their deadline */
     uint32_t backoff_min_ms;      /* a failed target is skipped this long first; 0 = 200 */
     uint32_t backoff_max_ms;      /* doubling up to this; 0 = 5000 */
+    /* How PACKED Gets move page bytes. TQKV_CLIENT_TRANSPORT_TCP: over TCP data channels
+     * (design.md, "TCP data channel") to servers started with --data-listen, one channel
+     * per Get in flight, kept open and reused; a server without them (or unreachable on
+     * its data port) is asked over gRPC instead, and the reason is kept
+     * (tqkv_client_data_channel_status). BF16 Gets always use gRPC. */
+    int transport;
 } tqkv_client_opts_t;
+
+#define TQKV_CLIENT_TRANSPORT_GRPC 0
+#define TQKV_CLIENT_TRANSPORT_TCP 1
 
 /* A block hash (8..64 bytes), a value. */
 typedef struct tqkv_hash {
@@ -192,6 +201,7 @@ typedef struct tqkv_get_page {
      * and with none left the Get fails with TQKV_ECORRUPT (so does a page shorter than a
      * header or whose header gives another length). 0: not checked (BF16: no page). */
     int crc_checked;
+    int data_channel; /* 1: the page came over a TCP data channel (not in a gRPC message) */
 } tqkv_get_page_t;
 
 /* Called once per (hash, layer). Return 0 to continue, non-zero to cancel the Get
@@ -317,6 +327,10 @@ typedef int (*tqkv_nccl_cb_t)(void *arg, const tqkv_nccl_page_t *pg);
 tqkv_status_t tqkv_client_get_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *req,
                                    void *const *dev_bufs, size_t n_bufs, size_t buf_len,
                                    tqkv_nccl_cb_t cb, void *arg);
+
+/* With TQKV_CLIENT_TRANSPORT_TCP: "" while target's data channels work (or before the
+ * first Get), else why its Gets fall back to gRPC. Borrowed until the next call. */
+const char *tqkv_client_data_channel_status(tqkv_client_t *c, size_t target);
 
 /* ---- Internal, exposed for the tests ---- */
 

@@ -76,6 +76,7 @@ typedef struct cfg {
     uint32_t replicas, channels;
     uint64_t seed;
     int verify_every;
+    int transport; /* TQKV_CLIENT_TRANSPORT_* */
     uint32_t working_set;
     uint32_t lease_ms;
     int client_encode;
@@ -102,6 +103,7 @@ static size_t data_elems, block_elems;
 static struct {
     _Atomic uint64_t put_blocks, put_bf16, put_wire, get_found, get_missing, get_bf16, get_wire;
     _Atomic uint64_t client_crc; /* packed pages whose CRC libtqkv checked while copying */
+    _Atomic uint64_t dc_pages;   /* pages that came over a TCP data channel */
     _Atomic uint64_t lookup_asked, lookup_hit, verify_failures, errors, ops, content_checks;
     _Atomic int stop;
 } K;
@@ -238,11 +240,14 @@ verify_fail(const char *fmt, ...)
     }
 }
 
-/* First read of (hash, layer) records crc/len; later reads must match. */
-static void
+/* First read of (hash, layer) records crc/len; later reads must match. Returns 0 for
+ * a later read that matches, 1 for a first read (recorded), 2 when the table is full
+ * (not recorded), -1 for a mismatch (counted as a verify failure). */
+static int
 vtab_check(uint64_t key, uint32_t crc, uint32_t len)
 {
     size_t mask = ((size_t)1 << VTAB_BITS) - 1;
+    int rc = 2;
     key |= 1;
     pthread_mutex_lock(&vtab_mu);
     for (size_t i = mix64(key) & mask;; i = (i + 1) & mask) {
@@ -251,19 +256,22 @@ vtab_check(uint64_t key, uint32_t crc, uint32_t len)
                 pthread_mutex_unlock(&vtab_mu);
                 verify_fail("page changed between reads (crc %08x/%u vs %08x/%u)", vtab[i].crc,
                             vtab[i].len, crc, len);
-                return;
+                return -1;
             }
+            rc = 0;
             break;
         }
         if (vtab[i].key == 0) {
             if (vtab_used < mask / 10 * 7) {
                 vtab[i] = (vent_t){key, crc, len};
                 vtab_used++;
+                rc = 1;
             }
             break;
         }
     }
     pthread_mutex_unlock(&vtab_mu);
+    return rc;
 }
 
 /* Relative L2 error of a decoded tensor against its source: the scalar reference
@@ -438,6 +446,8 @@ on_page(void *arg, const tqkv_get_page_t *pg)
          * gRPC buffers (crc_checked); otherwise it is checked here */
         if (pg->crc_checked == 1)
             atomic_fetch_add(&K.client_crc, 1);
+        if (pg->data_channel)
+            atomic_fetch_add(&K.dc_pages, 1);
         if (tqkv_page_validate(pg->page, pg->page_len, pg->crc_checked != 1, &info, err,
                                sizeof err) != TQKV_OK) {
             verify_fail("layer %u: invalid page: %s", pg->layer, err);
@@ -449,8 +459,14 @@ on_page(void *arg, const tqkv_get_page_t *pg)
                         info.shape.num_kv_heads, info.shape.head_dim);
             return 0;
         }
-        vtab_check(key, info.hdr->crc32c, (uint32_t)pg->page_len);
-        if (C.verify_every > 0 && (rnd(&w->rng) % (uint64_t)C.verify_every) == 0) {
+        /* Every page is content-checked or byte-identical (same CRC32C and length) to a
+         * content-checked read of the same (hash, layer, server): the first read of each
+         * is decoded and compared with its source, later ones must match it; a random
+         * 1 in --verify-every is decoded again. */
+        int first = vtab_check(key, info.hdr->crc32c, (uint32_t)pg->page_len);
+        if (first < 0)
+            return 0;
+        if (first > 0 || (C.verify_every > 0 && (rnd(&w->rng) % (uint64_t)C.verify_every) == 0)) {
             atomic_fetch_add(&K.content_checks, 1);
             if (tqkv_page_decode_f32(pg->page, pg->page_len, w->kf, w->vf) != TQKV_OK) {
                 verify_fail("layer %u: decode failed", pg->layer);
@@ -1128,9 +1144,11 @@ usage(void)
         "  --model llama3-8b|llama3-70b|tiny  or --layers N --kv-heads N --head-dim N\n"
         "  --block-tokens N (256)  --seq-blocks N (4)  --prefix-reuse R (0.5)\n"
         "  --phase prefill|decode|mixed (mixed)  --encoding packed|bf16 (packed)\n"
+        "  --transport tcp|grpc (tcp: PACKED Gets over TCP data channels where the server\n"
+        "               offers them, else gRPC; a spawned server gets --data-listen)\n"
         "  --key-bits B --value-bits B  --namespace NS (bench)  --replicas R (1)\n"
         "  --channels N (connections per target)  --working-set N (decode: sequences)\n"
-        "  --dram-capacity BYTES (passed to a spawned server)  --verify-every N (32)\n"
+        "  --dram-capacity BYTES (passed to a spawned server)  --verify-every N (256)\n"
         "  --lease-ms N (Lookup pins the prefix this long for the Get, 100)\n"
         "  --client-encode (encode pages in the bench and Put pages; bits from\n"
         "                   --key-bits/--value-bits, default 3.5/3)\n"
@@ -1265,7 +1283,8 @@ main(int argc, char **argv)
     C.ns = "bench";
     C.baselines = 1;
     C.replicas = 1;
-    C.verify_every = 32;
+    C.verify_every = 256;
+    C.transport = TQKV_CLIENT_TRANSPORT_TCP;
     C.lease_ms = 100; /* Lookup-to-Get is milliseconds; longer leases pin more of the store */
     C.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     set_model("llama3-8b");
@@ -1326,6 +1345,15 @@ main(int argc, char **argv)
                 C.phase = PH_MIXED;
             else {
                 fprintf(stderr, "tqkv-bench: --phase prefill|decode|mixed\n");
+                return 2;
+            }
+        } else if (ARG("--transport")) {
+            if (!strcmp(v, "tcp"))
+                C.transport = TQKV_CLIENT_TRANSPORT_TCP;
+            else if (!strcmp(v, "grpc"))
+                C.transport = TQKV_CLIENT_TRANSPORT_GRPC;
+            else {
+                fprintf(stderr, "tqkv-bench: --transport tcp|grpc\n");
                 return 2;
             }
         } else if (ARG("--encoding")) {
@@ -1455,6 +1483,10 @@ main(int argc, char **argv)
         sargv[n++] = (char *)C.spawn;
         sargv[n++] = "--listen";
         sargv[n++] = "127.0.0.1:0";
+        if (C.transport == TQKV_CLIENT_TRANSPORT_TCP) {
+            sargv[n++] = "--data-listen";
+            sargv[n++] = "127.0.0.1:0";
+        }
         for (int i = 0; i < C.nserver_args; i++)
             sargv[n++] = (char *)C.server_args[i];
         sargv[n] = NULL;
@@ -1474,6 +1506,7 @@ main(int argc, char **argv)
         .tls_target_name = C.tls_name,
         .token = C.token,
         .replicas = C.replicas,
+        .transport = C.transport,
         .channels_per_target =
             C.channels ? C.channels : (uint32_t)(C.concurrency < 4 ? C.concurrency : 4),
         /* The health probe below waits for the targets; once they
@@ -1687,6 +1720,7 @@ main(int argc, char **argv)
     fprintf(o, "  %-34s %12" PRIu64 "\n", "pages found", K.get_found);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "pages missing", K.get_missing);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "CRC checked in libtqkv", K.client_crc);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "pages over TCP data channels", K.dc_pages);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "content checks", K.content_checks);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "verify failures", K.verify_failures);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "errors", K.errors);
@@ -1728,9 +1762,11 @@ main(int argc, char **argv)
                     "\"hit_rate\": %.6f, \"verify_failures\": %" PRIu64 ", \"errors\": %" PRIu64
                     ", \"pages_found\": %" PRIu64 ", \"pages_missing\": %" PRIu64
                     ", \"content_checks\": %" PRIu64 ", \"client_crc_checked\": %" PRIu64
+                    ", \"data_channel_pages\": %" PRIu64 ", \"transport\": \"%s\""
                     ", \"elapsed_s\": %.3f, ",
                     bf16_gbps, wire_gbps, pages_s, put_gbps, put_wire_gbps, hit, K.verify_failures,
-                    K.errors, K.get_found, K.get_missing, K.content_checks, K.client_crc, elapsed);
+                    K.errors, K.get_found, K.get_missing, K.content_checks, K.client_crc,
+                    K.dc_pages, C.transport == TQKV_CLIENT_TRANSPORT_TCP ? "tcp" : "grpc", elapsed);
             fprintf(j, "\"latency_us\": {");
             const char *names[] = {"Put", "Lookup", "Get", "GetFirstPage"};
             pct_t ps[] = {pp, pl, pgt, pf};

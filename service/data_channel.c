@@ -1,0 +1,840 @@
+/* data_channel.c - TCP data channels: Get page bytes over a plain TCP connection
+ * instead of HTTP/2 frames (design.md, "TCP data channel"; formats in
+ * transport/data_frame.h).
+ *
+ * OpenChannel(transport = TCP) registers a channel {id, 16-byte secret, owner = the
+ * caller's authorization header}. The client connects to --data-listen and sends a
+ * hello; a connection thread checks it (5 s to arrive, secret compared in constant
+ * time, one connection per channel; unattached channels expire after 30 s) and then
+ * serves that channel's Gets: a Get with transport TCP (TQKV__M_GET_TCP, switched to
+ * by the Get dispatch in handlers_nccl.c) is validated and authorized on its worker
+ * like any Get, then handed to the channel's thread as a job (the call waits in
+ * CS_WORK with a reserved TAG_WAKE). The thread pins each page, writes its frame
+ * header and the page itself with one sendmsg (no copy in user space), unpins it, and
+ * fires the wake after the last frame; the worker then sends the status. A job that
+ * fails, is cancelled, or whose write fails closes the channel (the client can no
+ * longer tell where frames end); so do CloseChannel and a client that closes its end.
+ *
+ * Lifetime: a channel is freed when its last reference goes (registry, connection
+ * thread, each Get holding it); only then is its socket closed, so shutdown() from
+ * another thread never hits a reused descriptor. dc->mu guards the registry and every
+ * channel's busy/job/attached fields.
+ */
+#define _GNU_SOURCE
+#include "service/data_channel.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/page.h"
+#include "service/log.h"
+#include "service/service_internal.h"
+#include "service/status_map.h"
+#include "tqkv/v1/kvcache.pb-c.h"
+#include "transport/data_frame.h"
+
+#define NERR 320
+#define MAX_CHANNELS 256u     /* registered channels, server-wide */
+#define MAX_CONN_THREADS 320u /* connection threads (attached + saying hello) */
+#define HELLO_TIMEOUT_MS 5000 /* a connection has this long to send its hello */
+#define ATTACH_TIMEOUT_S 30.0 /* an unattached channel expires after this */
+
+typedef struct dc_job {
+    tqkv__call_t *c;
+    const Tqkv__V1__GetRequest *req;
+    atomic_int cancel;
+    grpc_status_code code;
+    char msg[NERR];
+    uint64_t hits, misses;
+} dc_job_t;
+
+typedef struct dchan {
+    uint64_t id;
+    uint8_t secret[TQKV_DC_SECRET_BYTES];
+    char *owner; /* authorization header of the opener (NULL: none) */
+    size_t owner_len;
+    double created;
+    int fd;  /* attached connection, -1 before; closed when freed */
+    int efd; /* eventfd: a job or a stop for the connection thread */
+    int attached, busy, registered;
+    atomic_int dead;
+    int refs;
+    dc_job_t *job;
+    struct dchan *next;
+} dchan_t;
+
+struct tqkv__dc {
+    tqkv_server_t *srv;
+    int lfd, port;
+    pthread_t acceptor;
+    int accepting;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    dchan_t *chans;
+    unsigned nchans, threads;
+    int closing;
+};
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- channel references (dc->mu held) ---- */
+
+static void
+chan_free(dchan_t *ch)
+{
+    if (ch->fd >= 0)
+        close(ch->fd);
+    if (ch->efd >= 0)
+        close(ch->efd);
+    free(ch->owner);
+    free(ch);
+}
+
+static void
+chan_unref_locked(tqkv__dc_t *dc, dchan_t *ch)
+{
+    if (--ch->refs == 0)
+        chan_free(ch);
+    pthread_cond_broadcast(&dc->cv);
+}
+
+static void
+chan_unregister_locked(tqkv__dc_t *dc, dchan_t *ch)
+{
+    if (!ch->registered)
+        return;
+    for (dchan_t **p = &dc->chans; *p; p = &(*p)->next) {
+        if (*p == ch) {
+            *p = ch->next;
+            break;
+        }
+    }
+    ch->registered = 0;
+    dc->nchans--;
+    chan_unref_locked(dc, ch);
+}
+
+/* Marks ch dead and wakes whatever blocks on it (its thread in poll or sendmsg). */
+static void
+chan_kill_locked(dchan_t *ch)
+{
+    atomic_store(&ch->dead, 1);
+    if (ch->fd >= 0)
+        shutdown(ch->fd, SHUT_RDWR);
+    uint64_t one = 1;
+    if (ch->efd >= 0 && write(ch->efd, &one, sizeof one) < 0) {
+        /* the counter is only a wake-up: a full counter already wakes */
+    }
+}
+
+static dchan_t *
+chan_find_locked(tqkv__dc_t *dc, uint64_t id)
+{
+    for (dchan_t *ch = dc->chans; ch; ch = ch->next)
+        if (ch->id == id)
+            return ch;
+    return NULL;
+}
+
+static int
+owner_matches(const dchan_t *ch, const tqkv__call_t *c)
+{
+    if (c->srv->auth == NULL)
+        return 1;
+    return ch->owner != NULL && c->authz != NULL && ch->owner_len == c->authz_len &&
+           memcmp(ch->owner, c->authz, c->authz_len) == 0;
+}
+
+/* ---- the job: frames of one Get ---- */
+
+static int
+send_all(int fd, struct iovec *iov, int n)
+{
+    while (n > 0) {
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        size_t left = (size_t)w;
+        while (n > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++, n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+static void job_fail(dc_job_t *j, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+job_fail(dc_job_t *j, grpc_status_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->msg, sizeof j->msg, fmt, ap);
+    va_end(ap);
+    j->code = code;
+}
+
+static void
+run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
+{
+    const Tqkv__V1__GetRequest *q = j->req;
+    size_t nh = q->n_hashes, total = (size_t)(q->layer_end - q->layer_begin) * nh;
+    size_t nsl = strlen(q->namespace_);
+    j->code = GRPC_STATUS_OK;
+    for (size_t i = 0; i < total; i++) {
+        if (atomic_load(&j->cancel)) {
+            job_fail(j, GRPC_STATUS_CANCELLED, "Get cancelled");
+            break;
+        }
+        uint32_t layer = q->layer_begin + (uint32_t)(i / nh);
+        const ProtobufCBinaryData *hash = &q->hashes[i % nh];
+        tqkv_block_key_t key = {q->namespace_, nsl, hash->data, hash->len, layer};
+        tqkv_page_ref_t *ref = NULL;
+        tqkv_status_t st = tqkv_store_get(s->store, &key, &ref);
+        uint8_t hdr[TQKV_DC_FRAME_BYTES];
+        tqkv_dc_frame_t f = {(uint32_t)i, layer, 0, 0, 0};
+        struct iovec iov[2];
+        int n = 1;
+        if (st == TQKV_ENOTFOUND) {
+            j->misses++;
+        } else if (st != TQKV_OK) {
+            job_fail(j, tqkv_status_to_grpc(st), "layer %u, hashes[%zu]: %s", layer, i % nh,
+                     tqkv_strerror(st));
+            break;
+        } else {
+            j->hits++;
+            size_t len = tqkv_page_ref_len(ref);
+            if (len > UINT32_MAX) {
+                tqkv_page_ref_release(ref);
+                job_fail(j, GRPC_STATUS_INTERNAL, "layer %u, hashes[%zu]: page of %zu bytes", layer,
+                         i % nh, len);
+                break;
+            }
+            f.flags = TQKV_DC_FLAG_FOUND;
+            f.tier = (uint32_t)tqkv_page_ref_tier(ref);
+            f.page_len = (uint32_t)len;
+            iov[1].iov_base = (void *)tqkv_page_ref_data(ref);
+            iov[1].iov_len = len;
+            n = 2;
+            tqkv_page_header_t ph;
+            memcpy(&ph, iov[1].iov_base, sizeof ph);
+            uint64_t bf = (uint64_t)ph.num_tokens * ph.num_kv_heads * ph.head_dim * 2 *
+                          ((ph.tensor[0].bits_x2 != 0) + (ph.tensor[1].bits_x2 != 0));
+            tqkv_metrics_add_bytes(s->metrics, 0, len, bf);
+        }
+        tqkv_dc_frame_encode(hdr, &f);
+        iov[0].iov_base = hdr;
+        iov[0].iov_len = sizeof hdr;
+        int rc = send_all(ch->fd, iov, n);
+        int e = errno;
+        if (ref)
+            tqkv_page_ref_release(ref);
+        if (rc != 0) {
+            if (atomic_load(&j->cancel))
+                job_fail(j, GRPC_STATUS_CANCELLED, "Get cancelled");
+            else
+                job_fail(j, GRPC_STATUS_UNAVAILABLE, "data channel %llu: write failed: %s",
+                         (unsigned long long)ch->id, strerror(e));
+            break;
+        }
+    }
+}
+
+/* ---- connection threads ---- */
+
+typedef struct conn_arg {
+    tqkv__dc_t *dc;
+    int fd;
+} conn_arg_t;
+
+static int
+recv_all_timeout(int fd, void *buf, size_t n, int timeout_ms)
+{
+    uint8_t *p = buf;
+    double until = now_s() + timeout_ms / 1000.0;
+    while (n > 0) {
+        int left = (int)((until - now_s()) * 1000.0);
+        if (left <= 0)
+            return -1;
+        struct pollfd pf = {fd, POLLIN, 0};
+        int pr = poll(&pf, 1, left);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            return -1;
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Checks the hello and attaches fd to its channel. Returns the channel (a reference
+ * for this thread) or NULL; *status is the ack to send. */
+static dchan_t *
+attach(tqkv__dc_t *dc, int fd, uint32_t *status)
+{
+    uint8_t in[TQKV_DC_HELLO_BYTES], secret[TQKV_DC_SECRET_BYTES];
+    uint64_t id;
+    *status = TQKV_DC_ACK_BAD;
+    if (recv_all_timeout(fd, in, sizeof in, HELLO_TIMEOUT_MS) != 0 ||
+        tqkv_dc_hello_decode(in, &id, secret) != 0)
+        return NULL;
+    *status = TQKV_DC_ACK_UNKNOWN;
+    pthread_mutex_lock(&dc->mu);
+    dchan_t *ch = chan_find_locked(dc, id);
+    if (ch != NULL) {
+        uint8_t diff = 0;
+        for (int i = 0; i < TQKV_DC_SECRET_BYTES; i++)
+            diff |= (uint8_t)(ch->secret[i] ^ secret[i]);
+        if (diff != 0 || atomic_load(&ch->dead)) {
+            ch = NULL;
+        } else if (ch->attached) {
+            *status = TQKV_DC_ACK_ATTACHED;
+            ch = NULL;
+        } else {
+            ch->attached = 1;
+            ch->fd = fd;
+            ch->refs++;
+            *status = TQKV_DC_ACK_OK;
+        }
+    }
+    pthread_mutex_unlock(&dc->mu);
+    return ch;
+}
+
+static void *
+conn_main(void *arg)
+{
+    conn_arg_t a = *(conn_arg_t *)arg;
+    free(arg);
+    tqkv__dc_t *dc = a.dc;
+    uint32_t status;
+    dchan_t *ch = attach(dc, a.fd, &status);
+    uint8_t ack[TQKV_DC_ACK_BYTES];
+    tqkv_dc_ack_encode(ack, status);
+    struct iovec iov = {ack, sizeof ack};
+    if (ch == NULL) {
+        (void)send_all(a.fd, &iov, 1);
+        close(a.fd);
+        pthread_mutex_lock(&dc->mu);
+        dc->threads--;
+        pthread_cond_broadcast(&dc->cv);
+        pthread_mutex_unlock(&dc->mu);
+        return NULL;
+    }
+    if (send_all(a.fd, &iov, 1) != 0)
+        atomic_store(&ch->dead, 1);
+    int one = 1;
+    setsockopt(a.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    while (!atomic_load(&ch->dead)) {
+        struct pollfd pf[2] = {{a.fd, POLLIN | POLLRDHUP, 0}, {ch->efd, POLLIN, 0}};
+        int pr = poll(pf, 2, -1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr < 0)
+            break;
+        if (pf[0].revents)
+            break; /* the client sends nothing after its hello: it closed, or broke the rules */
+        if (pf[1].revents & POLLIN) {
+            uint64_t v;
+            if (read(ch->efd, &v, sizeof v) < 0) {
+                /* EAGAIN: raced with another wake */
+            }
+            pthread_mutex_lock(&dc->mu);
+            dc_job_t *j = ch->job;
+            pthread_mutex_unlock(&dc->mu);
+            if (j == NULL)
+                continue;
+            run_job(dc->srv, ch, j);
+            pthread_mutex_lock(&dc->mu);
+            ch->job = NULL;
+            ch->busy = 0;
+            if (j->code != GRPC_STATUS_OK)
+                chan_kill_locked(ch); /* the client cannot tell where the frames stopped */
+            pthread_mutex_unlock(&dc->mu);
+            tqkv__call_wake(j->c);
+        }
+    }
+    pthread_mutex_lock(&dc->mu);
+    chan_kill_locked(ch);
+    dc_job_t *j = ch->job; /* handed over after the loop saw the channel dead */
+    ch->job = NULL;
+    ch->busy = 0;
+    chan_unregister_locked(dc, ch);
+    pthread_mutex_unlock(&dc->mu);
+    if (j != NULL) {
+        job_fail(j, GRPC_STATUS_UNAVAILABLE, "data channel %llu closed",
+                 (unsigned long long)ch->id);
+        tqkv__call_wake(j->c);
+    }
+    pthread_mutex_lock(&dc->mu);
+    chan_unref_locked(dc, ch);
+    dc->threads--;
+    pthread_cond_broadcast(&dc->cv);
+    pthread_mutex_unlock(&dc->mu);
+    return NULL;
+}
+
+static void *
+acceptor_main(void *arg)
+{
+    tqkv__dc_t *dc = arg;
+    for (;;) {
+        int fd = accept4(dc->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE ||
+                errno == ENOBUFS || errno == ENOMEM) {
+                if (errno != EINTR && errno != ECONNABORTED)
+                    usleep(10000);
+                pthread_mutex_lock(&dc->mu);
+                int stop = !dc->accepting;
+                pthread_mutex_unlock(&dc->mu);
+                if (stop)
+                    break;
+                continue;
+            }
+            break; /* shut down */
+        }
+        pthread_mutex_lock(&dc->mu);
+        int ok = dc->accepting && dc->threads < MAX_CONN_THREADS;
+        if (ok)
+            dc->threads++;
+        pthread_mutex_unlock(&dc->mu);
+        conn_arg_t *a = ok ? malloc(sizeof *a) : NULL;
+        pthread_t th;
+        pthread_attr_t at;
+        if (a != NULL) {
+            a->dc = dc;
+            a->fd = fd;
+            pthread_attr_init(&at);
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&th, &at, conn_main, a) != 0) {
+                free(a);
+                a = NULL;
+            }
+            pthread_attr_destroy(&at);
+        }
+        if (a == NULL) {
+            close(fd);
+            if (ok) {
+                pthread_mutex_lock(&dc->mu);
+                dc->threads--;
+                pthread_cond_broadcast(&dc->cv);
+                pthread_mutex_unlock(&dc->mu);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- server life ---- */
+
+tqkv_status_t
+tqkv__dc_start(tqkv_server_t *s, const char *addr, char *err, size_t errlen)
+{
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || (size_t)(colon - addr) >= sizeof host) {
+        snprintf(err, errlen, "--data-listen %s: expected HOST:PORT", addr);
+        return TQKV_EINVAL;
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    char *h = host;
+    size_t hl = strlen(h);
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+        h[hl - 1] = '\0';
+        h++;
+    }
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int gr = getaddrinfo(h[0] ? h : NULL, colon + 1, &hints, &ai);
+    if (gr != 0) {
+        snprintf(err, errlen, "--data-listen %s: %s", addr, gai_strerror(gr));
+        return TQKV_EINVAL;
+    }
+    int fd = -1, e = 0;
+    for (struct addrinfo *p = ai; p; p = p->ai_next) {
+        fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, p->ai_addr, p->ai_addrlen) == 0 && listen(fd, 128) == 0)
+            break;
+        e = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        snprintf(err, errlen, "--data-listen %s: cannot bind: %s", addr, strerror(e));
+        return TQKV_EIO;
+    }
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    int port = 0;
+    if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+        port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                                        : ntohs(((struct sockaddr_in *)&sa)->sin_port);
+    tqkv__dc_t *dc = calloc(1, sizeof *dc);
+    if (dc == NULL) {
+        close(fd);
+        snprintf(err, errlen, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    dc->srv = s;
+    dc->lfd = fd;
+    dc->port = port;
+    dc->accepting = 1;
+    pthread_mutex_init(&dc->mu, NULL);
+    pthread_cond_init(&dc->cv, NULL);
+    if (pthread_create(&dc->acceptor, NULL, acceptor_main, dc) != 0) {
+        close(fd);
+        pthread_mutex_destroy(&dc->mu);
+        pthread_cond_destroy(&dc->cv);
+        free(dc);
+        snprintf(err, errlen, "--data-listen: cannot start the acceptor thread");
+        return TQKV_ENOMEM;
+    }
+    s->dc = dc;
+    return TQKV_OK;
+}
+
+int
+tqkv__dc_port(const tqkv_server_t *s)
+{
+    return s->dc ? s->dc->port : 0;
+}
+
+void
+tqkv__dc_stop_accepting(tqkv_server_t *s)
+{
+    tqkv__dc_t *dc = s->dc;
+    if (dc == NULL)
+        return;
+    pthread_mutex_lock(&dc->mu);
+    int was = dc->accepting;
+    dc->accepting = 0;
+    pthread_mutex_unlock(&dc->mu);
+    if (!was)
+        return;
+    shutdown(dc->lfd, SHUT_RDWR); /* accept() returns EINVAL */
+    pthread_join(dc->acceptor, NULL);
+    close(dc->lfd);
+    dc->lfd = -1;
+}
+
+unsigned
+tqkv__dc_destroy(tqkv_server_t *s, unsigned wait_ms)
+{
+    tqkv__dc_t *dc = s->dc;
+    if (dc == NULL)
+        return 0;
+    tqkv__dc_stop_accepting(s);
+    pthread_mutex_lock(&dc->mu);
+    dc->closing = 1;
+    while (dc->chans) {
+        dchan_t *ch = dc->chans;
+        chan_kill_locked(ch);
+        chan_unregister_locked(dc, ch);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += wait_ms / 1000;
+    ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (dc->threads > 0)
+        if (pthread_cond_timedwait(&dc->cv, &dc->mu, &ts) == ETIMEDOUT)
+            break;
+    unsigned left = dc->threads;
+    pthread_mutex_unlock(&dc->mu);
+    if (left)
+        return left; /* threads still use dc: leak it */
+    pthread_mutex_destroy(&dc->mu);
+    pthread_cond_destroy(&dc->cv);
+    free(dc);
+    s->dc = NULL;
+    return 0;
+}
+
+/* ---- OpenChannel / CloseChannel (TCP) ---- */
+
+void
+tqkv__dc_open(tqkv__call_t *c)
+{
+    tqkv__dc_t *dc = c->srv->dc;
+    if (dc == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
+                          "TCP data channels not enabled on this server (start it with "
+                          "--data-listen HOST:PORT)",
+                          NULL);
+        return;
+    }
+    dchan_t *ch = calloc(1, sizeof *ch);
+    if (ch == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    ch->fd = -1;
+    ch->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ch->created = now_s();
+    if (c->authz && c->authz_len) {
+        ch->owner = malloc(c->authz_len);
+        if (ch->owner)
+            memcpy(ch->owner, c->authz, c->authz_len), ch->owner_len = c->authz_len;
+    }
+    uint8_t rnd[8 + TQKV_DC_SECRET_BYTES];
+    if (ch->efd < 0 || (c->authz && c->authz_len && ch->owner == NULL) ||
+        getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        chan_free(ch);
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                          "cannot create a data channel (eventfd, memory or getrandom)", NULL);
+        return;
+    }
+    memcpy(&ch->id, rnd, 8);
+    memcpy(ch->secret, rnd + 8, TQKV_DC_SECRET_BYTES);
+    pthread_mutex_lock(&dc->mu);
+    /* expire channels nobody attached to */
+    double now = ch->created;
+    for (dchan_t *p = dc->chans, *nx; p; p = nx) {
+        nx = p->next;
+        if (!p->attached && now - p->created > ATTACH_TIMEOUT_S) {
+            chan_kill_locked(p);
+            chan_unregister_locked(dc, p);
+        }
+    }
+    while (ch->id == 0 || chan_find_locked(dc, ch->id) != NULL)
+        ch->id = ch->id * 6364136223846793005ull + 1442695040888963407ull;
+    if (dc->closing || dc->nchans >= MAX_CHANNELS) {
+        unsigned n = dc->nchans;
+        pthread_mutex_unlock(&dc->mu);
+        chan_free(ch);
+        char msg[NERR];
+        snprintf(msg, sizeof msg, "too many data channels open (%u; the limit is %u)", n,
+                 MAX_CHANNELS);
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
+        return;
+    }
+    ch->registered = 1;
+    ch->refs = 1;
+    ch->next = dc->chans;
+    dc->chans = ch;
+    dc->nchans++;
+    Tqkv__V1__OpenChannelResponse m = TQKV__V1__OPEN_CHANNEL_RESPONSE__INIT;
+    m.channel_id = ch->id;
+    m.data_port = (uint32_t)dc->port;
+    uint8_t secret[TQKV_DC_SECRET_BYTES];
+    memcpy(secret, ch->secret, sizeof secret);
+    pthread_mutex_unlock(&dc->mu);
+    m.channel_secret.data = secret;
+    m.channel_secret.len = sizeof secret;
+    tqkv__call_finish_msg(c, &m.base);
+}
+
+int
+tqkv__dc_close(tqkv__call_t *c, uint64_t id)
+{
+    tqkv__dc_t *dc = c->srv->dc;
+    if (dc == NULL)
+        return 0;
+    pthread_mutex_lock(&dc->mu);
+    dchan_t *ch = chan_find_locked(dc, id);
+    if (ch == NULL || !owner_matches(ch, c)) {
+        pthread_mutex_unlock(&dc->mu);
+        return 0;
+    }
+    chan_kill_locked(ch);
+    chan_unregister_locked(dc, ch);
+    pthread_mutex_unlock(&dc->mu);
+    Tqkv__V1__CloseChannelResponse m = TQKV__V1__CLOSE_CHANNEL_RESPONSE__INIT;
+    tqkv__call_finish_msg(c, &m.base);
+    return 1;
+}
+
+/* ---- Get over a TCP data channel ---- */
+
+typedef struct tget {
+    Tqkv__V1__GetRequest *req;
+    dchan_t *ch; /* a reference */
+    int running; /* the job is the channel thread's (a wake is reserved) */
+    dc_job_t job;
+} tget_t;
+
+static void
+tget_start(tqkv__call_t *c)
+{
+    char err[NERR];
+    tqkv__dc_t *dc = c->srv->dc;
+    tget_t *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    c->h = h;
+    size_t len = 0;
+    uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
+    if (buf == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+        return;
+    }
+    tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, &h->req, err, sizeof err);
+    free(buf);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
+        return;
+    }
+    st = tqkv__call_auth(c, h->req->namespace_, TQKV_AUTH_READ, err, sizeof err);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
+        return;
+    }
+    if (h->req->encoding != TQKV__V1__ENCODING__ENCODING_PACKED) {
+        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+                          "encoding: the TCP data channel sends PACKED pages only", NULL);
+        return;
+    }
+    if (dc == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
+                          "TCP data channels not enabled on this server (start it with "
+                          "--data-listen HOST:PORT)",
+                          NULL);
+        return;
+    }
+    pthread_mutex_lock(&dc->mu);
+    dchan_t *ch = chan_find_locked(dc, h->req->channel_id);
+    const char *why = NULL;
+    if (ch == NULL || !owner_matches(ch, c))
+        why = "no such open TCP data channel";
+    else if (!ch->attached || atomic_load(&ch->dead))
+        why = "TCP data channel not connected (send the hello first) or closed";
+    else if (ch->busy)
+        why = "TCP data channel busy: one Get at a time per channel";
+    if (why) {
+        pthread_mutex_unlock(&dc->mu);
+        snprintf(err, sizeof err, "channel_id %llu: %s", (unsigned long long)h->req->channel_id,
+                 why);
+        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION, err, NULL);
+        return;
+    }
+    ch->refs++;
+    h->ch = ch;
+    ch->busy = 1;
+    h->job.c = c;
+    h->job.req = h->req;
+    ch->job = &h->job;
+    h->running = 1;
+    tqkv__call_reserve_wake(c);
+    tqkv__call_set_state(c, TQKV__CS_WORK);
+    uint64_t one = 1;
+    if (write(ch->efd, &one, sizeof one) < 0) {
+        /* a full counter wakes the thread as well */
+    }
+    pthread_mutex_unlock(&dc->mu);
+}
+
+static void
+tget_wake(tqkv__call_t *c)
+{
+    tget_t *h = c->h;
+    h->running = 0;
+    if (c->state == TQKV__CS_DONE || c->state == TQKV__CS_STATUS)
+        return;
+    if (c->closed) {
+        tqkv__call_abort(c);
+        return;
+    }
+    const char *ns = h->req->namespace_;
+    tqkv_metrics_ns_access(c->srv->metrics, ns, strlen(ns), h->job.hits, h->job.misses);
+    tqkv__call_finish(c, h->job.code, h->job.code == GRPC_STATUS_OK ? NULL : h->job.msg, NULL);
+}
+
+static void
+tget_close(tqkv__call_t *c)
+{
+    tget_t *h = c->h;
+    if (h == NULL || !h->running || !c->cancelled)
+        return;
+    /* Cancelled or past its deadline while the thread writes: stop it (the write it may
+     * block in fails once the socket is shut down). */
+    atomic_store(&h->job.cancel, 1);
+    tqkv__dc_t *dc = c->srv->dc;
+    pthread_mutex_lock(&dc->mu);
+    chan_kill_locked(h->ch);
+    pthread_mutex_unlock(&dc->mu);
+}
+
+static void
+tget_free(tqkv__call_t *c)
+{
+    tget_t *h = c->h;
+    if (h == NULL)
+        return;
+    if (h->ch) {
+        tqkv__dc_t *dc = c->srv->dc;
+        pthread_mutex_lock(&dc->mu);
+        chan_unref_locked(dc, h->ch);
+        pthread_mutex_unlock(&dc->mu);
+    }
+    if (h->req)
+        tqkv__v1__get_request__free_unpacked(h->req, NULL);
+    free(h);
+    c->h = NULL;
+}
+
+const tqkv__handler_t tqkv__get_tcp_handler = {
+    .path = "/tqkv.v1.KVCache/Get",
+    .metric = "Get",
+    .payload_on_new = 1,
+    .drain = 1,
+    .on_start = tget_start,
+    .on_wake = tget_wake,
+    .on_close = tget_close,
+    .on_free = tget_free,
+};
