@@ -10,6 +10,16 @@ tqkv_check_suite(check_client_unit
   TIMEOUT 60)
 
 if(TARGET tqkv-server)
+  # TCP data channels (TQKV_CLIENT_TRANSPORT_TCP): pages byte-identical to gRPC's,
+  # fallback without --data-listen, cancel mid-stream, concurrent Gets, server restart.
+  tqkv_check_suite(check_client_dc
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client_dc.c
+    LIBS tqkv
+    LABELS server
+    TIMEOUT 300)
+  set_tests_properties(check_client_dc PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+
   tqkv_check_suite(check_client
     SOURCES ${PROJECT_SOURCE_DIR}/tests/check_client.c
     LIBS tqkv

@@ -43,12 +43,12 @@ tqkv__dcc_target_host(const char *target, char *host, size_t cap)
         if (end == NULL)
             return -1;
     } else {
-        end = strrchr(p, ':');
-        if (end == NULL)
-            end = p + strlen(p);
-        const char *comma = memchr(p, ',', (size_t)(end - p)); /* ipv4:a,b: the first */
-        if (comma)
-            end = comma;
+        const char *comma = strchr(p, ','); /* ipv4:a:1,b:1: the first address */
+        const char *stop = comma ? comma : p + strlen(p);
+        end = stop;
+        for (const char *q = p; q < stop; q++)
+            if (*q == ':')
+                end = q;
     }
     size_t n = (size_t)(end - p);
     if (n == 0 || n >= cap)
