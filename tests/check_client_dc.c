@@ -55,7 +55,7 @@ on_page(void *arg, const tqkv_get_page_t *pg)
         return 0;
     }
     p->found[k] = pg->found ? 1 : 2;
-    if (pg->found) {
+    if (pg->found && pg->page) { /* PACKED (BF16 pages come as key/value) */
         p->data[k] = malloc(pg->page_len);
         memcpy(p->data[k], pg->page, pg->page_len);
         p->len[k] = pg->page_len;
