@@ -43,8 +43,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-echo "== starting tqkv-server (embedded defaults, free loopback port)"
-"$SERVER" --listen 127.0.0.1:0 >"$LOG" 2>&1 &
+echo "== starting tqkv-server (embedded defaults, TCP data channels on, free loopback ports)"
+"$SERVER" --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 >"$LOG" 2>&1 &
 SERVER_PID=$!
 ADDR=""
 for _ in $(seq 1 300); do
