@@ -1721,6 +1721,12 @@ main(int argc, char **argv)
     fprintf(o, "  %-34s %12" PRIu64 "\n", "pages missing", K.get_missing);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "CRC checked in libtqkv", K.client_crc);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "pages over TCP data channels", K.dc_pages);
+    for (size_t t = 0; C.transport == TQKV_CLIENT_TRANSPORT_TCP && t < C.ntargets; t++) {
+        const char *why = tqkv_client_data_channel_status(cl, t);
+        if (why[0])
+            fprintf(stderr, "tqkv-bench: %s: Gets used gRPC, no TCP data channel: %s\n",
+                    C.targets[t], why);
+    }
     fprintf(o, "  %-34s %12" PRIu64 "\n", "content checks", K.content_checks);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "verify failures", K.verify_failures);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "errors", K.errors);
