@@ -48,6 +48,10 @@ main(int argc, char **argv)
     if (tqkv_config_listen_is_public(cfg.listen) && !cfg.tls_cert[0] && !cfg.auth_tokens[0])
         tqkv_log(TQKV_LOG_WARN, "listening on a non-loopback address without TLS or auth",
                  "listen=%s", cfg.listen);
+    if (cfg.data_listen[0] && tqkv_config_listen_is_public(cfg.data_listen))
+        tqkv_log(TQKV_LOG_WARN,
+                 "TCP data channels on a non-loopback address: page bytes travel unencrypted",
+                 "data_listen=%s auth=%s", cfg.data_listen, cfg.auth_tokens[0] ? "on" : "off");
 
     tqkv_server_t *srv = NULL;
     if (tqkv_server_create(&cfg, &srv, err, sizeof err) != TQKV_OK) {
