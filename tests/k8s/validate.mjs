@@ -315,6 +315,12 @@ function checkServer(variant, objs, envVars) {
   const listen = hostPort(env.TQKV_LISTEN);
   expect(listen && listen.port === ports.grpc, cw, `TQKV_LISTEN port is the grpc port (${env.TQKV_LISTEN})`);
   expect(listen && listen.host === "0.0.0.0", cw, "TQKV_LISTEN on 0.0.0.0 (probes and Services reach the pod IP)");
+  if (env.TQKV_DATA_LISTEN !== undefined) {
+    const dl = hostPort(env.TQKV_DATA_LISTEN);
+    expect(dl && dl.port === ports.data, cw, `TQKV_DATA_LISTEN port is the data container port (${env.TQKV_DATA_LISTEN})`);
+    expect(dl && dl.host === "0.0.0.0", cw, "TQKV_DATA_LISTEN on 0.0.0.0 (clients reach the pod IP)");
+    expect(!env.TQKV_TLS_CERT, cw, "TQKV_DATA_LISTEN with TQKV_TLS_CERT: the server refuses to start");
+  }
   const ml = hostPort(env.TQKV_METRICS_LISTEN);
   expect(ml && ml.port === ports.metrics, cw, `TQKV_METRICS_LISTEN port is the metrics port (${env.TQKV_METRICS_LISTEN})`);
   for (const k of ["TQKV_DRAM_CAPACITY", "TQKV_HBM_CAPACITY", "TQKV_MAX_MESSAGE_BYTES", "TQKV_NS_QUOTA"])
@@ -359,6 +365,11 @@ function checkServer(variant, objs, envVars) {
     expect(ss.spec.serviceName === "tqkv-headless", ws, "serviceName tqkv-headless");
     const gp = (headless.spec.ports || []).find((p) => p.name === "grpc");
     expect(gp && (gp.targetPort === "grpc" || gp.targetPort === 50051) && gp.port === 50051, hw, "grpc port 50051 -> grpc");
+    if (ports.data !== undefined) {
+      const dp = (headless.spec.ports || []).find((p) => p.name === "data");
+      expect(dp && (dp.targetPort === "data" || dp.targetPort === ports.data) && dp.port === ports.data, hw,
+        `data port ${ports.data} -> data (clients reach each pod's data channel listener)`);
+    }
   }
   const svc = svcs.find((s) => s.metadata.name === "tqkv");
   if (expect(svc, W, "Service tqkv")) {
@@ -366,9 +377,12 @@ function checkServer(variant, objs, envVars) {
     expect((svc.spec.type ?? "ClusterIP") === "ClusterIP", sw, "type ClusterIP");
     expect(svc.spec.clusterIP !== "None", sw, "not headless");
     expect(selects(svc.spec.selector, podLabels), sw, "selects the StatefulSet's pods");
-    for (const p of svc.spec.ports || [])
+    for (const p of svc.spec.ports || []) {
       expect(typeof p.targetPort === "number" || ports[p.targetPort] !== undefined, sw,
         `targetPort ${p.targetPort} is a named container port`);
+      expect(p.targetPort !== "data" && p.targetPort !== ports.data, sw,
+        "no data channel port on the load-balanced Service (the connection could reach another pod than the channel's)");
+    }
   }
   for (const s of svcs)
     for (const p of s.spec.ports || [])
@@ -472,7 +486,7 @@ function checkMonitoring(objs, serverSvcs, nsName) {
 
 
 // Starts the real tqkv-server with the overlay's ConfigMap as its environment (listen
-// addresses moved to loopback port 0 and capacities shrunk by flags, which win over
+// addresses (gRPC, metrics, data channels) moved to loopback port 0 and capacities shrunk by flags, which win over
 // variables) and checks that it accepts the configuration, serves /metrics, and stops
 // cleanly on SIGTERM. Without a GPU (or a CUDA build) the HBM tier runs as a host
 // stand-in.
@@ -515,6 +529,7 @@ async function serverAccepts(variant, env) {
   const W = `overlays/${variant} ConfigMap with ${process.env.TQKV_SERVER}`;
   const args = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--dram-capacity", "64M",
     "--threads", "2", "--encoder-threads", "2"];
+  if (env.TQKV_DATA_LISTEN) args.push("--data-listen", "127.0.0.1:0");
   if (env.TQKV_HBM_CAPACITY) args.push("--hbm-capacity", "32M");
   let r = await runServer(env, args);
   let note = "";
