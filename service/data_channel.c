@@ -330,6 +330,11 @@ attach(tqkv__dc_t *dc, int fd, uint32_t *status)
         } else if (ch->attached) {
             *status = TQKV_DC_ACK_ATTACHED;
             ch = NULL;
+        } else if (now_s() - ch->created > ATTACH_TIMEOUT_S) {
+            /* expired: OpenChannel reaps such channels only when it runs */
+            chan_kill_locked(ch);
+            chan_unregister_locked(dc, ch);
+            ch = NULL;
         } else {
             ch->attached = 1;
             ch->fd = fd;

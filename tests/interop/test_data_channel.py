@@ -555,6 +555,63 @@ class DataChannelTest(unittest.TestCase):
         finally:
             ch.close()
 
+    def test_racing_gets_on_one_channel(self):
+        """Two Gets started at once on one channel: each either runs whole or is refused
+        "busy" with no frames; the frames on the socket are exactly those of the OK ones."""
+        ch = DataChannel(self.stub)
+        try:
+            hs = self.hashes[:2]
+            n = len(hs) * 4
+            ref = [g.page for g in self.ref if g.hash in hs]
+            busy = 0
+            for _ in range(15):
+                its = [ch.start_get(self.ns, hs, 0, 4, timeout=30) for _ in range(2)]
+                ok = 0
+                for it in its:
+                    try:
+                        self.assertEqual(list(it), [])
+                        ok += 1
+                    except grpc.RpcError as e:
+                        self.assertEqual(e.code(), SC.FAILED_PRECONDITION, e.details())
+                        self.assertIn("busy", e.details())
+                        busy += 1
+                self.assertGreaterEqual(ok, 1)
+                ch.sock.settimeout(10)
+                for _ in range(ok):
+                    frames = [Frame(ch.sock) for _ in range(n)]
+                    self.assertEqual([f.index for f in frames], list(range(n)))
+                    self.assertEqual([f.page for f in frames], ref)
+                self.assertIs(ch.no_pending_bytes(0.05), True, "frames of a refused Get")
+            print("racing Gets: %d of 30 refused busy" % busy, file=sys.stderr)
+        finally:
+            ch.close()
+
+    def test_concurrent_gets_on_many_channels(self):
+        errors = []
+        ref = [g.page for g in self.ref]
+
+        def worker(tid):
+            try:
+                ch = DataChannel(self.stub)
+                try:
+                    for r in range(5):
+                        if (tid + r) % 3 == 0:
+                            got = [g.page for g in grpc_get(self.stub, self.ns, self.hashes, 0, 4)]
+                        else:
+                            got = [f.page for f in ch.get(self.ns, self.hashes, 0, 4)]
+                        assert got == ref, "thread %d round %d: pages differ" % (tid, r)
+                finally:
+                    ch.close()
+            except Exception as e:  # reported below with the thread id
+                errors.append((tid, repr(e)))
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+
     # ---- 5. a client that goes away, deadlines, CloseChannel during a Get ----
 
     def test_client_disconnects_mid_get(self):
@@ -618,6 +675,33 @@ class DataChannelTest(unittest.TestCase):
         finally:
             ch.close()
         self.assertServing()
+
+
+class ExpiryTest(unittest.TestCase):
+    def test_unattached_channel_expires(self):
+        """design: a channel nobody connects to expires after 30 s, also when no
+        OpenChannel comes after it (the server reaped expired channels only there, so a
+        late hello was accepted); an attached channel does not expire."""
+        srv = Server("--data-listen", "127.0.0.1:0")
+        try:
+            h = rand_hash()
+            srv.stub.Put(iter([put_req("exp", h, 0, 16, 2, 64)]), timeout=30)
+            late = DataChannel(srv.stub, attach=False)
+            kept = DataChannel(srv.stub)
+            time.sleep(31.5)
+            s = connect(late.port)
+            try:
+                s.sendall(hello_bytes(late.id, late.secret))
+                self.assertEqual(read_ack(s), ACK_UNKNOWN, "hello accepted 31 s after OpenChannel")
+            finally:
+                s.close()
+            e = rpc_error(srv.stub.CloseChannel, pb.CloseChannelRequest(channel_id=late.id),
+                          timeout=10)
+            self.assertEqual(e.code(), SC.NOT_FOUND, e.details())
+            self.assertEqual(len(kept.get("exp", [h], 0, 1)), 1)
+            kept.close()
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.log_tail())
 
 
 class NoDataListenTest(unittest.TestCase):
