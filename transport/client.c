@@ -195,7 +195,8 @@ struct rpc {
     /* Get over a TCP data channel: the channel, frames still due, the next index */
     dconn_t *dc;
     size_t frames_left, next_frame;
-    int dc_bad; /* out of step with the server: closed, not reused */
+    int dc_bad;       /* out of step with the server: closed, not reused */
+    char dc_eof[240]; /* the server closed the channel mid-Get: why, if its status is OK */
 };
 
 static tqkv_status_t
@@ -1765,7 +1766,8 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
 /* One frame of r's TCP data channel (transport/data_frame.h), read into the scratch
  * buffer (the page 64-byte aligned) and CRC-checked while cache-hot. Returns as
  * get_message; -1 also for a read that fails or passes deadline_ns (why says which):
- * the channel is then out of step. */
+ * the channel is then out of step; -2 when the server closed the connection (a failed
+ * Get: its status, on the way, names the reason). */
 static int
 get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
 {
@@ -1774,7 +1776,7 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
     if (tqkv__dcc_read(r->dc->fd, hb, sizeof hb, deadline_ns) != 0) {
         snprintf(why, whylen, "reading frame %zu: %s", r->next_frame,
                  errno ? strerror(errno) : "connection closed by the server");
-        return -1;
+        return errno == 0 || errno == ECONNRESET ? -2 : -1;
     }
     if (tqkv_dc_frame_decode(hb, &f) != 0) {
         snprintf(why, whylen, "frame %zu: not a frame header", r->next_frame);
@@ -1803,7 +1805,7 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
         if (tqkv__dcc_read(r->dc->fd, page, f.page_len, deadline_ns) != 0) {
             snprintf(why, whylen, "reading page %u: %s", f.index,
                      errno ? strerror(errno) : "connection closed by the server");
-            return -1;
+            return errno == 0 || errno == ECONNRESET ? -2 : -1;
         }
     }
     r->next_frame++;
@@ -1918,9 +1920,10 @@ dc_pop_live(target_t *t)
 }
 
 /* A data channel for one Get to target ti, or NULL: ask over gRPC. A new one costs an
- * OpenChannel call and a connect; channels are kept for later Gets. */
+ * OpenChannel call and a connect, together within about setup_ms (> 0); channels are
+ * kept for later Gets. */
 static dconn_t *
-dc_acquire(tqkv_client_t *c, size_t ti)
+dc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms)
 {
     target_t *t = &c->t[ti];
     if (t->dc_off) {
@@ -1944,8 +1947,9 @@ dc_acquire(tqkv_client_t *c, size_t ti)
     m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
     ProtobufCMessage *rq = &m.base, *rs = NULL;
     tqkv_status_t st;
-    unary_fanout(c, 1, &ti, M_OPEN_CHANNEL, &rq, &tqkv__v1__open_channel_response__descriptor, 0,
-                 &rs, &st);
+    uint64_t t0 = tqkv_shard_now_ns();
+    unary_fanout(c, 1, &ti, M_OPEN_CHANNEL, &rq, &tqkv__v1__open_channel_response__descriptor,
+                 setup_ms, &rs, &st);
     if (st != TQKV_OK) {
         dc_disable(t, "OpenChannel: %s", last_err.message);
         last_err = saved;
@@ -1956,9 +1960,12 @@ dc_acquire(tqkv_client_t *c, size_t ti)
     if (r->data_port == 0 || r->data_port > 65535 || r->channel_secret.len != TQKV_DC_SECRET_BYTES)
         snprintf(err, sizeof err, "OpenChannel: malformed answer (port %u, secret of %zu bytes)",
                  r->data_port, r->channel_secret.len);
-    else
+    else {
+        uint64_t spent_ms = (tqkv_shard_now_ns() - t0) / 1000000u;
+        uint32_t left = spent_ms < setup_ms ? setup_ms - (uint32_t)spent_ms : 1;
         fd = tqkv__dcc_connect(host, r->data_port, r->channel_id, r->channel_secret.data,
-                               DC_CONNECT_MS, err, sizeof err);
+                               left < DC_CONNECT_MS ? left : DC_CONNECT_MS, err, sizeof err);
+    }
     uint64_t id = r->channel_id;
     protobuf_c_message_free_unpacked(rs, NULL);
     last_err = saved;
@@ -2045,6 +2052,7 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     g.corrupt = calloc(n * g.L, 1);
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
     gpr_timespec dl = deadline_after(op_ms);
+    uint64_t dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull; /* the same instant */
     if (!cand || !hb || !gidx || !start || !rs || !g.done || !g.corrupt) {
         st = set_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
@@ -2101,8 +2109,12 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
             rpc_t *r = &rs[t];
             r->gidx = &gidx[start[t]];
             r->count = m.n_hashes;
+            /* Setting a channel up may take half the time left: a server that never
+             * answers leaves the other half to the gRPC fallback. */
+            uint64_t now_ns = tqkv_shard_now_ns();
+            uint32_t setup_ms = now_ns < dl_ns ? (uint32_t)((dl_ns - now_ns) / 2000000u) : 0;
             if (c->transport == TQKV_CLIENT_TRANSPORT_TCP && q->encoding != TQKV_CLIENT_BF16 &&
-                (r->dc = dc_acquire(c, t)) != NULL) {
+                setup_ms > 0 && (r->dc = dc_acquire(c, t, setup_ms)) != NULL) {
                 m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
                 m.channel_id = r->dc->id;
                 r->frames_left = m.n_hashes * g.L;
@@ -2112,15 +2124,14 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
             if (r->call == NULL)
                 grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
             started[t] = 1;
-            if (s2 == TQKV_OK && r->dc == NULL)
-                rpc_recv(r);
+            if (s2 == TQKV_OK)
+                rpc_recv(r); /* a data channel Get's stream ends without messages */
             else if (s2 != TQKV_OK && st == TQKV_OK)
                 st = s2;
             if (s2 != TQKV_OK)
                 r->frames_left = 0, r->dc_bad = 1;
             live += r->inflight > 0;
         }
-        uint64_t dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull;
         for (;;) {
             /* Data channels with frames due are read as they become readable; between
              * reads the completion queue is polled without waiting (statuses). */
@@ -2153,7 +2164,12 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                 rpc_t *r = &rs[who[i]];
                 char why[240];
                 int bad = get_frame(&g, r, dl_ns, why, sizeof why);
-                if (bad != 0) {
+                if (bad == -2 && !r->status_done) {
+                    /* the server closed the channel: its status, still to come, says why
+                     * (the gRPC deadline bounds the wait); OK would not explain it */
+                    r->dc_bad = 1, r->frames_left = 0;
+                    snprintf(r->dc_eof, sizeof r->dc_eof, "%s", why);
+                } else if (bad != 0) {
                     r->dc_bad = 1;
                     r->frames_left = 0;
                     if (r->inflight > 0)
@@ -2205,6 +2221,9 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                     last_err = first;
                 if (s2 != TQKV_OK)
                     rs[t].dc_bad = 1;
+                if (s2 == TQKV_OK && rs[t].dc_eof[0] && st == TQKV_OK)
+                    st = set_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
+                                 "%s: data channel: %s", c->t[t].name, rs[t].dc_eof);
             }
             if (rs[t].dc && rs[t].frames_left > 0 && st == TQKV_OK && !g.canceled)
                 st = set_err(TQKV_EINTERNAL, 0, "%s: data channel: %zu frames missing",
