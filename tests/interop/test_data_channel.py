@@ -19,8 +19,9 @@ bad version, short, garbage, none at all, extra bytes after it) gets the right a
 close and leaves the server serving; Get errors over TCP (unknown or unattached
 channel, BF16, busy, malformed request); a client vanishing mid-Get, a Get deadline, a
 CloseChannel during a Get; servers without --data-listen, with --auth-tokens, at the
-channel limit, draining on SIGTERM with a stalled channel; --data-listen start-up
-checks (with TLS, bad address, port in use). Stubs are generated at test time with
+channel limit, draining on SIGTERM with a stalled channel, in the HBM tier; expiry of
+unattached channels; a flood of silent connections; a Delete under a stalled Get; racing
+and concurrent Gets; --data-listen start-up checks (with TLS, bad address, port in use). Stubs are generated at test time with
 protoc + grpc_python_plugin, as in test_server.py.
 """
 import os
@@ -465,6 +466,35 @@ class DataChannelTest(unittest.TestCase):
         finally:
             s.close()
 
+    def test_hello_flood_recovers(self):
+        """More silent connections than the server has connection threads (320): each is
+        answered ack 3 or closed once its 5 s are up, then hellos work again and the
+        server holds no more descriptors than before."""
+        fds = lambda: len(os.listdir("/proc/%d/fd" % self.srv.proc.pid))
+        ch = DataChannel(self.stub, attach=False)
+        before = fds()
+        silent = []
+        try:
+            for _ in range(340):
+                silent.append(connect(ch.port, timeout=15))
+            t0 = time.time()
+            for s in silent:
+                self.assertIn(read_ack(s), (ACK_BAD, None))
+            self.assertLess(time.time() - t0, 12.0)
+        finally:
+            for s in silent:
+                s.close()
+        s = connect(ch.port)
+        try:
+            s.sendall(hello_bytes(ch.id, ch.secret))
+            self.assertEqual(read_ack(s), ACK_OK)
+        finally:
+            s.close()
+        deadline = time.time() + 5
+        while fds() > before and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertLessEqual(fds(), before, "descriptors left after the flood")
+
     def test_hello_split_in_pieces_is_accepted(self):
         ch = DataChannel(self.stub, attach=False)
         s = connect(ch.port)
@@ -612,6 +642,53 @@ class DataChannelTest(unittest.TestCase):
             t.join()
         self.assertEqual(errors, [])
 
+    def test_many_missing_blocks(self):
+        ch = DataChannel(self.stub)
+        try:
+            n = 65536  # the server's hash limit
+            hs = [i.to_bytes(4, "little") * 4 for i in range(n)]
+            frames = ch.get("dch-nothing-here", hs, 3, 4)
+            self.assertEqual(len(frames), n)
+            self.assertTrue(all(f.index == i and f.layer == 3 and f.flags == 0 and not f.page
+                                for i, f in enumerate(frames)))
+            e = rpc_error(lambda: list(ch.start_get("dch-nothing-here", hs + [b"x" * 16], 0, 1)))
+            self.assertEqual(e.code(), SC.INVALID_ARGUMENT, e.details())
+            self.assertIn("hashes", e.details())
+            self.assertIs(ch.no_pending_bytes(), True)
+        finally:
+            ch.close()
+
+    def test_delete_during_a_stalled_get(self):
+        """Pages pinned for frames stay intact while their block is deleted; frames after
+        the delete report the block missing."""
+        ns = "dch-del"
+        h = rand_hash(16)
+        self.stub.Put(iter([put_req(ns, h, 0, 128, 8, 128)]), timeout=60)
+        page = grpc_get(self.stub, ns, [h], 0, 1)[0].page
+        n = max(200, STALL_BYTES // len(page) + 1)
+        ch = DataChannel(self.stub)
+        try:
+            it = ch.start_get(ns, [h] * n, 0, 1, timeout=120)
+            ch.sock.settimeout(30)
+            self.assertEqual(Frame(ch.sock).page, page)
+            time.sleep(0.3)  # the writer is blocked on a full socket, a page pinned
+            d = self.stub.Delete(pb.DeleteRequest(namespace=ns, all=True), timeout=10)
+            self.assertEqual(d.pages_deleted, 1)
+            found = 0
+            for i in range(1, n):
+                f = Frame(ch.sock)
+                self.assertEqual(f.index, i)
+                if f.flags & 1:
+                    self.assertEqual(f.page, page, "frame %d: a deleted page changed" % i)
+                    found += 1
+                else:
+                    self.assertEqual(f.page, b"")
+            self.assertLess(found, n - 1, "every frame found after the Delete")
+            self.assertEqual(list(it), [])
+        finally:
+            ch.close()
+        self.assertServing()
+
     # ---- 5. a client that goes away, deadlines, CloseChannel during a Get ----
 
     def test_client_disconnects_mid_get(self):
@@ -700,6 +777,25 @@ class ExpiryTest(unittest.TestCase):
             self.assertEqual(e.code(), SC.NOT_FOUND, e.details())
             self.assertEqual(len(kept.get("exp", [h], 0, 1)), 1)
             kept.close()
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.log_tail())
+
+
+class TierTest(unittest.TestCase):
+    def test_hbm_tier_in_frames(self):
+        srv = Server("--data-listen", "127.0.0.1:0", "--hbm-standin", "--hbm-capacity", "32M")
+        try:
+            hs = [rand_hash() for _ in range(3)]
+            srv.stub.Put(iter([put_req("tier", h, 0, 16, 2, 64) for h in hs[:2]]), timeout=30)
+            ref = grpc_get(srv.stub, "tier", hs, 0, 1)
+            ch = DataChannel(srv.stub)
+            try:
+                frames = ch.get("tier", hs, 0, 1)
+            finally:
+                ch.close()
+            self.assertEqual([f.tier for f in frames], [pb.TIER_HBM, pb.TIER_HBM, 0])
+            self.assertEqual([f.tier for f in frames[:2]], [g.tier for g in ref[:2]])
+            self.assertEqual([f.page for f in frames], [g.page for g in ref])
         finally:
             self.assertEqual(srv.stop(), 0, srv.log_tail())
 
