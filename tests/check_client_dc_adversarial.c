@@ -57,6 +57,8 @@ now_s(void)
 static void
 fake_start(fake_t *f, const char *sc)
 {
+    if (getenv("TQKV_TEST_VERBOSE"))
+        fprintf(stderr, "%s\n", sc);
     const char *script = getenv("FAKE_DC_SERVER");
     const char *py = getenv("PYTHON") ? getenv("PYTHON") : "/usr/bin/python3";
     int pfd[2];
@@ -173,6 +175,9 @@ get(tqkv_client_t *c, seen_t *s, char *msg, size_t msglen)
     tqkv_status_t st = tqkv_client_get(c, &q, on_page, s);
     double dt = now_s() - t0;
     snprintf(msg, msglen, "%s", st == TQKV_OK ? "" : tqkv_client_last_error()->message);
+    if (getenv("TQKV_TEST_VERBOSE"))
+        fprintf(stderr, "  get: status %d in %.2f s, %zu calls (%zu dc, %zu grpc): %s\n", (int)st,
+                dt, s->calls, s->via_dc, s->via_grpc, msg);
     ck_assert_msg(s->bad == 0, "wrong page delivered: %s", s->why);
     ck_assert_msg(dt * 1000 < DEADLINE_MS + MARGIN_MS, "get took %.2f s (deadline %.1f s): %s", dt,
                   DEADLINE_MS / 1000.0, msg);
@@ -337,31 +342,35 @@ END_TEST
 
 START_TEST(dca_index_order)
 {
-    expect_error("index_order", TQKV_EUNAVAILABLE, "where frame 0 was due", 0);
+    expect_error("index_order", TQKV_EUNAVAILABLE, "frame 1 (layer 0, flags 0x1) where frame 0 (",
+                 0);
 }
 END_TEST
 
 START_TEST(dca_index_skip)
 {
-    expect_error("index_skip", TQKV_EUNAVAILABLE, "where frame 1 was due", 0);
+    expect_error("index_skip", TQKV_EUNAVAILABLE, "frame 2 (layer 0, flags 0x1) where frame 1 (",
+                 0);
 }
 END_TEST
 
 START_TEST(dca_index_huge)
 {
-    expect_error("zero_hashes_frame", TQKV_EUNAVAILABLE, "where frame 0 was due", 0);
+    expect_error("zero_hashes_frame", TQKV_EUNAVAILABLE,
+                 "frame 4294967295 (layer 0, flags 0x1) where frame 0 (", 0);
 }
 END_TEST
 
 START_TEST(dca_layer_mismatch)
 {
-    expect_error("layer_mismatch", TQKV_EUNAVAILABLE, "layer 7", 0);
+    expect_error("layer_mismatch", TQKV_EUNAVAILABLE,
+                 "frame 0 (layer 7, flags 0x1) where frame 0 (layer 0,", 0);
 }
 END_TEST
 
 START_TEST(dca_page_short)
 {
-    expect_error("page_short", TQKV_EUNAVAILABLE, "page of 64 bytes", 0);
+    expect_error("page_short", TQKV_EUNAVAILABLE, "page of 64 bytes (a found page is 128", 0);
 }
 END_TEST
 
@@ -442,7 +451,7 @@ END_TEST
 
 START_TEST(dca_trickle)
 {
-    expect_error("trickle", -1, "", 0);
+    expect_error("trickle", TQKV_ETIMEDOUT, "reading frame 0", 0);
 }
 END_TEST
 
@@ -507,6 +516,72 @@ START_TEST(dca_extra_late)
 }
 END_TEST
 
+/* Bytes after a fresh channel's ack are no frame of the first Get. */
+START_TEST(dca_ack_plus_garbage)
+{
+    expect_error("ack_plus_garbage", TQKV_EUNAVAILABLE, "not a frame header", 0);
+}
+END_TEST
+
+/* A channel reset mid-page, then the Get's status: the status's reason is reported. */
+START_TEST(dca_reset_mid_page)
+{
+    expect_error("reset_mid_page", TQKV_EUNAVAILABLE, "fake: disk died", 0);
+}
+END_TEST
+
+START_TEST(dca_status_error_no_frames)
+{
+    expect_error("status_error_no_frames", -1, "fake: no such namespace", 0);
+}
+END_TEST
+
+/* Two targets, every block on both (replicas 2): a bad server next to a good one. */
+static tqkv_status_t
+replicated(const char *bad, char *msg, size_t msglen, seen_t *s)
+{
+    fake_t f[2];
+    fake_start(&f[0], bad);
+    fake_start(&f[1], "ok");
+    const char *t[2] = {f[0].addr, f[1].addr};
+    tqkv_client_opts_t o = {.targets = t,
+                            .num_targets = 2,
+                            .replicas = 2,
+                            .deadline_ms = DEADLINE_MS,
+                            .wait_for_ready = 1,
+                            .transport = TQKV_CLIENT_TRANSPORT_TCP};
+    tqkv_client_t *c = NULL;
+    ck_assert_int_eq(tqkv_client_create(&o, &c), TQKV_OK);
+    tqkv_status_t st = get(c, s, msg, msglen);
+    again(c);
+    tqkv_client_destroy(c);
+    fake_stop(&f[0]);
+    fake_stop(&f[1]);
+    return st;
+}
+
+/* A page that fails its CRC on one replica comes from the other. */
+START_TEST(dca_replica_bad_crc)
+{
+    seen_t s;
+    char msg[512];
+    tqkv_status_t st = replicated("bad_crc", msg, sizeof msg, &s);
+    ck_assert_msg(st == TQKV_OK, "%s", msg);
+    ck_assert_uint_eq(s.found, NH * L);
+}
+END_TEST
+
+/* A replica whose frames are out of step: never a wrong page, in time. */
+START_TEST(dca_replica_frame_magic)
+{
+    seen_t s;
+    char msg[512];
+    tqkv_status_t st = replicated("frame_magic", msg, sizeof msg, &s);
+    if (getenv("TQKV_TEST_VERBOSE"))
+        fprintf(stderr, "replica_frame_magic: status %d, %zu found: %s\n", (int)st, s.found, msg);
+}
+END_TEST
+
 /* The stream of a TCP Get carries no messages: one that comes is a malformed answer
  * (or, at the least, never a page). */
 START_TEST(dca_grpc_msg_on_tcp)
@@ -553,6 +628,11 @@ suite(void)
     tcase_add_test(tc, dca_extra_frame);
     tcase_add_test(tc, dca_extra_late);
     tcase_add_test(tc, dca_grpc_msg_on_tcp);
+    tcase_add_test(tc, dca_ack_plus_garbage);
+    tcase_add_test(tc, dca_reset_mid_page);
+    tcase_add_test(tc, dca_status_error_no_frames);
+    tcase_add_test(tc, dca_replica_bad_crc);
+    tcase_add_test(tc, dca_replica_frame_magic);
     suite_add_tcase(s, tc);
     return s;
 }

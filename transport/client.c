@@ -1767,16 +1767,17 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
  * buffer (the page 64-byte aligned) and CRC-checked while cache-hot. Returns as
  * get_message; -1 also for a read that fails or passes deadline_ns (why says which):
  * the channel is then out of step; -2 when the server closed the connection (a failed
- * Get: its status, on the way, names the reason). */
+ * Get: its status, on the way, names the reason); -3 when deadline_ns passed. */
 static int
 get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
 {
     uint8_t hb[TQKV_DC_FRAME_BYTES];
     tqkv_dc_frame_t f;
     if (tqkv__dcc_read(r->dc->fd, hb, sizeof hb, deadline_ns) != 0) {
+        int e = errno;
         snprintf(why, whylen, "reading frame %zu: %s", r->next_frame,
-                 errno ? strerror(errno) : "connection closed by the server");
-        return errno == 0 || errno == ECONNRESET ? -2 : -1;
+                 e ? strerror(e) : "connection closed by the server");
+        return e == 0 || e == ECONNRESET ? -2 : e == ETIMEDOUT ? -3 : -1;
     }
     if (tqkv_dc_frame_decode(hb, &f) != 0) {
         snprintf(why, whylen, "frame %zu: not a frame header", r->next_frame);
@@ -1785,14 +1786,23 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
     int found = (f.flags & TQKV_DC_FLAG_FOUND) != 0;
     if (f.index != r->next_frame || f.layer != g->q->layer_begin + f.index / r->count ||
         (f.flags & ~TQKV_DC_FLAG_FOUND) != 0) {
-        snprintf(why, whylen, "frame %u (layer %u, flags %#x) where frame %zu was due", f.index,
-                 f.layer, f.flags, r->next_frame);
+        snprintf(why, whylen,
+                 "frame %u (layer %u, flags %#x) where frame %zu (layer %zu, flags 0 or 0x1) "
+                 "was due",
+                 f.index, f.layer, f.flags, r->next_frame,
+                 (size_t)g->q->layer_begin + r->next_frame / r->count);
         return -1;
     }
     if (found ? f.page_len < TQKV_PAGE_HEADER_BYTES || f.page_len > g->c->max_msg
               : f.page_len != 0) {
-        snprintf(why, whylen, "frame %u: page of %u bytes (%s)", f.index, f.page_len,
-                 found ? "limit: the client's max_message_bytes" : "missing block");
+        if (found)
+            snprintf(why, whylen,
+                     "frame %u: page of %u bytes (a found page is %u, its header, to %zu, the "
+                     "client's max_message_bytes)",
+                     f.index, f.page_len, (unsigned)TQKV_PAGE_HEADER_BYTES, g->c->max_msg);
+        else
+            snprintf(why, whylen, "frame %u: page of %u bytes for a missing block", f.index,
+                     f.page_len);
         return -1;
     }
     uint8_t *page = NULL;
@@ -1803,9 +1813,10 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
             return -1;
         }
         if (tqkv__dcc_read(r->dc->fd, page, f.page_len, deadline_ns) != 0) {
+            int e = errno;
             snprintf(why, whylen, "reading page %u: %s", f.index,
-                     errno ? strerror(errno) : "connection closed by the server");
-            return errno == 0 || errno == ECONNRESET ? -2 : -1;
+                     e ? strerror(e) : "connection closed by the server");
+            return e == 0 || e == ECONNRESET ? -2 : e == ETIMEDOUT ? -3 : -1;
         }
     }
     r->next_frame++;
@@ -2179,6 +2190,9 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                                      "%s: page of hash %zu layer %u failed its CRC32C check "
                                      "(not delivered; no replica left with a good copy)",
                                      c->t[g.bad_target].name, g.bad_hash, g.bad_layer);
+                    else if (st == TQKV_OK && bad == -3)
+                        st = set_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
+                                     "%s: data channel: %s", c->t[r->target].name, why);
                     else if (st == TQKV_OK)
                         st = set_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
                                      "%s: data channel: %s", c->t[r->target].name, why);

@@ -54,6 +54,9 @@ SCENARIOS = {
     "extra_bytes": "all frames, then 40 garbage bytes, status OK",
     "extra_frame": "all frames, then a valid-looking frame 0, status OK",
     "extra_late": "all frames, status OK, 300 ms later 24 garbage bytes",
+    "ack_plus_garbage": "a good ack followed at once by 24 garbage bytes",
+    "reset_mid_page": "a header and half its page, RST, then UNAVAILABLE 'fake: disk died'",
+    "status_error_no_frames": "NOT_FOUND 'fake: no such namespace' before any frame",
     "grpc_msg_on_tcp": "a GetResponse on the TCP Get's stream, then the frames",
     "tier_huge": "frames with tier 0xffffffff",
     "zero_hashes_frame": "frame index 0xffffffff",
@@ -165,7 +168,8 @@ class Fake:
             return
         with self.mu:
             ok = magic == b"TQKH" and ver == 1 and self.chans.get(cid) == secret
-            s.sendall(b"TQKA" + struct.pack("<I", 0 if ok else 1))
+            s.sendall(b"TQKA" + struct.pack("<I", 0 if ok else 1) +
+                      (b"\x33" * 24 if ok and sc == "ack_plus_garbage" else b""))
             if not ok:
                 s.close()
                 return
@@ -226,7 +230,7 @@ class Fake:
             yield (f_bytes(1, hashes[0]) + f_varint(2, lb) + f_varint(3, 1) + f_bytes(4, P) +
                    f_varint(7, nt) + f_varint(8, nh) + f_varint(9, hd))
         out = b""
-        if sc in ("ok", "extra_bytes", "extra_frame", "extra_late", "grpc_msg_on_tcp"):
+        if sc in ("ok", "ack_plus_garbage", "extra_bytes", "extra_frame", "extra_late", "grpc_msg_on_tcp"):
             out = b"".join(good(i) for i in range(total))
             if sc == "extra_bytes":
                 out += b"\xa5" * 40
@@ -268,6 +272,15 @@ class Fake:
             time.sleep(0.1)
             s.close()
             ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake: out of pinned memory")
+        if sc == "status_error_no_frames":
+            ctx.abort(grpc.StatusCode.NOT_FOUND, "fake: no such namespace")
+        if sc == "reset_mid_page":
+            s.sendall(self.frame(0, lb, 1, 2, len(P)) + P[:len(P) // 2])
+            time.sleep(0.05)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+            time.sleep(0.1)
+            ctx.abort(grpc.StatusCode.UNAVAILABLE, "fake: disk died")
         if sc == "truncated_header":
             s.sendall(self.frame(0, lb, 1, 2, len(P))[:12])
             s.close()
