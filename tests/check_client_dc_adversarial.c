@@ -36,7 +36,8 @@
 enum { NH = 3, L = 2, DEADLINE_MS = 3000, MARGIN_MS = 1500 };
 
 static tqkv_hash_t HS[NH];
-static uint8_t *PAGE; /* the fake server's one page */
+static int FORMAT_BAD; /* the fake sends pages of an unknown version (with a valid CRC) */
+static uint8_t *PAGE;  /* the fake server's one page */
 static size_t PAGE_LEN;
 static char PAGE_PATH[64];
 
@@ -135,6 +136,17 @@ on_page(void *arg, const tqkv_get_page_t *pg)
     s->via_dc += pg->data_channel == 1;
     s->via_grpc += pg->data_channel == 0;
     char err[160] = "";
+    if (FORMAT_BAD) {
+        /* delivered as sent (the CRC matches); the consumer's decode refuses it */
+        if (pg->crc_checked != 1 || pg->page_len != PAGE_LEN ||
+            memcmp((const uint8_t *)pg->page + 16, PAGE + 16, PAGE_LEN - 16) != 0 ||
+            tqkv_client_decode_page(pg->page, pg->page_len, NULL, NULL, NULL) != TQKV_EFORMAT) {
+            s->bad++;
+            snprintf(s->why, sizeof s->why, "hash %zu layer %u: crc_checked %d, not as sent",
+                     pg->hash_index, pg->layer, pg->crc_checked);
+        }
+        return 0;
+    }
     if (pg->crc_checked != 1 || pg->page == NULL || pg->page_len != PAGE_LEN ||
         tqkv_page_validate(pg->page, pg->page_len, 1, NULL, err, sizeof err) != TQKV_OK ||
         memcmp(pg->page, PAGE, PAGE_LEN) != 0 || ((uintptr_t)pg->page & 63) != 0) {
@@ -536,6 +548,24 @@ START_TEST(dca_status_error_no_frames)
 }
 END_TEST
 
+/* A page with a valid CRC32C but a header this build cannot read (version 99): the
+ * CRC is the transport's check; tqkv_client_decode_page refuses the page cleanly. */
+START_TEST(dca_crc_ok_bad_format)
+{
+    fake_t f;
+    fake_start(&f, "crc_ok_bad_format");
+    tqkv_client_t *c = client(&f, 0);
+    seen_t s;
+    char msg[512];
+    FORMAT_BAD = 1;
+    tqkv_status_t st = get(c, &s, msg, sizeof msg);
+    if (st != TQKV_OK)
+        ck_assert_msg(msg[0] != '\0', "error %d without a message", (int)st);
+    tqkv_client_destroy(c);
+    fake_stop(&f);
+}
+END_TEST
+
 /* Two targets, every block on both (replicas 2): a bad server next to a good one. */
 static tqkv_status_t
 replicated(const char *bad, char *msg, size_t msglen, seen_t *s)
@@ -631,6 +661,7 @@ suite(void)
     tcase_add_test(tc, dca_ack_plus_garbage);
     tcase_add_test(tc, dca_reset_mid_page);
     tcase_add_test(tc, dca_status_error_no_frames);
+    tcase_add_test(tc, dca_crc_ok_bad_format);
     tcase_add_test(tc, dca_replica_bad_crc);
     tcase_add_test(tc, dca_replica_frame_magic);
     suite_add_tcase(s, tc);

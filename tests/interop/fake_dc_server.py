@@ -57,6 +57,7 @@ SCENARIOS = {
     "ack_plus_garbage": "a good ack followed at once by 24 garbage bytes",
     "reset_mid_page": "a header and half its page, RST, then UNAVAILABLE 'fake: disk died'",
     "status_error_no_frames": "NOT_FOUND 'fake: no such namespace' before any frame",
+    "crc_ok_bad_format": "every page's version is 99, its CRC32C recomputed (valid)",
     "grpc_msg_on_tcp": "a GetResponse on the TCP Get's stream, then the frames",
     "tier_huge": "frames with tier 0xffffffff",
     "zero_hashes_frame": "frame index 0xffffffff",
@@ -115,6 +116,30 @@ def read_varint(buf, i):
         s += 7
         if not b & 0x80:
             return v, i
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+CRC_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    CRC_TABLE.append(_c)
+
+
+def reformat(page):
+    """The page with header version 99 and a CRC32C that matches (crc field as zero)."""
+    p = bytearray(page)
+    struct.pack_into("<H", p, 4, 99)
+    struct.pack_into("<I", p, 12, 0)
+    struct.pack_into("<I", p, 12, crc32c(bytes(p)))
+    return bytes(p)
 
 
 # ---- the server ----
@@ -221,6 +246,8 @@ class Fake:
         if s is None:
             ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "unknown channel %d" % cid)
         sc, P = self.sc, self.page
+        if sc == "crc_ok_bad_format":
+            P, sc = reformat(P), "ok"
         total = n * (le - lb)
 
         def good(i, tier=2):
