@@ -441,6 +441,15 @@ START_TEST(dca_close_before_frames)
 }
 END_TEST
 
+/* The socket closed and no status: the Get waits for the status (which would say why
+ * the server closed it) only until its deadline. */
+START_TEST(dca_close_then_hang)
+{
+    expect_error("close_then_hang", TQKV_ETIMEDOUT, "data channel closed first: reading frame 0",
+                 0);
+}
+END_TEST
+
 /* Status OK with every frame still due and the socket open: the frames could still be
  * in flight, so the client waits, but only until its deadline. */
 START_TEST(dca_status_ok_no_frames)
@@ -649,6 +658,7 @@ suite(void)
     tcase_add_test(tc, dca_truncated_header);
     tcase_add_test(tc, dca_truncated_page);
     tcase_add_test(tc, dca_close_before_frames);
+    tcase_add_test(tc, dca_close_then_hang);
     tcase_add_test(tc, dca_status_ok_no_frames);
     tcase_add_test(tc, dca_status_error_after_frames);
     tcase_add_test(tc, dca_hang);

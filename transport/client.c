@@ -2229,10 +2229,17 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                  * error of the status returned, the first failure */
                 tqkv_client_error_t first = last_err;
                 tqkv_status_t s2 = rpc_result(c, &rs[t]);
-                if (s2 != TQKV_OK && st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE))
+                if (s2 != TQKV_OK && st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE)) {
                     st = s2;
-                else if (st != TQKV_OK)
+                    if (s2 == TQKV_ETIMEDOUT && rs[t].dc_eof[0]) {
+                        /* no status came to say why the server closed the channel */
+                        size_t ml = strlen(last_err.message);
+                        snprintf(last_err.message + ml, sizeof last_err.message - ml,
+                                 " (data channel closed first: %s)", rs[t].dc_eof);
+                    }
+                } else if (st != TQKV_OK) {
                     last_err = first;
+                }
                 if (s2 != TQKV_OK)
                     rs[t].dc_bad = 1;
                 if (s2 == TQKV_OK && rs[t].dc_eof[0] && st == TQKV_OK)

@@ -47,6 +47,7 @@ SCENARIOS = {
     "truncated_header": "12 bytes of a frame header, then close",
     "truncated_page": "a header and half its page, then close",
     "close_before_frames": "closes the data socket, status OK",
+    "close_then_hang": "closes the data socket, sends no status (the deadline ends it)",
     "status_ok_no_frames": "status OK, no frames, socket left open",
     "status_error_after_frames": "2 frames, then RESOURCE_EXHAUSTED",
     "hang": "no frames, no status (the client's deadline ends it)",
@@ -314,8 +315,10 @@ class Fake:
         elif sc == "truncated_page":
             s.sendall(self.frame(0, lb, 1, 2, len(P)) + P[:len(P) // 2])
             s.close()
-        elif sc == "close_before_frames":
+        elif sc in ("close_before_frames", "close_then_hang"):
             s.close()
+            if sc == "close_then_hang":
+                time.sleep(max(0.0, min(ctx.time_remaining() or 10.0, 10.0)) + 0.5)
         elif sc == "hang":
             time.sleep(max(0.0, min(ctx.time_remaining() or 10.0, 10.0)) + 0.5)
             return
