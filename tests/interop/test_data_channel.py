@@ -800,6 +800,44 @@ class TierTest(unittest.TestCase):
             self.assertEqual(srv.stop(), 0, srv.log_tail())
 
 
+class ShutdownTest(unittest.TestCase):
+    def test_sigterm_drains_a_tcp_get(self):
+        """SIGTERM during a Get over an attached channel: the Get finishes whole and OK
+        within the drain, new channels cannot attach, the server exits 0."""
+        srv = Server("--data-listen", "127.0.0.1:0", "--drain-seconds", "20")
+        try:
+            h = rand_hash(16)
+            srv.stub.Put(iter([put_req("drain", h, 0, 128, 8, 128)]), timeout=30)
+            page = grpc_get(srv.stub, "drain", [h], 0, 1)[0].page
+            n = max(200, STALL_BYTES // len(page) + 1)
+            ch = DataChannel(srv.stub)
+            late = DataChannel(srv.stub, attach=False)
+            it = ch.start_get("drain", [h] * n, 0, 1, timeout=60)
+            ch.sock.settimeout(30)
+            self.assertEqual(Frame(ch.sock).page, page)
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            for i in range(1, n):
+                f = Frame(ch.sock)
+                if f.index != i or f.page != page:
+                    self.fail("frame %d: index %d, %d bytes" % (i, f.index, len(f.page)))
+            self.assertEqual(list(it), [])
+            try:
+                s = connect(late.port, timeout=5)
+                s.sendall(hello_bytes(late.id, late.secret))
+                st = read_ack(s)
+                s.close()
+            except (ConnectionRefusedError, ConnectionResetError, BrokenPipeError):
+                st = None
+            self.assertIsNone(st, "a channel attached during the drain (ack %r)" % st)
+            rc = srv.proc.wait(timeout=30)
+            self.assertEqual(rc, 0, srv.log_tail())
+            self.assertTrue(sees_eof(ch.sock, 5))
+            ch.close()
+        finally:
+            srv.stop()
+
+
 class NoDataListenTest(unittest.TestCase):
     def test_open_channel_tcp_needs_data_listen(self):
         srv = Server()
