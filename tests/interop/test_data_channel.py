@@ -21,8 +21,9 @@ channel, BF16, busy, malformed request); a client vanishing mid-Get, a Get deadl
 CloseChannel during a Get; servers without --data-listen, with --auth-tokens, at the
 channel limit, draining on SIGTERM with a stalled channel, in the HBM tier; expiry of
 unattached channels; a flood of silent connections; a Delete under a stalled Get; racing
-and concurrent Gets; --data-listen start-up checks (with TLS, bad address, port in use). Stubs are generated at test time with
-protoc + grpc_python_plugin, as in test_server.py.
+and concurrent Gets; a drained TCP Get on SIGTERM; --data-listen start-up checks (with
+TLS, bad address, port in use). Stubs are generated at test time with protoc +
+grpc_python_plugin, as in test_server.py.
 """
 import os
 import shutil
@@ -350,15 +351,17 @@ class DataChannelTest(unittest.TestCase):
     def test_pages_match_grpc_and_channel_is_reusable(self):
         ch = DataChannel(self.stub)
         try:
-            before = self.stub.Stats(pb.StatsRequest(), timeout=10).bytes_out
+            before = self.stub.Stats(pb.StatsRequest(namespace=self.ns), timeout=10)
             frames = ch.get(self.ns, self.hashes, 0, 4)
-            after = self.stub.Stats(pb.StatsRequest(), timeout=10).bytes_out
+            after = self.stub.Stats(pb.StatsRequest(namespace=self.ns), timeout=10)
             self.assertFramesMatch(frames, self.ref, 0, len(self.hashes))
             found = [f.flags & 1 for f in frames]
             # hashes[2] exists in layer 1 only; hashes[3] nowhere
             self.assertEqual(found, [1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 1, 1, 0, 0])
-            self.assertEqual(after - before, sum(len(f.page) for f in frames),
+            self.assertEqual(after.bytes_out - before.bytes_out, sum(len(f.page) for f in frames),
                              "Stats.bytes_out counts the pages sent over the channel")
+            self.assertEqual((after.hits - before.hits, after.misses - before.misses),
+                             (sum(found), len(found) - sum(found)), "Stats hits, misses")
             self.assertIs(ch.no_pending_bytes(), True, "bytes after the last frame")
             # Reusable: a second Get, another layer range and order, duplicates.
             hs = [self.missing, self.hashes[1], self.hashes[0], self.hashes[1]]
