@@ -490,3 +490,9 @@ tqkv_auth_check(const tqkv_auth_t *a, const char *authz, size_t authz_len, const
             return TQKV_OK;
     return TQKV_EPERM;
 }
+
+int
+tqkv_auth_bearer_token(const char *authz, size_t authz_len, const char **tok, size_t *toklen)
+{
+    return authz == NULL ? -1 : parse_bearer(authz, authz_len, tok, toklen);
+}

@@ -29,4 +29,8 @@ void tqkv_auth_destroy(tqkv_auth_t *a);
 tqkv_status_t tqkv_auth_check(const tqkv_auth_t *a, const char *authz, size_t authz_len,
                               const char *ns, size_t ns_len, unsigned perm);
 
+/* The token of an `authorization` header ("Bearer <token>", scheme case-insensitive,
+ * blanks around it allowed): 0 with tok and toklen pointing into authz, or -1. */
+int tqkv_auth_bearer_token(const char *authz, size_t authz_len, const char **tok, size_t *toklen);
+
 #endif

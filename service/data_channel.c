@@ -3,7 +3,7 @@
  * transport/data_frame.h).
  *
  * OpenChannel(transport = TCP) registers a channel {id, 16-byte secret, owner = the
- * caller's authorization header}. The client connects to --data-listen and sends a
+ * caller's bearer token}. The client connects to --data-listen and sends a
  * hello; a connection thread checks it (5 s to arrive, secret compared in constant
  * time, one connection per channel; unattached channels expire after 30 s) and then
  * serves that channel's Gets: a Get with transport TCP (TQKV__M_GET_TCP, switched to
@@ -66,7 +66,7 @@ typedef struct dc_job {
 typedef struct dchan {
     uint64_t id;
     uint8_t secret[TQKV_DC_SECRET_BYTES];
-    char *owner; /* authorization header of the opener (NULL: none) */
+    char *owner; /* bearer token of the opener (NULL: none) */
     size_t owner_len;
     double created;
     int fd;  /* attached connection, -1 before; closed when freed */
@@ -157,13 +157,29 @@ chan_find_locked(tqkv__dc_t *dc, uint64_t id)
     return NULL;
 }
 
+/* The caller's bearer token (what owns a channel), or NULL. */
+static const char *
+call_token(const tqkv__call_t *c, size_t *len)
+{
+    const char *tok;
+    if (tqkv_auth_bearer_token(c->authz, c->authz_len, &tok, len) != 0)
+        return NULL;
+    return tok;
+}
+
 static int
 owner_matches(const dchan_t *ch, const tqkv__call_t *c)
 {
     if (c->srv->auth == NULL)
         return 1;
-    return ch->owner != NULL && c->authz != NULL && ch->owner_len == c->authz_len &&
-           memcmp(ch->owner, c->authz, c->authz_len) == 0;
+    size_t n;
+    const char *tok = call_token(c, &n);
+    if (ch->owner == NULL || tok == NULL || ch->owner_len != n)
+        return 0;
+    unsigned char diff = 0; /* constant time: a token is a secret */
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(ch->owner[i] ^ tok[i]);
+    return diff == 0;
 }
 
 /* ---- the job: frames of one Get ---- */
@@ -266,6 +282,11 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
         if (rc != 0) {
             if (atomic_load(&j->cancel))
                 job_fail(j, GRPC_STATUS_CANCELLED, "Get cancelled");
+            else if (atomic_load(&ch->dead))
+                job_fail(j, GRPC_STATUS_UNAVAILABLE,
+                         "data channel %llu closed during the Get (CloseChannel, server stop, or "
+                         "the client closed its connection)",
+                         (unsigned long long)ch->id);
             else
                 job_fail(j, GRPC_STATUS_UNAVAILABLE, "data channel %llu: write failed: %s",
                          (unsigned long long)ch->id, strerror(e));
@@ -630,13 +651,15 @@ tqkv__dc_open(tqkv__call_t *c)
     ch->fd = -1;
     ch->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     ch->created = now_s();
-    if (c->authz && c->authz_len) {
-        ch->owner = malloc(c->authz_len);
+    size_t tl = 0;
+    const char *tok = call_token(c, &tl);
+    if (tok != NULL) {
+        ch->owner = malloc(tl);
         if (ch->owner)
-            memcpy(ch->owner, c->authz, c->authz_len), ch->owner_len = c->authz_len;
+            memcpy(ch->owner, tok, tl), ch->owner_len = tl;
     }
     uint8_t rnd[8 + TQKV_DC_SECRET_BYTES];
-    if (ch->efd < 0 || (c->authz && c->authz_len && ch->owner == NULL) ||
+    if (ch->efd < 0 || (tok != NULL && ch->owner == NULL) ||
         getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
         chan_free(ch);
         tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
