@@ -6,11 +6,13 @@
  * with a prefix of an earlier one, which is not Put again (as an engine that did a
  * Lookup would). A decode op Lookups a known sequence and Gets its cached prefix,
  * layer-major, verifying every page: packed pages must pass validation with CRC (the
- * client library checks the CRC as it copies the page out; the bench re-checks any page
- * it did not), every later read of a (hash, layer) must have the CRC and length of the first
- * one, and a sample of them (all pages in BF16 mode) must decode to within a
- * relative error of 0.3 of what was Put. Block contents are windows of one random
- * BF16 pool chosen by (hash, layer), so the source of any page can be rebuilt.
+ * client library checks the CRC as it receives the page; the bench re-checks any page
+ * it did not), the first read of each (hash, layer, server) must decode to within a
+ * relative error of 0.3 of what was Put, every later read must have the CRC and length
+ * of the first, and 1 in --verify-every is decoded again (all pages in BF16 mode are
+ * compared). Block contents are windows of one random BF16 pool chosen by (hash,
+ * layer), so the source of any page can be rebuilt. --transport tcp (the default) asks
+ * for PACKED pages over TCP data channels (proto/DATA_CHANNEL.md).
  *
  * The same run measures raw TCP loopback in messages of tqkv's mean Get message size
  * (and of the BF16 block size), and Redis GET of the BF16 blocks (a RESP client over a
@@ -278,7 +280,7 @@ vtab_check(uint64_t key, uint32_t crc, uint32_t len)
  * (double sums, the definition) and the one the workers run, in float lanes the
  * compiler keeps in vector registers (GCC/Clang vector extension, lowered to SSE2
  * without -mavx). The fast one was 4x quicker per 256K-element tensor (49 vs 189 us);
- * at 1 page in 32 the content check was ~8% of the run's CPU. main() compares the
+ * at 1 page in 32 the check was ~8% of the run's CPU. main() compares the
  * two before the run. */
 static double
 rel_err_f32_ref(const float *x, const uint16_t *src, size_t n)
