@@ -53,6 +53,7 @@
 #define MAX_CONN_THREADS 320u /* connection threads (attached + saying hello) */
 #define HELLO_TIMEOUT_MS 5000 /* a connection has this long to send its hello */
 #define ATTACH_TIMEOUT_S 30.0 /* an unattached channel expires after this */
+#define NO_DC "TCP data channels not enabled on this server (start it with --data-listen HOST:PORT)"
 
 typedef struct dc_job {
     tqkv__call_t *c;
@@ -637,10 +638,7 @@ tqkv__dc_open(tqkv__call_t *c)
 {
     tqkv__dc_t *dc = c->srv->dc;
     if (dc == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
-                          "TCP data channels not enabled on this server (start it with "
-                          "--data-listen HOST:PORT)",
-                          NULL);
+        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION, NO_DC, NULL);
         return;
     }
     dchan_t *ch = calloc(1, sizeof *ch);
@@ -746,33 +744,15 @@ tget_start(tqkv__call_t *c)
         return;
     }
     c->h = h;
-    size_t len = 0;
-    uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
-    if (buf == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+    if (tqkv__get_request(c, &h->req) != 0)
         return;
-    }
-    tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, &h->req, err, sizeof err);
-    free(buf);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
-        return;
-    }
-    st = tqkv__call_auth(c, h->req->namespace_, TQKV_AUTH_READ, err, sizeof err);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
-        return;
-    }
     if (h->req->encoding != TQKV__V1__ENCODING__ENCODING_PACKED) {
         tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT,
                           "encoding: the TCP data channel sends PACKED pages only", NULL);
         return;
     }
     if (dc == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
-                          "TCP data channels not enabled on this server (start it with "
-                          "--data-listen HOST:PORT)",
-                          NULL);
+        tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION, NO_DC, NULL);
         return;
     }
     pthread_mutex_lock(&dc->mu);

@@ -808,10 +808,33 @@ bf16_pump(tqkv__call_t *c)
         h->sending = 0;
 }
 
+int
+tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
+{
+    char err[ERRLEN];
+    size_t len = 0;
+    uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
+    if (buf == NULL) {
+        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+        return -1;
+    }
+    tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, req, err, sizeof err);
+    free(buf);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
+        return -1;
+    }
+    st = tqkv__call_auth(c, (*req)->namespace_, TQKV_AUTH_READ, err, sizeof err);
+    if (st != TQKV_OK) {
+        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
+        return -1;
+    }
+    return 0;
+}
+
 static void
 get_start(tqkv__call_t *c)
 {
-    char err[ERRLEN];
     get_state_t *h = calloc(1, sizeof *h);
     if (h == NULL) {
         tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -820,23 +843,8 @@ get_start(tqkv__call_t *c)
     pthread_mutex_init(&h->mu, NULL);
     h->fail = GRPC_STATUS_OK;
     c->h = h;
-    size_t len = 0;
-    uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
-    if (buf == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+    if (tqkv__get_request(c, &h->req) != 0)
         return;
-    }
-    tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, &h->req, err, sizeof err);
-    free(buf);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
-        return;
-    }
-    st = tqkv__call_auth(c, h->req->namespace_, TQKV_AUTH_READ, err, sizeof err);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
-        return;
-    }
     h->total = (size_t)(h->req->layer_end - h->req->layer_begin) * h->req->n_hashes;
     unsigned w = c->srv->cfg.encoder_threads + 1;
     h->window = w > GET_WINDOW_MAX ? GET_WINDOW_MAX : w;

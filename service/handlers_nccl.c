@@ -281,31 +281,16 @@ nget_next(tqkv__call_t *c)
 static void
 nget_start(tqkv__call_t *c)
 {
-    char err[NERR];
     nget_t *h = calloc(1, sizeof *h);
     if (h == NULL) {
         tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
         return;
     }
     c->h = h;
-    size_t len = 0;
-    uint8_t *buf = request_bytes(c, &len);
-    if (buf == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+    if (tqkv__get_request(c, &h->req) != 0)
         return;
-    }
-    tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, &h->req, err, sizeof err);
-    free(buf);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
-        return;
-    }
-    st = tqkv__call_auth(c, h->req->namespace_, TQKV_AUTH_READ, err, sizeof err);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
-        return;
-    }
 #ifdef TQKV_HAVE_NCCL
+    char err[NERR];
     if (nccl_device() < 0) {
         tqkv__call_finish(c, GRPC_STATUS_FAILED_PRECONDITION, NO_NCCL, NULL);
         return;

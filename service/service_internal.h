@@ -194,6 +194,10 @@ void tqkv__call_reserve_wake(tqkv__call_t *c);
 void tqkv__call_wake(tqkv__call_t *c);
 /* Copies the whole message into a new contiguous buffer (*len); NULL on failure. */
 uint8_t *tqkv__bb_read(grpc_byte_buffer *bb, size_t *len);
+/* Reads, validates and authorizes (read) the GetRequest of a Get call into *req (free
+ * with tqkv__v1__get_request__free_unpacked). Returns 0, or -1 after finishing the call
+ * with the status that says what is wrong (handlers_kv.c; every Get transport). */
+int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 /* Auth check for namespace ns (NULL = every namespace) when auth is on. */
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
                               size_t errlen);
