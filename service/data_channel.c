@@ -133,6 +133,7 @@ chan_unregister_locked(tqkv__dc_t *dc, dchan_t *ch)
     }
     ch->registered = 0;
     dc->nchans--;
+    tqkv_metrics_data_channels(dc->srv->metrics, -1);
     chan_unref_locked(dc, ch);
 }
 
@@ -690,6 +691,7 @@ tqkv__dc_open(tqkv__call_t *c)
     }
     ch->registered = 1;
     ch->refs = 1;
+    tqkv_metrics_data_channels(dc->srv->metrics, 1);
     ch->next = dc->chans;
     dc->chans = ch;
     dc->nchans++;

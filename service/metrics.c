@@ -77,6 +77,7 @@ struct tqkv_metrics {
     _Atomic uint64_t codec_bytes[2]; /* [0] decode, [1] encode */
     _Atomic uint64_t codec_ns[2];
     _Atomic int64_t streams;
+    _Atomic int64_t data_channels;
     double start_time; /* unix seconds */
 
     pthread_mutex_t methods_mu; /* guards methods[]/nmethods (not the counters inside) */
@@ -236,6 +237,14 @@ tqkv_metrics_streams(tqkv_metrics_t *m, int delta)
     if (!m)
         return;
     atomic_fetch_add_explicit(&m->streams, (int64_t)delta, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta)
+{
+    if (!m)
+        return;
+    atomic_fetch_add_explicit(&m->data_channels, (int64_t)delta, memory_order_relaxed);
 }
 
 static uint64_t
@@ -753,6 +762,10 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
     sb_family(&b, "tqkv_active_streams", "gauge", "gRPC calls in progress.");
     sb_printf(&b, "tqkv_active_streams %" PRId64 "\n",
               atomic_load_explicit(&m->streams, memory_order_relaxed));
+    sb_family(&b, "tqkv_data_channels", "gauge",
+              "TCP data channels open (--data-listen; connected or awaiting their hello).");
+    sb_printf(&b, "tqkv_data_channels %" PRId64 "\n",
+              atomic_load_explicit(&m->data_channels, memory_order_relaxed));
 
     render_ns_access(&b, m);
     if (store)

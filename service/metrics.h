@@ -30,6 +30,8 @@ void tqkv_metrics_ns_access(tqkv_metrics_t *m, const char *ns, size_t ns_len, ui
                             uint64_t misses);
 /* Active gRPC streams gauge (+1 when a call starts, -1 when it ends). */
 void tqkv_metrics_streams(tqkv_metrics_t *m, int delta);
+/* Open TCP data channels gauge (+1 when one is registered, -1 when it goes). */
+void tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta);
 
 /* Serves GET /metrics on listen ("HOST:PORT"; port 0 picks one, written to *bound_port
  * when non-NULL). store (borrowed, may be NULL) is read at each scrape. */

@@ -182,6 +182,7 @@ static const char *const k_families[] = {"tqkv_build_info",
                                          "tqkv_codec_bytes_total",
                                          "tqkv_codec_seconds_total",
                                          "tqkv_active_streams",
+                                         "tqkv_data_channels",
                                          "tqkv_namespace_hits_total",
                                          "tqkv_namespace_misses_total"};
 
@@ -422,6 +423,7 @@ START_TEST(test_counters_and_gauges)
         }
         int d = (rng() % 3 == 0) ? -1 : 1;
         tqkv_metrics_streams(m, d);
+        tqkv_metrics_data_channels(m, -d);
         streams += d;
     }
     char *t;
@@ -434,12 +436,14 @@ START_TEST(test_counters_and_gauges)
     ck_assert(fabs(sample(t, "tqkv_codec_seconds_total{op=\"encode\"}") - es) < 1e-6);
     ck_assert(fabs(sample(t, "tqkv_codec_seconds_total{op=\"decode\"}") - ds) < 1e-6);
     ck_assert(sample(t, "tqkv_active_streams") == (double)streams);
+    ck_assert(sample(t, "tqkv_data_channels") == -(double)streams);
     free(t);
     /* NULL registry is tolerated by the hot-path calls. */
     tqkv_metrics_add_bytes(NULL, 1, 1, 1);
     tqkv_metrics_rpc_done(NULL, "Put", 0, 1);
     tqkv_metrics_codec(NULL, 1, 1, 1);
     tqkv_metrics_streams(NULL, 1);
+    tqkv_metrics_data_channels(NULL, 1);
     tqkv_metrics_ns_access(NULL, "a", 1, 1, 1);
     tqkv_metrics_destroy(m);
 }

@@ -1015,6 +1015,39 @@ class StartupTest(unittest.TestCase):
             busy.close()
 
 
+class MetricsTest(unittest.TestCase):
+    def test_data_channels_gauge(self):
+        """/metrics counts open data channels: +1 per OpenChannel, -1 when one closes."""
+        import urllib.request
+        srv = Server("--data-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+        try:
+            line = srv.proc.stdout.readline()
+            self.assertIn("metrics on port", line)
+            mport = int(line.strip().rsplit(" ", 1)[1])
+
+            def gauge():
+                with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,
+                                            timeout=10) as r:
+                    for ln in r.read().decode().splitlines():
+                        if ln.startswith("tqkv_data_channels "):
+                            return float(ln.split()[1])
+                self.fail("no tqkv_data_channels sample")
+
+            self.assertEqual(gauge(), 0)
+            a = DataChannel(srv.stub)
+            b = DataChannel(srv.stub, attach=False)
+            self.assertEqual(gauge(), 2)
+            srv.stub.CloseChannel(pb.CloseChannelRequest(channel_id=b.id), timeout=10)
+            self.assertEqual(gauge(), 1)
+            a.sock.close()  # the server drops a channel whose connection closes
+            deadline = time.time() + 10
+            while gauge() != 0 and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(gauge(), 0)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
 if __name__ == "__main__":
     SERVER = os.path.abspath(sys.argv[1])
     PROTO_DIR = os.path.abspath(sys.argv[2])
