@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/version.h"
+
 int tqkv_cli_encode(int argc, char **argv);
 int tqkv_cli_decode(int argc, char **argv);
 int tqkv_cli_info(int argc, char **argv);
@@ -40,6 +42,7 @@ usage(FILE *f)
     fprintf(f, "usage: tqkv-codec COMMAND [options]   (tqkv-codec COMMAND --help)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
+    fprintf(f, "  %-10s %s\n", "--version", "print the version and build (ISA, CUDA, NCCL)");
 }
 
 int
@@ -51,6 +54,10 @@ main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        tqkv_version_fprint(stdout, "tqkv-codec");
         return 0;
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

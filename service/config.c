@@ -80,6 +80,7 @@ static const opt_t opts[] = {
     {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0},
     {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0},
     {"help", NULL, OPT_BOOL, NULL, "print this help and exit", 0},
+    {"version", NULL, OPT_BOOL, NULL, "print the version and build (ISA, CUDA, NCCL) and exit", 0},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -255,6 +256,8 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
             cfg->store.verify_crc = b;
         else if (!strcmp(n, "help"))
             cfg->help = b;
+        else if (!strcmp(n, "version"))
+            cfg->version = b;
         return TQKV_OK;
     }
     if (v == NULL || *v == '\0') {
@@ -778,7 +781,7 @@ tqkv_config_parse(tqkv_server_config_t *cfg, int argc, char **argv, char *err, s
     ns_specs_t specs = {0};
     tqkv_status_t st = parse_flags(cfg, &specs, argc, argv, err, errlen);
 
-    if (st != TQKV_OK || cfg->help)
+    if (st != TQKV_OK || cfg->help || cfg->version)
         return st;
     if ((st = check_combinations(cfg, err, errlen)) != TQKV_OK)
         return st;

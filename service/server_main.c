@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/version.h"
 #include "service/config.h"
 #include "service/log.h"
 #include "service/server.h"
@@ -28,6 +29,10 @@ main(int argc, char **argv)
     }
     if (cfg.help) {
         tqkv_config_usage(stdout);
+        return 0;
+    }
+    if (cfg.version) {
+        tqkv_version_fprint(stdout, "tqkv-server");
         return 0;
     }
     tqkv_log_setup(cfg.log_level, cfg.log_format, stderr);

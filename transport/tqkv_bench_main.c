@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "kernels/page.h"
+#include "kernels/version.h"
 #include "transport/client.h"
 
 /* jemalloc (linked into the executables) reads this at start-up: keep freed pages
@@ -1156,6 +1157,7 @@ usage(void)
         "                   --key-bits/--value-bits, default 3.5/3)\n"
         "  --json FILE|-  --csv FILE  --tls-ca FILE [--tls-target-name N]  --token T  "
         "--no-baselines  --seed N\n"
+        "  --version (print the version and build, exit)\n"
         "exit status: 0 ok, 1 cannot run or write a report, 2 bad flags, 3 verify failures,\n"
         "             4 RPC errors (see \"errors\")\n");
 }
@@ -1427,6 +1429,9 @@ main(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            tqkv_version_fprint(stdout, "tqkv-bench");
             return 0;
         } else {
             fprintf(stderr, "tqkv-bench: unknown or incomplete option %s\n", a);
