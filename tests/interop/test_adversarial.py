@@ -45,7 +45,7 @@ def codec_binary():
     p = os.environ.get("TQKV_CODEC")
     if p and os.access(p, os.X_OK):
         return p
-    return os.path.join(os.path.dirname(H.server_binary()), "..", "kernels", "tqkv-codec")
+    return os.path.join(os.path.dirname(H.server_binary()), "..", "kernels", "cli", "tqkv-codec")
 
 
 def call(fn, *a, **kw):

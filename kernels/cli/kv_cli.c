@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "kernels/attention.h"
-#include "kernels/io_cli.h"
+#include "kernels/cli/io_cli.h"
 #include "kernels/kivi.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
@@ -142,7 +142,7 @@ read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* Whole or nothing (kernels/io_cli.h): a failed write left a truncated file. */
+/* Whole or nothing (kernels/cli/io_cli.h): a failed write left a truncated file. */
 static int
 write_file(const char *path, const void *buf, size_t len)
 {

@@ -15,7 +15,7 @@
 #include <zstd.h>
 
 #include "kernels/codebook.h"
-#include "kernels/io_cli.h"
+#include "kernels/cli/io_cli.h"
 #include "kernels/page.h"
 #include "kernels/tq_math.h"
 
