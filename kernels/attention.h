@@ -76,8 +76,9 @@ tqkv_status_t tqkv_attn_bf16_ref(const float *q, uint32_t num_q_heads, const uin
 const char *tqkv_attn_isa(void);
 
 /* Caps the kernels used (for tests and benches; not thread-safe against concurrent attention
- * calls): TQKV_ATTN_ISA_BEST (default), _SCALAR, _AVX2. The environment variable
- * TQKV_ATTN_ISA=scalar|avx2 sets the initial cap. */
+ * calls): TQKV_ATTN_ISA_BEST (default), _SCALAR, _AVX2, below what TQKV_ISA admits (cpu.h:
+ * TQKV_ISA=scalar|avx2 caps every kernel, attention included). The environment variable
+ * TQKV_ATTN_ISA=scalar|avx2 (deprecated: use TQKV_ISA) sets the initial cap. */
 enum { TQKV_ATTN_ISA_BEST = 0, TQKV_ATTN_ISA_SCALAR = 1, TQKV_ATTN_ISA_AVX2 = 2 };
 void tqkv_attn_set_isa_cap(int cap);
 /* Same as tqkv_attn_set_isa_cap(on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST). */

@@ -19,8 +19,14 @@ typedef struct tqkv_policy {
     uint64_t seed;
 } tqkv_policy_t;
 
-/* The measured defaults (see README, "KV policy"). */
+/* The measured defaults (see README, "KV policy"): the one definition of the default
+ * policy, used by the server (service/config.c) and by tqkv-codec (kernels/cli/). */
 void tqkv_policy_default(tqkv_policy_t *p);
+
+/* The block codec of a middle (non-boundary) layer under tqkv_policy_default(): what a
+ * default server stores for such a block, and what tqkv-codec encode-kv and encode use
+ * unless their flags say otherwise. */
+void tqkv_policy_default_codec(tqkv_block_codec_t *out);
 
 /* Checks every field; a one-line reason in err on failure (TQKV_EINVAL). */
 tqkv_status_t tqkv_policy_check(const tqkv_policy_t *p, char *err, size_t errlen);

@@ -81,7 +81,7 @@ gen_q(rng_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t 
     }
 }
 
-/* The attn-eval harness generators (kernels/kv_cli.c), copied so the quality test runs on
+/* The attn-eval harness generators (kernels/cli/kv_cli.c), copied so the quality test runs on
  * the same kind of data. */
 /* Keys: per-channel offsets (N(0, 0.5^2)), 4 outlier channels per head with 5x amplitude
  * and a large offset, plus a slow per-channel drift along tokens (like RoPE'd keys);
