@@ -16,6 +16,7 @@
 #include "kernels/page.h"
 #include "tests/check_main.h"
 #include "tests/store_test_util.h"
+#include "tests/support/sanitize.h"
 
 #define NS_A "tenant-a/llama"
 #define NS_B "tenant-b/llama"
@@ -191,13 +192,13 @@ START_TEST(test_suballoc_random)
     uint64_t x = tqkv_test_seed() ^ 0xa11c;
     ck_assert_int_eq(tqkv__suballoc_init(&sa, size), TQKV_OK);
     for (int it = 0; it < 5000; it++) {
-        int i = (int)(st_splitmix(&x) % N);
+        int i = (int)(tqkv_test_rand(&x) % N);
         if (live[i]) {
             ck_assert_int_eq(tqkv__suballoc_free(&sa, off[i], len[i]), TQKV_OK);
             live[i] = 0;
             continue;
         }
-        len[i] = 1 + st_splitmix(&x) % 20000;
+        len[i] = 1 + tqkv_test_rand(&x) % 20000;
         if (tqkv__suballoc_alloc(&sa, len[i], &off[i]) != TQKV_OK)
             continue;
         ck_assert_uint_eq(off[i] % TQKV__SUBALLOC_ALIGN, 0);
@@ -270,7 +271,7 @@ START_TEST(test_put_get_duplicate)
     size_t sizes[] = {1, 7, 127, 4096, 100001, 262144};
     for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         int dup = -1;
-        uint64_t seq = st_splitmix(&x);
+        uint64_t seq = tqkv_test_rand(&x);
         ck_assert_int_eq(put_page(s, NS_A, seq, 0, 3, sizes[i], 0, &dup), TQKV_OK);
         ck_assert_int_eq(dup, 0);
         tqkv_tier_t t;
@@ -542,7 +543,7 @@ START_TEST(test_capacity_never_exceeded)
     tqkv_store_t *s = mkstore(300 * 1000, 100 * 1000, TQKV_EVICT_S3FIFO);
     tqkv_pool_t *d = tqkv__store_pool(s, TQKV_TIER_DRAM), *h = tqkv__store_pool(s, TQKV_TIER_HBM);
     for (int i = 0; i < 2000; i++) {
-        size_t len = 1 + st_splitmix(&x) % 40000;
+        size_t len = 1 + tqkv_test_rand(&x) % 40000;
         tqkv_status_t st = put_page(s, NS_A, 3, (uint64_t)i, 0, len, (i % 5) != 0, NULL);
         ck_assert_int_eq(st, TQKV_OK);
         ck_assert(tqkv_pool_used(d) <= 300 * 1000);
@@ -868,7 +869,7 @@ START_TEST(test_verify_crc)
     ck_assert_int_eq(get_page(s, NS_A, 21, 0, 0, 3333, NULL), TQKV_OK);
     st_hash(h, 21, 0);
     tqkv_block_key_t k = mkkey(NS_A, h, 0);
-    size_t off = (size_t)(st_splitmix(&x) % 3333);
+    size_t off = (size_t)(tqkv_test_rand(&x) % 3333);
     ck_assert_int_eq(tqkv__store_debug_corrupt(s, &k, 3333), TQKV_EINVAL);
     ck_assert_int_eq(tqkv__store_debug_corrupt(s, &k, off), TQKV_OK);
     ck_assert_int_eq(tqkv_store_get(s, &k, &r), TQKV_ECORRUPT);
@@ -1017,7 +1018,7 @@ START_TEST(test_rss_per_page)
 {
     const size_t psz = 100 * 1024, n = (256u << 20) / psz;
     uint8_t *page = malloc(psz), h[32];
-    if (getenv("TQKV_SANITIZED") != NULL) {
+    if (tqkv_test_sanitized()) {
         free(page); /* sanitizer allocators have their own overheads */
         return;
     }

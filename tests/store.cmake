@@ -16,4 +16,4 @@ tqkv_check_suite(check_store_stress
 # tqkv-store-bench: hit rate of LRU vs S3-FIFO on a Zipf + shared-prefix trace, and
 # put/get/lookup ops/s at 1 and 2 threads. A command that prints tables, not a test.
 add_executable(tqkv-store-bench ${PROJECT_SOURCE_DIR}/tests/store_bench.c)
-target_link_libraries(tqkv-store-bench PRIVATE tqkv_flags tqkv_cache Threads::Threads ${MATH_LIB})
+target_link_libraries(tqkv-store-bench PRIVATE tqkv_flags tqkv_cache tqkv_test_support Threads::Threads ${MATH_LIB})
