@@ -207,6 +207,7 @@ START_TEST(test_create_validates)
     o.replicas = 5; /* clamped to the number of targets */
     ck_assert_int_eq(tqkv_client_create(&o, &c), TQKV_OK);
     ck_assert_uint_eq(tqkv_client_num_targets(c), 1);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 1);
     ck_assert_str_eq(tqkv_client_target_name(c, 0), "127.0.0.1:1");
     /* Nothing listens on port 1: a call fails fast and cleanly. */
     uint32_t prefix;
@@ -217,6 +218,19 @@ START_TEST(test_create_validates)
     ck_assert_int_ne(tqkv_client_last_error()->grpc_code, 0);
     tqkv_client_destroy(c);
     /* localhost resolves; with resolve_targets each distinct address is a target. */
+    const char *three[] = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+    tqkv_client_opts_t o3 = {.targets = three, .num_targets = 3};
+    ck_assert_int_eq(tqkv_client_create(&o3, &c), TQKV_OK);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 1); /* 0 = 1 */
+    tqkv_client_destroy(c);
+    o3.replicas = 2;
+    ck_assert_int_eq(tqkv_client_create(&o3, &c), TQKV_OK);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 2);
+    tqkv_client_destroy(c);
+    o3.replicas = 4;
+    ck_assert_int_eq(tqkv_client_create(&o3, &c), TQKV_OK);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 3);
+    tqkv_client_destroy(c);
     const char *lh[] = {"localhost:1"};
     tqkv_client_opts_t o2 = {.targets = lh, .num_targets = 1, .resolve_targets = 1};
     ck_assert_int_eq(tqkv_client_create(&o2, &c), TQKV_OK);
