@@ -5,9 +5,9 @@
  * Put: shapes, payload sizes, hashes, namespaces, layers, NaN/Inf, codec overrides
  * (bit widths printed exactly as sent), pages (mismatched, truncated, corrupt, holding
  * only keys or only values), a Put with no payload or a page without its shape.
- * Get: layer range, hashes, message size, unknown transports. Every request: random
- * bytes never crash or validate, and a namespace with an embedded NUL ("a\0b", which
- * protobuf-c would truncate to "a") is refused.
+ * Get: layer range, hashes, message size, unknown transports. Delete: all xor hashes.
+ * Every request kind: random bytes never crash the parser, and a namespace with an
+ * embedded NUL ("a\0b", which protobuf-c would truncate to "a") is refused.
  */
 #include <check.h>
 #include <math.h>
