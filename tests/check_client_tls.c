@@ -9,13 +9,15 @@
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tests/check_main.h"
 #include "transport/client.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 static uint64_t SEED;
 
@@ -50,7 +52,7 @@ START_TEST(test_tls_and_token)
     const char *tg[1] = {addr};
 
     tqkv_hash_t h;
-    proc_hash(&h, SEED, 1, 16);
+    tqkv_test_hash(&h, SEED, 1, 16);
     tqkv_lookup_req_t lq = {.ns = "tls", .hashes = &h, .num_hashes = 1, .num_layers = 1};
     uint32_t prefix = 7;
     tqkv_client_t *c = NULL;

@@ -13,6 +13,7 @@
 #include "kernels/policy.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
 
 #ifndef TQKV_CODEC_BIN
 #error "TQKV_CODEC_BIN must name the tqkv-codec binary"
@@ -104,9 +105,7 @@ START_TEST(test_roundtrip)
     uint8_t *out;
     static const char *const bits[] = {"1", "2.5", "3", "3.5", "4"};
     for (size_t i = 0; i < (size_t)D * n; i++) {
-        double u = ((tqkv_splitmix64(&rng) >> 11) + 0.5) / 9007199254740992.0;
-        double v = ((tqkv_splitmix64(&rng) >> 11) + 0.5) / 9007199254740992.0;
-        x[i] = tqkv_f32_to_bf16((float)(sqrt(-2 * log(u)) * cos(2 * M_PI * v)));
+        x[i] = tqkv_f32_to_bf16((float)tqkv_test_gauss(&rng));
     }
     write_bf16("x.bf16", x, (size_t)D * n);
     for (int b = 0; b < 5; b++)

@@ -20,7 +20,8 @@
 #include "tests/check_main.h"
 #include "transport/client.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 /* ---- config ---- */
 
@@ -392,11 +393,11 @@ START_TEST(test_server_ns_policy)
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
     ck_assert_ptr_nonnull(k);
     ck_assert_ptr_nonnull(v);
-    proc_fill(k, n, sh.head_dim, &seed);
-    proc_fill(v, n, sh.head_dim, &seed);
+    tqkv_test_bf16_fill(&seed, k, n, sh.head_dim);
+    tqkv_test_bf16_fill(&seed, v, n, sh.head_dim);
     tqkv_hash_t h, h2;
-    proc_hash(&h, seed, 1, 32);
-    proc_hash(&h2, seed, 2, 32);
+    tqkv_test_hash(&h, seed, 1, 32);
+    tqkv_test_hash(&h2, seed, 2, 32);
 
     /* The expected policies, written out from the flags above. */
     tqkv_policy_t global, pa, pteam, pteamx;

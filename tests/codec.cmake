@@ -3,11 +3,7 @@
 # reference, page validation, and distortion / bias against theory.
 
 foreach(_s codebook rotation pack page quality)
-  if(_s STREQUAL "quality")
-    set(_name check_codec_quality)
-  else()
-    set(_name check_${_s})
-  endif()
+  set(_name check_codec_${_s})
   if(NOT EXISTS ${PROJECT_SOURCE_DIR}/tests/check_codec_${_s}.c)
     continue()
   endif()
@@ -43,7 +39,7 @@ endforeach()
 # The SIMD levels below the best one this CPU has, so every kernel runs on one machine
 # (TQKV_ISA caps every dispatch: kernels/cpu.h).
 foreach(_isa avx2 scalar)
-  foreach(_s check_pack check_page)
+  foreach(_s check_codec_pack check_codec_page)
     if(TARGET ${_s})
       add_test(NAME ${_s}_${_isa} COMMAND ${_s})
       set_tests_properties(${_s}_${_isa} PROPERTIES LABELS unit TIMEOUT 300

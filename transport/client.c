@@ -845,6 +845,12 @@ tqkv_client_target_name(const tqkv_client_t *c, size_t i)
     return c && i < c->nt ? c->t[i].name : NULL;
 }
 
+uint32_t
+tqkv__client_replicas(const tqkv_client_t *c)
+{
+    return c ? c->replicas : 0;
+}
+
 /* Candidate targets of a block, best first: cand[0..nc). */
 static size_t
 candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t *cand)

@@ -353,6 +353,9 @@ tqkv_status_t tqkv__client_open_channel_rpc(tqkv_client_t *c, size_t target, int
                                             uint32_t timeout_ms, uint64_t *id, uint8_t uid[128],
                                             size_t *uid_len);
 
+/* R as the client uses it: opts->replicas (0 = 1) clamped to the number of targets. */
+uint32_t tqkv__client_replicas(const tqkv_client_t *c);
+
 /* Sets the calling thread's last error (for transport/client_*.c). Returns st. */
 tqkv_status_t tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg);
 
