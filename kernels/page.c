@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/codebook.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 

@@ -8,7 +8,7 @@
 
 #include "tests/check_main.h"
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 #include "transport/shard.h"
 
 static uint64_t

@@ -17,7 +17,7 @@
 
 #include "tests/check_main.h"
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 
 #include "tests/check_client_proc.c"
 
