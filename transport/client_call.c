@@ -8,6 +8,7 @@
 #include <grpc/support/alloc.h>
 
 #include "transport/client_internal.h"
+#include "transport/status_grpc.h"
 #include "transport/wire.h"
 
 _Thread_local tqkv_client_error_t tqkv__client_last_err;
@@ -34,39 +35,6 @@ tqkv_status_t
 tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg)
 {
     return tqkv__client_err(st, grpc_code, "%s", msg);
-}
-
-static tqkv_status_t
-status_from_grpc(grpc_status_code code)
-{
-    switch (code) {
-    case GRPC_STATUS_OK:
-        return TQKV_OK;
-    case GRPC_STATUS_CANCELLED:
-        return TQKV_ECANCELED;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_OUT_OF_RANGE:
-    case GRPC_STATUS_FAILED_PRECONDITION:
-        return TQKV_EINVAL;
-    case GRPC_STATUS_DEADLINE_EXCEEDED:
-        return TQKV_ETIMEDOUT;
-    case GRPC_STATUS_NOT_FOUND:
-        return TQKV_ENOTFOUND;
-    case GRPC_STATUS_PERMISSION_DENIED:
-        return TQKV_EPERM;
-    case GRPC_STATUS_UNAUTHENTICATED:
-        return TQKV_EAUTH;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED:
-        return TQKV_ENOSPC;
-    case GRPC_STATUS_UNIMPLEMENTED:
-        return TQKV_EUNSUPPORTED;
-    case GRPC_STATUS_UNAVAILABLE:
-        return TQKV_EUNAVAILABLE;
-    case GRPC_STATUS_DATA_LOSS:
-        return TQKV_ECORRUPT;
-    default:
-        return TQKV_EINTERNAL;
-    }
 }
 
 gpr_timespec
@@ -313,7 +281,7 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
     } else
         tqkv_shard_health_ok(&t->health, c->backoff_min);
     char *d = grpc_slice_to_c_string(r->details);
-    tqkv_status_t st = status_from_grpc(r->status);
+    tqkv_status_t st = tqkv__status_from_grpc_code(r->status);
     tqkv__client_err(st, (int)r->status, "%s: %s", t->name, d && d[0] ? d : "(no details)");
     gpr_free(d);
     return st;

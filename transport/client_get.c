@@ -52,46 +52,46 @@ tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m)
             return -1; /* field numbers are 1 .. 2^29-1 */
         uint32_t field = (uint32_t)(key >> 3), wt = (uint32_t)(key & 7);
         switch (wt) {
-        case 0:
+        case TQKV_WIRE_VARINT:
             if (rd_varint(&p, end, &v) != 0)
                 return -1;
             switch (field) {
-            case 2:
+            case TQKV_GET_F_LAYER:
                 m->layer = (uint32_t)v;
                 break;
-            case 3:
+            case TQKV_GET_F_FOUND:
                 m->found = v != 0;
                 break;
-            case 7:
+            case TQKV_GET_F_NUM_TOKENS:
                 m->num_tokens = (uint32_t)v;
                 break;
-            case 8:
+            case TQKV_GET_F_NUM_KV_HEADS:
                 m->num_kv_heads = (uint32_t)v;
                 break;
-            case 9:
+            case TQKV_GET_F_HEAD_DIM:
                 m->head_dim = (uint32_t)v;
                 break;
-            case 10:
+            case TQKV_GET_F_TIER:
                 m->tier = (int)v;
                 break;
             default:
                 break;
             }
             break;
-        case 2:
+        case TQKV_WIRE_LEN:
             if (rd_varint(&p, end, &v) != 0 || v > (uint64_t)(end - p))
                 return -1;
             switch (field) {
-            case 1:
+            case TQKV_GET_F_HASH:
                 m->hash = p, m->hash_len = (size_t)v;
                 break;
-            case 4:
+            case TQKV_GET_F_PAGE:
                 m->page = p, m->page_len = (size_t)v;
                 break;
-            case 5:
+            case TQKV_GET_F_KEY:
                 m->key = p, m->key_len = (size_t)v;
                 break;
-            case 6:
+            case TQKV_GET_F_VALUE:
                 m->value = p, m->value_len = (size_t)v;
                 break;
             default:
@@ -99,12 +99,12 @@ tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m)
             }
             p += v;
             break;
-        case 1:
+        case TQKV_WIRE_I64:
             if (end - p < 8)
                 return -1;
             p += 8;
             break;
-        case 5:
+        case TQKV_WIRE_I32:
             if (end - p < 4)
                 return -1;
             p += 4;
@@ -176,14 +176,14 @@ page_field_at(const uint8_t *p, size_t avail, size_t *off, size_t *plen)
         if (rd_varint(&q, end, &key) != 0)
             return -1;
         switch (key & 7) {
-        case 0:
+        case TQKV_WIRE_VARINT:
             if (rd_varint(&q, end, &v) != 0)
                 return -1;
             break;
-        case 2:
+        case TQKV_WIRE_LEN:
             if (rd_varint(&q, end, &v) != 0)
                 return -1;
-            if ((key >> 3) == 4) {
+            if ((key >> 3) == TQKV_GET_F_PAGE) {
                 *off = (size_t)(q - p);
                 *plen = (size_t)v;
                 return 0;
@@ -192,10 +192,10 @@ page_field_at(const uint8_t *p, size_t avail, size_t *off, size_t *plen)
                 return -1;
             q += v;
             break;
-        case 1:
+        case TQKV_WIRE_I64:
             q += 8;
             break;
-        case 5:
+        case TQKV_WIRE_I32:
             q += 4;
             break;
         default:
