@@ -64,7 +64,7 @@ dispatch_start(tqkv__call_t *c)
         return;
     }
     if (t == TQKV__V1__TRANSPORT__TRANSPORT_TCP) {
-        c->method = TQKV__M_GET_TCP; /* data_channel.c */
+        c->method = TQKV__M_GET_TCP; /* dc_server.c */
         tqkv__get_tcp_handler.on_start(c);
         return;
     }
