@@ -22,6 +22,10 @@
 #include "kernels/page.h"
 #include "kernels/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Options of tqkv_attn_decode. A value; tqkv_attn_opts_default fills the defaults. */
 typedef struct tqkv_attn_opts {
     uint32_t split_tokens; /* tokens per split-K work item (default 4096); 0 = no split;
@@ -179,5 +183,9 @@ void tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const u
                           uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
                           float *m, float *l, float *scratch, const void *pfk, const void *pfv,
                           size_t pf_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -29,6 +29,7 @@
 
 #include "kernels/codebook.h"
 #include "kernels/cpu.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/simd_x86.h"
 #include "kernels/tq_math.h"

@@ -10,6 +10,10 @@
 #include "kernels/page.h"
 #include "kernels/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tqkv_policy {
     tqkv_tensor_codec_t k, v;                   /* middle layers */
     tqkv_tensor_codec_t k_boundary, v_boundary; /* first/last boundary_layers layers */
@@ -40,5 +44,9 @@ void tqkv_policy_block_codec(const tqkv_policy_t *p, uint32_t layer, uint32_t nu
 tqkv_status_t tqkv_bits_parse(const char *s, uint8_t *bits_x2);
 /* Same from a float (exact halves only). */
 tqkv_status_t tqkv_bits_from_float(float bits, uint8_t *bits_x2);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -9,7 +9,7 @@
 #include "tests/check_main.h"
 #include "tests/support/rng.h"
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 #include "transport/shard.h"
 
 START_TEST(test_parse_get_matches_protobuf_c)

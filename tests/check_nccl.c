@@ -18,7 +18,7 @@
 
 #include "tests/check_main.h"
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 
 #include "tests/support/kv_data.h"
 #include "tests/support/server_proc.h"

@@ -1,6 +1,6 @@
 /* data_channel.h - libtqkv's side of TCP data channels (transport/data_frame.h):
  * connecting a channel and reading its bytes. The channel pool and Get over a channel
- * are in client.c.
+ * are in client_dc.c and client_get.c.
  */
 #ifndef TQKV_TRANSPORT_DATA_CHANNEL_H
 #define TQKV_TRANSPORT_DATA_CHANNEL_H

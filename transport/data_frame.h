@@ -1,5 +1,5 @@
 /* data_frame.h - the TCP data channel's byte formats, shared by tqkv-server
- * (service/data_channel.c) and libtqkv (transport/data_channel.c). All integers
+ * (service/dc_server.c) and libtqkv (transport/data_channel.c). All integers
  * little-endian. design.md, "TCP data channel", is the contract.
  *
  * A client opens a channel with OpenChannel(transport = TRANSPORT_TCP) over gRPC and

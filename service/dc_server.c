@@ -1,4 +1,4 @@
-/* data_channel.c - TCP data channels: Get page bytes over a plain TCP connection
+/* dc_server.c - the server side of TCP data channels: Get page bytes over a plain TCP connection
  * instead of HTTP/2 frames (design.md, "TCP data channel"; formats in
  * transport/data_frame.h).
  *
@@ -7,7 +7,7 @@
  * hello; a connection thread checks it (5 s to arrive, secret compared in constant
  * time, one connection per channel; unattached channels expire after 30 s) and then
  * serves that channel's Gets: a Get with transport TCP (TQKV__M_GET_TCP, switched to
- * by the Get dispatch in handlers_nccl.c) is validated and authorized on its worker
+ * by the Get dispatch in handlers_channel.c) is validated and authorized on its worker
  * like any Get, then handed to the channel's thread as a job (the call waits in
  * CS_WORK with a reserved TAG_WAKE). The thread pins each page, writes its frame
  * header and the page itself with one sendmsg (no copy in user space), unpins it, and
@@ -21,7 +21,7 @@
  * channel's busy/job/attached fields.
  */
 #define _GNU_SOURCE
-#include "service/data_channel.h"
+#include "service/dc_server.h"
 
 #include <errno.h>
 #include <netdb.h>
