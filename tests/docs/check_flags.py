@@ -56,7 +56,8 @@ def doc_table(path):
         for n, line in enumerate(f, 1):
             if not line.startswith("|"):
                 continue
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            # Cells split on "|" that is not escaped ("`mse\|prod`" stays one cell).
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:])]
             if not cells or not cells[0].startswith("`--"):
                 continue
             m = re.match(r"`(--[a-z0-9][a-z0-9-]*)", cells[0])
