@@ -19,7 +19,7 @@ typedef struct tqkv_policy {
     uint64_t seed;
 } tqkv_policy_t;
 
-/* The measured defaults (see README, "KV policy"). */
+/* The measured defaults (see docs/design.md, "KV policy"). */
 void tqkv_policy_default(tqkv_policy_t *p);
 
 /* Checks every field; a one-line reason in err on failure (TQKV_EINVAL). */
