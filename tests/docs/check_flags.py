@@ -4,7 +4,10 @@
   check_flags.py flags SOURCE_DIR TQKV_SERVER
       Runs `tqkv-server --help` and checks that every flag and TQKV_* variable it prints
       is a row of the flag table in docs/operations.md, with the same variable on the
-      same row, and that every row of that table is a flag --help prints.
+      same row, and that every row of that table is a flag --help prints. Also: every
+      TQKV_* variable the product code reads with getenv (kernels/, cache/, transport/,
+      service/) is in docs/operations.md, and every variable of its "Other variables"
+      table is still used by some file of the repository.
 
   check_flags.py links SOURCE_DIR
       Every relative link of every tracked Markdown file points to a file or folder that
@@ -71,6 +74,41 @@ def doc_table(path):
     return rows, problems
 
 
+PRODUCT_DIRS = ("kernels/", "cache/", "transport/", "service/")
+
+
+def check_other_env(src, doc_text):
+    """Problems with the variables read outside the flag table."""
+    problems = []
+    files = tracked_files(src)
+    read = {}
+    used = set()
+    for rel in files:
+        path = os.path.join(src, rel)
+        if rel.endswith(".md") or not os.path.isfile(path):
+            continue
+        try:
+            text = open(path, encoding="utf-8").read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        used.update(re.findall(r"TQKV_[A-Z0-9_]+", text))
+        if rel.startswith(PRODUCT_DIRS):
+            for v in re.findall(r"getenv\(\s*\"(TQKV_[A-Z0-9_]+)\"", text):
+                read.setdefault(v, rel)
+    for v, rel in sorted(read.items()):
+        if not re.search(r"\b%s\b" % v, doc_text):
+            problems.append("%s (read by %s) is not in %s" % (v, rel, FLAG_TABLE_DOC))
+    section = doc_text.split("## Other variables", 1)[-1].split("\n## ", 1)[0]
+    for line in section.splitlines():
+        if line.startswith("|"):
+            first = re.split(r"(?<!\\)\|", line.strip()[1:])[0]
+            for v in re.findall(r"TQKV_[A-Z0-9_]+(?![A-Z0-9_*])", first):
+                if v not in used:
+                    problems.append("%s is in the \"Other variables\" table of %s but no file "
+                                    "of the repository uses it" % (v, FLAG_TABLE_DOC))
+    return problems
+
+
 def check_flags(src, server):
     opts, help_envs = help_options(server)
     if len(opts) < 10:
@@ -95,6 +133,7 @@ def check_flags(src, server):
     for env in sorted(doc_envs - help_envs):
         problems.append("%s is in the table of %s but not in `tqkv-server --help`" %
                         (env, FLAG_TABLE_DOC))
+    problems += check_other_env(src, open(doc, encoding="utf-8").read())
     if problems:
         return fail(problems)
     print("check_flags: %d flags and %d variables of --help match %s" %
