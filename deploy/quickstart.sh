@@ -70,7 +70,7 @@ case $BENCH_RC in
   echo "socket); 'verify failures' (CRC and content checks of returned pages) and 'errors'"
   echo "(failed RPCs) must be 0. Baselines on this machine: raw TCP in messages of the mean Get"
   echo "message size (and of the 1 MiB BF16 block), Redis GET of the blocks as raw BF16. This run"
-  echo "mixes Puts and Gets, so the Get ratios are low; the README's decode-only command"
+  echo "mixes Puts and Gets, so the Get ratios are low; docs/benchmarks.md's decode-only command"
   echo "(--phase decode) measures Get against them."
   ;;
 3) echo "quickstart: FAILED: tqkv-bench found pages that came back wrong (verify failures)" ;;

@@ -23,8 +23,8 @@ typedef struct tqkv_policy {
     uint64_t seed;
 } tqkv_policy_t;
 
-/* The measured defaults (see README, "KV policy"): the one definition of the default
- * policy, used by the server (service/config.c) and by tqkv-codec (kernels/cli/). */
+/* The measured defaults (see docs/design.md, "KV policy"): the one definition of the
+ * default policy, used by the server (service/config.c) and by tqkv-codec (kernels/cli/). */
 void tqkv_policy_default(tqkv_policy_t *p);
 
 /* The block codec of a middle (non-boundary) layer under tqkv_policy_default(): what a

@@ -1,5 +1,5 @@
 /* dc_server.c - the server side of TCP data channels: Get page bytes over a plain TCP connection
- * instead of HTTP/2 frames (design.md, "TCP data channel"; formats in
+ * instead of HTTP/2 frames (docs/design.md, "TCP data channel"; formats in
  * transport/data_frame.h).
  *
  * OpenChannel(transport = TCP) registers a channel {id, 16-byte secret, owner = the

@@ -59,7 +59,7 @@ typedef struct tqkv_client_opts {
     uint32_t backoff_min_ms;      /* a failed target is skipped this long first; 0 = 200 */
     uint32_t backoff_max_ms;      /* doubling up to this; 0 = 5000 */
     /* How PACKED Gets move page bytes. TQKV_CLIENT_TRANSPORT_TCP: over TCP data channels
-     * (design.md, "TCP data channel") to servers started with --data-listen, one channel
+     * (docs/design.md, "TCP data channel") to servers started with --data-listen, one channel
      * per Get in flight, kept open and reused; a server without them (or unreachable on
      * its data port) is asked over gRPC instead, and the reason is kept
      * (tqkv_client_data_channel_status). BF16 Gets always use gRPC. */

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Interop and adversarial tests of tqkv-server's TCP data channel, written the way a
-new user with Python grpcio and a plain socket would use it (design.md, "TCP data
+new user with Python grpcio and a plain socket would use it (docs/design.md, "TCP data
 channel"; byte formats in transport/data_frame.h).
 
 Usage: test_data_channel.py TQKV_SERVER_BINARY PROTO_DIR [unittest args]
