@@ -25,7 +25,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target tqkv-server tqkv-bench >/dev/null
 
 SERVER=$BUILD/service/tqkv-server
-BENCH=$BUILD/transport/tqkv-bench
+BENCH=$BUILD/transport/bench/tqkv-bench
 LOG=$(mktemp -t tqkv-quickstart.XXXXXX)
 SERVER_PID=""
 
