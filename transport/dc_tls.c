@@ -39,9 +39,8 @@ ssl_reason(char *buf, size_t cap, const char *fallback)
     return buf;
 }
 
-/* Waits for ev on fd until deadline_ns (0: forever). 0, or -1 with errno. */
-static int
-wait_fd(int fd, short ev, uint64_t deadline_ns)
+int
+tqkv__dcio_wait(int fd, short ev, uint64_t deadline_ns)
 {
     for (;;) {
         int ms = -1;
@@ -162,9 +161,9 @@ ssl_wait(SSL *ssl, int fd, int rc, uint64_t deadline_ns)
 {
     int e = SSL_get_error(ssl, rc);
     if (e == SSL_ERROR_WANT_READ)
-        return wait_fd(fd, POLLIN, deadline_ns);
+        return tqkv__dcio_wait(fd, POLLIN, deadline_ns);
     if (e == SSL_ERROR_WANT_WRITE)
-        return wait_fd(fd, POLLOUT, deadline_ns);
+        return tqkv__dcio_wait(fd, POLLOUT, deadline_ns);
     if (e == SSL_ERROR_ZERO_RETURN) {
         errno = 0; /* the peer closed the TLS session: EOF */
         return -1;
@@ -212,7 +211,7 @@ tqkv__dctls_handshake(SSL_CTX *ctx, int fd, const char *name, uint64_t deadline_
             return ssl;
         int e = SSL_get_error(ssl, rc);
         if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) &&
-            wait_fd(fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_ns) == 0)
+            tqkv__dcio_wait(fd, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_ns) == 0)
             continue;
         long v = SSL_get_verify_result(ssl);
         if (v != X509_V_OK)
@@ -228,6 +227,12 @@ tqkv__dctls_handshake(SSL_CTX *ctx, int fd, const char *name, uint64_t deadline_
         SSL_free(ssl);
         return NULL;
     }
+}
+
+int
+tqkv__dcio_pending(const tqkv__dcio_t *io)
+{
+    return io->ssl != NULL && SSL_has_pending(io->ssl);
 }
 
 void
@@ -266,7 +271,7 @@ tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadline_n
                 if (errno == EINTR)
                     continue;
                 if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
-                    wait_fd(io->fd, POLLOUT, deadline_ns) == 0)
+                    tqkv__dcio_wait(io->fd, POLLOUT, deadline_ns) == 0)
                     continue;
                 return -1;
             }
@@ -316,7 +321,7 @@ tqkv__dcio_read(tqkv__dcio_t *io, void *buf, size_t n, uint64_t deadline_ns)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return -1;
-        if (wait_fd(io->fd, POLLIN, deadline_ns) != 0)
+        if (tqkv__dcio_wait(io->fd, POLLIN, deadline_ns) != 0)
             return -1;
     }
     return 0;

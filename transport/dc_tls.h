@@ -59,4 +59,12 @@ int tqkv__dcio_read(tqkv__dcio_t *io, void *buf, size_t n, uint64_t deadline_ns)
 /* Monotonic clock in ns, the deadlines' clock. */
 uint64_t tqkv__dcio_now_ns(void);
 
+/* Waits for ev (POLLIN, POLLOUT) on fd until deadline_ns (0: forever). Returns 0 when
+ * ready (or in error: the next call says which), -1 with errno (ETIMEDOUT). */
+int tqkv__dcio_wait(int fd, short ev, uint64_t deadline_ns);
+
+/* 1 when io has bytes read from the socket but not yet returned (TLS records already
+ * received): poll() on the socket would not see them. */
+int tqkv__dcio_pending(const tqkv__dcio_t *io);
+
 #endif
