@@ -108,7 +108,7 @@ now_s(void)
 static void
 chan_free(dchan_t *ch)
 {
-    SSL_free(ch->ssl);
+    tqkv__dctls_free(ch->ssl);
     if (ch->fd >= 0)
         close(ch->fd);
     if (ch->efd >= 0)
@@ -350,6 +350,8 @@ conn_main(void *arg)
         int fl = fcntl(a.fd, F_GETFL);
         fcntl(a.fd, F_SETFL, fl | O_NONBLOCK);
         io.ssl = tqkv__dctls_handshake(dc->tls, a.fd, NULL, deadline, err, sizeof err);
+        if (io.ssl != NULL && tqkv__dctls_batch_writes(io.ssl) != 0)
+            tqkv_log(TQKV_LOG_WARN, "data channel: no write ring (out of memory)", "fd=%d", a.fd);
         if (io.ssl == NULL) {
             handshake_ok = 0;
             tqkv_log(TQKV_LOG_DEBUG, "data channel TLS handshake failed", "reason=\"%s\"", err);
@@ -363,7 +365,7 @@ conn_main(void *arg)
     if (ch == NULL) {
         if (handshake_ok)
             (void)tqkv__dcio_write(&io, &iov, 1, deadline);
-        SSL_free(io.ssl);
+        tqkv__dctls_free(io.ssl);
         close(a.fd);
         pthread_mutex_lock(&dc->mu);
         dc->threads--;

@@ -43,6 +43,15 @@ SSL_CTX *tqkv__dctls_client_ctx(const char *ca_path, const char *cert_path, cons
 SSL *tqkv__dctls_handshake(SSL_CTX *ctx, int fd, const char *name, uint64_t deadline_ns, char *err,
                            size_t errlen);
 
+/* Sends ssl's records through a 1 MiB in-memory ring (a BIO pair) that
+ * tqkv__dcio_write drains with large send()s, instead of one write() per 16 KiB
+ * record. For a connection that mostly writes (the server's side of a channel).
+ * Returns 0, or -1 (out of memory: records then go to the socket one by one). */
+int tqkv__dctls_batch_writes(SSL *ssl);
+
+/* Frees ssl and its write ring (NULL: no-op). */
+void tqkv__dctls_free(SSL *ssl);
+
 /* "TLSv1.3 TLS_AES_128_GCM_SHA256" for an established ssl (static storage of OpenSSL). */
 void tqkv__dctls_describe(SSL *ssl, const char **version, const char **cipher);
 
