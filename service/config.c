@@ -534,8 +534,8 @@ static const opt_t opts[] = {
     {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_VALUE, "HOST:PORT",
      "serve Prometheus /metrics here (default: off)", 0, set_metrics_listen},
     {"data-listen", "TQKV_DATA_LISTEN", OPT_VALUE, "HOST:PORT",
-     "accept TCP data channels here (Get with TRANSPORT_TCP; unencrypted, so not with "
-     "--tls-cert; default: off)",
+     "accept TCP data channels here (Get with TRANSPORT_TCP; TLS 1.3 with the gRPC "
+     "certificates when --tls-cert is set, else unencrypted; default: off)",
      0, set_data_listen},
     {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
      "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0, set_auth_tokens},
@@ -906,11 +906,6 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
 {
     if ((cfg->tls_cert[0] != 0) != (cfg->tls_key[0] != 0)) {
         snprintf(err, errlen, "--tls-cert and --tls-key must be given together");
-        return TQKV_EINVAL;
-    }
-    if (cfg->data_listen[0] && cfg->tls_cert[0]) {
-        snprintf(err, errlen,
-                 "--data-listen: the TCP data channel is unencrypted; not offered with --tls-cert");
         return TQKV_EINVAL;
     }
     if (cfg->tls_client_ca[0] && !cfg->tls_cert[0]) {

@@ -33,6 +33,7 @@
 
 #include "kernels/page.h"
 #include "transport/client_internal.h"
+#include "transport/dc_tls.h"
 
 /* ---- create / destroy ---- */
 
@@ -291,6 +292,17 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     }
     c->creds = creds;
     creds = NULL;
+    if (c->transport == TQKV_CLIENT_TRANSPORT_TCP &&
+        (o->tls || o->tls_ca_path || o->tls_cert_path)) {
+        /* Data channels of a TLS client are TLS with the same roots and certificate. */
+        char why[320];
+        c->dc_tls = tqkv__dctls_client_ctx(o->tls_ca_path, o->tls_cert_path, o->tls_key_path, why,
+                                           sizeof why);
+        if (c->dc_tls == NULL) {
+            st = tqkv__client_err(TQKV_EINVAL, 0, "data channels: %s", why);
+            goto fail;
+        }
+    }
 
     if (o->token && o->token[0]) {
         size_t tl = strlen(o->token);
@@ -335,12 +347,14 @@ tqkv_client_destroy(tqkv_client_t *c)
         pthread_rwlock_destroy(&c->t[i].lock);
         for (dconn_t *d = c->t[i].dc_idle, *nx; d; d = nx) {
             nx = d->next;
+            SSL_free(d->ssl);
             close(d->fd); /* the server drops a channel whose connection closes */
             free(d);
         }
         pthread_mutex_destroy(&c->t[i].dc_mu);
     }
     free(c->t);
+    SSL_CTX_free(c->dc_tls);
     if (c->has_auth)
         grpc_slice_unref(c->auth_md.value);
     if (c->creds)

@@ -45,8 +45,10 @@ dc_pop_live(target_t *t)
         if (d == NULL)
             return NULL;
         struct pollfd pf = {d->fd, POLLIN, 0}; /* EOF reads as POLLIN */
-        if (poll(&pf, 1, 0) == 0)
+        tqkv__dcio_t io = {d->fd, d->ssl};
+        if (poll(&pf, 1, 0) == 0 && !tqkv__dcio_pending(&io))
             return d;
+        SSL_free(d->ssl);
         close(d->fd); /* EOF, or bytes nobody asked for */
         free(d);
     }
@@ -89,29 +91,39 @@ tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms)
         return NULL;
     }
     Tqkv__V1__OpenChannelResponse *r = (Tqkv__V1__OpenChannelResponse *)rs;
-    int fd = -1;
+    int rc = -1;
+    tqkv__dcio_t io = {-1, NULL};
     if (r->data_port == 0 || r->data_port > 65535 || r->channel_secret.len != TQKV_DC_SECRET_BYTES)
         snprintf(err, sizeof err, "OpenChannel: malformed answer (port %u, secret of %zu bytes)",
                  r->data_port, r->channel_secret.len);
+    else if (c->dc_tls && !r->data_tls)
+        /* Never send a TLS client's pages in the clear: gRPC it is. */
+        snprintf(err, sizeof err,
+                 "the server's data channels are unencrypted and this client uses TLS");
+    else if (!c->dc_tls && r->data_tls)
+        snprintf(err, sizeof err, "the server's data channels need TLS and this client has none");
     else {
         uint64_t spent_ms = (tqkv_shard_now_ns() - t0) / 1000000u;
         uint32_t left = spent_ms < setup_ms ? setup_ms - (uint32_t)spent_ms : 1;
-        fd = tqkv__dcc_connect(host, r->data_port, r->channel_id, r->channel_secret.data,
-                               left < DC_CONNECT_MS ? left : DC_CONNECT_MS, err, sizeof err);
+        rc = tqkv__dcc_connect(host, r->data_port, r->channel_id, r->channel_secret.data,
+                               left < DC_CONNECT_MS ? left : DC_CONNECT_MS, c->dc_tls, c->tls_name,
+                               &io, err, sizeof err);
     }
     uint64_t id = r->channel_id;
     protobuf_c_message_free_unpacked(rs, NULL);
     tqkv__client_last_err = saved;
-    if (fd < 0) {
+    if (rc != 0) {
         dc_disable(t, "%s", err);
         return NULL;
     }
     d = calloc(1, sizeof *d);
     if (d == NULL) {
-        close(fd);
+        SSL_free(io.ssl);
+        close(io.fd);
         return NULL;
     }
-    d->fd = fd;
+    d->fd = io.fd;
+    d->ssl = io.ssl;
     d->id = id;
     return d;
 }
@@ -124,6 +136,7 @@ tqkv__dcc_release(tqkv_client_t *c, size_t ti, dconn_t *d, int reuse)
     if (d == NULL)
         return;
     if (!reuse) {
+        SSL_free(d->ssl);
         close(d->fd);
         free(d);
         return;

@@ -386,7 +386,8 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
 {
     uint8_t hb[TQKV_DC_FRAME_BYTES];
     tqkv_dc_frame_t f;
-    if (tqkv__dcc_read(r->dc->fd, hb, sizeof hb, deadline_ns) != 0) {
+    tqkv__dcio_t io = {r->dc->fd, r->dc->ssl};
+    if (tqkv__dcio_read(&io, hb, sizeof hb, deadline_ns) != 0) {
         int e = errno;
         snprintf(why, whylen, "reading frame %zu: %s", r->next_frame,
                  e ? strerror(e) : "connection closed by the server");
@@ -425,7 +426,7 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
             snprintf(why, whylen, "out of memory");
             return -1;
         }
-        if (tqkv__dcc_read(r->dc->fd, page, f.page_len, deadline_ns) != 0) {
+        if (tqkv__dcio_read(&io, page, f.page_len, deadline_ns) != 0) {
             int e = errno;
             snprintf(why, whylen, "reading page %u: %s", f.index,
                      e ? strerror(e) : "connection closed by the server");
@@ -624,11 +625,15 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
              * reads the completion queue is polled without waiting (statuses). */
             struct pollfd pf[64];
             size_t who[64], nfd = 0;
+            int buffered[64], nbuf = 0; /* TLS records already read: poll cannot see them */
             for (size_t t = 0; t < c->nt && t < 64; t++)
                 if (started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
+                    tqkv__dcio_t io = {rs[t].dc->fd, rs[t].dc->ssl};
                     pf[nfd].fd = rs[t].dc->fd;
                     pf[nfd].events = POLLIN;
                     pf[nfd].revents = 0;
+                    buffered[nfd] = tqkv__dcio_pending(&io);
+                    nbuf += buffered[nfd];
                     who[nfd++] = t;
                 }
             if (nfd == 0) {
@@ -644,7 +649,12 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                     live--;
                 continue;
             }
-            int pr = poll(pf, nfd, live > 0 ? 1 : 50);
+            int pr = poll(pf, nfd, nbuf ? 0 : live > 0 ? 1 : 50);
+            for (size_t i = 0; i < nfd && nbuf; i++)
+                if (buffered[i]) {
+                    pr += pf[i].revents == 0;
+                    pf[i].revents |= POLLIN;
+                }
             for (size_t i = 0; i < nfd && pr > 0; i++) {
                 if (pf[i].revents == 0 || g.canceled)
                     continue;

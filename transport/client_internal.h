@@ -58,6 +58,7 @@ typedef struct target {
 /* A connected TCP data channel, owned by one Get at a time. */
 typedef struct dconn {
     int fd;
+    struct ssl_st *ssl; /* TLS session (the client has TLS), else NULL */
     uint64_t id;
     struct dconn *next;
 } dconn_t;
@@ -74,9 +75,10 @@ struct tqkv_client {
     grpc_channel_credentials *creds; /* kept to rebuild channels */
     grpc_arg args[10];
     grpc_channel_args cargs;
-    char *tls_name; /* owned copy for the target-name override arg */
-    int transport;  /* TQKV_CLIENT_TRANSPORT_* */
-    size_t max_msg; /* receive limit, also for data channel pages */
+    char *tls_name;            /* owned copy for the target-name override arg */
+    int transport;             /* TQKV_CLIENT_TRANSPORT_* */
+    struct ssl_ctx_st *dc_tls; /* TLS for data channels (the client has TLS), else NULL */
+    size_t max_msg;            /* receive limit, also for data channel pages */
 };
 
 typedef enum { TAG_STATUS, TAG_INIT, TAG_SEND, TAG_RECV } tag_kind_t;
