@@ -177,7 +177,7 @@ START_TEST(test_tls_data_channel)
 
     tqkv_hash_t hs[DC_NH];
     for (size_t i = 0; i < DC_NH; i++)
-        proc_hash(&hs[i], SEED, 100 + i, 16);
+        tqkv_test_hash(&hs[i], SEED, 100 + i, 16);
     tqkv_block_shape_t sh = {32, 2, 128};
     size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
@@ -187,8 +187,8 @@ START_TEST(test_tls_data_channel)
     ck_assert_int_eq(tqkv_client_put_begin(g, &po, &p), TQKV_OK);
     for (size_t b = 0; b + 1 < DC_NH; b++) /* the last hash stays missing */
         for (uint32_t l = 0; l < DC_L; l++) {
-            proc_fill(k, n, sh.head_dim, &seed);
-            proc_fill(v, n, sh.head_dim, &seed);
+            tqkv_test_bf16_fill(&seed, k, n, sh.head_dim);
+            tqkv_test_bf16_fill(&seed, v, n, sh.head_dim);
             tqkv_put_block_t pb = {.ns = "dctls",
                                    .hash = &hs[b],
                                    .layer = l,
