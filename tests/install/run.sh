@@ -97,8 +97,15 @@ done
 # The Python package, when the install step put one there.
 PYDIR=$(find "$PREFIX" -type d -path '*dist-packages/tqkv' | head -1)
 if [ -n "$PYDIR" ]; then
-  env -u LD_LIBRARY_PATH PYTHONPATH=$(dirname "$PYDIR") /usr/bin/python3 -c \
-    "import tqkv, sys; c = tqkv.Client(['127.0.0.1:$PORT']); print('install test: python', tqkv.version(), tqkv.__file__); assert tqkv.__file__.startswith('$PREFIX')" \
-    || die "installed Python package"
+  env -u LD_LIBRARY_PATH -u TQKV_LIBRARY PYTHONPATH=$(dirname "$PYDIR") /usr/bin/python3 -c "
+import numpy as np, tqkv
+assert tqkv.__file__.startswith('$PREFIX') and tqkv.library_path.startswith('$PREFIX'), tqkv.library_path
+c = tqkv.Client(['127.0.0.1:$PORT'])
+h = [bytes([7]) * 32]
+k = tqkv.bf16_from_float32(np.random.default_rng(1).standard_normal((1, 1, 16, 8, 128)))
+c.put('install-py', h, k, k)
+kk, vv, found = c.get('install-py', h, shape=(16, 8, 128))
+assert found.all() and np.array_equal(kk, c.get('install-py', h, shape=(16, 8, 128), encoding='bf16')[0])
+print('install test: python', tqkv.version(), tqkv.library_path)" || die "installed Python package"
 fi
 echo "install test: ok"
