@@ -11,6 +11,12 @@ if(TARGET tqkv-server AND TARGET tqkv_shared AND NOT TQKV_SANITIZE)
     COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_client.py)
   set_tests_properties(python_client PROPERTIES LABELS "interop" TIMEOUT 300
     ENVIRONMENT "${_py_env}")
+  # The vLLM KV connector between two engine processes (llama3-8b shape, a 645-token
+  # prompt; the 32K-token run is a benchmark, see docs/integration.md).
+  add_test(NAME python_vllm_connector
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_vllm_connector.py)
+  set_tests_properties(python_vllm_connector PROPERTIES LABELS "interop" TIMEOUT 900
+    ENVIRONMENT "${_py_env}")
 endif()
 if(TARGET tqkv_shared AND NOT TQKV_SANITIZE)
   # The C side of bench_get.py (same library code as libtqkv.so, linked statically).
