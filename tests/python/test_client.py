@@ -35,7 +35,11 @@ class OneServer(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.srv = Server()
-        cls.c = tqkv.Client([cls.srv.addr], transport="tcp")
+        try:
+            cls.c = tqkv.Client([cls.srv.addr], transport="tcp")
+        except BaseException:
+            cls.srv.stop()  # tearDownClass does not run after a failed setUpClass
+            raise
 
     @classmethod
     def tearDownClass(cls):
@@ -219,8 +223,10 @@ class Auth(unittest.TestCase):
 
 class Sharded(unittest.TestCase):
     def test_replicas_survive_a_killed_target(self):
-        srvs = [Server(data_channel=(i != 1)) for i in range(3)]
+        srvs = []
         try:
+            for i in range(3):
+                srvs.append(Server(data_channel=(i != 1)))
             c = tqkv.Client([s.addr for s in srvs], replicas=2, transport="tcp",
                             deadline_ms=5000, wait_for_ready=False)
             hs = rand_hashes(R, 24)

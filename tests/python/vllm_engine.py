@@ -9,7 +9,7 @@ a deterministic function of (seed, layer, p) (the same in every process), writte
 the request's blocks through its block table, which is a permutation of the cache's
 blocks chosen by table_seed (so two engines hold the same tokens in different blocks).
 
-Config (JSON in argv[1]): targets, tokens (the prompt: a list of ints), seed,
+Config (JSON in argv[1], or on stdin): targets, tokens (the prompt: a list of ints), seed,
 layers, heads, dim, block_size, num_blocks, table_seed, lease_ms, namespace,
 kill_pid / kill_at_layer (SIGKILL a server once that layer's load was waited for),
 expire_then_delete (sleep past the lease after the Lookup, then delete the prompt's
@@ -63,7 +63,7 @@ class Blocks:
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    cfg = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     L, H, D, bs = cfg["layers"], cfg["heads"], cfg["dim"], cfg["block_size"]
     NB = cfg["num_blocks"]
     tokens = cfg["tokens"]

@@ -183,6 +183,7 @@ class TqkvConnector(KVConnectorBase_V1):
         self._loads = {}  # req_id -> _Load, for the next build_connector_meta
         self._reqs = {}  # req_id -> _ReqState (saving)
         self._req_objs = {}  # req_id -> vLLM Request
+        self._stored = {}  # req_id -> leading prompt blocks tqkv already holds (Lookup)
         # worker side
         self._layers = []  # [(name, _Layout)] in layer order
         self._layer_index = {}
@@ -268,6 +269,7 @@ class TqkvConnector(KVConnectorBase_V1):
             self._count(lookup_errors=1)
             return 0, False
         hit = prefix * bs
+        self._stored[request.request_id] = prefix  # not saved again
         ext = hit - num_computed_tokens
         if ext <= 0:
             return 0, False
@@ -304,8 +306,9 @@ class TqkvConnector(KVConnectorBase_V1):
                 continue
             st = self._reqs.get(nr.req_id)
             if st is None:
-                st = _ReqState(None, None, None, 0)
+                st = _ReqState(None, None, None, self._stored.get(nr.req_id, 0))
                 self._reqs[nr.req_id] = st
+            self._stored.pop(nr.req_id, None)
             req = self._req_objs.get(nr.req_id, nr)
             st.block_ids = list(nr.block_ids[0])
             st.tokens = list(tokens)
@@ -351,6 +354,7 @@ class TqkvConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids):
         self._reqs.pop(request.request_id, None)
         self._req_objs.pop(request.request_id, None)
+        self._stored.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
         self._loads.pop(request.request_id, None)
         return False, None
