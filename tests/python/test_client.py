@@ -221,6 +221,41 @@ class Auth(unittest.TestCase):
             os.unlink(path)
 
 
+class Tls(unittest.TestCase):
+    def test_tls_with_token(self):
+        import subprocess
+        d = tempfile.mkdtemp(prefix="tqkv-py-tls-")
+        cert, key, toks = (os.path.join(d, n) for n in ("cert.pem", "key.pem", "tokens"))
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        key, "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True,
+                       capture_output=True)
+        with open(toks, "w") as f:
+            f.write("tls-token-1 rw tls\n")
+        srv = Server("--tls-cert", cert, "--tls-key", key, "--auth-tokens", toks,
+                     data_channel=False)
+        try:
+            c = tqkv.Client([srv.addr], tls_ca=cert, token="tls-token-1")
+            hs = rand_hashes(R, 2)
+            k, v = blocks(1, 2)
+            c.put("tls", hs, k, v)
+            kp, vp, found = c.get("tls", hs, shape=(T, H, D))
+            self.assertTrue(found.all())
+            self.assertLess(rel_err(kp, k), 0.3)
+            c.close()
+            # Plaintext against a TLS server: an error, not a hang or a crash.
+            plain = tqkv.Client([srv.addr], token="tls-token-1", wait_for_ready=False,
+                                deadline_ms=3000)
+            with self.assertRaises(tqkv.Error):
+                plain.lookup("tls", hs)
+            plain.close()
+        finally:
+            srv.stop()
+            for n in (cert, key, toks):
+                os.unlink(n)
+            os.rmdir(d)
+
+
 class Sharded(unittest.TestCase):
     def test_replicas_survive_a_killed_target(self):
         srvs = []
