@@ -107,5 +107,9 @@ c.put('install-py', h, k, k)
 kk, vv, found = c.get('install-py', h, shape=(16, 8, 128))
 assert found.all() and np.array_equal(kk, c.get('install-py', h, shape=(16, 8, 128), encoding='bf16')[0])
 print('install test: python', tqkv.version(), tqkv.library_path)" || die "installed Python package"
+  EX=$PREFIX/share/tqkv/examples/put_get.py
+  [ -x "$EX" ] || die "put_get.py example not installed"
+  env -u LD_LIBRARY_PATH -u TQKV_LIBRARY PYTHONPATH=$(dirname "$PYDIR") /usr/bin/python3 "$EX" \
+    "127.0.0.1:$PORT" || die "the installed Python example"
 fi
 echo "install test: ok"
