@@ -245,6 +245,8 @@ class SchedulerSide(unittest.TestCase):
                 num_computed_tokens=0)], sched={"v": 50}))
         self.assertEqual(m.saves[0].hashes, bh)
         self.assertEqual(m.saves[0].ns, "m")
+        self.assertEqual(type(c).get_required_kvcache_layout(None), "NHD")
+        self.assertTrue(type(c).requires_piecewise_for_cudagraph({}))
         c.shutdown()
 
 

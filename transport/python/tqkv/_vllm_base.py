@@ -123,3 +123,7 @@ except Exception:  # vLLM absent (or not importable here): the stand-in
                 raise TypeError("get_required_kvcache_layout should not be called "
                                 "on the abstract base class")
             return None
+
+        @classmethod
+        def requires_piecewise_for_cudagraph(cls, extra_config):
+            return False

@@ -193,6 +193,18 @@ class TqkvConnector(KVConnectorBase_V1):
         self._save_q = None
         self._save_thread = None
 
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """NHD: a block's [block_size][num_kv_heads][head_size] is contiguous, which is
+        what a tqkv block is (the connector refuses other layouts at register time)."""
+        return "NHD"
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """True: wait_for_layer_load and save_kv_layer run per layer in Python and must
+        not be skipped by a captured full CUDA graph."""
+        return True
+
     # ------------------------------------------------------------------ helpers
     def stats(self):
         """Counters: lookups, lookup_errors, lookup_hit_tokens, lookup_query_tokens,
