@@ -121,6 +121,27 @@ class OneServer(unittest.TestCase):
         self.c.put("dc", hs, k, v)
         self.c.get("dc", hs, 0, 1, shape=(T, H, D))
         self.assertEqual(self.c.data_channel_status(0), "")
+        info = {}
+        pages = self.c.get_pages("dc", hs, 0, 1, info=info)
+        self.assertEqual(info["data_channel"], 2)  # over TCP, not in gRPC messages
+        self.assertEqual(info["crc_checked"], 2)
+        with tqkv.Client([self.srv.addr], transport="grpc") as g:
+            gi = {}
+            self.assertEqual(g.get_pages("dc", hs, 0, 1, info=gi), pages)
+            self.assertEqual(gi["data_channel"], 0)
+
+    def test_no_data_channel_falls_back(self):
+        srv = Server(data_channel=False)
+        try:
+            with tqkv.Client([srv.addr], transport="tcp") as c:
+                hs = rand_hashes(R, 2)
+                k, v = blocks(1, 2)
+                c.put("nodc", hs, k, v)
+                kp, vp, found = c.get("nodc", hs, shape=(T, H, D))
+                self.assertTrue(found.all())
+                self.assertNotEqual(c.data_channel_status(0), "")  # the reason
+        finally:
+            srv.stop()
 
     def test_lease_delete_stats(self):
         hs = rand_hashes(R, 2)

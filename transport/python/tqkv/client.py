@@ -398,9 +398,11 @@ class Client:
             return BF16
         raise _einval("encoding must be 'packed' or 'bf16', not %r" % (e,))
 
-    def get_pages(self, ns, hashes, layer_begin=0, layer_end=None, deadline_ms=0):
+    def get_pages(self, ns, hashes, layer_begin=0, layer_end=None, deadline_ms=0, info=None):
         """The packed pages themselves: {(hash index, layer): bytes} for the blocks found
-        (CRC checked by the library). For tools and tests; get() is the fast path."""
+        (CRC checked by the library). For tools and tests; get() is the fast path. A dict
+        passed as info gets per-page facts: "data_channel" (pages that came over a TCP
+        data channel), "crc_checked", "targets" (hash index, layer) -> target index."""
         c = self._h()
         if layer_end is None:
             layer_end = layer_begin + 1
@@ -411,11 +413,17 @@ class Client:
         r.layer_begin, r.layer_end, r.encoding, r.deadline_ms = layer_begin, layer_end, PACKED, \
             deadline_ms
         pages = {}
+        if info is not None:
+            info.update(data_channel=0, crc_checked=0, targets={})
 
         @ffi.callback("int(void *, const tqkv_get_page_t *)")
         def cb(arg, pg):
             if pg.found:
                 pages[(pg.hash_index, pg.layer)] = bytes(ffi.buffer(pg.page, pg.page_len))
+                if info is not None:
+                    info["data_channel"] += pg.data_channel
+                    info["crc_checked"] += pg.crc_checked
+                    info["targets"][(pg.hash_index, pg.layer)] = pg.target
             return 0
 
         _check(lib.tqkv_client_get(c, r, cb, ffi.NULL), "get")
