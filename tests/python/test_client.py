@@ -175,6 +175,16 @@ class OneServer(unittest.TestCase):
         with self.assertRaises(tqkv.Error):
             self.c.get("err", hs, 0, 1, keys=np.zeros((1, 1, T, H, D), np.float32),
                        values=np.zeros((1, 1, T, H, D), np.float32))
+        # A NULL block address in a grid: EINVAL naming the block, nothing sent after it.
+        z = np.zeros((T, H, D), np.uint16)
+        ptrs = np.array([z.ctypes.data, 0], np.uintp)
+        h2 = rand_hashes(R, 2)
+        with self.assertRaises(tqkv.Error) as e:
+            self.c.put_ptrs("err", h2, (T, H, D), ptrs, ptrs, 0, 1)
+        self.assertEqual(e.exception.status, tqkv.EINVAL)
+        self.assertIn("hash 1 layer 0", e.exception.message)
+        with self.assertRaises(tqkv.Error):
+            self.c.put_ptrs("err", h2, (T, H, D), ptrs[:1], ptrs[:1], 0, 1)
         with self.assertRaises(tqkv.Error) as e:
             tqkv.decode_page(b"\0" * 256)
         self.assertIn(e.exception.status_name, ("EFORMAT", "ECORRUPT"))
