@@ -11,6 +11,7 @@
 #include "kernels/status.h"
 #include "kernels/version.h"
 #include "transport/client.h"
+#include "transport/client_bulk.h"
 
 #include <cstdio>
 
