@@ -1,0 +1,31 @@
+/* disk_io.h - the disk tier's I/O engine: io_uring (liburing) or a thread pool on
+ * preadv2/pwritev2, chosen at start-up. A caller blocks only on its own I/O; many
+ * callers' I/Os are in flight at once (one shared ring, or the pool's workers).
+ */
+#ifndef TQKV_CACHE_DISK_IO_H
+#define TQKV_CACHE_DISK_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cache/disk.h"
+#include "kernels/status.h"
+
+typedef struct tqkv__io tqkv__io_t;
+
+/* Creates an engine of `kind` (AUTO: io_uring when available, else threads). err gets a
+ * reason when io_uring was asked for and is unavailable (TQKV_EUNSUPPORTED). */
+tqkv_status_t tqkv__io_create(tqkv_disk_io_t kind, int threads, tqkv__io_t **out, char *err,
+                              size_t errlen);
+void tqkv__io_destroy(tqkv__io_t *io);
+/* "io_uring" or "threads" (static). */
+const char *tqkv__io_name(const tqkv__io_t *io);
+/* Why io_uring was not used with AUTO ("" when it is), static until destroy. */
+const char *tqkv__io_fallback_reason(const tqkv__io_t *io);
+
+/* Reads or writes buf[0..len) at off of fd, looping over short transfers. Returns the
+ * bytes done (fewer than len only at end of file for reads) or -errno. */
+ssize_t tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t off);
+
+#endif
