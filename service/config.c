@@ -36,6 +36,16 @@ static const opt_t opts[] = {
     {"hbm-standin", "TQKV_HBM_STANDIN", OPT_BOOL, NULL,
      "back the HBM tier with host memory (no GPU needed)", 0},
     {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)", 0},
+    {"disk-path", "TQKV_DISK_PATH", OPT_VALUE, "DIR",
+     "disk tier below DRAM in DIR (created if absent; a restart on it comes back warm; "
+     "default: none)",
+     0},
+    {"disk-capacity", "TQKV_DISK_CAPACITY", OPT_VALUE, "BYTES",
+     "disk tier capacity in bytes of segment files (needed with --disk-path)", 0},
+    {"disk-sync", "TQKV_DISK_SYNC", OPT_VALUE, "none|batch|always",
+     "what a crash may lose: batch (default) and none the last 10 ms of Puts; always: "
+     "nothing acknowledged (proto/DISK_FORMAT.md)",
+     0},
     {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_VALUE, "BYTES",
      "largest gRPC message received or sent (default 64M)", 0},
     {"max-streams", "TQKV_MAX_STREAMS", OPT_VALUE, "N",
@@ -311,6 +321,24 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
             }
             cfg->max_message_bytes = bytes;
         }
+    } else if (!strcmp(n, "disk-path")) {
+        if (copy_str(cfg->store.disk_path, sizeof cfg->store.disk_path, v)) {
+            why = "path too long";
+            goto bad;
+        }
+    } else if (!strcmp(n, "disk-capacity")) {
+        if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK || bytes < (1u << 20)) {
+            why = "expected a byte count of at least 1M, such as 500G";
+            goto bad;
+        }
+        cfg->store.disk_capacity = bytes;
+    } else if (!strcmp(n, "disk-sync")) {
+        int m = !strcmp(v, "none") ? 0 : !strcmp(v, "batch") ? 1 : !strcmp(v, "always") ? 2 : -1;
+        if (m < 0) {
+            why = "expected none, batch or always";
+            goto bad;
+        }
+        cfg->store.disk_sync = m;
     } else if (!strcmp(n, "device")) {
         if (parse_uint(v, 1023, &u) != TQKV_OK) {
             why = "expected a CUDA device index";
@@ -765,6 +793,10 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
     }
     if (cfg->store.hbm_capacity > 0 && cfg->store.device < 0 && !cfg->store.hbm_standin) {
         snprintf(err, errlen, "--hbm-capacity needs --device N (a GPU) or --hbm-standin");
+        return TQKV_EINVAL;
+    }
+    if (!cfg->store.disk_path[0] != !cfg->store.disk_capacity) {
+        snprintf(err, errlen, "--disk-path and --disk-capacity must be given together");
         return TQKV_EINVAL;
     }
     char why[200];

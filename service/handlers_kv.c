@@ -1073,12 +1073,12 @@ stats_start(tqkv__call_t *c)
         tqkv__call_finish(c, tqkv_status_to_grpc(rc), msg, NULL);
         goto out;
     }
-    Tqkv__V1__TierStats ts[2];
-    Tqkv__V1__TierStats *tp[2];
+    Tqkv__V1__TierStats ts[3];
+    Tqkv__V1__TierStats *tp[3];
     size_t nt = 0;
-    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DRAM; t++) {
+    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DISK; t++) {
         const tqkv_tier_stats_t *x = &st.tier[t];
-        if (t == TQKV_TIER_HBM && x->capacity == 0 && x->pages == 0)
+        if (t != TQKV_TIER_DRAM && x->capacity == 0 && x->pages == 0)
             continue;
         tqkv__v1__tier_stats__init(&ts[nt]);
         ts[nt].tier = (Tqkv__V1__Tier)t;

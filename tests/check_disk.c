@@ -21,6 +21,8 @@
 
 #include "cache/disk.h"
 #include "cache/disk_format.h"
+#include "cache/cache_internal.h"
+#include "cache/store.h"
 #include "tests/check_main.h"
 
 #define NS "tenant-a/llama"
@@ -600,6 +602,135 @@ START_TEST(test_bad_superblock)
 }
 END_TEST
 
+/* ---- the store with a disk tier ---- */
+
+static tqkv_store_t *
+open_store(uint64_t dram, int sync)
+{
+    tqkv_store_config_t cfg;
+    tqkv_store_t *s = NULL;
+    tqkv_store_config_default(&cfg);
+    cfg.dram_capacity = dram;
+    snprintf(cfg.disk_path, sizeof(cfg.disk_path), "%s", g_dir);
+    cfg.disk_capacity = 256ULL << 20;
+    cfg.disk_sync = sync;
+    cfg.verify_crc = 1;
+    ck_assert_int_eq(tqkv_store_create(&cfg, &s), TQKV_OK);
+    return s;
+}
+
+static tqkv_status_t
+store_get_i(tqkv_store_t *s, uint64_t i, tqkv_tier_t *tier)
+{
+    tkey_t t;
+    tqkv_page_ref_t *r;
+    mk(&t, g_run, i);
+    tqkv_status_t st = tqkv_store_get(s, &t.k, &r);
+    if (st != TQKV_OK)
+        return st;
+    size_t len = page_len(g_run, i);
+    uint8_t *want = malloc(len);
+    fill(want, len, g_run, i);
+    ck_assert_uint_eq(tqkv_page_ref_len(r), len);
+    ck_assert_msg(memcmp(tqkv_page_ref_data(r), want, len) == 0, "key %llu: wrong bytes",
+                  (unsigned long long)i);
+    if (tier)
+        *tier = tqkv_page_ref_tier(r);
+    free(want);
+    tqkv_page_ref_release(r);
+    return TQKV_OK;
+}
+
+START_TEST(test_store_disk_tier)
+{
+    /* 1 MB of DRAM, ~6 MB of pages: DRAM eviction demotes to disk; every page is served
+     * byte-identical (from DRAM or disk), Lookup reports the disk tier, and a new store
+     * on the same directory (a restart) serves everything again. */
+    tqkv_store_t *s = open_store(1u << 20, TQKV_DISK_SYNC_BATCH);
+    uint8_t *buf = malloc(20001);
+    const uint64_t n = 700;
+    for (uint64_t i = 0; i < n; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        size_t len = page_len(g_run, i);
+        fill(buf, len, g_run, i);
+        int dup;
+        ck_assert_int_eq(tqkv_store_put(s, &t.k, NULL, 0, buf, len, 4 * len, &dup), TQKV_OK);
+        ck_assert_int_eq(dup, 0);
+    }
+    tkey_t t0;
+    mk(&t0, g_run, 0);
+    int dup = 0;
+    ck_assert_int_eq(tqkv_store_put(s, &t0.k, NULL, 0, buf, 10, 0, &dup), TQKV_OK);
+    ck_assert_int_eq(dup, 1); /* on disk only: still a duplicate */
+    tqkv_store_stats_t st;
+    ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].pages, n);
+    ck_assert_uint_gt(st.tier[TQKV_TIER_DRAM].demotions, 0);
+    ck_assert_uint_le(st.tier[TQKV_TIER_DRAM].bytes_used, 1u << 20);
+    ck_assert_uint_eq(st.pages, n);
+    /* Lookup of block 0 (layers 0..6 of hash(0)): on disk. */
+    const uint8_t *hp[1] = {t0.hash};
+    size_t hl[1] = {32};
+    uint32_t prefix;
+    uint8_t tiers[1];
+    ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 1, 7, 0, &prefix, tiers),
+                     TQKV_OK);
+    ck_assert_uint_eq(prefix, 1);
+    ck_assert_int_eq(tiers[0], TQKV_TIER_DISK);
+    uint64_t from_disk = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        tqkv_tier_t tier;
+        ck_assert_int_eq(store_get_i(s, i, &tier), TQKV_OK);
+        from_disk += tier == TQKV_TIER_DISK;
+    }
+    ck_assert_uint_gt(from_disk, 0);
+    ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].hits, from_disk);
+    ck_assert_uint_gt(st.tier[TQKV_TIER_DISK].promotions, 0);
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    /* Delete one block: gone from both tiers, and after a restart. */
+    uint64_t np = 0;
+    ck_assert_int_eq(tqkv_store_delete(s, NS, strlen(NS), t0.hash, 32, &np, NULL), TQKV_OK);
+    ck_assert_uint_eq(np, 7);
+    tqkv_store_destroy(s);
+
+    s = open_store(1u << 20, TQKV_DISK_SYNC_BATCH);
+    ck_assert_int_eq(tqkv_store_stats(s, NS, strlen(NS), &st), TQKV_OK);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].pages, n - 7); /* namespace usage restored */
+    ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 1, 7, 0, &prefix, tiers),
+                     TQKV_OK);
+    ck_assert_uint_eq(prefix, 0);
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_int_eq(store_get_i(s, i, NULL), i < 7 ? TQKV_ENOTFOUND : TQKV_OK);
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    free(buf);
+    tqkv_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_store_disk_quota)
+{
+    /* A namespace quota counts disk bytes: the oldest disk records of the namespace go. */
+    tqkv_store_t *s = open_store(8u << 20, TQKV_DISK_SYNC_NONE);
+    ck_assert_int_eq(tqkv_store_set_quota(s, NS, strlen(NS), 1u << 20), TQKV_OK);
+    uint8_t *buf = malloc(20001);
+    for (uint64_t i = 0; i < 300; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        size_t len = page_len(g_run, i);
+        fill(buf, len, g_run, i);
+        ck_assert_int_eq(tqkv_store_put(s, &t.k, NULL, 0, buf, len, 0, NULL), TQKV_OK);
+    }
+    tqkv_store_stats_t st;
+    ck_assert_int_eq(tqkv_store_stats(s, NS, strlen(NS), &st), TQKV_OK);
+    ck_assert_uint_le(st.tier[TQKV_TIER_DISK].bytes_used, 1u << 20);
+    ck_assert_int_eq(store_get_i(s, 299, NULL), TQKV_OK);
+    free(buf);
+    tqkv_store_destroy(s);
+}
+END_TEST
+
 static Suite *
 disk_suite(void)
 {
@@ -620,6 +751,8 @@ disk_suite(void)
     tcase_add_test(tc, test_delete_namespace_restart);
     tcase_add_test(tc, test_sync_always_group_commit);
     tcase_add_test(tc, test_bad_superblock);
+    tcase_add_test(tc, test_store_disk_tier);
+    tcase_add_test(tc, test_store_disk_quota);
     suite_add_tcase(s, tc);
     return s;
 }
