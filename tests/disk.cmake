@@ -16,3 +16,8 @@ if(TARGET tqkv-server)
   set_tests_properties(interop_disk_tier PROPERTIES LABELS "store;server;interop;disk"
     TIMEOUT 600 ENVIRONMENT "TQKV_DISK_KILL_ROUNDS=3")
 endif()
+
+# tqkv-disk-bench: disk-tier Gets vs raw O_DIRECT reads of the same records, Put with room
+# vs DRAM full, warm-restart rebuild GB/s, index bytes/page (docs/disk.md). Not a test.
+add_executable(tqkv-disk-bench ${PROJECT_SOURCE_DIR}/tests/disk_bench.c)
+target_link_libraries(tqkv-disk-bench PRIVATE tqkv_flags tqkv_cache Threads::Threads)
