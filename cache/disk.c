@@ -61,7 +61,7 @@ typedef struct seg {
     uint64_t min_seq;      /* lowest record seq in the segment (UINT64_MAX when none) */
     uint64_t ntomb;        /* tombstones in it */
     _Atomic uint32_t refs; /* the table's + readers' */
-    int sealed;            /* no more appends (wlock to set) */
+    _Atomic int sealed;    /* no more appends (set under wlock; read anywhere) */
     int busy;              /* being compacted or dropped: not a victim (ilock) */
 } seg_t;
 
@@ -764,10 +764,11 @@ do_evict_oldest(tqkv_disk_t *d)
             break;
         }
     }
+    uint64_t live = victim ? victim->live : 0;
     pthread_rwlock_unlock(&d->ilock);
     if (victim == NULL)
         return 0;
-    if (victim->live > 0)
+    if (live > 0)
         scan_segment(d, victim, evict_fn, NULL, 0);
     cnt(&d->ev_segs, 1);
     seg_remove(d, victim);
@@ -1766,7 +1767,9 @@ do_tombstone(tqkv_disk_t *d, const char *ns, size_t nl, const uint8_t *hash, siz
     rec_build(d->buf + d->fill, d->active->id, *seq, TQKV_DISK_REC_TOMBSTONE, ns, nl, hash, hl,
               NULL, 0, layer, NULL, 0, 0, NULL);
     do_commit_append(d, rb, *seq);
+    pthread_rwlock_wrlock(&d->ilock);
     d->active->ntomb++;
+    pthread_rwlock_unlock(&d->ilock);
     return TQKV_OK;
 }
 
@@ -1952,9 +1955,11 @@ compact_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
               rec + tqkv_disk_page_offset(kb), h->page_len, h->bf16_bytes, &crc);
     uint32_t nseg = d->active->id;
     uint32_t nblk = do_commit_append(d, rb, h->seq);
-    if (tomb)
+    if (tomb) {
+        pthread_rwlock_wrlock(&d->ilock);
         d->active->ntomb++;
-    else {
+        pthread_rwlock_unlock(&d->ilock);
+    } else {
         pthread_rwlock_wrlock(&d->ilock);
         uint64_t j = do_idx_find_loc(d, dg, s->id, (uint32_t)(off / ALIGN));
         if (j != UINT64_MAX) {
@@ -1991,7 +1996,7 @@ tqkv_disk_compact(tqkv_disk_t *d, double min_dead, int *done)
     pthread_rwlock_wrlock(&d->ilock);
     for (uint32_t id = 0; id <= d->seg_hi && id < d->seg_cap; id++) {
         seg_t *s = d->segs[id];
-        if (s == NULL || !s->sealed || s->busy || s == d->active || s->size <= ALIGN)
+        if (s == NULL || !s->sealed || s->busy || s->size <= ALIGN) /* active: unsealed */
             continue;
         double dead = 1.0 - (double)s->live / (double)(s->size - ALIGN);
         if (dead >= min_dead && dead > best) {
@@ -1999,8 +2004,11 @@ tqkv_disk_compact(tqkv_disk_t *d, double min_dead, int *done)
             victim = s;
         }
     }
+    uint64_t vlive = 0, vtomb = 0;
     if (victim != NULL) {
         victim->busy = 1;
+        vlive = victim->live;
+        vtomb = victim->ntomb;
         atomic_fetch_add_explicit(&victim->refs, 1, memory_order_relaxed);
         for (uint32_t id = 0; id <= d->seg_hi && id < d->seg_cap; id++)
             if (d->segs[id] != NULL && d->segs[id] != victim &&
@@ -2013,7 +2021,7 @@ tqkv_disk_compact(tqkv_disk_t *d, double min_dead, int *done)
         return TQKV_OK;
     }
     tqkv_status_t st = TQKV_OK;
-    if (victim->live > 0 || victim->ntomb > 0)
+    if (vlive > 0 || vtomb > 0)
         st = scan_segment(d, victim, compact_fn, &ca, 0);
     if (st == TQKV_OK)
         st = ca.st;

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "cache/disk.h"
@@ -602,6 +604,154 @@ START_TEST(test_bad_superblock)
 }
 END_TEST
 
+/* ---- concurrency ---- */
+
+typedef struct sarg {
+    tqkv_disk_t *d;
+    unsigned id;
+    double until;
+    _Atomic uint64_t *bad, *ops;
+} sarg_t;
+
+#define SKEYS 1500u
+
+static double
+now_mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Page of key i, version v: [v (8 bytes)][bytes derived from (i, v)], length from both. */
+static size_t
+sfill(uint8_t *p, uint64_t i, uint64_t v)
+{
+    uint64_t s = i * 1000003u + v;
+    size_t len = 16 + (size_t)(sm64(&s) % 9000);
+    memcpy(p, &v, 8);
+    for (size_t j = 8; j < len; j++)
+        p[j] = (uint8_t)(sm64(&s) >> 56);
+    return len;
+}
+
+static void *
+stress_main(void *arg)
+{
+    sarg_t *a = arg;
+    uint64_t seed = g_run ^ (a->id * 0x9E3779B97F4A7C15ULL);
+    uint8_t *buf = malloc(9100), *want = malloc(9100);
+    while (now_mono() < a->until) {
+        uint64_t r = sm64(&seed);
+        uint64_t i = r % SKEYS;
+        tkey_t t;
+        mk(&t, g_run, i * 7); /* a distinct hash per i, layer 0 */
+        unsigned op = (unsigned)((r >> 32) % 10);
+        if (op < 4) {
+            uint64_t v = (r >> 40) & 0xffff;
+            size_t len = sfill(buf, i, v);
+            tqkv_status_t st = tqkv_disk_put(a->d, &t.k, NULL, 0, buf, len, 0);
+            if (st != TQKV_OK) {
+                fprintf(stderr, "stress: put: %s\n", tqkv_strerror(st));
+                atomic_fetch_add(a->bad, 1);
+            }
+        } else if (op < 9) {
+            tqkv_disk_page_t p;
+            tqkv_status_t st = tqkv_disk_get(a->d, &t.k, &p);
+            if (st == TQKV_OK) {
+                uint64_t v;
+                memcpy(&v, p.page, 8);
+                size_t len = sfill(want, i, v);
+                if (p.len != len || memcmp(p.page, want, len) != 0) {
+                    fprintf(stderr, "stress: get: wrong bytes\n");
+                    atomic_fetch_add(a->bad, 1);
+                }
+                tqkv_disk_page_free(&p);
+            } else if (st != TQKV_ENOTFOUND) {
+                fprintf(stderr, "stress: get: %s\n", tqkv_strerror(st));
+                atomic_fetch_add(a->bad, 1);
+            }
+        } else {
+            tqkv_disk_delete(a->d, NS, strlen(NS), t.hash, 32, 0, NULL, NULL);
+        }
+        atomic_fetch_add(a->ops, 1);
+    }
+    free(buf);
+    free(want);
+    return NULL;
+}
+
+static void *
+compact_main(void *arg)
+{
+    sarg_t *a = arg;
+    while (now_mono() < a->until) {
+        int done;
+        if (tqkv_disk_compact(a->d, 0.3, &done) != TQKV_OK)
+            atomic_fetch_add(a->bad, 1);
+        usleep(2000);
+    }
+    return NULL;
+}
+
+START_TEST(test_concurrent_stress)
+{
+    /* Puts, re-puts, gets, deletes, compaction and capacity eviction at once: every get
+     * is a miss or the exact bytes of some version of the key, before and after a
+     * restart. */
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.capacity = 12ULL << 20;
+    cfg.segment_bytes = 1ULL << 20;
+    cfg.batch_bytes = 64u << 10;
+    cfg.batch_ms = 2;
+    tqkv_disk_t *d = open_disk(&cfg);
+    _Atomic uint64_t bad = 0, ops = 0;
+    pthread_t th[5];
+    sarg_t a[5];
+    double until = now_mono() + 3.0;
+    for (unsigned i = 0; i < 5; i++) {
+        a[i] = (sarg_t){d, i, until, &bad, &ops};
+        pthread_create(&th[i], NULL, i == 4 ? compact_main : stress_main, &a[i]);
+    }
+    for (unsigned i = 0; i < 5; i++)
+        pthread_join(th[i], NULL);
+    tqkv_disk_stats_t s;
+    tqkv_disk_stats(d, &s);
+    fprintf(stderr,
+            "stress: %llu ops, %llu pages, %llu segments, %llu compactions, %llu segments "
+            "evicted, %llu corrupt\n",
+            (unsigned long long)ops, (unsigned long long)s.pages, (unsigned long long)s.segments,
+            (unsigned long long)s.compactions, (unsigned long long)s.evicted_segments,
+            (unsigned long long)s.corrupt);
+    ck_assert_uint_eq(bad, 0);
+    ck_assert_uint_eq(s.corrupt, 0);
+    ck_assert_uint_le(s.bytes_used, cfg.capacity);
+    uint64_t pages = s.pages;
+    tqkv_disk_close(d);
+    d = open_disk(&cfg);
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.corrupt, 0);
+    ck_assert_uint_eq(s.pages, pages);
+    a[0] = (sarg_t){d, 9, 0, &bad, &ops};
+    uint8_t *want = malloc(9100);
+    for (uint64_t i = 0; i < SKEYS; i++) {
+        tkey_t t;
+        tqkv_disk_page_t p;
+        mk(&t, g_run, i * 7); /* a distinct hash per i, layer 0 */
+        if (tqkv_disk_get(d, &t.k, &p) != TQKV_OK)
+            continue;
+        uint64_t v;
+        memcpy(&v, p.page, 8);
+        size_t len = sfill(want, i, v);
+        ck_assert(p.len == len && memcmp(p.page, want, len) == 0);
+        tqkv_disk_page_free(&p);
+    }
+    free(want);
+    tqkv_disk_close(d);
+}
+END_TEST
+
 /* ---- the store with a disk tier ---- */
 
 static tqkv_store_t *
@@ -751,6 +901,7 @@ disk_suite(void)
     tcase_add_test(tc, test_delete_namespace_restart);
     tcase_add_test(tc, test_sync_always_group_commit);
     tcase_add_test(tc, test_bad_superblock);
+    tcase_add_test(tc, test_concurrent_stress);
     tcase_add_test(tc, test_store_disk_tier);
     tcase_add_test(tc, test_store_disk_quota);
     suite_add_tcase(s, tc);
