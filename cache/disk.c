@@ -1746,6 +1746,89 @@ tqkv_disk_get(tqkv_disk_t *d, const tqkv_block_key_t *key, tqkv_disk_page_t *out
 }
 
 void
+tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n, tqkv_disk_page_t *out,
+                   tqkv_status_t *st)
+{
+    tqkv__io_op_t *ops = calloc(n ? n : 1, sizeof(*ops));
+    seg_t **segs = calloc(n ? n : 1, sizeof(*segs));
+    uint8_t *fast = calloc(n ? n : 1, 1);
+    if (ops == NULL || segs == NULL || fast == NULL) {
+        for (size_t i = 0; i < n; i++)
+            st[i] = tqkv_disk_get(d, &keys[i], &out[i]);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        slot_t c[2];
+        memset(&out[i], 0, sizeof(out[i]));
+        st[i] = TQKV_ENOTFOUND;
+        if (d == NULL || !valid_key(&keys[i])) {
+            st[i] = TQKV_EINVAL;
+            continue;
+        }
+        uint64_t dg =
+            digest(keys[i].ns, keys[i].ns_len, keys[i].hash, keys[i].hash_len, keys[i].layer);
+        pthread_rwlock_rdlock(&d->ilock);
+        int nc = do_idx_cands(d, dg, c, 2);
+        seg_t *s = nc == 1 ? do_seg_ref(d, c[0].seg) : NULL;
+        pthread_rwlock_unlock(&d->ilock);
+        if (nc == 0) {
+            cnt(&d->misses, 1);
+            continue;
+        }
+        /* Unique digest in a sealed segment: in this round; anything else one by one. */
+        if (s != NULL && s->sealed) {
+            ops[i].fd = s->fd;
+            ops[i].len = (size_t)c[0].nblk * ALIGN;
+            ops[i].off = (uint64_t)c[0].blk * ALIGN;
+            ops[i].buf = abuf(ops[i].len);
+            if (ops[i].buf != NULL && tqkv__io_submit(d->io, &ops[i]) == 0) {
+                segs[i] = s;
+                fast[i] = 1;
+                continue;
+            }
+            free(ops[i].buf);
+        }
+        if (s != NULL)
+            seg_unref(s);
+        fast[i] = 2; /* one by one */
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (fast[i] == 1) {
+            ssize_t r = tqkv__io_wait(d->io, &ops[i]);
+            uint8_t *b = ops[i].buf;
+            cnt(&d->reads, 1);
+            if (r > 0)
+                cnt(&d->read_bytes, (uint64_t)r);
+            if (r == (ssize_t)ops[i].len && rec_header_ok(b, ops[i].len, segs[i]->id) &&
+                rec_key_is(b, keys[i].ns, keys[i].ns_len, keys[i].hash, keys[i].hash_len,
+                           keys[i].layer) &&
+                rec_page_ok(b)) {
+                const tqkv_disk_rec_t *h = (const void *)b;
+                out[i].buf = b;
+                out[i].page = b + tqkv_disk_page_offset(key_bytes(h));
+                out[i].len = h->page_len;
+                out[i].bf16_bytes = h->bf16_bytes;
+                out[i].parent_len = h->parent_len;
+                memcpy(out[i].parent, b + TQKV_DISK_REC_HEADER + h->ns_len + h->hash_len,
+                       h->parent_len);
+                st[i] = TQKV_OK;
+                cnt(&d->hits, 1);
+            } else {
+                free(b);
+                fast[i] = 2; /* a check failed or an error: the single path decides */
+            }
+            seg_unref(segs[i]);
+        }
+        if (fast[i] == 2)
+            st[i] = tqkv_disk_get(d, &keys[i], &out[i]);
+    }
+done:
+    free(ops);
+    free(segs);
+    free(fast);
+}
+
+void
 tqkv_disk_page_free(tqkv_disk_page_t *p)
 {
     if (p != NULL) {

@@ -90,6 +90,11 @@ typedef struct tqkv_disk_page {
 tqkv_status_t tqkv_disk_get(tqkv_disk_t *d, const tqkv_block_key_t *key, tqkv_disk_page_t *out);
 void tqkv_disk_page_free(tqkv_disk_page_t *p);
 
+/* tqkv_disk_get of n keys with all their reads in flight at once (one I/O round instead
+ * of n); st[i] and out[i] as tqkv_disk_get would set them. */
+void tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n,
+                        tqkv_disk_page_t *out, tqkv_status_t *st);
+
 /* Deletes key's record (layer TQKV_DISK_ALL_LAYERS: every layer of the hash) with a
  * durable-by-policy tombstone. pages and bytes (may be NULL) get what went. */
 tqkv_status_t tqkv_disk_delete(tqkv_disk_t *d, const char *ns, size_t ns_len, const uint8_t *hash,

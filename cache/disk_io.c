@@ -321,3 +321,55 @@ tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t o
         return -ENOSPC;
     return (ssize_t)done;
 }
+
+int
+tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
+{
+    req_t *r = malloc(sizeof(*r));
+    if (r == NULL)
+        return -ENOMEM;
+    sem_init(&r->done, 0, 0);
+    r->write = op->write;
+    r->fd = op->fd;
+    r->buf = op->buf;
+    r->len = op->len;
+    r->off = op->off;
+    r->res = 0;
+#ifdef TQKV_HAVE_LIBURING
+    if (io->uring) {
+        int rc = uring_submit(io, r);
+        if (rc < 0) {
+            sem_destroy(&r->done);
+            free(r);
+            return rc;
+        }
+    } else
+#endif
+        pool_submit(io, r);
+    op->priv = r;
+    return 0;
+}
+
+ssize_t
+tqkv__io_wait(tqkv__io_t *io, tqkv__io_op_t *op)
+{
+    req_t *r = op->priv;
+    while (sem_wait(&r->done) != 0)
+        ;
+    ssize_t res = r->res;
+    sem_destroy(&r->done);
+    free(r);
+    op->priv = NULL;
+    if (res < 0 && res != -EINTR && res != -EAGAIN)
+        return res;
+    size_t done = res > 0 ? (size_t)res : 0;
+    if (done < op->len && (res != 0 || op->write)) {
+        /* A short transfer (or a retryable error): finish synchronously. */
+        ssize_t n = tqkv__io_rw(io, op->write, op->fd, (uint8_t *)op->buf + done, op->len - done,
+                                op->off + done);
+        if (n < 0)
+            return n;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}

@@ -28,4 +28,20 @@ const char *tqkv__io_fallback_reason(const tqkv__io_t *io);
  * bytes done (fewer than len only at end of file for reads) or -errno. */
 ssize_t tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t off);
 
+/* An asynchronous transfer: fill the fields, tqkv__io_submit, later tqkv__io_wait.
+ * The caller owns the struct (and keeps it alive until the wait returned). */
+typedef struct tqkv__io_op {
+    int write, fd;
+    void *buf;
+    size_t len;
+    uint64_t off;
+    void *priv; /* the engine's request */
+} tqkv__io_op_t;
+
+/* Starts op; returns 0 or -errno (then nothing is in flight and wait must not be called). */
+int tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op);
+/* Waits for op, finishing short transfers; returns bytes done or -errno (as
+ * tqkv__io_rw). */
+ssize_t tqkv__io_wait(tqkv__io_t *io, tqkv__io_op_t *op);
+
 #endif

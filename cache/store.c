@@ -1476,6 +1476,63 @@ get_disk(tqkv_store_t *s, ns_rec_t *ns, const tqkv_block_key_t *key, tqkv_page_r
     return TQKV_OK;
 }
 
+#define PREFETCH_BATCH 64
+
+void
+tqkv_store_prefetch(tqkv_store_t *s, const char *ns_name, size_t ns_len,
+                    const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                    uint32_t layer_begin, uint32_t layer_end)
+{
+    tqkv_block_key_t keys[PREFETCH_BATCH];
+    tqkv_disk_page_t pages[PREFETCH_BATCH];
+    tqkv_status_t sts[PREFETCH_BATCH];
+    uint64_t budget, fetched = 0;
+    size_t nk = 0;
+    ns_rec_t *ns;
+
+    if (s == NULL || s->disk == NULL || (ns_name == NULL && ns_len > 0) || hashes == NULL ||
+        hash_lens == NULL || layer_end <= layer_begin || layer_end > TQKV_STORE_MAX_LAYERS)
+        return;
+    if ((ns = ns_find(s, ns_name, ns_len)) == NULL)
+        return;
+    budget = tqkv_pool_capacity(s->pool[TQKV_TIER_DRAM]) / 2;
+    for (uint32_t l = layer_begin; l < layer_end && fetched < budget; l++) {
+        for (size_t i = 0; i <= n && fetched < budget; i++) {
+            if (i < n) {
+                if (hashes[i] == NULL || hash_lens[i] == 0 || hash_lens[i] > 64)
+                    continue;
+                tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
+                uint64_t hv = key_hash(ns->hv, hashes[i], hash_lens[i]), rb = 0;
+                stripe_t *sp = stripe_of(s, hv);
+                pthread_mutex_lock(&sp->lock);
+                entry_t *e = do_entry_find(sp, hv, ns, hashes[i], hash_lens[i], l);
+                pthread_mutex_unlock(&sp->lock);
+                if (e != NULL || !tqkv_disk_contains(s->disk, &k, &rb))
+                    continue;
+                keys[nk++] = k;
+                fetched += rb;
+            }
+            if (nk == PREFETCH_BATCH || (nk > 0 && (i == n || fetched >= budget))) {
+                tqkv_disk_get_many(s->disk, keys, nk, pages, sts);
+                for (size_t j = 0; j < nk; j++) {
+                    int dup = 0;
+                    if (sts[j] != TQKV_OK)
+                        continue;
+                    if (put_ram(s, &keys[j], pages[j].parent_len ? pages[j].parent : NULL,
+                                pages[j].parent_len, pages[j].page, pages[j].len,
+                                pages[j].bf16_bytes, &dup) == TQKV_OK &&
+                        !dup) {
+                        cnt_add(&s->g.disk_promotions, 1);
+                        cnt_add(&ns->c.disk_promotions, 1);
+                    }
+                    tqkv_disk_page_free(&pages[j]);
+                }
+                nk = 0;
+            }
+        }
+    }
+}
+
 tqkv_status_t
 tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out)
 {

@@ -94,6 +94,15 @@ tqkv_status_t tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key,
  * again). */
 tqkv_status_t tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out);
 
+/* Disk tier: reads the disk-only pages among hashes[0..n) x layers [layer_begin,
+ * layer_end) of ns with all reads in flight at once and promotes them into DRAM (up to
+ * half of the DRAM capacity), so that the Gets that follow hit DRAM: a Get of many
+ * pages waits for about one disk read instead of one per page. No-op without a disk
+ * tier. Borrows everything. */
+void tqkv_store_prefetch(tqkv_store_t *s, const char *ns, size_t ns_len,
+                         const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                         uint32_t layer_begin, uint32_t layer_end);
+
 /* Host-readable bytes of a pinned page, borrowed until release. */
 const void *tqkv_page_ref_data(const tqkv_page_ref_t *r);
 size_t tqkv_page_ref_len(const tqkv_page_ref_t *r);

@@ -604,6 +604,56 @@ START_TEST(test_bad_superblock)
 }
 END_TEST
 
+START_TEST(test_get_many)
+{
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.direct = 0; /* the test flips a byte behind the tier's back */
+    tqkv_disk_t *d = open_disk(&cfg);
+    put_n(d, 0, 100);
+    tqkv_disk_sync(d);
+    tqkv_disk_close(d); /* sealed segments: the batched path */
+    d = open_disk(&cfg);
+    put_n(d, 100, 110); /* in the write buffer: the one-by-one path */
+    tkey_t t;
+    char path[512];
+    uint64_t off, rb;
+    mk(&t, g_run, 42);
+    ck_assert_int_eq(tqkv__disk_debug_locate(d, &t.k, path, sizeof(path), &off, &rb), TQKV_OK);
+    flip(path, off + tqkv_disk_page_offset(strlen(NS) + 32 + 8));
+    enum { N = 115 };
+    tkey_t keys[N];
+    tqkv_block_key_t k[N];
+    tqkv_disk_page_t out[N];
+    tqkv_status_t st[N];
+    for (uint64_t i = 0; i < N; i++) {
+        mk(&keys[i], g_run, i);
+        k[i] = keys[i].k;
+    }
+    tqkv_disk_get_many(d, k, N, out, st);
+    for (uint64_t i = 0; i < N; i++) {
+        if (i == 42 || i >= 110) {
+            ck_assert_int_eq(st[i], i == 42 ? TQKV_ECORRUPT : TQKV_ENOTFOUND);
+            continue;
+        }
+        ck_assert_msg(st[i] == TQKV_OK, "key %llu: %s", (unsigned long long)i,
+                      tqkv_strerror(st[i]));
+        size_t len = page_len(g_run, i);
+        uint8_t *want = malloc(len);
+        fill(want, len, g_run, i);
+        ck_assert_uint_eq(out[i].len, len);
+        ck_assert(memcmp(out[i].page, want, len) == 0);
+        free(want);
+        tqkv_disk_page_free(&out[i]);
+    }
+    tqkv_disk_stats_t s;
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.corrupt, 1);
+    ck_assert_int_eq(get_i(d, 42), TQKV_ENOTFOUND);
+    tqkv_disk_close(d);
+}
+END_TEST
+
 /* ---- concurrency ---- */
 
 typedef struct sarg {
@@ -838,6 +888,28 @@ START_TEST(test_store_disk_tier)
     ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
     ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].hits, from_disk);
     ck_assert_uint_gt(st.tier[TQKV_TIER_DISK].promotions, 0);
+    /* Prefetch: the disk-only pages of 10 blocks, read in one round and promoted. */
+    {
+        tkey_t b[10];
+        const uint8_t *bh[10];
+        size_t bl[10];
+        for (int i = 0; i < 10; i++) {
+            mk(&b[i], g_run, (uint64_t)(20 + i) * 7); /* blocks 20..29, cold by now */
+            bh[i] = b[i].hash;
+            bl[i] = 32;
+        }
+        uint64_t before = st.tier[TQKV_TIER_DISK].promotions;
+        tqkv_store_prefetch(s, NS, strlen(NS), bh, bl, 10, 0, 7);
+        ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+        ck_assert_uint_gt(st.tier[TQKV_TIER_DISK].promotions, before);
+        uint64_t dram = 0;
+        for (uint64_t i = 140; i < 210; i++) {
+            tqkv_tier_t tier;
+            ck_assert_int_eq(store_get_i(s, i, &tier), TQKV_OK);
+            dram += tier == TQKV_TIER_DRAM;
+        }
+        ck_assert_uint_gt(dram, 0);
+    }
     ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
     /* Delete one block: gone from both tiers, and after a restart. */
     uint64_t np = 0;
@@ -901,6 +973,7 @@ disk_suite(void)
     tcase_add_test(tc, test_delete_namespace_restart);
     tcase_add_test(tc, test_sync_always_group_commit);
     tcase_add_test(tc, test_bad_superblock);
+    tcase_add_test(tc, test_get_many);
     tcase_add_test(tc, test_concurrent_stress);
     tcase_add_test(tc, test_store_disk_tier);
     tcase_add_test(tc, test_store_disk_quota);
