@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdio.h>
@@ -32,7 +33,10 @@ typedef struct req {
     void *buf;
     size_t len;
     uint64_t off;
-    ssize_t res;
+    /* Written by the worker or the completion thread, read by the waiter after `done`;
+     * atomic because the io_uring path hands the request over through the kernel, which
+     * race detectors cannot see. */
+    _Atomic ssize_t res;
     sem_t done;
     struct req *next;
 } req_t;
@@ -42,8 +46,11 @@ struct tqkv__io {
     char why[160];
 #ifdef TQKV_HAVE_LIBURING
     struct io_uring ring;
-    pthread_mutex_t sq_lock; /* the submission queue */
-    sem_t slots;             /* free in-flight slots */
+    pthread_mutex_t sq_lock;  /* the submission queue */
+    sem_t slots;              /* free in-flight slots */
+    _Atomic uint64_t handoff; /* release by submitters, acquire by the completion thread:
+                                 the happens-before the kernel gives, made visible to
+                                 race detectors */
     pthread_t reaper;
 #endif
     pthread_mutex_t q_lock; /* protects q_head, q_tail, stop */
@@ -61,7 +68,7 @@ do_one(req_t *r)
     struct iovec iov = {r->buf, r->len};
     ssize_t n = r->write ? pwritev2(r->fd, &iov, 1, (off_t)r->off, 0)
                          : preadv2(r->fd, &iov, 1, (off_t)r->off, 0);
-    r->res = n < 0 ? -errno : n;
+    atomic_store_explicit(&r->res, n < 0 ? -errno : n, memory_order_relaxed);
 }
 
 static void *
@@ -117,12 +124,13 @@ reaper_main(void *arg)
             fprintf(stderr, "tqkv disk: io_uring_wait_cqe: %s\n", strerror(-rc));
             continue;
         }
+        (void)atomic_load_explicit(&io->handoff, memory_order_acquire);
         req_t *r = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
         io_uring_cqe_seen(&io->ring, cqe);
         if (r == NULL)
             return NULL;
-        r->res = res;
+        atomic_store_explicit(&r->res, res, memory_order_relaxed);
         sem_post(&io->slots);
         sem_post(&r->done);
     }
@@ -144,6 +152,7 @@ uring_submit(tqkv__io_t *io, req_t *r)
     else
         io_uring_prep_read(sqe, r->fd, r->buf, (unsigned)r->len, r->off);
     io_uring_sqe_set_data(sqe, r);
+    atomic_fetch_add_explicit(&io->handoff, 1, memory_order_release);
     int rc = io_uring_submit(&io->ring);
     pthread_mutex_unlock(&io->sq_lock);
     if (rc < 0) {
@@ -293,7 +302,7 @@ tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t o
         r.buf = (uint8_t *)buf + done;
         r.len = len - done;
         r.off = off + done;
-        r.res = 0;
+        atomic_store_explicit(&r.res, 0, memory_order_relaxed);
 #ifdef TQKV_HAVE_LIBURING
         if (io->uring) {
             int rc = uring_submit(io, &r);
@@ -306,15 +315,16 @@ tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t o
             pool_submit(io, &r);
         while (sem_wait(&r.done) != 0)
             ;
-        if (r.res == -EINTR || r.res == -EAGAIN)
+        ssize_t res = atomic_load_explicit(&r.res, memory_order_relaxed);
+        if (res == -EINTR || res == -EAGAIN)
             continue;
-        if (r.res < 0) {
+        if (res < 0) {
             sem_destroy(&r.done);
-            return r.res;
+            return res;
         }
-        if (r.res == 0)
+        if (res == 0)
             break; /* end of file (reads), or a write that makes no progress */
-        done += (size_t)r.res;
+        done += (size_t)res;
     }
     sem_destroy(&r.done);
     if (write && done < len)
@@ -334,7 +344,7 @@ tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
     r->buf = op->buf;
     r->len = op->len;
     r->off = op->off;
-    r->res = 0;
+    atomic_store_explicit(&r->res, 0, memory_order_relaxed);
 #ifdef TQKV_HAVE_LIBURING
     if (io->uring) {
         int rc = uring_submit(io, r);
@@ -356,7 +366,7 @@ tqkv__io_wait(tqkv__io_t *io, tqkv__io_op_t *op)
     req_t *r = op->priv;
     while (sem_wait(&r->done) != 0)
         ;
-    ssize_t res = r->res;
+    ssize_t res = atomic_load_explicit(&r->res, memory_order_relaxed);
     sem_destroy(&r->done);
     free(r);
     op->priv = NULL;
