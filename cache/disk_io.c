@@ -1,13 +1,14 @@
 /* disk_io.c - the disk tier's I/O engine: io_uring through liburing, or a thread pool.
  *
- * io_uring: one ring shared by every caller. Submitters fill SQEs under `sq_lock` and
- * submit; one completion thread reaps CQEs and posts each request's semaphore. A
- * counting semaphore (`slots`) bounds the I/Os in flight to the ring's depth, so the
- * completion queue never overflows. Shutdown: a NOP with no request stops the thread.
+ * io_uring: a ring per thread (created on the thread's first I/O, freed when it exits),
+ * so a caller submits and reaps its own I/Os with no hand-off to another thread: a single
+ * transfer is one io_uring_submit_and_wait, a batch (tqkv__io_submit x n, then
+ * tqkv__io_wait) is n I/Os in flight for one thread. A ring holds at most RING_DEPTH I/Os
+ * in flight; a submitter beyond that first reaps completions (stored into their ops).
  *
  * Threads: `nthreads` workers take requests from a FIFO (`q_lock`, `q_cond`) and run
- * preadv2/pwritev2. Both engines transfer what they can; tqkv__io_rw loops over short
- * transfers and EINTR/EAGAIN.
+ * preadv2/pwritev2; the caller waits on the request's semaphore. Both engines transfer
+ * what they can; tqkv__io_rw and tqkv__io_wait finish short transfers.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,10 +34,7 @@ typedef struct req {
     void *buf;
     size_t len;
     uint64_t off;
-    /* Written by the worker or the completion thread, read by the waiter after `done`;
-     * atomic because the io_uring path hands the request over through the kernel, which
-     * race detectors cannot see. */
-    _Atomic ssize_t res;
+    _Atomic ssize_t res; /* written by the worker, read by the waiter after `done` */
     sem_t done;
     struct req *next;
 } req_t;
@@ -44,15 +42,6 @@ typedef struct req {
 struct tqkv__io {
     int uring; /* 1: io_uring, 0: threads */
     char why[160];
-#ifdef TQKV_HAVE_LIBURING
-    struct io_uring ring;
-    pthread_mutex_t sq_lock;  /* the submission queue */
-    sem_t slots;              /* free in-flight slots */
-    _Atomic uint64_t handoff; /* release by submitters, acquire by the completion thread:
-                                 the happens-before the kernel gives, made visible to
-                                 race detectors */
-    pthread_t reaper;
-#endif
     pthread_mutex_t q_lock; /* protects q_head, q_tail, stop */
     pthread_cond_t q_cond;
     req_t *q_head, *q_tail;
@@ -107,98 +96,121 @@ pool_submit(tqkv__io_t *io, req_t *r)
     pthread_mutex_unlock(&io->q_lock);
 }
 
-/* ---- io_uring ---- */
+/* ---- io_uring: one ring per thread ---- */
 
 #ifdef TQKV_HAVE_LIBURING
-static void *
-reaper_main(void *arg)
-{
-    tqkv__io_t *io = arg;
-    for (;;) {
-        struct io_uring_cqe *cqe;
-        int rc = io_uring_wait_cqe(&io->ring, &cqe);
-        if (rc == -EINTR)
-            continue;
-        if (rc < 0) {
-            /* Should not happen; keep the callers from hanging: nothing to post to. */
-            fprintf(stderr, "tqkv disk: io_uring_wait_cqe: %s\n", strerror(-rc));
-            continue;
-        }
-        (void)atomic_load_explicit(&io->handoff, memory_order_acquire);
-        req_t *r = io_uring_cqe_get_data(cqe);
-        int res = cqe->res;
-        io_uring_cqe_seen(&io->ring, cqe);
-        if (r == NULL)
-            return NULL;
-        atomic_store_explicit(&r->res, res, memory_order_relaxed);
-        sem_post(&io->slots);
-        sem_post(&r->done);
-    }
-}
+typedef struct tl_ring {
+    struct io_uring ring;
+    unsigned inflight;
+} tl_ring_t;
 
-static int
-uring_submit(tqkv__io_t *io, req_t *r)
-{
-    while (sem_wait(&io->slots) != 0)
-        ;
-    pthread_mutex_lock(&io->sq_lock);
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-    while (sqe == NULL) {
-        io_uring_submit(&io->ring);
-        sqe = io_uring_get_sqe(&io->ring);
-    }
-    if (r->write)
-        io_uring_prep_write(sqe, r->fd, r->buf, (unsigned)r->len, r->off);
-    else
-        io_uring_prep_read(sqe, r->fd, r->buf, (unsigned)r->len, r->off);
-    io_uring_sqe_set_data(sqe, r);
-    atomic_fetch_add_explicit(&io->handoff, 1, memory_order_release);
-    int rc = io_uring_submit(&io->ring);
-    pthread_mutex_unlock(&io->sq_lock);
-    if (rc < 0) {
-        sem_post(&io->slots);
-        return rc;
-    }
-    return 0;
-}
+static pthread_key_t g_ring_key;
+static pthread_once_t g_ring_once = PTHREAD_ONCE_INIT;
+static int g_ring_key_ok;
 
-static int
-uring_init(tqkv__io_t *io)
+static void
+tl_free(void *p)
 {
-    int rc = io_uring_queue_init(RING_DEPTH, &io->ring, 0);
-    if (rc < 0) {
-        snprintf(io->why, sizeof(io->why), "io_uring_queue_init: %s", strerror(-rc));
-        return rc;
-    }
-    /* A probe read of nothing: kernels that create rings but refuse ops fail here. */
-    pthread_mutex_init(&io->sq_lock, NULL);
-    sem_init(&io->slots, 0, RING_DEPTH);
-    if (pthread_create(&io->reaper, NULL, reaper_main, io) != 0) {
-        io_uring_queue_exit(&io->ring);
-        snprintf(io->why, sizeof(io->why), "cannot start the completion thread");
-        return -EAGAIN;
-    }
-    io->uring = 1;
-    return 0;
+    tl_ring_t *r = p;
+    io_uring_queue_exit(&r->ring);
+    free(r);
 }
 
 static void
-uring_fini(tqkv__io_t *io)
+ring_key_init(void)
 {
-    pthread_mutex_lock(&io->sq_lock);
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
-    while (sqe == NULL) {
-        io_uring_submit(&io->ring);
-        sqe = io_uring_get_sqe(&io->ring);
+    g_ring_key_ok = pthread_key_create(&g_ring_key, tl_free) == 0;
+}
+
+/* The calling thread's ring, created on first use; NULL (with *err) when that fails. */
+static tl_ring_t *
+tl_ring(int *err)
+{
+    pthread_once(&g_ring_once, ring_key_init);
+    if (!g_ring_key_ok) {
+        *err = -EAGAIN;
+        return NULL;
     }
-    io_uring_prep_nop(sqe);
-    io_uring_sqe_set_data(sqe, NULL);
-    io_uring_submit(&io->ring);
-    pthread_mutex_unlock(&io->sq_lock);
-    pthread_join(io->reaper, NULL);
-    io_uring_queue_exit(&io->ring);
-    sem_destroy(&io->slots);
-    pthread_mutex_destroy(&io->sq_lock);
+    tl_ring_t *r = pthread_getspecific(g_ring_key);
+    if (r != NULL)
+        return r;
+    r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    int rc = io_uring_queue_init(RING_DEPTH, &r->ring, 0);
+    if (rc < 0) {
+        free(r);
+        *err = rc;
+        return NULL;
+    }
+    pthread_setspecific(g_ring_key, r);
+    return r;
+}
+
+/* Reaps one completion of r into its op. */
+static int
+tl_reap(tl_ring_t *r)
+{
+    struct io_uring_cqe *cqe;
+    int rc;
+    do
+        rc = io_uring_wait_cqe(&r->ring, &cqe);
+    while (rc == -EINTR);
+    if (rc < 0)
+        return rc;
+    tqkv__io_op_t *op = io_uring_cqe_get_data(cqe);
+    op->res = cqe->res;
+    op->state = 2;
+    io_uring_cqe_seen(&r->ring, cqe);
+    r->inflight--;
+    return 0;
+}
+
+/* Starts op on the calling thread's ring; with wait, also waits for it (one syscall). */
+static int
+uring_submit(tqkv__io_op_t *op, int wait)
+{
+    int err = 0;
+    tl_ring_t *r = tl_ring(&err);
+    if (r == NULL)
+        return err;
+    while (r->inflight >= RING_DEPTH) {
+        int rc = tl_reap(r);
+        if (rc < 0)
+            return rc;
+    }
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    if (sqe == NULL)
+        return -EBUSY; /* cannot happen: every SQE is submitted at once */
+    if (op->write)
+        io_uring_prep_write(sqe, op->fd, op->buf, (unsigned)op->len, op->off);
+    else
+        io_uring_prep_read(sqe, op->fd, op->buf, (unsigned)op->len, op->off);
+    io_uring_sqe_set_data(sqe, op);
+    op->state = 1;
+    int rc = wait ? io_uring_submit_and_wait(&r->ring, 1) : io_uring_submit(&r->ring);
+    if (rc < 0 && rc != -EINTR) {
+        op->state = 0;
+        return rc;
+    }
+    r->inflight++;
+    return 0;
+}
+
+/* Waits for op (submitted by this thread); returns the raw result. */
+static ssize_t
+uring_wait(tqkv__io_op_t *op)
+{
+    int err = 0;
+    tl_ring_t *r = tl_ring(&err);
+    while (op->state == 1) {
+        int rc = r ? tl_reap(r) : err;
+        if (rc < 0)
+            return rc;
+    }
+    return op->res;
 }
 #endif
 
@@ -223,8 +235,13 @@ tqkv__io_create(tqkv_disk_io_t kind, int threads, tqkv__io_t **out, char *err, s
         }
         if (disabled == 2)
             snprintf(io->why, sizeof(io->why), "kernel.io_uring_disabled = 2");
-        else
-            (void)uring_init(io);
+        else {
+            int e = 0;
+            if (tl_ring(&e) != NULL) /* this thread's ring: the kernel accepts rings */
+                io->uring = 1;
+            else
+                snprintf(io->why, sizeof(io->why), "io_uring_queue_init: %s", strerror(-e));
+        }
 #else
         snprintf(io->why, sizeof(io->why), "built without liburing (apt-get install liburing-dev)");
 #endif
@@ -262,10 +279,6 @@ tqkv__io_destroy(tqkv__io_t *io)
 {
     if (io == NULL)
         return;
-#ifdef TQKV_HAVE_LIBURING
-    if (io->uring)
-        uring_fini(io);
-#endif
     pthread_mutex_lock(&io->q_lock);
     io->stop = 1;
     pthread_cond_broadcast(&io->q_cond);
@@ -297,25 +310,27 @@ tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t o
     size_t done = 0;
     sem_init(&r.done, 0, 0);
     while (done < len) {
-        r.write = write;
-        r.fd = fd;
-        r.buf = (uint8_t *)buf + done;
-        r.len = len - done;
-        r.off = off + done;
-        atomic_store_explicit(&r.res, 0, memory_order_relaxed);
+        ssize_t res;
 #ifdef TQKV_HAVE_LIBURING
         if (io->uring) {
-            int rc = uring_submit(io, &r);
-            if (rc < 0) {
-                sem_destroy(&r.done);
-                return rc;
-            }
+            tqkv__io_op_t op = {write, fd, (uint8_t *)buf + done, len - done, off + done, NULL,
+                                0,     0};
+            int rc = uring_submit(&op, 1);
+            res = rc < 0 ? rc : uring_wait(&op);
         } else
 #endif
+        {
+            r.write = write;
+            r.fd = fd;
+            r.buf = (uint8_t *)buf + done;
+            r.len = len - done;
+            r.off = off + done;
+            atomic_store_explicit(&r.res, 0, memory_order_relaxed);
             pool_submit(io, &r);
-        while (sem_wait(&r.done) != 0)
-            ;
-        ssize_t res = atomic_load_explicit(&r.res, memory_order_relaxed);
+            while (sem_wait(&r.done) != 0)
+                ;
+            res = atomic_load_explicit(&r.res, memory_order_relaxed);
+        }
         if (res == -EINTR || res == -EAGAIN)
             continue;
         if (res < 0) {
@@ -335,6 +350,13 @@ tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t o
 int
 tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
 {
+    op->priv = NULL;
+    op->state = 0;
+    op->res = 0;
+#ifdef TQKV_HAVE_LIBURING
+    if (io->uring)
+        return uring_submit(op, 0);
+#endif
     req_t *r = malloc(sizeof(*r));
     if (r == NULL)
         return -ENOMEM;
@@ -345,17 +367,7 @@ tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
     r->len = op->len;
     r->off = op->off;
     atomic_store_explicit(&r->res, 0, memory_order_relaxed);
-#ifdef TQKV_HAVE_LIBURING
-    if (io->uring) {
-        int rc = uring_submit(io, r);
-        if (rc < 0) {
-            sem_destroy(&r->done);
-            free(r);
-            return rc;
-        }
-    } else
-#endif
-        pool_submit(io, r);
+    pool_submit(io, r);
     op->priv = r;
     return 0;
 }
@@ -363,13 +375,21 @@ tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
 ssize_t
 tqkv__io_wait(tqkv__io_t *io, tqkv__io_op_t *op)
 {
-    req_t *r = op->priv;
-    while (sem_wait(&r->done) != 0)
-        ;
-    ssize_t res = atomic_load_explicit(&r->res, memory_order_relaxed);
-    sem_destroy(&r->done);
-    free(r);
-    op->priv = NULL;
+    ssize_t res;
+#ifdef TQKV_HAVE_LIBURING
+    if (io->uring) {
+        res = uring_wait(op);
+    } else
+#endif
+    {
+        req_t *r = op->priv;
+        while (sem_wait(&r->done) != 0)
+            ;
+        res = atomic_load_explicit(&r->res, memory_order_relaxed);
+        sem_destroy(&r->done);
+        free(r);
+        op->priv = NULL;
+    }
     if (res < 0 && res != -EINTR && res != -EAGAIN)
         return res;
     size_t done = res > 0 ? (size_t)res : 0;

@@ -1,6 +1,7 @@
 /* disk_io.h - the disk tier's I/O engine: io_uring (liburing) or a thread pool on
  * preadv2/pwritev2, chosen at start-up. A caller blocks only on its own I/O; many
- * callers' I/Os are in flight at once (one shared ring, or the pool's workers).
+ * callers' I/Os are in flight at once (a ring per thread, or the pool's workers), and
+ * one caller can have many in flight (tqkv__io_submit, then tqkv__io_wait).
  */
 #ifndef TQKV_CACHE_DISK_IO_H
 #define TQKV_CACHE_DISK_IO_H
@@ -35,10 +36,14 @@ typedef struct tqkv__io_op {
     void *buf;
     size_t len;
     uint64_t off;
-    void *priv; /* the engine's request */
+    void *priv;  /* thread pool: the engine's request */
+    ssize_t res; /* io_uring: the completion's result */
+    int state;   /* io_uring: 1 in flight, 2 completed */
 } tqkv__io_op_t;
 
-/* Starts op; returns 0 or -errno (then nothing is in flight and wait must not be called). */
+/* Starts op; returns 0 or -errno (then nothing is in flight and wait must not be called).
+ * With io_uring, op must be waited for by the thread that submitted it (each thread
+ * has its own ring). */
 int tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op);
 /* Waits for op, finishing short transfers; returns bytes done or -errno (as
  * tqkv__io_rw). */
