@@ -12,7 +12,8 @@ so every comparison is against bytes the disk tier never touched.
   gRPC and over the TCP data channel, some from TIER_DISK; Lookup reports TIER_DISK;
   Stats and /metrics count the disk tier.
 - Restart on the same directory: Lookup and Get still served, byte-identical.
-- kill -9 during Puts (--disk-sync batch), restart: every page served is byte-identical.
+- kill -9 during a mixed load (Puts, Gets checked on the fly, Deletes; DRAM evictions
+  demoting to disk), --disk-sync batch, restart: every page served is byte-identical.
 - --disk-sync always: kill -9 during Puts, N rounds: every acknowledged Put is served.
 """
 import os
@@ -190,6 +191,7 @@ class DiskTierTest(unittest.TestCase):
         ns = "crash"
         acked = []  # hashes whose Put returned OK
         sent_all = []
+        deleted = set()  # hashes deleted by the mixed load: present or not, never wrong
         lost_total, torn_total, served_total = 0, 0, 0
         rnd = random.Random(dc.SEED ^ 0x5eed)
         for rnd_i in range(rounds):
@@ -210,7 +212,32 @@ class DiskTierTest(unittest.TestCase):
                     if r.blocks_stored + r.blocks_duplicate == len(reqs):
                         acked.extend(batch)
 
+            wrong = []
+
+            def reader():
+                # Mixed load: Gets of acknowledged pages (from DRAM or disk, being demoted
+                # and promoted meanwhile), checked on the fly, and a few Deletes.
+                rr = random.Random(len(acked))
+                while not stop.is_set():
+                    have = acked[-200:]
+                    if not have:
+                        time.sleep(0.01)
+                        continue
+                    hs = [rr.choice(have) for _ in range(8)]
+                    try:
+                        if rr.random() < 0.05:
+                            deleted.update(hs[:1])  # before: the kill may cut the reply
+                            srv.stub.Delete(dc.pb.DeleteRequest(namespace=ns, hashes=hs[:1]),
+                                            timeout=30)
+                            continue
+                        for g in grpc_pages(srv.stub, ns, hs, 2):
+                            if g.found and g.page != REF[ref_of(g.hash)]:
+                                wrong.append(g.hash)
+                    except grpc.RpcError:
+                        return
+
             th = [threading.Thread(target=putter) for _ in range(2)]
+            th.append(threading.Thread(target=reader))
             for t in th:
                 t.start()
             time.sleep(rnd.uniform(0.3, 1.2))
@@ -221,6 +248,7 @@ class DiskTierTest(unittest.TestCase):
                 t.join(timeout=30)
             srv.channel.close()
             srv.close()
+            self.assertEqual(wrong, [], "wrong bytes served during the load")
             # Restart and verify everything ever sent: served pages byte-identical,
             # acknowledged ones present when the sync mode promises it.
             srv = disk_server(self.dir, "--disk-sync", sync, dram="4M", disk="8G")
@@ -233,7 +261,7 @@ class DiskTierTest(unittest.TestCase):
                 self.assertEqual(int(m.group(1)), 0, "corrupt records after kill -9")
                 last = rnd_i == rounds - 1
                 everything = list(dict.fromkeys(sent_all if last else sent))
-                ack_set = set(acked if last else acked[acked_before:])
+                ack_set = set(acked if last else acked[acked_before:]) - deleted
                 for i in range(0, len(everything), 64):
                     chunk = everything[i:i + 64]
                     for g in grpc_pages(srv.stub, ns, chunk, 2):
