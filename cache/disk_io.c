@@ -29,6 +29,27 @@
 
 #define RING_DEPTH 256u
 
+static _Atomic unsigned g_fail_n; /* tqkv__io_debug_fail */
+static _Atomic int g_fail_err;
+
+void
+tqkv__io_debug_fail(unsigned n, int err)
+{
+    atomic_store(&g_fail_err, err);
+    atomic_store(&g_fail_n, n);
+}
+
+/* 1 when an injected failure is due (consumes it). */
+static int
+injected_failure(void)
+{
+    unsigned n = atomic_load_explicit(&g_fail_n, memory_order_relaxed);
+    while (n > 0)
+        if (atomic_compare_exchange_weak(&g_fail_n, &n, n - 1))
+            return 1;
+    return 0;
+}
+
 typedef struct req {
     int write, fd;
     void *buf;
@@ -308,6 +329,8 @@ tqkv__io_rw(tqkv__io_t *io, int write, int fd, void *buf, size_t len, uint64_t o
 {
     req_t r;
     size_t done = 0;
+    if (injected_failure())
+        return -atomic_load(&g_fail_err);
     sem_init(&r.done, 0, 0);
     while (done < len) {
         ssize_t res;
@@ -353,6 +376,8 @@ tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
     op->priv = NULL;
     op->state = 0;
     op->res = 0;
+    if (injected_failure())
+        return -atomic_load(&g_fail_err);
 #ifdef TQKV_HAVE_LIBURING
     if (io->uring)
         return uring_submit(op, 0);

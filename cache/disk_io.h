@@ -49,4 +49,8 @@ int tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op);
  * tqkv__io_rw). */
 ssize_t tqkv__io_wait(tqkv__io_t *io, tqkv__io_op_t *op);
 
+/* Test hook: the next n transfers (any engine, any thread) fail with -err (EIO, ...)
+ * without reaching the file system. */
+void tqkv__io_debug_fail(unsigned n, int err);
+
 #endif

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 
 #include "cache/disk.h"
 #include "cache/disk_format.h"
+#include "cache/disk_io.h"
 #include "cache/cache_internal.h"
 #include "cache/store.h"
 #include "tests/check_main.h"
@@ -654,6 +656,61 @@ START_TEST(test_get_many)
 }
 END_TEST
 
+START_TEST(test_eio)
+{
+    /* Injected EIO (the I/O engine's test hook): a failed read is a miss for that get
+     * (counted, the record kept); a failed batch write fails the SYNC_ALWAYS put, its
+     * record is not indexed, and the tier keeps serving the rest, also after a restart. */
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.sync = TQKV_DISK_SYNC_ALWAYS;
+    tqkv_disk_t *d = open_disk(&cfg);
+    put_n(d, 0, 20);
+    tqkv_disk_close(d);
+    d = open_disk(&cfg); /* records in a sealed segment: reads go to the file */
+    tqkv__io_debug_fail(1, EIO);
+    ck_assert_int_eq(get_i(d, 3), TQKV_EIO);
+    check_all(d, 0, 20); /* the record was kept: the next read works */
+    tqkv_disk_stats_t s;
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.io_errors, 1);
+    uint8_t *buf = malloc(20001);
+    tkey_t t;
+    mk(&t, g_run, 20);
+    size_t len = page_len(g_run, 20);
+    fill(buf, len, g_run, 20);
+    tqkv__io_debug_fail(1, EIO); /* the segment's first write: its header */
+    tqkv_status_t st = tqkv_disk_put(d, &t.k, NULL, 0, buf, len, 4 * len);
+    ck_assert_int_eq(st, TQKV_EIO);
+    ck_assert_int_eq(get_i(d, 20), TQKV_ENOTFOUND);
+    put_n(d, 21, 30);
+    tqkv__io_debug_fail(1, EIO); /* a batch write */
+    mk(&t, g_run, 30);
+    len = page_len(g_run, 30);
+    fill(buf, len, g_run, 30);
+    ck_assert_int_eq(tqkv_disk_put(d, &t.k, NULL, 0, buf, len, 4 * len), TQKV_EIO);
+    ck_assert_int_eq(get_i(d, 30), TQKV_ENOTFOUND);
+    put_n(d, 31, 40);
+    check_all(d, 0, 20);
+    check_all(d, 21, 30);
+    check_all(d, 31, 40);
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.io_errors, 3);
+    tqkv_disk_close(d);
+    d = open_disk(&cfg);
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.pages, 38);
+    ck_assert_uint_eq(s.corrupt, 0);
+    check_all(d, 0, 20);
+    check_all(d, 21, 30);
+    check_all(d, 31, 40);
+    ck_assert_int_eq(get_i(d, 20), TQKV_ENOTFOUND);
+    ck_assert_int_eq(get_i(d, 30), TQKV_ENOTFOUND);
+    free(buf);
+    tqkv_disk_close(d);
+}
+END_TEST
+
 /* ---- concurrency ---- */
 
 typedef struct sarg {
@@ -974,6 +1031,7 @@ disk_suite(void)
     tcase_add_test(tc, test_sync_always_group_commit);
     tcase_add_test(tc, test_bad_superblock);
     tcase_add_test(tc, test_get_many);
+    tcase_add_test(tc, test_eio);
     tcase_add_test(tc, test_concurrent_stress);
     tcase_add_test(tc, test_store_disk_tier);
     tcase_add_test(tc, test_store_disk_quota);
