@@ -37,6 +37,13 @@
  * Accounting: each tier's pool caps bytes of page data (pinned-but-evicted copies and
  * copies in flight included), so capacities are hard. Namespace quotas reserve bytes
  * with a compare-and-swap before allocating (`ns->reserved` = linked + in flight).
+ *
+ * Disk tier (`disk`, cache/disk.h). Pages are written through to it after the HBM/DRAM
+ * put; disk-only pages have no entry here (the disk index holds them in <= 64 bytes
+ * each). A Get that misses the index reads the disk record and promotes a copy with the
+ * ordinary put path. The disk tier's own locks are leaves for the store: its functions
+ * are called with stripe/evict locks held (tqkv_disk_contains in do_unlink and lookup)
+ * and never call back into the store. Disk reads and writes happen with no store lock.
  */
 #include <errno.h>
 #include <pthread.h>
