@@ -99,6 +99,7 @@ struct tqkv_disk {
     uint32_t max_layer;
     seg_t **segs; /* by id */
     uint32_t seg_cap, seg_hi;
+    uint32_t seg_lo; /* no segment below this id (scans start here) */
     uint64_t used, live, nsegs;
 
     pthread_mutex_t wlock; /* the writer, see the top */
@@ -296,6 +297,16 @@ do_seg_ref(tqkv_disk_t *d, uint32_t id)
         return NULL;
     atomic_fetch_add_explicit(&d->segs[id]->refs, 1, memory_order_relaxed);
     return d->segs[id];
+}
+
+/* The lowest id that may hold a segment (advanced past removed ones; ilock held for
+ * writing, or by the only thread). */
+static uint32_t
+do_seg_lo(tqkv_disk_t *d)
+{
+    while (d->seg_lo < d->seg_hi && d->seg_lo < d->seg_cap && d->segs[d->seg_lo] == NULL)
+        d->seg_lo++;
+    return d->seg_lo;
 }
 
 static int
@@ -756,7 +767,7 @@ do_evict_oldest(tqkv_disk_t *d)
 {
     seg_t *victim = NULL;
     pthread_rwlock_wrlock(&d->ilock);
-    for (uint32_t id = 0; id <= d->seg_hi && id < d->seg_cap; id++) {
+    for (uint32_t id = do_seg_lo(d); id <= d->seg_hi && id < d->seg_cap; id++) {
         seg_t *s = d->segs[id];
         if (s != NULL && s->sealed && !s->busy && s != d->active) {
             victim = s;
@@ -2077,7 +2088,7 @@ tqkv_disk_compact(tqkv_disk_t *d, double min_dead, int *done)
         return TQKV_EINVAL;
     pthread_mutex_lock(&d->compact_lock);
     pthread_rwlock_wrlock(&d->ilock);
-    for (uint32_t id = 0; id <= d->seg_hi && id < d->seg_cap; id++) {
+    for (uint32_t id = do_seg_lo(d); id <= d->seg_hi && id < d->seg_cap; id++) {
         seg_t *s = d->segs[id];
         if (s == NULL || !s->sealed || s->busy || s->size <= ALIGN) /* active: unsealed */
             continue;
@@ -2093,7 +2104,7 @@ tqkv_disk_compact(tqkv_disk_t *d, double min_dead, int *done)
         vlive = victim->live;
         vtomb = victim->ntomb;
         atomic_fetch_add_explicit(&victim->refs, 1, memory_order_relaxed);
-        for (uint32_t id = 0; id <= d->seg_hi && id < d->seg_cap; id++)
+        for (uint32_t id = do_seg_lo(d); id <= d->seg_hi && id < d->seg_cap; id++)
             if (d->segs[id] != NULL && d->segs[id] != victim &&
                 d->segs[id]->min_seq < ca.other_min_seq)
                 ca.other_min_seq = d->segs[id]->min_seq;
