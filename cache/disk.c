@@ -1175,7 +1175,8 @@ rebuild(tqkv_disk_t *d, char *err, size_t errlen)
         ids[n++] = id;
     }
     closedir(dir);
-    qsort(ids, n, sizeof(*ids), cmp_u32);
+    if (n > 1)
+        qsort(ids, n, sizeof(*ids), cmp_u32);
     d->rseq = calloc(1, sizeof(uint64_t)); /* marks "rebuilding" for do_idx_grow */
     pthread_rwlock_wrlock(&d->ilock);
     int ok = do_idx_grow(d);
@@ -2227,7 +2228,8 @@ tqkv_disk_foreach_namespace(tqkv_disk_t *d,
         pthread_rwlock_unlock(&d->ilock);
         return;
     }
-    memcpy(copy, d->ns, n * sizeof(*copy));
+    if (n > 0)
+        memcpy(copy, d->ns, n * sizeof(*copy));
     pthread_rwlock_unlock(&d->ilock);
     /* Names live until close (namespaces are never freed before). */
     for (uint32_t i = 0; i < n; i++)
