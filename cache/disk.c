@@ -1193,19 +1193,38 @@ rebuild(tqkv_disk_t *d, char *err, size_t errlen)
         tqkv_disk_seg_header_t h;
         struct stat sb;
         int good = 0;
+        const char *why = "cannot open or read it";
+        ssize_t got = -1;
         if (fd >= 0 && hb != NULL && fstat(fd, &sb) == 0 &&
-            tqkv__io_rw(d->io, 0, fd, hb, ALIGN, 0) == ALIGN) {
+            (got = tqkv__io_rw(d->io, 0, fd, hb, ALIGN, 0)) == ALIGN) {
             memcpy(&h, hb, sizeof(h));
-            good = h.magic == TQKV_DISK_SEG_MAGIC && h.version == TQKV_DISK_VERSION &&
-                   h.seg_id == ids[i] && h.store_id == d->store_id &&
-                   h.crc32c == tqkv_crc32c(0, &h, 60);
+            if (h.magic != TQKV_DISK_SEG_MAGIC || h.version != TQKV_DISK_VERSION)
+                why = "bad magic or version";
+            else if (h.seg_id != ids[i])
+                why = "segment id differs from the file name";
+            else if (h.store_id != d->store_id)
+                why = "store id differs from the superblock's (a file of another tier)";
+            else if (h.crc32c != tqkv_crc32c(0, &h, 60))
+                why = "bad CRC";
+            else
+                good = 1;
+        } else if (got >= 0 && got < ALIGN) {
+            why = "shorter than its header (a crash while creating it)";
         }
         free(hb);
+        if (!good && got >= 0 && got < ALIGN) {
+            /* Created, header not written yet when the process died: holds no record. */
+            fprintf(stderr, "tqkv disk: %s/%s: %s: removed (a torn segment)\n", d->path, name, why);
+            cnt(&d->torn, 1);
+            close(fd);
+            unlinkat(d->dirfd, name, 0);
+            continue;
+        }
         if (!good) {
             char bad[80];
             snprintf(bad, sizeof(bad), "%s.bad", name);
-            fprintf(stderr, "tqkv disk: %s/%s: bad segment header, renamed to %s\n", d->path, name,
-                    bad);
+            fprintf(stderr, "tqkv disk: %s/%s: bad segment header (%s), renamed to %s\n", d->path,
+                    name, why, bad);
             cnt(&d->corrupt, 1);
             if (fd >= 0)
                 close(fd);

@@ -137,10 +137,25 @@ tl_free(void *p)
     free(r);
 }
 
+/* After fork the child must not share the parent's ring (the same kernel object, with
+ * the parent's requests in it): it drops its copy and makes its own on first use. */
+static void
+ring_atfork_child(void)
+{
+    tl_ring_t *r = pthread_getspecific(g_ring_key);
+    if (r != NULL) {
+        io_uring_queue_exit(&r->ring); /* the child's mappings and fd only */
+        free(r);
+        pthread_setspecific(g_ring_key, NULL);
+    }
+}
+
 static void
 ring_key_init(void)
 {
     g_ring_key_ok = pthread_key_create(&g_ring_key, tl_free) == 0;
+    if (g_ring_key_ok)
+        pthread_atfork(NULL, NULL, ring_atfork_child);
 }
 
 /* The calling thread's ring, created on first use; NULL (with *err) when that fails. */

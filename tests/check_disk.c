@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -861,6 +863,161 @@ START_TEST(test_concurrent_stress)
 }
 END_TEST
 
+/* ---- kill -9 during puts, deletes and compaction ---- */
+
+typedef struct crash_msg {
+    uint32_t key, ver;
+    uint8_t kind;  /* 1 put, 2 delete */
+    uint8_t phase; /* 0 about to start, 1 acknowledged */
+    uint8_t pad[2];
+} crash_msg_t;
+
+#define CKEYS 200u
+
+static void
+crash_child(int fd, uint32_t round)
+{
+    tqkv_disk_config_t cfg;
+    tqkv_disk_t *d = NULL;
+    tqkv_disk_config_default(&cfg);
+    cfg.path = g_dir;
+    cfg.capacity = 64ULL << 20;
+    cfg.segment_bytes = 256u << 10;
+    cfg.batch_bytes = 64u << 10;
+    cfg.sync = TQKV_DISK_SYNC_ALWAYS;
+    cfg.compact_dead = 0.3;
+    cfg.quiet = 1;
+    if (tqkv_disk_open(&cfg, &d, NULL, 0) != TQKV_OK)
+        _exit(3);
+    uint64_t seed = g_run ^ round;
+    uint8_t *buf = malloc(9100);
+    for (uint32_t n = 0;; n++) {
+        uint64_t r = sm64(&seed);
+        crash_msg_t m = {
+            (uint32_t)(r % CKEYS), round * 1000000u + n, (r >> 32) % 5 ? 1 : 2, 0, {0}};
+        tkey_t t;
+        mk(&t, g_run, (uint64_t)m.key * 7);
+        if (write(fd, &m, sizeof(m)) != sizeof(m))
+            _exit(4);
+        tqkv_status_t st;
+        if (m.kind == 1) {
+            size_t len = sfill(buf, m.key, m.ver);
+            st = tqkv_disk_put(d, &t.k, NULL, 0, buf, len, 0);
+        } else {
+            st = tqkv_disk_delete(d, NS, strlen(NS), t.hash, 32, 0, NULL, NULL);
+        }
+        if (st != TQKV_OK)
+            _exit(5);
+        m.phase = 1;
+        if (write(fd, &m, sizeof(m)) != sizeof(m))
+            _exit(4);
+    }
+}
+
+START_TEST(test_kill9_during_compaction)
+{
+    /* A child puts new versions of 200 keys and deletes some (SYNC_ALWAYS, 256 KB
+     * segments, the compactor at 30% dead) and is killed with SIGKILL at a random moment;
+     * the parent reopens: every page is byte-identical to a version that was put, and each
+     * key is in the state of its last acknowledged operation, or of the one that was in
+     * flight. 6 rounds on one directory. */
+    int32_t state[CKEYS]; /* -1 absent, else the version present (after verification) */
+    for (uint32_t i = 0; i < CKEYS; i++)
+        state[i] = -1;
+    uint64_t seed = g_run;
+    uint64_t ops = 0;
+    uint8_t *want = malloc(9100);
+    for (uint32_t round = 1; round <= 6; round++) {
+        int p[2];
+        ck_assert_int_eq(pipe(p), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            close(p[0]);
+            crash_child(p[1], round);
+        }
+        close(p[1]);
+        usleep((useconds_t)(50000 + sm64(&seed) % 400000));
+        kill(pid, SIGKILL);
+        int ws;
+        waitpid(pid, &ws, 0);
+        ck_assert_msg(WIFSIGNALED(ws), "child exited by itself (status %d)", WEXITSTATUS(ws));
+        /* Per key: the last acknowledged state, and the operation in flight, if any. */
+        int64_t acked[CKEYS], pend_ver[CKEYS];
+        uint8_t pend_kind[CKEYS];
+        for (uint32_t i = 0; i < CKEYS; i++) {
+            acked[i] = state[i];
+            pend_kind[i] = 0;
+            pend_ver[i] = -1;
+        }
+        crash_msg_t m;
+        while (read(p[0], &m, sizeof(m)) == sizeof(m)) {
+            ck_assert_uint_lt(m.key, CKEYS);
+            if (m.phase == 0) {
+                pend_kind[m.key] = m.kind;
+                pend_ver[m.key] = m.kind == 1 ? m.ver : -1;
+            } else {
+                acked[m.key] = m.kind == 1 ? (int64_t)m.ver : -1;
+                pend_kind[m.key] = 0;
+                ops++;
+            }
+        }
+        close(p[0]);
+        tqkv_disk_config_t cfg;
+        base_cfg(&cfg);
+        cfg.capacity = 64ULL << 20;
+        cfg.segment_bytes = 256u << 10;
+        tqkv_disk_t *d = open_disk(&cfg);
+        tqkv_disk_stats_t s;
+        tqkv_disk_stats(d, &s);
+        ck_assert_uint_eq(s.corrupt, 0);
+        for (uint32_t i = 0; i < CKEYS; i++) {
+            tkey_t t;
+            tqkv_disk_page_t pg;
+            mk(&t, g_run, (uint64_t)i * 7);
+            tqkv_status_t st = tqkv_disk_get(d, &t.k, &pg);
+            if (st == TQKV_OK) {
+                uint64_t v;
+                memcpy(&v, pg.page, 8);
+                size_t len = sfill(want, i, v);
+                ck_assert_msg(pg.len == len && memcmp(pg.page, want, len) == 0,
+                              "round %u key %u: wrong bytes", round, i);
+                ck_assert_msg((int64_t)v == acked[i] ||
+                                  (pend_kind[i] == 1 && (int64_t)v == pend_ver[i]),
+                              "round %u key %u: version %llu, acknowledged %lld", round, i,
+                              (unsigned long long)v, (long long)acked[i]);
+                state[i] = (int32_t)v;
+                tqkv_disk_page_free(&pg);
+            } else {
+                ck_assert_int_eq(st, TQKV_ENOTFOUND);
+                ck_assert_msg(acked[i] < 0 || pend_kind[i] == 2,
+                              "round %u key %u: acknowledged version %lld lost", round, i,
+                              (long long)acked[i]);
+                state[i] = -1;
+            }
+        }
+        tqkv_disk_close(d);
+    }
+    /* Compaction ran: segment ids were used that no file holds any more. */
+    DIR *dir = opendir(g_dir);
+    unsigned files = 0, max_id = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+        unsigned id;
+        if (sscanf(e->d_name, "seg-%10u.tqd", &id) == 1) {
+            files++;
+            max_id = id > max_id ? id : max_id;
+        }
+    }
+    closedir(dir);
+    fprintf(stderr,
+            "kill -9 during compaction: 6 rounds, %llu acknowledged operations, %u segment "
+            "files left of %u created\n",
+            (unsigned long long)ops, files, max_id);
+    ck_assert_uint_gt(max_id, files);
+    free(want);
+}
+END_TEST
+
 /* ---- the store with a disk tier ---- */
 
 static tqkv_store_t *
@@ -1035,6 +1192,7 @@ disk_suite(void)
     tcase_add_test(tc, test_get_many);
     tcase_add_test(tc, test_eio);
     tcase_add_test(tc, test_concurrent_stress);
+    tcase_add_test(tc, test_kill9_during_compaction);
     tcase_add_test(tc, test_store_disk_tier);
     tcase_add_test(tc, test_store_disk_quota);
     suite_add_tcase(s, tc);
