@@ -443,9 +443,17 @@ main(int argc, char **argv)
         }
     }
     rm_dir(dir2);
-    s = open_store((uint64_t)g_pages * g_page_bytes * 2, NULL);
-    double put_nodisk_ops, put_nodisk = store_puts(s, g_pages, &put_nodisk_ops);
-    tqkv_store_destroy(s);
+    double put_nodisk_ops = 0, put_nodisk = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double g, o;
+        s = open_store((uint64_t)g_pages * g_page_bytes * 2, NULL);
+        g = store_puts(s, g_pages, &o);
+        tqkv_store_destroy(s);
+        if (g > put_nodisk) {
+            put_nodisk = g;
+            put_nodisk_ops = o;
+        }
+    }
     printf("Put through the store (one thread, written through to the disk tier)\n");
     printf("| case | GB/s of pages | Puts/s | vs room |\n|---|---|---|---|\n");
     printf("| room in DRAM | %.2f | %.0f | 1.00 |\n", put_room, put_room_ops);
@@ -455,16 +463,32 @@ main(int argc, char **argv)
            put_nodisk_ops);
 
     /* Warm restart. */
-    int dropped;
-    drop_caches(&dropped);
-    d = open_disk(TQKV_DISK_IO_AUTO);
-    tqkv_disk_stats(d, &ds);
-    tqkv_disk_close(d);
-    drop_caches(&dropped);
+    /* Alternated, best of 3 each. */
+    int dropped = 0;
     uint64_t scanned = 0;
-    double raw_seq = raw_scan(&scanned);
-    double rb = ds.rebuild_seconds > 0 ? (double)ds.rebuild_bytes / ds.rebuild_seconds / 1e9 : 0;
-    printf("Warm restart (page cache %s)\n",
+    double raw_seq = 0, rb = 0;
+    tqkv_disk_stats_t best;
+    memset(&best, 0, sizeof(best));
+    for (int rep = 0; rep < 3; rep++) {
+        uint64_t sc = 0;
+        drop_caches(&dropped);
+        d = open_disk(TQKV_DISK_IO_AUTO);
+        tqkv_disk_stats(d, &ds);
+        tqkv_disk_close(d);
+        double r = ds.rebuild_seconds > 0 ? (double)ds.rebuild_bytes / ds.rebuild_seconds / 1e9 : 0;
+        if (r > rb) {
+            rb = r;
+            best = ds;
+        }
+        drop_caches(&dropped);
+        double g = raw_scan(&sc);
+        if (g > raw_seq) {
+            raw_seq = g;
+            scanned = sc;
+        }
+    }
+    ds = best;
+    printf("Warm restart (page cache %s; best of 3, alternated)\n",
            dropped ? "dropped before each" : "NOT dropped: no permission");
     printf("| path | bytes | seconds | GB/s | vs raw |\n|---|---|---|---|---|\n");
     printf("| raw sequential O_DIRECT read of the segments | %llu | %.3f | %.2f | 1.00 |\n",
