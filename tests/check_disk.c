@@ -937,11 +937,6 @@ START_TEST(test_kill9_during_compaction)
             crash_child(p[1], round);
         }
         close(p[1]);
-        usleep((useconds_t)(50000 + sm64(&seed) % 400000));
-        kill(pid, SIGKILL);
-        int ws;
-        waitpid(pid, &ws, 0);
-        ck_assert_msg(WIFSIGNALED(ws), "child exited by itself (status %d)", WEXITSTATUS(ws));
         /* Per key: the last acknowledged state, and the operation in flight, if any. */
         int64_t acked[CKEYS], pend_ver[CKEYS];
         uint8_t pend_kind[CKEYS];
@@ -950,8 +945,17 @@ START_TEST(test_kill9_during_compaction)
             pend_kind[i] = 0;
             pend_ver[i] = -1;
         }
+        /* At least 100 acknowledged operations (enough dead records for the compactor,
+         * even in a slow sanitizer build), then a random moment. */
+        uint64_t round_ops = 0, kill_after = 100;
+        int killed = 0;
         crash_msg_t m;
         while (read(p[0], &m, sizeof(m)) == sizeof(m)) {
+            if (!killed && round_ops >= kill_after) {
+                usleep((useconds_t)(sm64(&seed) % 300000));
+                kill(pid, SIGKILL);
+                killed = 1;
+            }
             ck_assert_uint_lt(m.key, CKEYS);
             if (m.phase == 0) {
                 pend_kind[m.key] = m.kind;
@@ -960,9 +964,13 @@ START_TEST(test_kill9_during_compaction)
                 acked[m.key] = m.kind == 1 ? (int64_t)m.ver : -1;
                 pend_kind[m.key] = 0;
                 ops++;
+                round_ops++;
             }
         }
         close(p[0]);
+        int ws;
+        waitpid(pid, &ws, 0);
+        ck_assert_msg(WIFSIGNALED(ws), "child exited by itself (status %d)", WEXITSTATUS(ws));
         tqkv_disk_config_t cfg;
         base_cfg(&cfg);
         cfg.capacity = 64ULL << 20;
