@@ -664,7 +664,7 @@ function runDockerfile() {
     expect(ignored(junk), ".dockerignore", `should exclude ${junk}`);
   // Runtime stage: only runtime libraries, non-root user, the entrypoint.
   const rt = text.slice(text.search(/^FROM\s+\$\{?RUNTIME_BASE/im));
-  for (const lib of ["libgrpc29", "libprotobuf-c1", "libjemalloc2", "libmicrohttpd12", "libzstd1", "ca-certificates"])
+  for (const lib of ["libgrpc29", "libprotobuf-c1", "libjemalloc2", "libmicrohttpd12", "libzstd1", "liburing2", "ca-certificates"])
     expect(new RegExp(`\\b${lib}\\b`).test(rt), W, `runtime stage installs ${lib}`);
   expect(!/-dev\b/.test(rt.replace(/--no-install-recommends/g, "")), W, "runtime stage installs no -dev package");
   expect(/^USER\s+65532(:65532)?\s*$/m.test(rt), W, "runtime USER 65532");
