@@ -119,7 +119,7 @@ typedef struct tqkv_disk_stats {
     uint64_t bytes_used;          /* bytes of segment files (buffered included) */
     uint64_t live_bytes;          /* bytes of indexed records */
     uint64_t pages;               /* indexed records */
-    uint64_t page_bytes;          /* page bytes of indexed records */
+    uint64_t page_bytes;          /* = live_bytes (page lengths are not kept in RAM) */
     uint64_t segments;            /* segment files */
     uint64_t hits, misses;        /* tqkv_disk_get outcomes */
     uint64_t reads, read_bytes;   /* read I/Os (record reads and scans) */
@@ -140,7 +140,8 @@ typedef struct tqkv_disk_stats {
 
 void tqkv_disk_stats(tqkv_disk_t *d, tqkv_disk_stats_t *out);
 
-/* Per-namespace records and disk bytes (ns need not exist: zeros). */
+/* Per-namespace records and disk bytes (ns need not exist: zeros). page_bytes gets the
+ * disk bytes too and bf16 0 (neither is kept in RAM); any pointer may be NULL. */
 void tqkv_disk_ns_usage(tqkv_disk_t *d, const char *ns, size_t ns_len, uint64_t *pages,
                         uint64_t *bytes, uint64_t *page_bytes, uint64_t *bf16);
 /* Calls fn for each namespace holding records. */
