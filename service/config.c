@@ -279,6 +279,32 @@ set_device(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
 }
 
 static const char *
+set_disk_path(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->store.disk_path, sizeof cfg->store.disk_path, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_disk_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK || bytes < (1u << 20))
+        return "expected a byte count of at least 1M, such as 500G";
+    cfg->store.disk_capacity = bytes;
+    return NULL;
+}
+
+static const char *
+set_disk_sync(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    int m = !strcmp(v, "none") ? 0 : !strcmp(v, "batch") ? 1 : !strcmp(v, "always") ? 2 : -1;
+    if (m < 0)
+        return "expected none, batch or always";
+    cfg->store.disk_sync = m;
+    return NULL;
+}
+
+static const char *
 set_max_streams(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
 {
     unsigned long long u;
@@ -498,6 +524,17 @@ static const opt_t opts[] = {
      "back the HBM tier with host memory (no GPU needed)", 0, set_hbm_standin},
     {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)", 0,
      set_device},
+    {"disk-path", "TQKV_DISK_PATH", OPT_VALUE, "DIR",
+     "disk tier below DRAM in DIR (created if absent; a restart on it comes back warm; "
+     "default: none)",
+     0, set_disk_path},
+    {"disk-capacity", "TQKV_DISK_CAPACITY", OPT_VALUE, "BYTES",
+     "disk tier capacity in bytes of segment files (needed with --disk-path)", 0,
+     set_disk_capacity},
+    {"disk-sync", "TQKV_DISK_SYNC", OPT_VALUE, "none|batch|always",
+     "what a crash may lose: batch (default) and none the last 10 ms of Puts; always: "
+     "nothing acknowledged (proto/DISK_FORMAT.md)",
+     0, set_disk_sync},
     {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_VALUE, "BYTES",
      "largest gRPC message received or sent (default 64M)", 0, set_max_message_bytes},
     {"max-streams", "TQKV_MAX_STREAMS", OPT_VALUE, "N",
@@ -928,6 +965,10 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
     }
     if (cfg->store.hbm_capacity > 0 && cfg->store.device < 0 && !cfg->store.hbm_standin) {
         snprintf(err, errlen, "--hbm-capacity needs --device N (a GPU) or --hbm-standin");
+        return TQKV_EINVAL;
+    }
+    if (!cfg->store.disk_path[0] != !cfg->store.disk_capacity) {
+        snprintf(err, errlen, "--disk-path and --disk-capacity must be given together");
         return TQKV_EINVAL;
     }
     char why[200];

@@ -830,6 +830,21 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
         tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
         return -1;
     }
+    /* Disk tier: the request's disk-only pages are read in one parallel round and promoted
+     * into DRAM here, so this thread waits for about one disk read, not one per page. */
+    const Tqkv__V1__GetRequest *q = *req;
+    const uint8_t **hp = malloc((q->n_hashes + 1) * sizeof(*hp));
+    size_t *hl = malloc((q->n_hashes + 1) * sizeof(*hl));
+    if (hp != NULL && hl != NULL) {
+        for (size_t i = 0; i < q->n_hashes; i++) {
+            hp[i] = q->hashes[i].data;
+            hl[i] = q->hashes[i].len;
+        }
+        tqkv_store_prefetch(c->srv->store, q->namespace_, strlen(q->namespace_), hp, hl,
+                            q->n_hashes, q->layer_begin, q->layer_end);
+    }
+    free(hp);
+    free(hl);
     return 0;
 }
 
@@ -1074,12 +1089,12 @@ stats_start(tqkv__call_t *c)
         tqkv__call_finish(c, tqkv_status_to_grpc(rc), msg, NULL);
         goto out;
     }
-    Tqkv__V1__TierStats ts[2];
-    Tqkv__V1__TierStats *tp[2];
+    Tqkv__V1__TierStats ts[3];
+    Tqkv__V1__TierStats *tp[3];
     size_t nt = 0;
-    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DRAM; t++) {
+    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DISK; t++) {
         const tqkv_tier_stats_t *x = &st.tier[t];
-        if (t == TQKV_TIER_HBM && x->capacity == 0 && x->pages == 0)
+        if (t != TQKV_TIER_DRAM && x->capacity == 0 && x->pages == 0)
             continue;
         tqkv__v1__tier_stats__init(&ts[nt]);
         ts[nt].tier = (Tqkv__V1__Tier)t;

@@ -59,6 +59,16 @@ tqkv_store_foreach_namespace(tqkv_store_t *s,
     return TQKV_OK;
 }
 
+/* No disk tier in the fake (its families are checked against a real server in
+ * tests/interop/disk_tier.py). */
+tqkv_status_t
+tqkv_store_disk_stats(tqkv_store_t *s, struct tqkv_disk_stats *out)
+{
+    (void)s;
+    (void)out;
+    return TQKV_ENOTFOUND;
+}
+
 /* ---- helpers ---- */
 
 static uint64_t rng_state;
@@ -355,7 +365,7 @@ START_TEST(test_store_families)
                                         "tqkv_tier_pages",           "tqkv_tier_hits_total",
                                         "tqkv_tier_misses_total",    "tqkv_tier_evictions_total",
                                         "tqkv_tier_demotions_total", "tqkv_tier_promotions_total"};
-    static const char *const tiers[] = {"", "hbm", "dram"};
+    static const char *const tiers[] = {"", "hbm", "dram", "disk"};
     char series[160], line[200];
     for (int tier = 1; tier < TQKV_TIER_COUNT; tier++)
         for (int k = 0; k < 8; k++) {
