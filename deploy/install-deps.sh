@@ -9,7 +9,8 @@ PKGS=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   libprotobuf-dev grpc-proto libjemalloc-dev check libsubunit-dev libzstd-dev zstd libmicrohttpd-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-prometheus-client
-  redis-server openssl clang libclang-rt-14-dev clang-format
+  redis-server openssl libssl-dev clang libclang-rt-14-dev clang-format
+  prometheus
   curl procps iproute2
 )
 # Node.js and npm (deploy tests): Debian's packages unless a Node.js is already

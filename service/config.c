@@ -79,6 +79,12 @@ static const opt_t opts[] = {
      "on SIGTERM, time in-flight streams get to finish (default 20)", 0},
     {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0},
     {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0},
+    {"access-log", "TQKV_ACCESS_LOG", OPT_VALUE, "FILE|-",
+     "one line per finished RPC (method, code, peer, tenant, duration, request id) to FILE "
+     "(reopened on SIGHUP) or, with -, to the log stream; default: off",
+     0},
+    {"slow-request-ms", "TQKV_SLOW_REQUEST_MS", OPT_VALUE, "MS",
+     "log RPCs that took longer than MS milliseconds at warn (default 0: off)", 0},
     {"help", NULL, OPT_BOOL, NULL, "print this help and exit", 0},
     {"version", NULL, OPT_BOOL, NULL, "print the version and build (ISA, CUDA, NCCL) and exit", 0},
 };
@@ -402,6 +408,17 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
             why = "expected debug, info, warn or error";
             goto bad;
         }
+    } else if (!strcmp(n, "access-log")) {
+        if (copy_str(cfg->access_log, sizeof cfg->access_log, v)) {
+            why = "path too long";
+            goto bad;
+        }
+    } else if (!strcmp(n, "slow-request-ms")) {
+        if (parse_uint(v, 86400000, &u) != TQKV_OK) {
+            why = "expected milliseconds in 0..86400000";
+            goto bad;
+        }
+        cfg->slow_request_ms = (unsigned)u;
     } else if (!strcmp(n, "log-format")) {
         if (tqkv_log_format_parse(v, &cfg->log_format) != TQKV_OK) {
             why = "expected text or json";

@@ -109,6 +109,11 @@ struct tqkv__call {
     double t_start;
     char *authz; /* copy of the `authorization` header or NULL */
     size_t authz_len;
+    char req_id[68];         /* x-request-id: the client's (when well-formed) or generated */
+    grpc_metadata trail_md;  /* x-request-id in the trailing metadata (slices owned) */
+    atomic_int tenant_state; /* 0 unset, 1 being written, 2 set (first namespace seen) */
+    char tenant[128];        /* namespace the call named (truncated), for logs */
+    char *detail;            /* status message of a failed call (owned), for logs */
     tqkv__tag_t tags[TQKV__TAG_COUNT];
     pthread_mutex_t batch_mu; /* serializes grpc_call_start_batch (worker vs. wakers) */
     void *h;                  /* method state, freed by on_free */

@@ -14,7 +14,8 @@
 // Every failure is printed as "FAIL <where>: <what>"; the exit status is 1 if any.
 import { execFileSync, spawn } from "node:child_process";
 import http from "node:http";
-import { existsSync, readFileSync, statSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -98,7 +99,7 @@ function serverEnvVars() {
 // the histogram series suffixes).
 function knownMetrics() {
   const src = readFileSync(path.join(root, "service", "metrics.c"), "utf8");
-  const families = new Set([...src.matchAll(/"(tqkv_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
+  const families = new Set([...src.matchAll(/"((?:tqkv|process)_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
   const known = new Set();
   for (const f of families) {
     known.add(f);
@@ -117,8 +118,37 @@ function checkPromQL(where, expr, known) {
   }
   expect(depth === 0, where, `unbalanced brackets in ${expr}`);
   const stripped = expr.replace(/"[^"]*"/g, '""');
-  for (const m of stripped.matchAll(/\b(tqkv_[a-z0-9_]+)\b/g))
+  for (const m of stripped.matchAll(/\b((?:tqkv|process)_[a-z0-9_]+)\b/g))
     expect(known.has(m[1]), where, `metric ${m[1]} is not exported by service/metrics.c`);
+  // The tenant label is "tenant"; "namespace" is the Kubernetes label Prometheus attaches.
+  expect(!/\btqkv_namespace_/.test(stripped), where, "tqkv_namespace_* was renamed tqkv_tenant_*");
+}
+
+// Parses PromQL with Prometheus' own parser: `promtool check rules` on a rule file holding
+// the expressions (Grafana variables replaced by values of the right type). promtool has
+// no bare query check; a recording rule per expression is the nearest. Returns the number
+// of expressions checked.
+function promtoolParse(where, exprs) {
+  const promtool = process.env.PROMTOOL || "promtool";
+  try {
+    sh(promtool, ["--version"]);
+  } catch {
+    fail(where, `${promtool} not found: install the Debian package prometheus (deploy/install-deps.sh)`);
+    return 0;
+  }
+  const subst = (e) => e.replace(/\$__rate_interval|\$__interval|\$__range/g, "5m").replace(/\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/g, ".*");
+  const rules = exprs.map((e, i) => `      - record: tqkv:check_${i}\n        expr: ${JSON.stringify(subst(e))}`);
+  const file = path.join(mkdtempSync(path.join(tmpdir(), "tqkv-promql-")), "rules.yaml");
+  writeFileSync(file, `groups:\n  - name: check\n    rules:\n${rules.join("\n")}\n`);
+  try {
+    sh(promtool, ["check", "rules", file]);
+    checks += exprs.length;
+  } catch (e) {
+    fail(where, `promtool check rules: ${((e.stdout || "") + (e.stderr || "")).trim().split("\n").slice(-4).join(" | ")}`);
+  } finally {
+    rmSync(path.dirname(file), { recursive: true, force: true });
+  }
+  return exprs.length;
 }
 
 // ---------------------------------------------------------------- schema validation
@@ -468,8 +498,8 @@ function checkMonitoring(objs, serverSvcs, nsName) {
   for (const ep of sm.spec.endpoints || []) {
     expect(ep.port === "metrics", mw, "endpoint port metrics");
     expect((ep.path ?? "/metrics") === "/metrics", mw, "path /metrics");
-    expect(ep.honorLabels === true, mw,
-      "honorLabels true (the tqkv 'namespace' label would become exported_namespace)");
+    expect(ep.honorLabels !== true, mw,
+      "no honorLabels: the tenant label is 'tenant', and honouring exported labels would let a scraped target overwrite namespace/pod");
     if (matched[0]) expect((matched[0].spec.ports || []).some((p) => p.name === ep.port), mw, `Service has port ${ep.port}`);
   }
   const known = knownMetrics();
@@ -482,6 +512,14 @@ function checkMonitoring(objs, serverSvcs, nsName) {
     expect(r.annotations?.summary, rw, "summary annotation");
     checkPromQL(rw, r.expr, known);
   }
+  const n = promtoolParse(`${W} PrometheusRule`, rules.map((r) => r.expr));
+  console.log(`monitoring: ${n} alert expressions parsed by promtool`);
+  for (const [what, re] of [
+    ["server errors", /tqkv_requests_total/],
+    ["credential reload rejected", /tqkv_credential_reloads_total\{[^}]*rejected/],
+    ["file descriptors", /process_open_fds/],
+  ])
+    expect(rules.some((r) => re.test(r.expr)), W, `an alert on ${what}`);
 }
 
 
@@ -744,7 +782,7 @@ function runGrafana() {
   const all = exprs.join("\n");
   for (const [what, re] of [
     ["hit rate by tier", /tqkv_tier_hits_total/],
-    ["hit rate by namespace", /tqkv_namespace_hits_total/],
+    ["hit rate by tenant", /sum by \(tenant\) \(rate\(tqkv_tenant_hits_total/],
     ["GB/s", /tqkv_bytes_sent_total/],
     ["BF16-equivalent GB/s", /tqkv_bf16_equivalent_bytes_delivered_total/],
     ["latency p50", /histogram_quantile\(0\.5,/],
@@ -752,10 +790,18 @@ function runGrafana() {
     ["evictions", /tqkv_tier_evictions_total/],
     ["demotions", /tqkv_tier_demotions_total/],
     ["tier usage", /tqkv_tier_bytes/],
-    ["compression ratio", /tqkv_compression_ratio/],
+    ["compression ratio of summed bytes held", /sum\(tqkv_store_bf16_bytes\{[^}]*\}\) \/ clamp_min\(sum\(tqkv_store_page_bytes/],
+    ["compression ratio of summed bytes delivered", /sum\(rate\(tqkv_bf16_equivalent_bytes_delivered_total\{[^}]*\}\[[^\]]*\]\)\) \/ clamp_min\(sum\(rate\(tqkv_bytes_sent_total/],
+    ["process CPU", /process_cpu_seconds_total/],
+    ["process memory", /process_resident_memory_bytes/],
+    ["credential reloads", /tqkv_credential_reloads_total/],
     ["errors by code", /tqkv_requests_total\{[^}]*code!="OK"/],
   ])
     expect(re.test(all), W, `a panel for ${what}`);
+  // Ratios are ratios of sums: no avg() over pods of a per-pod ratio.
+  for (const e of exprs) expect(!/\bavg\s*(by\s*\([^)]*\)\s*)?\(/.test(e), W, `no average of per-pod values: ${e}`);
+  const n = promtoolParse(W, exprs);
+  console.log(`grafana: ${n} panel queries parsed by promtool`);
 }
 
 // ---------------------------------------------------------------- main
