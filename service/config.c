@@ -70,8 +70,13 @@ static const opt_t opts[] = {
      "--tls-cert; default: off)",
      0},
     {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
-     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0},
-    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)", 0},
+     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); reloaded on SIGHUP and when it "
+     "changes; default: no auth",
+     0},
+    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE",
+     "TLS certificate chain (PEM); with the key and client CA, reloaded on SIGHUP and when "
+     "the files change (new connections get the new certificate)",
+     0},
     {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)", 0},
     {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_VALUE, "FILE",
      "require client certificates signed by this CA (mutual TLS)", 0},

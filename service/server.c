@@ -468,10 +468,10 @@ tqkv_status_t
 tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err, size_t errlen)
 {
     tenant_set(c, ns);
-    if (c->srv->auth == NULL)
+    if (c->auth == NULL)
         return TQKV_OK;
     tqkv_status_t st =
-        tqkv_auth_check(c->srv->auth, c->authz, c->authz_len, ns, ns ? strlen(ns) : 0, perm);
+        tqkv_auth_check(c->auth, c->authz, c->authz_len, ns, ns ? strlen(ns) : 0, perm);
     if (st == TQKV_EAUTH)
         snprintf(err, errlen, "authorization: missing, malformed or unknown bearer token");
     else if (st == TQKV_EPERM)
@@ -532,6 +532,7 @@ call_free(tqkv__call_t *c)
     if (c->call)
         grpc_call_unref(c->call);
     free(c->authz);
+    tqkv_auth_destroy(c->auth); /* the call's reference */
     free(c->detail);
     grpc_slice_unref(c->trail_md.key);
     grpc_slice_unref(c->trail_md.value);
@@ -624,6 +625,7 @@ on_new(tqkv__call_t *c, int ok)
     if (h->drain)
         atomic_fetch_add(&s->work_calls, 1);
     req_id_set(c);
+    c->auth = tqkv__auth_acquire(s);
     for (size_t i = 0; i < c->md.count; i++) {
         if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
             size_t n = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
@@ -647,8 +649,8 @@ on_new(tqkv__call_t *c, int ok)
     }
     /* A KV call without a valid token is refused before its request is decoded, so
      * an unauthenticated client learns nothing from validation messages. */
-    if (s->auth && strncmp(h->path, "/tqkv.v1.KVCache/", 17) == 0 &&
-        tqkv_auth_check(s->auth, c->authz, c->authz_len, NULL, 0, 0) == TQKV_EAUTH) {
+    if (c->auth && strncmp(h->path, "/tqkv.v1.KVCache/", 17) == 0 &&
+        tqkv_auth_check(c->auth, c->authz, c->authz_len, NULL, 0, 0) == TQKV_EAUTH) {
         tqkv__call_finish(c, GRPC_STATUS_UNAUTHENTICATED,
                           "authorization: missing, malformed or unknown bearer token", NULL);
         return;
@@ -864,8 +866,12 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         snprintf(err, errlen, "metrics: %s", tqkv_strerror(st));
         goto fail_metrics;
     }
+    pthread_rwlock_init(&s->auth_lk, NULL);
+    pthread_mutex_init(&s->reload_mu, NULL);
+    s->watch_fd = s->watch_wake[0] = s->watch_wake[1] = -1;
+    tqkv_auth_t *auth = NULL;
     if (cfg->auth_tokens[0] &&
-        (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK) {
+        (st = tqkv_auth_load(cfg->auth_tokens, &auth, err, errlen)) != TQKV_OK) {
         /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
          * come from TQKV_AUTH_TOKENS: name the setting too) */
         size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
@@ -875,14 +881,18 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         }
         goto fail_auth;
     }
+    s->auth = auth;
+    if (auth)
+        tqkv_metrics_reload(s->metrics, 0, 1);
     if ((st = tqkv__reflection_create(&s->refl, err, errlen)) != TQKV_OK)
         goto fail_refl;
     if (cfg->tls_cert[0]) {
-        st = tqkv_tls_server_creds(cfg->tls_cert, cfg->tls_key,
-                                   cfg->tls_client_ca[0] ? cfg->tls_client_ca : NULL, &creds, err,
-                                   errlen);
+        st = tqkv_tls_create(cfg->tls_cert, cfg->tls_key,
+                             cfg->tls_client_ca[0] ? cfg->tls_client_ca : NULL, &s->tls, &creds,
+                             err, errlen);
         if (st != TQKV_OK)
             goto fail_creds;
+        tqkv_metrics_reload(s->metrics, 1, 1);
     } else {
         creds = grpc_insecure_server_credentials_create();
     }
@@ -949,6 +959,7 @@ fail_bind:
     free(s->workers);
     grpc_shutdown();
 fail_creds:
+    tqkv_tls_destroy(s->tls);
     tqkv__reflection_destroy(s->refl);
 fail_refl:
     tqkv_auth_destroy(s->auth);
@@ -959,6 +970,8 @@ fail_metrics:
 fail_enc:
     tqkv_store_destroy(s->store);
 fail_store:
+    pthread_rwlock_destroy(&s->auth_lk);
+    pthread_mutex_destroy(&s->reload_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->health_mu);
@@ -1004,6 +1017,16 @@ tqkv_server_start(tqkv_server_t *s)
              TQKV__VERSION, s->port, s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
              s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
+    if (s->tls) {
+        time_t na = (time_t)tqkv_tls_not_after(s->tls);
+        struct tm tm;
+        char when[32] = "?";
+        if (gmtime_r(&na, &tm))
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        tqkv_log(TQKV_LOG_INFO, "TLS certificate", "not_after=%s client_ca=%s", when,
+                 s->cfg.tls_client_ca[0] ? "on" : "off");
+    }
+    tqkv__reload_watch_start(s);
     if (s->dc)
         tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d", s->cfg.data_listen,
                  tqkv__dc_port(s));
@@ -1066,6 +1089,7 @@ tqkv_server_shutdown(tqkv_server_t *s)
     if (s->stopped)
         return;
     s->stopped = 1;
+    tqkv__reload_watch_stop(s);
     if (!s->started)
         return;
     long inflight = atomic_load(&s->work_calls);
@@ -1107,6 +1131,7 @@ tqkv_server_destroy(tqkv_server_t *s)
     }
     free(s->workers);
     grpc_shutdown();
+    tqkv_tls_destroy(s->tls); /* after the server: its credentials fetch from it */
     tqkv_encoder_destroy(s->enc);
     tqkv_metrics_destroy(s->metrics);
     tqkv__reflection_destroy(s->refl);
@@ -1123,6 +1148,8 @@ tqkv_server_destroy(tqkv_server_t *s)
     }
 #endif
     tqkv_store_destroy(s->store);
+    pthread_rwlock_destroy(&s->auth_lk);
+    pthread_mutex_destroy(&s->reload_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->health_mu);

@@ -1,8 +1,9 @@
 /* server_main.c - tqkv-server: parse flags, serve until SIGTERM/SIGINT, drain, exit.
  *
  * Signals are blocked in every thread and taken synchronously by main with
- * sigwait, so the graceful stop runs on an ordinary thread. SIGHUP reopens the access
- * log file. Exit status: 0 after a clean stop, 1 when start-up fails, 2 for bad flags.
+ * sigwait, so the graceful stop runs on an ordinary thread. SIGHUP reloads the token
+ * file and the TLS certificate (tqkv_server_reload) and reopens the access log file. Exit status: 0
+ * after a clean stop, 1 when start-up fails, 2 for bad flags.
  *
  * In JSON log mode every line the server writes is JSON, the start-up lines on stdout
  * too ("tqkv-server listening on HOST:PORT" is their msg, which scripts search for).
@@ -112,6 +113,7 @@ main(int argc, char **argv)
         if (sig != SIGHUP)
             break;
         tqkv_log(TQKV_LOG_INFO, "SIGHUP: reloading", NULL);
+        tqkv_server_reload(srv, "SIGHUP");
         if (tqkv_log_access_reopen(err, sizeof err) != TQKV_OK) {
             char q[1024];
             tqkv_log_quote(q, sizeof q, err);
