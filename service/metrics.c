@@ -102,6 +102,8 @@ struct tqkv_metrics {
     _Atomic uint64_t reload_ok_ns[2]; /* unix time of the last successful (re)load, ns */
     char err[320];                    /* why tqkv_metrics_serve failed */
 
+    int (*ready)(void *); /* /readyz (NULL: not ready) */
+    void *ready_arg;
     struct MHD_Daemon *daemon; /* NULL until tqkv_metrics_serve */
     tqkv_store_t *store;       /* borrowed, read by the HTTP thread */
 };
@@ -248,6 +250,15 @@ const char *
 tqkv_metrics_error(const tqkv_metrics_t *m)
 {
     return m && m->err[0] ? m->err : "no error";
+}
+
+void
+tqkv_metrics_set_ready(tqkv_metrics_t *m, int (*ready)(void *arg), void *arg)
+{
+    if (!m)
+        return;
+    m->ready = ready;
+    m->ready_arg = arg;
 }
 
 void
@@ -925,10 +936,19 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
            const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
     tqkv_metrics_t *m = cls;
-    if (strcmp(url, "/metrics") != 0)
-        return send_text(conn, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n", 0);
+    int probe = strcmp(url, "/livez") == 0 || strcmp(url, "/readyz") == 0;
+    if (strcmp(url, "/metrics") != 0 && !probe)
+        return send_text(conn, MHD_HTTP_NOT_FOUND,
+                         "not found: /metrics, /livez and /readyz are served\n", 0);
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", 1);
+    if (strcmp(url, "/livez") == 0)
+        return send_text(conn, MHD_HTTP_OK, "ok\n", 0);
+    if (probe) {
+        int ok = m->ready && m->ready(m->ready_arg);
+        return send_text(conn, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+                         ok ? "ready\n" : "not serving\n", 0);
+    }
     char *text = NULL;
     if (tqkv_metrics_render(m, m->store, &text) != TQKV_OK)
         return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", 0);

@@ -39,6 +39,12 @@ void tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta);
  * the load at start-up. Thread-safe. */
 void tqkv_metrics_reload(tqkv_metrics_t *m, int tls, int ok);
 
+/* Serves the HTTP probes next to /metrics: GET /livez answers 200 while the process
+ * serves HTTP at all; GET /readyz answers 200 when ready(arg) is non-zero, else 503 (also
+ * before this is called). For Kubernetes probes, which cannot speak TLS to the gRPC port.
+ * Call before tqkv_metrics_serve; ready runs on the HTTP thread. */
+void tqkv_metrics_set_ready(tqkv_metrics_t *m, int (*ready)(void *arg), void *arg);
+
 /* Why the last tqkv_metrics_serve failed (a line naming the address), or "no error". */
 const char *tqkv_metrics_error(const tqkv_metrics_t *m);
 

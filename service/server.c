@@ -797,6 +797,19 @@ set_arg_int(grpc_arg *a, const char *key, int v)
     a->value.integer = v;
 }
 
+/* /readyz: started, not draining, and the KV service reported SERVING. */
+static int
+http_ready(void *arg)
+{
+    tqkv_server_t *s = arg;
+    if (!atomic_load(&s->ready))
+        return 0;
+    pthread_mutex_lock(&s->health_mu);
+    int st = s->health_status[1];
+    pthread_mutex_unlock(&s->health_mu);
+    return st == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+}
+
 /* Server created (maybe bound) but never started, no worker threads: shut it down
  * on the first queue (no calls exist), destroy it, then shut down and drain every
  * queue before destroying it (P7 without the calls). */
@@ -944,6 +957,7 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
         goto fail_bind;
     if (cfg->metrics_listen[0]) {
+        tqkv_metrics_set_ready(s->metrics, http_ready, s);
         st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
         if (st != TQKV_OK) {
             snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
@@ -1011,6 +1025,7 @@ tqkv_server_start(tqkv_server_t *s)
         }
     }
     s->started = 1;
+    atomic_store(&s->ready, 1);
     tqkv_log(TQKV_LOG_INFO, "serving",
              "version=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
              "max_message_bytes=%llu",
@@ -1089,6 +1104,7 @@ tqkv_server_shutdown(tqkv_server_t *s)
     if (s->stopped)
         return;
     s->stopped = 1;
+    atomic_store(&s->ready, 0);
     tqkv__reload_watch_stop(s);
     if (!s->started)
         return;

@@ -160,6 +160,7 @@ struct tqkv_server {
     int port;
     int metrics_port;
     int started;
+    atomic_int ready;         /* started and not draining: /readyz answers 200 */
     atomic_int shutting_down; /* no re-arming after this */
     atomic_long live_calls;   /* call objects allocated (incl. requested ones) */
     atomic_long work_calls;   /* matched calls with handler->drain */

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -712,6 +713,13 @@ START_TEST(test_http_endpoint)
     ck_assert_ptr_nonnull(r);
     ck_assert(strncmp(r, "HTTP/1.1 200", 12) == 0);
     free(r);
+    /* Probes: alive; not ready without a ready callback. */
+    r = http(port, "GET /livez HTTP/1.0\r\n\r\n");
+    ck_assert_msg(r && strstr(r, " 200 ") && strstr(r, "\r\n\r\nok\n"), "%s", r ? r : "");
+    free(r);
+    r = http(port, "GET /readyz HTTP/1.0\r\n\r\n");
+    ck_assert_msg(r && strstr(r, " 503 "), "%s", r ? r : "");
+    free(r);
     r = http(port, "GET / HTTP/1.0\r\n\r\n");
     ck_assert_ptr_nonnull(r);
     ck_assert_msg(strstr(r, " 404 ") != NULL, "%.60s", r);
@@ -769,6 +777,37 @@ START_TEST(test_listen_address_parsing)
 }
 END_TEST
 
+static atomic_int g_ready;
+
+static int
+ready_fn(void *arg)
+{
+    ck_assert_ptr_eq(arg, &g_ready);
+    return atomic_load(&g_ready);
+}
+
+START_TEST(test_http_readyz)
+{
+    tqkv_metrics_t *m;
+    ck_assert_int_eq(tqkv_metrics_create(&m), TQKV_OK);
+    tqkv_metrics_set_ready(m, ready_fn, &g_ready);
+    int port = -1;
+    ck_assert_int_eq(tqkv_metrics_serve(m, "127.0.0.1:0", NULL, &port), TQKV_OK);
+    for (int round = 0; round < 3; round++) {
+        int ready = round == 1;
+        atomic_store(&g_ready, ready);
+        char *r = http(port, "GET /readyz HTTP/1.0\r\n\r\n");
+        ck_assert_msg(r && strstr(r, ready ? " 200 " : " 503 "), "%s", r ? r : "");
+        ck_assert(strstr(r, ready ? "\r\n\r\nready\n" : "\r\n\r\nnot serving\n"));
+        free(r);
+    }
+    char *r = http(port, "POST /readyz HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+    ck_assert(r && strstr(r, " 405 "));
+    free(r);
+    tqkv_metrics_destroy(m);
+}
+END_TEST
+
 static Suite *
 metrics_suite(void)
 {
@@ -785,6 +824,7 @@ metrics_suite(void)
     suite_add_tcase(s, tc);
     TCase *th = tcase_create("http");
     tcase_add_test(th, test_http_endpoint);
+    tcase_add_test(th, test_http_readyz);
     tcase_add_test(th, test_listen_address_parsing);
     suite_add_tcase(s, th);
     return s;

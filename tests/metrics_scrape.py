@@ -211,6 +211,10 @@ class MetricsScrape(unittest.TestCase):
                      "tqkv_store_pages", "tqkv_compression_ratio", "tqkv_process_start_time_seconds",
                      "tqkv_namespace_hits", "tqkv_namespace_bytes"]:
             self.assertNotIn(gone, families)
+        # Kubernetes probes (they cannot speak TLS to the gRPC port): alive and ready.
+        for path, body in [("/livez", b"ok\n"), ("/readyz", b"ready\n")]:
+            with urllib.request.urlopen(self.srv.url(path), timeout=10) as r:
+                self.assertEqual((r.status, r.read()), (200, body), path)
         for path, method, code in [("/", "GET", 404), ("/metricsx", "GET", 404),
                                    ("/metrics", "POST", 405), ("/metrics", "PUT", 405)]:
             req = urllib.request.Request(self.srv.url(path), method=method,
