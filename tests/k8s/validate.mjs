@@ -776,6 +776,7 @@ async function runK8s() {
   let nsName = "tqkv";
   let replicas = 3;
   const trial = trialSecrets();
+  const envs = {};
   for (const variant of ["cpu", "gpu", "cert-manager", "insecure-dev"]) {
     const text = render(`overlays/${variant}`);
     if (!text) continue;
@@ -785,7 +786,17 @@ async function runK8s() {
     if (r && process.env.TQKV_SERVER && existsSync(process.env.TQKV_SERVER) && variant !== "cert-manager")
       await serverAccepts(variant, r.env, trial);
     if (r && variant === "cpu") ({ svcs, ns: nsName, replicas } = r);
+    if (r) envs[variant] = r.env;
     console.log(`overlays/${variant}: ${objs.length} objects (${objs.map((o) => o.kind).join(", ")})`);
+  }
+  // insecure-dev repeats the cpu configuration (behavior: replace) minus TLS and tokens,
+  // plus the data channels: nothing else may drift.
+  if (envs.cpu && envs["insecure-dev"]) {
+    const want = { ...envs.cpu, TQKV_DATA_LISTEN: "0.0.0.0:50052" };
+    for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_TLS_CLIENT_CA", "TQKV_AUTH_TOKENS"]) delete want[k];
+    const got = envs["insecure-dev"];
+    for (const k of new Set([...Object.keys(want), ...Object.keys(got)]))
+      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS, tokens and TQKV_DATA_LISTEN may)`);
   }
   const bench = render("bench");
   if (bench) {
