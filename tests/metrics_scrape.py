@@ -353,6 +353,9 @@ class MetricsScrape(unittest.TestCase):
         nslow = 0
         for o in acc:
             ms = float(o["duration_ms"])
+            if abs(ms - 1.0) <= 0.001:  # printed to 3 decimals: too close to the threshold
+                nslow += o["request_id"] in slow
+                continue
             if ms > 1.0:
                 nslow += 1
                 self.assertIn(o["request_id"], slow, "no slow line for %s" % o)
