@@ -854,6 +854,9 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     s->limits.max_message_bytes = cfg->max_message_bytes;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_rwlock_init(&s->auth_lk, NULL);
+    pthread_mutex_init(&s->reload_mu, NULL);
+    s->watch_fd = s->watch_wake[0] = s->watch_wake[1] = -1;
     tqkv__health_init(s);
 
     if ((st = tqkv_store_create(&cfg->store, &s->store)) != TQKV_OK) {
@@ -879,9 +882,6 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         snprintf(err, errlen, "metrics: %s", tqkv_strerror(st));
         goto fail_metrics;
     }
-    pthread_rwlock_init(&s->auth_lk, NULL);
-    pthread_mutex_init(&s->reload_mu, NULL);
-    s->watch_fd = s->watch_wake[0] = s->watch_wake[1] = -1;
     tqkv_auth_t *auth = NULL;
     if (cfg->auth_tokens[0] &&
         (st = tqkv_auth_load(cfg->auth_tokens, &auth, err, errlen)) != TQKV_OK) {
