@@ -92,7 +92,11 @@ main(int argc, char **argv)
     host[hl] = '\0';
     if (cfg.log_format == TQKV_LOG_JSON) {
         char msg[320];
-        snprintf(msg, sizeof msg, "tqkv-server listening on %s:%d", host, tqkv_server_port(srv));
+        /* The address is followed by a blank inside the JSON string too, so the scripts and
+         * tools that take "listening on ADDR" up to the next blank read the same ADDR
+         * from a JSON line as from a text one. */
+        snprintf(msg, sizeof msg, "tqkv-server listening on %s:%d (gRPC)", host,
+                 tqkv_server_port(srv));
         tqkv_log_to(stdout, TQKV_LOG_INFO, msg, "addr=%s:%d port=%d", host, tqkv_server_port(srv),
                     tqkv_server_port(srv));
         if (tqkv_server_metrics_port(srv) > 0) {

@@ -18,6 +18,7 @@ method, code, peer, tenant, duration and the request id the client got in its
 x-request-id trailer; SIGHUP reopens a rotated access log.
 """
 import json
+import re
 import os
 import shutil
 import signal
@@ -89,7 +90,12 @@ class Server:
             self.stdout_lines.append(line)
             msg = json.loads(line)["msg"]  # JSON mode: stdout lines are JSON too
             if "listening on" in msg:
-                self.port = int(msg.rsplit(":", 1)[1])
+                # What tqkv-bench, the harnesses and quickstart.sh take from the raw line:
+                # the address up to the next blank.
+                addr = re.search(r"listening on (\S+)", line).group(1)
+                if not re.fullmatch(r"127\.0\.0\.1:\d+", addr):
+                    raise RuntimeError("the JSON listening line hides its address: %r" % line)
+                self.port = int(addr.rsplit(":", 1)[1])
             elif "metrics on port" in msg:
                 self.metrics_port = int(msg.rsplit(" ", 1)[1])
         if self.port is None or self.metrics_port is None:
