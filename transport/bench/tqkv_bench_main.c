@@ -39,6 +39,7 @@
 
 #include "kernels/page.h"
 #include "kernels/version.h"
+#include "transport/bench/tls_pair.h"
 #include "transport/client.h"
 
 /* jemalloc (linked into the executables) reads this at start-up: keep freed pages
@@ -1744,7 +1745,8 @@ main(int argc, char **argv)
     pct_t pgt = percentiles(ws, C.concurrency, offsetof(worker_t, get));
     pct_t pf = percentiles(ws, C.concurrency, offsetof(worker_t, first));
 
-    double tcp = -1, tcp_block = -1, redis = -1;
+    double tcp = -1, tcp_block = -1, redis = -1, tls = -1, cipher_gbps = 0;
+    char tls_suite[64] = "";
     size_t msg = block_elems * 4, wmsg = msg;
     if (C.baselines) {
         size_t total = K.get_wire > K.put_wire ? K.get_wire : K.put_wire;
@@ -1777,6 +1779,20 @@ main(int argc, char **argv)
             tcp_block = tcp;
         if (have_redis())
             redis = baseline_redis(msg, C.concurrency, C.duration < 3 ? C.duration : 3);
+        if (C.tls_ca) {
+            /* A TLS run: the ceiling is a raw TLS pair with the data channels' settings
+             * (same suite, same record batching), and the cipher's own speed. */
+            for (int rep = 0; rep < 3; rep++) {
+                char suite[64];
+                double r = tqkv_bench_tls_pair(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2,
+                                               C.concurrency, suite, sizeof suite);
+                if (r > tls) {
+                    tls = r;
+                    snprintf(tls_suite, sizeof tls_suite, "%s", suite);
+                }
+            }
+            cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
+        }
     }
 
     FILE *o = stdout;
@@ -1837,6 +1853,18 @@ main(int argc, char **argv)
             fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / raw TCP", bf16_gbps / tcp);
         if (redis > 0)
             fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / Redis", bf16_gbps / redis);
+        if (C.tls_ca) {
+            snprintf(lbl, sizeof lbl, "raw TLS loopback GB/s, %d conn%s", C.concurrency,
+                     C.concurrency == 1 ? "" : "s");
+            fprintf(o, "  %-34s %12.3f  (%s; best of 3)\n", lbl, tls,
+                    tls_suite[0] ? tls_suite : "TLS pair failed");
+            fprintf(o, "  %-34s %12.3f  (openssl speed -evp, 16 KiB, one core)\n",
+                    "AES-128-GCM cipher GB/s", cipher_gbps);
+            if (tls > 0)
+                fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS", wire_gbps / tls);
+            if (tcp > 0 && tls > 0)
+                fprintf(o, "  %-34s %12.2f\n", "raw TLS / raw TCP", tls / tcp);
+        }
     }
     fflush(o);
 
@@ -1879,7 +1907,14 @@ main(int argc, char **argv)
                         tcp > 0 ? wire_gbps / tcp : 0, tcp > 0 ? bf16_gbps / tcp : 0);
                 if (redis > 0)
                     fprintf(j, ", \"bf16_equiv_vs_redis\": %.4f", bf16_gbps / redis);
+                if (C.tls_ca && tls > 0)
+                    fprintf(j, ", \"wire_vs_raw_tls\": %.4f", wire_gbps / tls);
                 fprintf(j, "}");
+                if (C.tls_ca)
+                    fprintf(j,
+                            ", \"raw_tls_gbps\": %.6f, \"raw_tls_suite\": \"%s\", "
+                            "\"aes_128_gcm_gbps\": %.6f",
+                            tls, tls_suite, cipher_gbps);
             }
             fprintf(j, "}}\n");
             if (report_close(j) != 0) {
