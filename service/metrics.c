@@ -88,7 +88,9 @@ struct tqkv_metrics {
     _Atomic uint64_t codec_ns[2];
     _Atomic int64_t streams;
     _Atomic int64_t data_channels;
-    double start_time; /* unix seconds */
+    _Atomic uint64_t dc_handshake_failures;
+    _Atomic(const char *) dc_path; /* data channel security (static string), NULL: none */
+    double start_time;             /* unix seconds */
 
     pthread_mutex_t methods_mu; /* guards methods[]/nmethods (not the counters inside) */
     method_entry_t *methods[TQKV_METRICS_MAX_METHODS + 1]; /* +1: "other" */
@@ -284,6 +286,20 @@ tqkv_metrics_streams(tqkv_metrics_t *m, int delta)
     if (!m)
         return;
     atomic_fetch_add_explicit(&m->streams, (int64_t)delta, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_data_channel_path(tqkv_metrics_t *m, const char *path)
+{
+    if (m)
+        atomic_store(&m->dc_path, path);
+}
+
+void
+tqkv_metrics_data_channel_handshake_failed(tqkv_metrics_t *m)
+{
+    if (m)
+        atomic_fetch_add_explicit(&m->dc_handshake_failures, 1, memory_order_relaxed);
 }
 
 void
@@ -920,6 +936,18 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
               "TCP data channels open (--data-listen; connected or awaiting their hello).");
     sb_printf(&b, "tqkv_data_channels %" PRId64 "\n",
               atomic_load_explicit(&m->data_channels, memory_order_relaxed));
+    const char *dc_path = atomic_load(&m->dc_path);
+    if (dc_path) {
+        sb_family(&b, "tqkv_data_channel_security_info", "gauge",
+                  "How TCP data channels are protected (path: plaintext, or the TLS "
+                  "implementation that runs); the value is always 1.");
+        sb_printf(&b, "tqkv_data_channel_security_info{path=\"%s\"} 1\n", dc_path);
+        sb_family(&b, "tqkv_data_channel_handshake_failures_total", "counter",
+                  "Data channel connections refused at the TLS handshake (no or untrusted "
+                  "client certificate, plaintext on a TLS port, timeout).");
+        sb_printf(&b, "tqkv_data_channel_handshake_failures_total %" PRIu64 "\n",
+                  atomic_load_explicit(&m->dc_handshake_failures, memory_order_relaxed));
+    }
 
     static const char *const files[2] = {"tokens", "tls"};
     sb_family(&b, "tqkv_credential_reloads_total", "counter",

@@ -33,6 +33,11 @@ void tqkv_metrics_ns_access(tqkv_metrics_t *m, const char *ns, size_t ns_len, ui
 void tqkv_metrics_streams(tqkv_metrics_t *m, int delta);
 /* Open TCP data channels gauge (+1 when one is registered, -1 when it goes). */
 void tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta);
+/* How data channels are protected: a static string ("plaintext", "openssl-tls1.3");
+ * tqkv_data_channel_security_info{path} is exported once this is set. */
+void tqkv_metrics_data_channel_path(tqkv_metrics_t *m, const char *path);
+/* A data channel connection failed its TLS handshake. */
+void tqkv_metrics_data_channel_handshake_failed(tqkv_metrics_t *m);
 
 /* A credentials file was (re)loaded: tls non-zero for the TLS files, else the token file;
  * ok zero when the new file was rejected (the old one stays in force). Also called once for

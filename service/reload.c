@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "service/dc_server.h"
 #include "service/log.h"
 #include "service/service_internal.h"
 #include "service/tls.h"
@@ -104,6 +105,9 @@ reload_tls(tqkv_server_t *s, const char *trigger, int quiet)
         return;
     }
     tqkv_metrics_reload(s->metrics, 1, 1);
+    if (tqkv__dc_tls_reload(s, err, sizeof err) != TQKV_OK)
+        tqkv_log(TQKV_LOG_WARN, "reload: data channels keep the old certificate", "reason=\"%s\"",
+                 err);
     time_t na = (time_t)tqkv_tls_not_after(s->tls);
     struct tm tm;
     char when[32] = "?";

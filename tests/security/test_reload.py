@@ -44,17 +44,6 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def metrics_port(srv, timeout=10):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for line in srv._lines:
-            m = re.search(r"metrics on port (\d+)", line)
-            if m:
-                return int(m.group(1))
-        time.sleep(0.05)
-    raise RuntimeError("no metrics port line")
-
-
 def metric(port, series):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
         text = r.read().decode()
@@ -120,7 +109,7 @@ def test_token_swap_under_load(r):
     write_atomic(tok, "# reload test\n%s rw %s\n" % (OLD, NS))
     srv = H.Server("--auth-tokens", tok, "--metrics-listen", "127.0.0.1:0", "--log-level",
                    "info", "--threads", "2", "--encoder-threads", "2", "--dram-capacity", "64M")
-    mport = metrics_port(srv)
+    mport = H.metrics_port(srv)
     ok_series = 'tqkv_credential_reloads_total{file="tokens",result="ok"}'
     bad_series = 'tqkv_credential_reloads_total{file="tokens",result="rejected"}'
     r.check("the start-up load is counted", metric(mport, ok_series) == 1.0)
@@ -268,7 +257,7 @@ def test_tls_rotation(r):
     install("server.pem", "server.key")
     srv = H.Server("--tls-cert", cert, "--tls-key", key, "--metrics-listen", "127.0.0.1:0",
                    "--dram-capacity", "32M")
-    mport = metrics_port(srv)
+    mport = H.metrics_port(srv)
     ca = os.path.join(pki, "ca.pem")
     creds = grpc.ssl_channel_credentials(root_certificates=H.read(ca))
     opts = H.CHANNEL_OPTS + [("grpc.ssl_target_name_override", "localhost")]
