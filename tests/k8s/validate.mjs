@@ -708,7 +708,7 @@ function get(port, path) {
 async function serverAccepts(variant, envIn, trial) {
   const W = `overlays/${variant} ConfigMap with ${process.env.TQKV_SERVER}`;
   // The Secrets' files as trial-secrets.sh makes them, where the pod would mount them.
-  const env = { ...envIn };
+  let env = { ...envIn };
   if (env.TQKV_TLS_CERT || env.TQKV_AUTH_TOKENS) {
     if (!expect(trial, W, "trial-secrets.sh output to stand in for the Secrets")) return;
     if (env.TQKV_TLS_CERT) env.TQKV_TLS_CERT = trial.cert;
