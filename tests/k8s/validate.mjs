@@ -10,7 +10,8 @@
 //                                 admitting only labelled clients to gRPC/data and only the
 //                                 monitoring namespace to metrics; insecure-dev says what it
 //                                 turns off), and deploy/k8s/trial-secrets.sh's output
-//                                 accepted by the real server
+//                                 accepted by the real server (TLS on gRPC and, where on,
+//                                 on the TCP data channels)
 //   node validate.mjs dockerfile  deploy/Dockerfile and .dockerignore
 //   node validate.mjs grafana     deploy/grafana/tqkv-dashboard.json
 //
@@ -362,7 +363,7 @@ function checkServer(variant, objs, envVars) {
     const dl = hostPort(env.TQKV_DATA_LISTEN);
     expect(dl && dl.port === ports.data, cw, `TQKV_DATA_LISTEN port is the data container port (${env.TQKV_DATA_LISTEN})`);
     expect(dl && dl.host === "0.0.0.0", cw, "TQKV_DATA_LISTEN on 0.0.0.0 (clients reach the pod IP)");
-    expect(!env.TQKV_TLS_CERT, cw, "TQKV_DATA_LISTEN with TQKV_TLS_CERT: the server refuses to start");
+    expect(ports.data === 50052, cw, "port data 50052 (the NetworkPolicy's data port)");
   }
   const ml = hostPort(env.TQKV_METRICS_LISTEN);
   expect(ml && ml.port === ports.metrics, cw, `TQKV_METRICS_LISTEN port is the metrics port (${env.TQKV_METRICS_LISTEN})`);
@@ -546,7 +547,8 @@ function checkSecurity(variant, objs, ss, c, env, ports, podLabels, nsName) {
     if (env.TQKV_TLS_KEY) checkSecretFile(cw, pod, c, env.TQKV_TLS_KEY, "tqkv-tls", "tls.key");
     if (env.TQKV_AUTH_TOKENS) checkSecretFile(cw, pod, c, env.TQKV_AUTH_TOKENS, "tqkv-auth", "tokens");
     if (env.TQKV_TLS_CLIENT_CA) checkSecretFile(cw, pod, c, env.TQKV_TLS_CLIENT_CA, "tqkv-tls", "ca.crt");
-    expect(env.TQKV_DATA_LISTEN === undefined, cw, "no plaintext TCP data channels on a secure overlay");
+    // With TLS the data channels are TLS 1.3 too (same certificate and client CA).
+    expect(env.TQKV_DATA_LISTEN !== undefined, cw, "TCP data channels on (TLS with the gRPC certificate)");
   } else {
     for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_AUTH_TOKENS"])
       expect(!env[k], cw, `${k} not set on insecure-dev (no Secret to mount)`);
@@ -695,6 +697,17 @@ function runServer(env, args) {
   });
 }
 
+// The data channel port the server logged ("TCP data channels" ... port=N, text or JSON;
+// on stderr, possibly just after the listening line).
+async function dataChannelPort(r) {
+  for (let i = 0; i < 50; i++) {
+    const m = /TCP data channels[^\n]*?\bport["=:]+"?(\d+)/.exec(r.err);
+    if (m) return Number(m[1]);
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  return 0;
+}
+
 function get(port, path) {
   return new Promise((resolve) => {
     http.get({ host: "127.0.0.1", port, path, timeout: 10000 }, (res) => {
@@ -708,7 +721,7 @@ function get(port, path) {
 async function serverAccepts(variant, envIn, trial) {
   const W = `overlays/${variant} ConfigMap with ${process.env.TQKV_SERVER}`;
   // The Secrets' files as trial-secrets.sh makes them, where the pod would mount them.
-  const env = { ...envIn };
+  let env = { ...envIn };
   if (env.TQKV_TLS_CERT || env.TQKV_AUTH_TOKENS) {
     if (!expect(trial, W, "trial-secrets.sh output to stand in for the Secrets")) return;
     if (env.TQKV_TLS_CERT) env.TQKV_TLS_CERT = trial.cert;
@@ -751,6 +764,16 @@ async function serverAccepts(variant, envIn, trial) {
     expect(t.ok && t.alpn === "h2", W, `TLS as a client would see it (pod DNS name, trial CA, h2): ${JSON.stringify(t)}`);
     const wrong = await tlsVerifies(port, trial.cert, "tqkv-0.tqkv-headless.tqkv.svc");
     expect(!wrong.ok, W, "a client trusting another CA is refused");
+    if (env.TQKV_DATA_LISTEN) {
+      // The data channel listener speaks TLS 1.3 with the same certificate.
+      const dataPort = await dataChannelPort(r);
+      if (expect(dataPort > 0, W, `a "TCP data channels" log line with the port: ${r.err.trim().split("\n").slice(-2).join(" | ")}`)) {
+        const d = await tlsVerifies(dataPort, trial.ca, "tqkv-0.tqkv-headless.tqkv.svc", null);
+        expect(d.ok && d.version === "TLSv1.3", W, `TLS 1.3 data channel as a client would see it (pod DNS name, trial CA): ${JSON.stringify(d)}`);
+        const dw = await tlsVerifies(dataPort, trial.cert, "tqkv-0.tqkv-headless.tqkv.svc", null);
+        expect(!dw.ok, W, "a data channel client trusting another CA is refused");
+      }
+    }
   }
   const code = await new Promise((resolve) => {
     const t = setTimeout(() => {
@@ -801,14 +824,22 @@ async function runK8s() {
     if (r) envs[variant] = r.env;
     console.log(`overlays/${variant}: ${objs.length} objects (${objs.map((o) => o.kind).join(", ")})`);
   }
-  // insecure-dev repeats the cpu configuration (behavior: replace) minus TLS and tokens,
-  // plus the data channels: nothing else may drift.
+  // insecure-dev repeats the cpu configuration (behavior: replace) minus TLS and tokens:
+  // nothing else may drift.
   if (envs.cpu && envs["insecure-dev"]) {
-    const want = { ...envs.cpu, TQKV_DATA_LISTEN: "0.0.0.0:50052" };
+    const want = { ...envs.cpu };
     for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_TLS_CLIENT_CA", "TQKV_AUTH_TOKENS"]) delete want[k];
     const got = envs["insecure-dev"];
     for (const k of new Set([...Object.keys(want), ...Object.keys(got)]))
-      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS, tokens and TQKV_DATA_LISTEN may)`);
+      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS and tokens may)`);
+  }
+  // disk is the secure base (behavior: merge) plus the disk tier: nothing else may drift.
+  if (envs.cpu && envs.disk) {
+    const got = envs.disk;
+    for (const k of new Set([...Object.keys(envs.cpu), ...Object.keys(got)]))
+      if (!k.startsWith("TQKV_DISK_"))
+        expect(envs.cpu[k] === got[k], "overlays/disk", `${k}=${got[k]} differs from the cpu overlay's ${envs.cpu[k]} (only TQKV_DISK_* may)`);
+    for (const k of ["TQKV_DISK_PATH", "TQKV_DISK_CAPACITY"]) expect(got[k], "overlays/disk", `${k} set`);
   }
   const bench = render("bench");
   if (bench) {
@@ -868,15 +899,18 @@ function trialSecrets() {
 
 // A TLS handshake with the server as a client in the cluster makes it: the pod's DNS name
 // (tqkv-0.tqkv-headless.tqkv.svc) verified against the trial CA, ALPN h2.
-function tlsVerifies(port, ca, servername) {
+function tlsVerifies(port, ca, servername, alpn = ["h2"]) {
   return new Promise((resolve) => {
-    const sock = tls.connect({ host: "127.0.0.1", port, ca: readFileSync(ca), servername, ALPNProtocols: ["h2"] });
+    const o = { host: "127.0.0.1", port, ca: readFileSync(ca), servername };
+    if (alpn) o.ALPNProtocols = alpn;
+    const sock = tls.connect(o);
     const done = (r) => {
       sock.destroy();
       resolve(r);
     };
     sock.setTimeout(10000, () => done({ ok: false, why: "timeout" }));
-    sock.on("secureConnect", () => done({ ok: sock.authorized, why: sock.authorizationError, alpn: sock.alpnProtocol }));
+    sock.on("secureConnect", () =>
+      done({ ok: sock.authorized, why: sock.authorizationError, alpn: sock.alpnProtocol, version: sock.getProtocol() }));
     sock.on("error", (e) => done({ ok: false, why: String(e) }));
   });
 }
