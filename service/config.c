@@ -26,6 +26,10 @@ typedef struct opt {
 static const opt_t opts[] = {
     {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
      "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0},
+    {"node-id", "TQKV_NODE_ID", OPT_VALUE, "NAME",
+     "stable identity clients rank this server by (default: the host name, the pod name "
+     "in a StatefulSet)",
+     0},
     {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0},
     {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
      "encode/decode pool threads (default: CPU count)", 0},
@@ -96,6 +100,9 @@ tqkv_config_default(tqkv_server_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1:50051");
+    if (gethostname(cfg->node_id, sizeof cfg->node_id - 1) != 0 || cfg->node_id[0] == '\0')
+        snprintf(cfg->node_id, sizeof cfg->node_id, "localhost");
+    cfg->node_id[sizeof cfg->node_id - 1] = '\0';
     cfg->threads = cpu_count();
     cfg->encoder_threads = cpu_count();
     tqkv_store_config_default(&cfg->store);
@@ -227,6 +234,16 @@ listen_ok(const char *v)
     return 1;
 }
 
+/* A node id: printable ASCII without blanks (it goes into log lines and metric labels). */
+static int
+node_id_ok(const char *v)
+{
+    for (const char *p = v; *p; p++)
+        if (*p <= ' ' || *p > '~' || *p == '"' || *p == '\\')
+            return 0;
+    return 1;
+}
+
 /* Applies one option; codec policy settings go to *pol (&cfg->policy, or a namespace's
  * policy); `src` names where it came from for the error line. */
 static tqkv_status_t
@@ -264,7 +281,12 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
         why = "missing value";
         goto bad;
     }
-    if (!strcmp(n, "listen")) {
+    if (!strcmp(n, "node-id")) {
+        if (!node_id_ok(v) || copy_str(cfg->node_id, sizeof cfg->node_id, v)) {
+            why = "expected 1..255 printable characters, no blanks";
+            goto bad;
+        }
+    } else if (!strcmp(n, "listen")) {
         if (!listen_ok(v) || copy_str(cfg->listen, sizeof cfg->listen, v)) {
             why = "expected HOST:PORT with a port in 0..65535";
             goto bad;

@@ -1060,6 +1060,12 @@ stats_start(tqkv__call_t *c)
 {
     Tqkv__V1__StatsRequest *r = NULL;
     UNARY_DECODE(c, Tqkv__V1__StatsRequest, tqkv_validate_stats, r);
+    if (r->identity_only) { /* any valid token (checked before): every client ranks alike */
+        Tqkv__V1__StatsResponse id = TQKV__V1__STATS_RESPONSE__INIT;
+        id.node_id = c->srv->cfg.node_id;
+        tqkv__call_finish_msg(c, &id.base);
+        goto out;
+    }
     int scoped = r->namespace_ && r->namespace_[0];
     if (!auth_or_finish(c, scoped ? r->namespace_ : NULL, TQKV_AUTH_READ))
         goto out;
@@ -1105,6 +1111,7 @@ stats_start(tqkv__call_t *c)
     resp.page_bytes = st.page_bytes;
     resp.bf16_bytes = st.bf16_bytes;
     resp.quota_bytes = st.quota_bytes;
+    resp.node_id = c->srv->cfg.node_id;
     resp.compression_ratio = st.page_bytes ? (double)st.bf16_bytes / (double)st.page_bytes : 0.0;
     tqkv__call_finish_msg(c, &resp.base);
 out:

@@ -73,6 +73,7 @@ typedef struct ns_entry {
 } ns_entry_t;
 
 struct tqkv_metrics {
+    char node_id[256]; /* set once before serving */
     _Atomic uint64_t bytes_in, bytes_out, bf16_out;
     _Atomic uint64_t codec_bytes[2]; /* [0] decode, [1] encode */
     _Atomic uint64_t codec_ns[2];
@@ -94,6 +95,13 @@ struct tqkv_metrics {
 };
 
 /* ---- registry ---- */
+
+void
+tqkv_metrics_set_node_id(tqkv_metrics_t *m, const char *node_id)
+{
+    if (m && node_id)
+        snprintf(m->node_id, sizeof m->node_id, "%s", node_id);
+}
 
 tqkv_status_t
 tqkv_metrics_create(tqkv_metrics_t **out)
@@ -727,6 +735,13 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
     SB_LIT(&b, "tqkv_build_info{version=\"");
     sb_label_value(&b, TQKV_VERSION, strlen(TQKV_VERSION));
     SB_LIT(&b, "\"} 1\n");
+    if (m->node_id[0]) {
+        sb_family(&b, "tqkv_node_info", "gauge",
+                  "The server's stable identity (--node-id); the value is always 1.");
+        SB_LIT(&b, "tqkv_node_info{node_id=\"");
+        sb_label_value(&b, m->node_id, strlen(m->node_id));
+        SB_LIT(&b, "\"} 1\n");
+    }
     sb_family(&b, "tqkv_process_start_time_seconds", "gauge",
               "Start time of the metrics registry since the Unix epoch.");
     SB_LIT(&b, "tqkv_process_start_time_seconds ");

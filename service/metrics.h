@@ -33,6 +33,9 @@ void tqkv_metrics_streams(tqkv_metrics_t *m, int delta);
 /* Open TCP data channels gauge (+1 when one is registered, -1 when it goes). */
 void tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta);
 
+/* The server's --node-id, exported as tqkv_node_info{node_id="..."} 1 (copied). */
+void tqkv_metrics_set_node_id(tqkv_metrics_t *m, const char *node_id);
+
 /* Serves GET /metrics on listen ("HOST:PORT"; port 0 picks one, written to *bound_port
  * when non-NULL). store (borrowed, may be NULL) is read at each scrape. */
 tqkv_status_t tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen, tqkv_store_t *store,

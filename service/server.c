@@ -690,6 +690,7 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         snprintf(err, errlen, "metrics: %s", tqkv_strerror(st));
         goto fail_metrics;
     }
+    tqkv_metrics_set_node_id(s->metrics, cfg->node_id);
     if (cfg->auth_tokens[0] &&
         (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK) {
         /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
@@ -825,10 +826,11 @@ tqkv_server_start(tqkv_server_t *s)
     }
     s->started = 1;
     tqkv_log(TQKV_LOG_INFO, "serving",
-             "version=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
+             "version=%s node_id=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
              "max_message_bytes=%llu",
-             TQKV__VERSION, s->port, s->nworkers, s->cfg.encoder_threads, s->auth ? "on" : "off",
-             s->cfg.tls_cert[0] ? "on" : "off", (unsigned long long)s->cfg.max_message_bytes);
+             TQKV__VERSION, s->cfg.node_id, s->port, s->nworkers, s->cfg.encoder_threads,
+             s->auth ? "on" : "off", s->cfg.tls_cert[0] ? "on" : "off",
+             (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
     if (s->dc)
         tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d", s->cfg.data_listen,
