@@ -27,8 +27,8 @@ static const opt_t opts[] = {
     {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
      "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0},
     {"node-id", "TQKV_NODE_ID", OPT_VALUE, "NAME",
-     "stable identity clients rank this server by (default: the host name, the pod name "
-     "in a StatefulSet)",
+     "stable identity clients rank this server by (default: HOSTNAME:PORT, e.g. "
+     "tqkv-0:50051 in a StatefulSet: stable across restarts, unique per host)",
      0},
     {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0},
     {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
@@ -100,9 +100,6 @@ tqkv_config_default(tqkv_server_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->listen, sizeof cfg->listen, "127.0.0.1:50051");
-    if (gethostname(cfg->node_id, sizeof cfg->node_id - 1) != 0 || cfg->node_id[0] == '\0')
-        snprintf(cfg->node_id, sizeof cfg->node_id, "localhost");
-    cfg->node_id[sizeof cfg->node_id - 1] = '\0';
     cfg->threads = cpu_count();
     cfg->encoder_threads = cpu_count();
     tqkv_store_config_default(&cfg->store);

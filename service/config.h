@@ -27,7 +27,7 @@ typedef struct tqkv_ns_policy {
 
 typedef struct tqkv_server_config {
     char listen[256];          /* HOST:PORT; port 0 picks a free port */
-    char node_id[256];         /* stable identity for placement (default: the host name) */
+    char node_id[256];         /* stable identity for placement; "" = HOSTNAME:PORT (bound port) */
     unsigned threads;          /* gRPC worker threads (one completion queue each) */
     unsigned encoder_threads;  /* encode/decode pool */
     tqkv_store_config_t store; /* capacities, tiers, eviction, quota, verify_crc */

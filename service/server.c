@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -690,7 +691,6 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         snprintf(err, errlen, "metrics: %s", tqkv_strerror(st));
         goto fail_metrics;
     }
-    tqkv_metrics_set_node_id(s->metrics, cfg->node_id);
     if (cfg->auth_tokens[0] &&
         (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK) {
         /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
@@ -758,6 +758,13 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         st = TQKV_EIO;
         goto fail_bind;
     }
+    if (s->cfg.node_id[0] == '\0') { /* HOSTNAME:PORT: the pod name, unique on one host */
+        char host[200] = "";
+        if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0')
+            snprintf(host, sizeof host, "localhost");
+        snprintf(s->cfg.node_id, sizeof s->cfg.node_id, "%s:%d", host, s->port);
+    }
+    tqkv_metrics_set_node_id(s->metrics, s->cfg.node_id);
     if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
         goto fail_bind;
     if (cfg->metrics_listen[0]) {
@@ -849,6 +856,12 @@ int
 tqkv_server_port(const tqkv_server_t *s)
 {
     return s->port;
+}
+
+const char *
+tqkv_server_node_id(const tqkv_server_t *s)
+{
+    return s->cfg.node_id;
 }
 
 int

@@ -25,6 +25,8 @@ tqkv_status_t tqkv_server_start(tqkv_server_t *s);
 
 /* The bound gRPC port (the real one when the config asked for port 0). */
 int tqkv_server_port(const tqkv_server_t *s);
+/* The server's identity (--node-id, or HOSTNAME:PORT); valid while s is. */
+const char *tqkv_server_node_id(const tqkv_server_t *s);
 /* The bound metrics port, 0 when metrics are off. */
 int tqkv_server_metrics_port(const tqkv_server_t *s);
 

@@ -1,7 +1,7 @@
 /* check_node_id.c - a server's stable identity (--node-id) against real tqkv-servers.
  *
  * The id a client learns at connect time (Stats identity_only, no token needed even
- * when auth is on), the default (the host name), TQKV_NODE_ID, the metric
+ * when auth is on), the default (HOSTNAME:PORT), TQKV_NODE_ID, the metric
  * tqkv_node_info, a bad value refused at start-up, and an unreachable server reported
  * as a failure, never as an id.
  */
@@ -83,7 +83,9 @@ START_TEST(t_node_id_default_env_metrics)
     ck_assert_int_eq(srv_start(&s, 0, NULL), 0);
     char id[256], why[256];
     ck_assert_msg(query(s.addr, id, sizeof id, why, sizeof why) == 0, "%s", why);
-    ck_assert_str_eq(id, host); /* the pod name in a StatefulSet */
+    char want[300];
+    snprintf(want, sizeof want, "%s:%d", host, s.port);
+    ck_assert_str_eq(id, want); /* the pod name and port in a StatefulSet */
     srv_stop(&s);
 
     setenv("TQKV_NODE_ID", "from-env-1", 1);
