@@ -75,10 +75,10 @@ main(int argc, char **argv)
         hl = sizeof host - 1;
     memcpy(host, cfg.listen, hl);
     host[hl] = '\0';
-    printf("tqkv-server node id %s\n", tqkv_server_node_id(srv));
     printf("tqkv-server listening on %s:%d\n", host, tqkv_server_port(srv));
     if (tqkv_server_metrics_port(srv) > 0)
         printf("tqkv-server metrics on port %d\n", tqkv_server_metrics_port(srv));
+    printf("tqkv-server node id %s\n", tqkv_server_node_id(srv));
     fflush(stdout);
 
     while (sigwait(&sigs, &sig) != 0)
