@@ -434,7 +434,7 @@ reader(void *arg)
             ck_assert_str_eq((const char *)t->s[i].m->user, t->s[i].m->addr);
         }
         if (t->n > 1)
-            ck_assert(strcmp(t->s[0].m->addr, t->s[1].m->addr) < 0); /* sorted */
+            ck_assert(strcmp(t->s[0].m->addr, t->s[1].m->addr) < 0); /* one name: sorted */
         tqkv_membership_release(t);
         atomic_fetch_add(&reads, 1);
     }
@@ -479,12 +479,43 @@ START_TEST(t_swap_under_readers)
 }
 END_TEST
 
+/* tqkv_shard_top (the best k of hundreds of targets) equals tqkv_shard_rank's first k. */
+START_TEST(t_shard_top_matches_rank)
+{
+    uint64_t seed = tqkv_test_seed();
+    enum { N = 300 };
+    struct {
+        uint64_t id;
+        int pad;
+    } v[N];
+    uint64_t rid[N];
+    for (int i = 0; i < N; i++) {
+        v[i].id = rid[i] =
+            tqkv_shard_target_id((char[]){(char)('a' + i % 26), (char)('a' + i / 26), 0});
+        v[i].pad = i;
+    }
+    v[7].id = rid[7] = rid[3]; /* a tie: the lower index first, as in tqkv_shard_rank */
+    for (int trial = 0; trial < 200; trial++) {
+        uint64_t key =
+            tqkv_shard_block_key("ns", (const uint8_t *)&seed, sizeof seed) + (uint64_t)trial;
+        size_t n = 1 + (size_t)(trial * 37) % N;
+        uint32_t full[N], top[64];
+        tqkv_shard_rank(rid, n, key, full);
+        size_t k = n < 64 ? n : 64;
+        ck_assert_uint_eq(tqkv_shard_top(&v[0].id, sizeof v[0], n, key, k, top), k);
+        for (size_t i = 0; i < k; i++)
+            ck_assert_msg(top[i] == full[i], "n %zu position %zu: %u != %u", n, i, top[i], full[i]);
+    }
+}
+END_TEST
+
 static Suite *
 membership_suite(void)
 {
     Suite *s = suite_create("membership");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t_shard_top_matches_rank);
     tcase_add_test(tc, t_literal_targets);
     tcase_add_test(tc, t_identity_ranks_and_spellings);
     tcase_add_test(tc, t_dns_a_records_follow);

@@ -33,6 +33,7 @@
 typedef struct addrset {
     char **addr;
     const char **host; /* borrowed from the spec */
+    uint32_t *spec;    /* index of the target that listed it first */
     size_t n, cap;
 } addrset_t;
 
@@ -94,6 +95,7 @@ table_free(tqkv_member_table_t *t)
         member_unref(t->s[i].m);
     }
     free(t->s);
+    free(t->users);
     free(t);
 }
 
@@ -172,7 +174,7 @@ strv_free(char **v, size_t n)
 }
 
 static int
-addrset_add(addrset_t *a, const char *addr, const char *host)
+addrset_add_spec(addrset_t *a, const char *addr, const char *host, uint32_t spec)
 {
     for (size_t i = 0; i < a->n; i++)
         if (!strcmp(a->addr[i], addr))
@@ -187,13 +189,24 @@ addrset_add(addrset_t *a, const char *addr, const char *host)
         if (nh == NULL)
             return -1;
         a->host = nh;
+        uint32_t *ns = realloc(a->spec, nc * sizeof *ns);
+        if (ns == NULL)
+            return -1;
+        a->spec = ns;
         a->cap = nc;
     }
     if ((a->addr[a->n] = strdup(addr)) == NULL)
         return -1;
     a->host[a->n] = host;
+    a->spec[a->n] = spec;
     a->n++;
     return 0;
+}
+
+static int
+addrset_add(addrset_t *a, const char *addr, const char *host)
+{
+    return addrset_add_spec(a, addr, host, 0);
 }
 
 static void
@@ -201,6 +214,7 @@ addrset_free(addrset_t *a)
 {
     strv_free(a->addr, a->n);
     free(a->host);
+    free(a->spec);
     memset(a, 0, sizeof *a);
 }
 
@@ -222,6 +236,7 @@ addrset_filter(addrset_t *a, int (*keep)(const void *, const char *), const void
         if (keep(arg, a->addr[i])) {
             a->addr[k] = a->addr[i];
             a->host[k] = a->host[i];
+            a->spec[k] = a->spec[i];
             k++;
         } else {
             free(a->addr[i]);
@@ -458,6 +473,7 @@ typedef struct cand {
     char *node_id;    /* owned; NULL unknown */
     int fresh;        /* identified in this pass */
     int isnew;        /* not in the previous table */
+    uint32_t spec;    /* the target that listed it first */
     size_t order;     /* position in the previous table, or NEW_ORDER + target order */
     int drop;
 } cand_t;
@@ -466,6 +482,8 @@ static int
 cand_cmp(const void *a, const void *b)
 {
     const cand_t *x = a, *y = b;
+    if (x->spec != y->spec)
+        return x->spec < y->spec ? -1 : 1;
     return strcmp(x->m->addr, y->m->addr);
 }
 
@@ -500,8 +518,9 @@ collect(tqkv_membership_t *ms, addrset_t *all)
 {
     for (size_t i = 0; i < ms->nspec; i++) {
         spec_t *sp = &ms->spec[i];
+        uint32_t si = (uint32_t)i;
         if (sp->host == NULL || !ms->have_ares) {
-            if (addrset_add(all, sp->text, NULL) != 0)
+            if (addrset_add_spec(all, sp->text, NULL, si) != 0)
                 return -1;
             continue;
         }
@@ -525,11 +544,11 @@ collect(tqkv_membership_t *ms, addrset_t *all)
         }
         addrset_free(&got);
         if (sp->nprev == 0) { /* never resolved: let gRPC's resolver try the name */
-            if (addrset_add(all, sp->text, NULL) != 0)
+            if (addrset_add_spec(all, sp->text, NULL, si) != 0)
                 return -1;
         }
         for (size_t k = 0; k < sp->nprev; k++)
-            if (addrset_add(all, sp->prev[k], sp->host) != 0)
+            if (addrset_add_spec(all, sp->prev[k], sp->host, si) != 0)
                 return -1;
     }
     return 0;
@@ -655,6 +674,7 @@ pass(tqkv_membership_t *ms)
     /* Reuse members of the previous table; attach new addresses. */
     for (size_t i = 0; i < all.n; i++) {
         cand_t *c = &cv[n];
+        c->spec = all.spec[i];
         if (old)
             for (size_t j = 0; j < old->n; j++)
                 if (!strcmp(old->s[j].m->addr, all.addr[i])) {
@@ -745,7 +765,10 @@ pass(tqkv_membership_t *ms)
         goto out;
 
     tqkv_member_table_t *t = calloc(1, sizeof *t);
-    if (t == NULL || (t->s = calloc(n, sizeof *t->s)) == NULL) {
+    if (t == NULL || (t->s = calloc(n, sizeof *t->s)) == NULL ||
+        (t->users = calloc(n, sizeof *t->users)) == NULL) {
+        if (t)
+            free(t->s);
         free(t);
         goto out;
     }
@@ -755,6 +778,7 @@ pass(tqkv_membership_t *ms)
         t->s[i].m = cv[i].m;
         t->s[i].node_id = cv[i].node_id;
         t->s[i].rank_id = tqkv_shard_target_id(cv[i].node_id ? cv[i].node_id : cv[i].m->addr);
+        t->users[i] = cv[i].m->user;
         cv[i].m = NULL;
         cv[i].node_id = NULL;
     }

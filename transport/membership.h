@@ -56,12 +56,13 @@ typedef struct tqkv_member_slot {
     uint64_t rank_id; /* tqkv_shard_target_id(node_id), or of m->addr when unknown */
 } tqkv_member_slot_t;
 
-/* An immutable snapshot: n slots sorted by address. */
+/* An immutable snapshot: n slots in target order (the addresses of one DNS name sorted). */
 typedef struct tqkv_member_table {
     _Atomic uint32_t refs;
     uint64_t version; /* 1 for the first table, +1 for each change published */
     size_t n;
     tqkv_member_slot_t *s;
+    void **users; /* users[i] = s[i].m->user, for callers that index their state by slot */
 } tqkv_member_table_t;
 
 typedef struct tqkv_membership_opts {
