@@ -255,6 +255,30 @@ START_TEST(t_identity_ranks_and_spellings)
 }
 END_TEST
 
+/* A server looking for its peers leaves itself out (by node id, however it is named). */
+START_TEST(t_exclude_self)
+{
+    reset_fakes();
+    id_set("ipv4:127.0.0.61:7000", "self", 1);
+    id_set("ipv4:127.0.0.62:7000", "peer", 1);
+    const char *tg[] = {"ipv4:127.0.0.61:7000", "ipv4:127.0.0.62:7000"};
+    tqkv_membership_opts_t o = {.targets = tg,
+                                .num_targets = 2,
+                                .interval_ms = UINT32_MAX,
+                                .identify = fake_identify,
+                                .exclude_node_id = "self"};
+    tqkv_membership_t *ms = NULL;
+    char err[256];
+    ck_assert_int_eq(tqkv_membership_create(&o, &ms, err, sizeof err), TQKV_OK);
+    const char *w[] = {"ipv4:127.0.0.62:7000", NULL};
+    expect(ms, w, "self excluded");
+    tqkv_membership_destroy(ms);
+    o.num_targets = 1; /* only ourselves: no table */
+    ck_assert_int_eq(tqkv_membership_create(&o, &ms, err, sizeof err), TQKV_EUNAVAILABLE);
+    ck_assert_msg(strstr(err, "no server") != NULL, "%s", err);
+}
+END_TEST
+
 START_TEST(t_dns_a_records_follow)
 {
     reset_fakes();
@@ -518,6 +542,7 @@ membership_suite(void)
     tcase_add_test(tc, t_shard_top_matches_rank);
     tcase_add_test(tc, t_literal_targets);
     tcase_add_test(tc, t_identity_ranks_and_spellings);
+    tcase_add_test(tc, t_exclude_self);
     tcase_add_test(tc, t_dns_a_records_follow);
     tcase_add_test(tc, t_dns_periodic_and_kick);
     tcase_add_test(tc, t_dns_srv_records);

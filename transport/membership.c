@@ -48,6 +48,7 @@ typedef struct spec {
 
 struct tqkv_membership {
     tqkv_membership_opts_t o;
+    char *exclude;
     spec_t *spec;
     size_t nspec;
     char *dns_servers;
@@ -744,6 +745,10 @@ pass(tqkv_membership_t *ms)
                 break;
         }
     }
+    /* The excluded node id (ourselves) is nobody's peer. */
+    for (size_t i = 0; i < n && ms->exclude; i++)
+        if (cv[i].node_id && !strcmp(cv[i].node_id, ms->exclude))
+            cv[i].drop = 1;
     /* Ghosts leave once DNS stops listing them or they answer; aliases once DNS stops
      * listing them or their member goes. */
     addrset_filter(&ms->ghost, keep_ghost, &(ghost_ctx_t){&all, cv, n});
@@ -910,6 +915,9 @@ tqkv_membership_create(const tqkv_membership_opts_t *o, tqkv_membership_t **out,
     ms->o = *o;
     ms->o.targets = NULL;
     ms->o.dns_servers = NULL;
+    ms->o.exclude_node_id = NULL;
+    if (o->exclude_node_id && (ms->exclude = strdup(o->exclude_node_id)) == NULL)
+        goto fail;
     if (ms->o.interval_ms == 0)
         ms->o.interval_ms = TQKV_MEMBERSHIP_DEFAULT_INTERVAL_MS;
     if (ms->o.min_kick_ms == 0)
@@ -965,7 +973,8 @@ tqkv_membership_create(const tqkv_membership_opts_t *o, tqkv_membership_t **out,
         }
     }
     if (tqkv_membership_refresh(ms) == 0) {
-        snprintf(err, errlen, "membership: out of memory building the first table");
+        snprintf(err, errlen, "membership: no server (every target excluded, or out of memory)");
+        st = TQKV_EUNAVAILABLE;
         goto fail;
     }
     if (any_dns || o->identify) {
@@ -1001,6 +1010,7 @@ tqkv_membership_destroy(tqkv_membership_t *ms)
         ares_destroy(ms->ares);
     specs_free(ms);
     addrset_free(&ms->ghost);
+    free(ms->exclude);
     strv_free(ms->alias_addr, ms->nalias);
     strv_free(ms->alias_id, ms->nalias);
     free(ms->dns_servers);

@@ -68,12 +68,14 @@ typedef struct tqkv_member_table {
 typedef struct tqkv_membership_opts {
     const char *const *targets;
     size_t num_targets;
-    int resolve;               /* 0: every target is used as given (no DNS) */
-    const char *dns_servers;   /* c-ares servers "IP:PORT,..." (tests); NULL: the system's */
-    uint32_t interval_ms;      /* re-resolve period; 0 = default; UINT32_MAX = never */
-    uint32_t dns_timeout_ms;   /* per DNS try; 0 = 1000 */
-    uint32_t min_kick_ms;      /* least time between two kicked resolutions; 0 = 200 */
-    uint32_t identify_threads; /* parallel identifications; 0 = 16 */
+    int resolve;                 /* 0: every target is used as given (no DNS) */
+    const char *dns_servers;     /* c-ares servers "IP:PORT,..." (tests); NULL: the system's */
+    uint32_t interval_ms;        /* re-resolve period; 0 = default; UINT32_MAX = never */
+    uint32_t dns_timeout_ms;     /* per DNS try; 0 = 1000 */
+    uint32_t min_kick_ms;        /* least time between two kicked resolutions; 0 = 200 */
+    uint32_t identify_threads;   /* parallel identifications; 0 = 16 */
+    const char *exclude_node_id; /* a server answering with this node id is left out (a
+                                    server's own id when it looks for its peers) */
     void *arg;
     /* Returns new per-address state for addr (borrowed), NULL when out of memory. May be
      * NULL (user stays NULL). Called on the resolving thread. */
