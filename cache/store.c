@@ -37,6 +37,13 @@
  * Accounting: each tier's pool caps bytes of page data (pinned-but-evicted copies and
  * copies in flight included), so capacities are hard. Namespace quotas reserve bytes
  * with a compare-and-swap before allocating (`ns->reserved` = linked + in flight).
+ *
+ * Disk tier (`disk`, cache/disk.h). Pages are written through to it after the HBM/DRAM
+ * put; disk-only pages have no entry here (the disk index holds them in <= 64 bytes
+ * each). A Get that misses the index reads the disk record and promotes a copy with the
+ * ordinary put path. The disk tier's own locks are leaves for the store: its functions
+ * are called with stripe/evict locks held (tqkv_disk_contains in do_unlink and lookup)
+ * and never call back into the store. Disk reads and writes happen with no store lock.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -47,6 +54,8 @@
 #include <time.h>
 
 #include "cache/cache_internal.h"
+#include "cache/disk.h"
+#include "cache/disk_format.h"
 #include "cache/evict.h"
 #include "cache/pool.h"
 #include "cache/store.h"
@@ -122,6 +131,8 @@ typedef struct counters {
     _Atomic uint64_t pages[TQKV_TIER_COUNT], bytes[TQKV_TIER_COUNT], hits[TQKV_TIER_COUNT];
     _Atomic uint64_t misses, evictions, demotions, promotions;
     _Atomic uint64_t bytes_in, bytes_out, bf16, alloc_failures;
+    _Atomic uint64_t disk_demotions;  /* DRAM evictions of pages that stay on disk */
+    _Atomic uint64_t disk_promotions; /* disk hits copied into DRAM */
 } counters_t;
 
 struct ns_rec {
@@ -152,6 +163,7 @@ struct tqkv_page_ref {
 struct tqkv_store {
     tqkv_store_config_t cfg;
     tqkv_pool_t *pool[TQKV_TIER_COUNT];
+    tqkv_disk_t *disk; /* the disk tier or NULL; thread-safe, its locks are leaves here */
     stripe_t stripes[NSTRIPES];
 
     pthread_mutex_t evict_lock; /* queues, entry tier/children/linked: see the top */
@@ -600,8 +612,14 @@ do_unlink(tqkv_store_t *s, entry_t *e, int evicted)
     cnt_sub(&ns->c.bf16, e->bf16);
     cnt_sub(&ns->reserved, e->node.len);
     if (evicted) {
-        cnt_add(&s->g.evictions, 1);
-        cnt_add(&ns->c.evictions, 1);
+        tqkv_block_key_t k = {ns->name, ns->len, b->hash, b->hash_len, e->layer};
+        if (s->disk != NULL && e->tier == TQKV_TIER_DRAM && tqkv_disk_contains(s->disk, &k, NULL)) {
+            cnt_add(&s->g.disk_demotions, 1); /* the disk copy stays */
+            cnt_add(&ns->c.disk_demotions, 1);
+        } else {
+            cnt_add(&s->g.evictions, 1);
+            cnt_add(&ns->c.evictions, 1);
+        }
     }
     if (p != NULL) {
         e->parent = NULL;
@@ -889,6 +907,17 @@ bg_kick(tqkv_store_t *s)
 
 /* ---- create / destroy ---- */
 
+static tqkv_status_t ns_get(tqkv_store_t *s, const char *ns, size_t len, ns_rec_t **out);
+
+static void
+disk_ns_cb(void *arg, const char *ns, size_t len, uint64_t pages, uint64_t bytes)
+{
+    ns_rec_t *r;
+    (void)pages;
+    (void)bytes;
+    ns_get(arg, ns, len, &r);
+}
+
 void
 tqkv_store_config_default(tqkv_store_config_t *cfg)
 {
@@ -903,6 +932,7 @@ tqkv_store_config_default(tqkv_store_config_t *cfg)
     cfg->verify_crc = 0;
     cfg->policy = TQKV_EVICT_S3FIFO;
     cfg->default_ns_quota = 0;
+    cfg->disk_sync = TQKV_DISK_SYNC_BATCH;
 }
 
 tqkv_status_t
@@ -941,7 +971,7 @@ tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out)
         if (st != TQKV_OK)
             goto fail_hbm;
     }
-    for (t = 1; t < TQKV_TIER_COUNT; t++)
+    for (t = 1; t <= TQKV_TIER_DRAM; t++)
         if ((st = tqkv__evq_init(&s->q[t], cfg->policy, GHOST_SLOTS)) != TQKV_OK)
             goto fail_q;
     for (i = 0; i < NSTRIPES; i++)
@@ -969,6 +999,21 @@ tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out)
         st = TQKV_ENOMEM;
         goto fail_bgcond;
     }
+    if (cfg->disk_path[0] != '\0') {
+        tqkv_disk_config_t dc;
+        char err[512];
+        tqkv_disk_config_default(&dc);
+        dc.path = cfg->disk_path;
+        dc.capacity = cfg->disk_capacity;
+        dc.sync = (tqkv_disk_sync_t)cfg->disk_sync;
+        if ((st = tqkv_disk_open(&dc, &s->disk, err, sizeof(err))) != TQKV_OK) {
+            fprintf(stderr, "tqkv store: disk tier %s: %s (%s)\n", cfg->disk_path, err,
+                    tqkv_strerror(st));
+            goto fail_disk;
+        }
+        /* Namespaces found on disk are listed (stats, metrics) from the start. */
+        tqkv_disk_foreach_namespace(s->disk, disk_ns_cb, s);
+    }
     if (s->pool[TQKV_TIER_HBM] != NULL) {
         if (pthread_create(&s->bg, NULL, bg_main, s) != 0) {
             st = TQKV_ENOMEM;
@@ -980,6 +1025,8 @@ tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out)
     return TQKV_OK;
 
 fail_thread:
+    tqkv_disk_close(s->disk);
+fail_disk:
     pthread_cond_destroy(&s->bg_cond);
 fail_bgcond:
     pthread_mutex_destroy(&s->bg_lock);
@@ -993,7 +1040,7 @@ fail_stripes:
     while (i-- > 0)
         pthread_mutex_destroy(&s->stripes[i].lock);
 fail_q:
-    for (t = 1; t < TQKV_TIER_COUNT; t++)
+    for (t = 1; t <= TQKV_TIER_DRAM; t++)
         tqkv__evq_fini(&s->q[t]);
     tqkv_pool_destroy(s->pool[TQKV_TIER_HBM]);
 fail_hbm:
@@ -1040,8 +1087,9 @@ tqkv_store_destroy(tqkv_store_t *s)
         }
     free(s->ns_tab);
     free(s->orph_tab); /* records went with their last kid */
-    for (int t = 1; t < TQKV_TIER_COUNT; t++)
+    for (int t = 1; t <= TQKV_TIER_DRAM; t++)
         tqkv__evq_fini(&s->q[t]);
+    tqkv_disk_close(s->disk);
     pthread_cond_destroy(&s->bg_cond);
     pthread_mutex_destroy(&s->bg_lock);
     pthread_mutex_destroy(&s->maint_lock);
@@ -1068,9 +1116,10 @@ entry_lookup_hold(tqkv_store_t *s, ns_rec_t *ns, const uint8_t *hash, size_t hle
     return e;
 }
 
-tqkv_status_t
-tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
-               size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes, int *duplicate)
+/* Puts into HBM/DRAM (the whole of tqkv_store_put without a disk tier). */
+static tqkv_status_t
+put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash, size_t parent_len,
+        const void *page, size_t len, uint64_t bf16_bytes, int *duplicate)
 {
     tqkv_status_t st;
     ns_rec_t *ns;
@@ -1270,6 +1319,60 @@ fail_alloc:
     return st;
 }
 
+tqkv_status_t
+tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
+               size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes, int *duplicate)
+{
+    tqkv_status_t st, dst;
+    int dup = 0;
+
+    if (duplicate)
+        *duplicate = 0;
+    if (s == NULL || s->disk == NULL || !valid_key(key) || page == NULL || len == 0 ||
+        len > UINT32_MAX || (parent_len > 0 && parent_hash == NULL) || parent_len > 64)
+        return put_ram(s, key, parent_hash, parent_len, page, len, bf16_bytes, duplicate);
+    if (tqkv_disk_contains(s->disk, key, NULL)) {
+        if (duplicate)
+            *duplicate = 1;
+        return TQKV_OK;
+    }
+    /* Quota over the namespace's disk bytes (everything is written through): drop its
+     * oldest disk records first. */
+    {
+        ns_rec_t *ns;
+        if ((st = ns_get(s, key->ns, key->ns_len, &ns)) != TQKV_OK)
+            return st;
+        uint64_t q = atomic_load(&ns->quota), used = 0, freed = 0;
+        uint64_t rb =
+            tqkv_disk_record_bytes((uint32_t)(key->ns_len + key->hash_len + parent_len), len);
+        if (q != 0) {
+            if (rb > q) {
+                cnt_add(&s->g.alloc_failures, 1);
+                cnt_add(&ns->c.alloc_failures, 1);
+                return TQKV_ENOSPC;
+            }
+            tqkv_disk_ns_usage(s->disk, key->ns, key->ns_len, NULL, &used, NULL, NULL);
+            if (used + rb > q)
+                tqkv_disk_evict_namespace(s->disk, key->ns, key->ns_len, used + rb - q, &freed);
+        }
+    }
+    st = put_ram(s, key, parent_hash, parent_len, page, len, bf16_bytes, &dup);
+    if (duplicate)
+        *duplicate = dup;
+    if (st != TQKV_OK && st != TQKV_ENOSPC)
+        return st;
+    if (dup)
+        return TQKV_OK;
+    /* Written through; with a full DRAM (ENOSPC: everything pinned or leased) the disk
+     * copy alone holds the page. */
+    dst = tqkv_disk_put(s->disk, key, parent_hash, parent_len, page, len, bf16_bytes);
+    if (dst == TQKV_OK)
+        return TQKV_OK;
+    if (st == TQKV_ENOSPC || s->cfg.disk_sync == TQKV_DISK_SYNC_ALWAYS)
+        return dst; /* not stored (or not durable, as --disk-sync always promises) */
+    return TQKV_OK; /* in DRAM; the disk error is counted (io_errors) and logged */
+}
+
 /* ---- get ---- */
 
 /* Copies the DRAM copy `old` of e into HBM when there is room below the high mark. */
@@ -1341,6 +1444,102 @@ crc_ok(const void *data, size_t len, int kind, uint32_t crc)
     return 1;
 }
 
+/* A miss in HBM/DRAM with a disk tier: reads the record (no store lock held; the thread
+ * waits for this one read), serves it from the read buffer and promotes a copy into
+ * DRAM. Takes r (freed on a miss). */
+static tqkv_status_t
+get_disk(tqkv_store_t *s, ns_rec_t *ns, const tqkv_block_key_t *key, tqkv_page_ref_t *r,
+         tqkv_page_ref_t **out)
+{
+    tqkv_disk_page_t p;
+    tqkv_status_t st = tqkv_disk_get(s->disk, key, &p);
+    if (st != TQKV_OK) {
+        /* Absent, failed its checks (dropped, counted) or unreadable (counted): a miss. */
+        free(r);
+        cnt_add(&s->g.misses, 1);
+        cnt_add(&ns->c.misses, 1);
+        return st == TQKV_ENOMEM ? st : TQKV_ENOTFOUND;
+    }
+    r->s = s;
+    r->c = NULL;
+    r->buf = p.buf; /* the record buffer; the page is inside it */
+    r->host = p.page;
+    r->len = (uint32_t)p.len;
+    r->tier = TQKV_TIER_DISK;
+    cnt_add(&s->g.hits[TQKV_TIER_DISK], 1);
+    cnt_add(&ns->c.hits[TQKV_TIER_DISK], 1);
+    cnt_add(&s->g.bytes_out, r->len);
+    cnt_add(&ns->c.bytes_out, r->len);
+    /* Promotion: the next Get is served from DRAM (best effort: a full DRAM of pinned
+     * pages keeps it on disk only). */
+    int dup = 0;
+    if (put_ram(s, key, p.parent_len ? p.parent : NULL, p.parent_len, p.page, p.len, p.bf16_bytes,
+                &dup) == TQKV_OK &&
+        !dup) {
+        cnt_add(&s->g.disk_promotions, 1);
+        cnt_add(&ns->c.disk_promotions, 1);
+    }
+    *out = r;
+    return TQKV_OK;
+}
+
+#define PREFETCH_BATCH 64
+
+void
+tqkv_store_prefetch(tqkv_store_t *s, const char *ns_name, size_t ns_len,
+                    const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                    uint32_t layer_begin, uint32_t layer_end)
+{
+    tqkv_block_key_t keys[PREFETCH_BATCH];
+    tqkv_disk_page_t pages[PREFETCH_BATCH];
+    tqkv_status_t sts[PREFETCH_BATCH];
+    uint64_t budget, fetched = 0;
+    size_t nk = 0;
+    ns_rec_t *ns;
+
+    if (s == NULL || s->disk == NULL || (ns_name == NULL && ns_len > 0) || hashes == NULL ||
+        hash_lens == NULL || layer_end <= layer_begin || layer_end > TQKV_STORE_MAX_LAYERS)
+        return;
+    if ((ns = ns_find(s, ns_name, ns_len)) == NULL)
+        return;
+    budget = tqkv_pool_capacity(s->pool[TQKV_TIER_DRAM]) / 2;
+    for (uint32_t l = layer_begin; l < layer_end && fetched < budget; l++) {
+        for (size_t i = 0; i <= n && fetched < budget; i++) {
+            if (i < n) {
+                if (hashes[i] == NULL || hash_lens[i] == 0 || hash_lens[i] > 64)
+                    continue;
+                tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
+                uint64_t hv = key_hash(ns->hv, hashes[i], hash_lens[i]), rb = 0;
+                stripe_t *sp = stripe_of(s, hv);
+                pthread_mutex_lock(&sp->lock);
+                entry_t *e = do_entry_find(sp, hv, ns, hashes[i], hash_lens[i], l);
+                pthread_mutex_unlock(&sp->lock);
+                if (e != NULL || !tqkv_disk_contains(s->disk, &k, &rb))
+                    continue;
+                keys[nk++] = k;
+                fetched += rb;
+            }
+            if (nk == PREFETCH_BATCH || (nk > 0 && (i == n || fetched >= budget))) {
+                tqkv_disk_get_many(s->disk, keys, nk, pages, sts);
+                for (size_t j = 0; j < nk; j++) {
+                    int dup = 0;
+                    if (sts[j] != TQKV_OK)
+                        continue;
+                    if (put_ram(s, &keys[j], pages[j].parent_len ? pages[j].parent : NULL,
+                                pages[j].parent_len, pages[j].page, pages[j].len,
+                                pages[j].bf16_bytes, &dup) == TQKV_OK &&
+                        !dup) {
+                        cnt_add(&s->g.disk_promotions, 1);
+                        cnt_add(&ns->c.disk_promotions, 1);
+                    }
+                    tqkv_disk_page_free(&pages[j]);
+                }
+                nk = 0;
+            }
+        }
+    }
+}
+
 tqkv_status_t
 tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out)
 {
@@ -1372,6 +1571,8 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
     e = do_entry_find(sp, hv, ns, key->hash, key->hash_len, key->layer);
     if (e == NULL) {
         pthread_mutex_unlock(&sp->lock);
+        if (s->disk != NULL)
+            return get_disk(s, ns, key, r, out);
         free(r);
         cnt_add(&s->g.misses, 1);
         cnt_add(&ns->c.misses, 1);
@@ -1458,7 +1659,8 @@ tqkv_page_ref_release(tqkv_page_ref_t *r)
     if (r == NULL)
         return;
     free(r->buf);
-    copy_release(r->s, r->c);
+    if (r->c != NULL)
+        copy_release(r->s, r->c);
     free(r);
 }
 
@@ -1492,13 +1694,20 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
             stripe_t *sp = stripe_of(s, hv);
             pthread_mutex_lock(&sp->lock);
             block_t *b = do_block_find(sp, hv, ns, hashes[i], hash_lens[i]);
-            if (b != NULL && b->nlayers >= num_layers) {
+            if (b != NULL && (b->nlayers >= num_layers || s->disk != NULL)) {
                 uint32_t l;
                 uint8_t slow = TQKV_TIER_HBM;
+                int ondisk = 0;
                 for (l = 0; l < num_layers; l++) {
-                    entry_t *e = b->layers[l];
-                    if (e == NULL)
-                        break;
+                    entry_t *e = l < b->nlayers ? b->layers[l] : NULL;
+                    if (e == NULL) {
+                        tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
+                        if (s->disk == NULL || !tqkv_disk_contains(s->disk, &k, NULL))
+                            break;
+                        slow = TQKV_TIER_DISK; /* disk-only layers take no lease */
+                        ondisk = 1;
+                        continue;
+                    }
                     if (e->cur->tier > slow)
                         slow = e->cur->tier;
                 }
@@ -1506,12 +1715,24 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
                     tier = slow;
                     if (running && until != 0)
                         for (l = 0; l < num_layers; l++) {
+                            if (ondisk && (l >= b->nlayers || b->layers[l] == NULL))
+                                continue;
                             _Atomic uint64_t *lu = &b->layers[l]->lease_until;
                             uint64_t cur = atomic_load_explicit(lu, memory_order_relaxed);
                             if (until > cur)
                                 atomic_store_explicit(lu, until, memory_order_relaxed);
                         }
                 }
+            }
+            if (b == NULL && s->disk != NULL) {
+                uint32_t l;
+                for (l = 0; l < num_layers; l++) {
+                    tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
+                    if (!tqkv_disk_contains(s->disk, &k, NULL))
+                        break;
+                }
+                if (l == num_layers)
+                    tier = TQKV_TIER_DISK;
             }
             pthread_mutex_unlock(&sp->lock);
         }
@@ -1544,27 +1765,42 @@ tqkv_store_delete(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
     if (s == NULL || (ns_name == NULL && ns_len > 0) || hash == NULL || hash_len == 0 ||
         hash_len > 64)
         return TQKV_EINVAL;
+    if (s->disk != NULL) {
+        uint64_t dp = 0, db = 0;
+        tqkv_status_t dst =
+            tqkv_disk_delete(s->disk, ns_name, ns_len, hash, hash_len, 0xFFFFFFFFu, &dp, &db);
+        if (dst != TQKV_OK)
+            return dst; /* the tombstone could not be written: a restart would revive it */
+        np = dp;
+        nb = db;
+    }
     ns = ns_find(s, ns_name, ns_len);
     if (ns == NULL)
-        return TQKV_OK;
+        goto out;
     uint64_t hv = key_hash(ns->hv, hash, hash_len);
     stripe_t *sp = stripe_of(s, hv);
     pthread_mutex_lock(&sp->lock);
     block_t *b = do_block_find(sp, hv, ns, hash, hash_len);
     if (b != NULL) {
+        uint64_t rp = 0, rbytes = 0;
         pthread_mutex_lock(&s->evict_lock);
         for (uint32_t l = 0; l < b->nlayers; l++) {
             entry_t *e = b->layers[l];
             if (e != NULL) {
-                np++;
-                nb += e->node.len;
+                rp++;
+                rbytes += e->node.len;
                 do_unlink(s, e, 0);
             }
         }
         pthread_mutex_unlock(&s->evict_lock);
         do_block_unlink_free(sp, b);
+        if (rp > np) { /* pages in RAM only (their disk write failed), or no disk tier */
+            np = rp;
+            nb = rbytes;
+        }
     }
     pthread_mutex_unlock(&sp->lock);
+out:
     if (pages)
         *pages = np;
     if (bytes)
@@ -1588,6 +1824,12 @@ tqkv_store_delete_namespace(tqkv_store_t *s, const char *ns_name, size_t ns_len,
     ns = ns_find(s, ns_name, ns_len);
     if (ns == NULL)
         return TQKV_ENOTFOUND;
+    uint64_t dp = 0, db = 0;
+    if (s->disk != NULL) {
+        tqkv_status_t dst = tqkv_disk_delete_namespace(s->disk, ns_name, ns_len, &dp, &db);
+        if (dst != TQKV_OK)
+            return dst;
+    }
     for (unsigned i = 0; i < NSTRIPES; i++) {
         stripe_t *sp = &s->stripes[i];
         pthread_mutex_lock(&sp->lock);
@@ -1617,6 +1859,10 @@ tqkv_store_delete_namespace(tqkv_store_t *s, const char *ns_name, size_t ns_len,
         pthread_mutex_unlock(&s->evict_lock);
         pthread_mutex_unlock(&sp->lock);
     }
+    if (dp > np) {
+        np = dp;
+        nb = db;
+    }
     if (pages)
         *pages = np;
     if (bytes)
@@ -1645,7 +1891,7 @@ tqkv_store_set_quota(tqkv_store_t *s, const char *ns_name, size_t ns_len, uint64
 /* ---- stats ---- */
 
 static void
-fill_stats(tqkv_store_t *s, counters_t *c, int whole, tqkv_store_stats_t *out)
+fill_stats(tqkv_store_t *s, counters_t *c, int whole, const ns_rec_t *ns, tqkv_store_stats_t *out)
 {
     memset(out, 0, sizeof(*out));
     for (int t = 1; t < TQKV_TIER_COUNT; t++) {
@@ -1669,6 +1915,30 @@ fill_stats(tqkv_store_t *s, counters_t *c, int whole, tqkv_store_stats_t *out)
         out->tier[TQKV_TIER_HBM].misses = out->misses + out->tier[TQKV_TIER_DRAM].hits;
         out->tier[TQKV_TIER_HBM].demotions = cnt_get(&c->demotions);
     }
+    if (s->disk != NULL) {
+        tqkv_tier_stats_t *ts = &out->tier[TQKV_TIER_DISK];
+        tqkv_disk_stats_t ds;
+        tqkv_disk_stats(s->disk, &ds);
+        ts->capacity = ds.capacity;
+        if (whole) {
+            ts->bytes_used = ds.bytes_used;
+            ts->pages = ds.pages;
+            ts->evictions = ds.evicted_records;
+        } else if (ns != NULL) {
+            tqkv_disk_ns_usage(s->disk, ns->name, ns->len, &ts->pages, &ts->bytes_used, NULL, NULL);
+        }
+        ts->hits = cnt_get(&c->hits[TQKV_TIER_DISK]);
+        ts->misses = out->misses;
+        ts->promotions = cnt_get(&c->disk_promotions); /* copied up into DRAM */
+        out->tier[TQKV_TIER_DRAM].demotions = cnt_get(&c->disk_demotions);
+        out->hits += ts->hits;
+        /* Every page is on disk (written through) and maybe in RAM too: the disk tier's
+         * count is the store's, unless RAM holds pages whose disk write failed. */
+        if (ts->pages > out->pages) {
+            out->pages = ts->pages;
+            out->page_bytes = ts->bytes_used;
+        }
+    }
     out->bytes_in = cnt_get(&c->bytes_in);
     out->bytes_out = cnt_get(&c->bytes_out);
     out->bf16_bytes = cnt_get(&c->bf16);
@@ -1681,17 +1951,17 @@ tqkv_store_stats(tqkv_store_t *s, const char *ns_name, size_t ns_len, tqkv_store
     if (s == NULL || out == NULL)
         return TQKV_EINVAL;
     if (ns_name == NULL && ns_len == 0) {
-        fill_stats(s, &s->g, 1, out);
+        fill_stats(s, &s->g, 1, NULL, out);
         return TQKV_OK;
     }
     ns_rec_t *ns = ns_find(s, ns_name, ns_len);
     if (ns == NULL) {
         static counters_t zero;
-        fill_stats(s, &zero, 0, out);
+        fill_stats(s, &zero, 0, NULL, out);
         out->quota_bytes = s->cfg.default_ns_quota; /* what it will get */
         return TQKV_OK;
     }
-    fill_stats(s, &ns->c, 0, out);
+    fill_stats(s, &ns->c, 0, ns, out);
     out->quota_bytes = atomic_load(&ns->quota);
     return TQKV_OK;
 }
@@ -1719,10 +1989,21 @@ tqkv_store_foreach_namespace(tqkv_store_t *s,
     pthread_rwlock_unlock(&s->ns_lock);
     for (size_t i = 0; i < n; i++) {
         tqkv_store_stats_t st;
-        fill_stats(s, &list[i]->c, 0, &st);
+        fill_stats(s, &list[i]->c, 0, list[i], &st);
         fn(arg, list[i]->name, list[i]->len, &st);
     }
     free(list);
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_store_disk_stats(tqkv_store_t *s, struct tqkv_disk_stats *out)
+{
+    if (s == NULL || out == NULL)
+        return TQKV_EINVAL;
+    if (s->disk == NULL)
+        return TQKV_ENOTFOUND;
+    tqkv_disk_stats(s->disk, out);
     return TQKV_OK;
 }
 

@@ -26,7 +26,8 @@ typedef enum tqkv_tier {
     TQKV_TIER_NONE = 0, /* not present */
     TQKV_TIER_HBM = 1,  /* device pool (or its DRAM stand-in without a GPU) */
     TQKV_TIER_DRAM = 2, /* host memory, own jemalloc arena */
-    TQKV_TIER_COUNT = 3
+    TQKV_TIER_DISK = 3, /* segment files below DRAM (cache/disk.h), written through */
+    TQKV_TIER_COUNT = 4
 } tqkv_tier_t;
 
 typedef enum tqkv_evict_policy {
@@ -54,16 +55,29 @@ typedef struct tqkv_store_config {
     int verify_crc;         /* check the page CRC on every get (TQKV_ECORRUPT on failure) */
     tqkv_evict_policy_t policy;
     uint64_t default_ns_quota; /* bytes per namespace, 0 = unlimited */
+    char disk_path[1024];      /* disk tier directory; "" = no disk tier */
+    uint64_t disk_capacity;    /* bytes of segment files */
+    int disk_sync;             /* tqkv_disk_sync_t (cache/disk.h): 0 none, 1 batch, 2 always */
 } tqkv_store_config_t;
 
 /* Fills cfg with defaults: 1 GiB DRAM, no HBM, watermarks 0.9/0.8, S3-FIFO. */
 void tqkv_store_config_default(tqkv_store_config_t *cfg);
 
-/* Creates a store; *out owned by the caller (tqkv_store_destroy). */
+/* Creates a store; *out owned by the caller (tqkv_store_destroy). With a disk tier
+ * (cfg->disk_path), opens it and rebuilds its index (warm restart); a failure is logged
+ * on stderr with its reason and returned (TQKV_EIO, TQKV_EFORMAT, ...). */
 tqkv_status_t tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out);
 
 /* Frees everything. Pages still pinned by readers must have been released first. */
 void tqkv_store_destroy(tqkv_store_t *s);
+
+/* Disk tier. Every Put is written through to the disk tier as well as to HBM/DRAM, so
+ * DRAM eviction demotes (the disk copy stays; counted as DRAM demotions), a restart finds
+ * everything, and --disk-sync always makes a Put durable before it returns (a disk
+ * error then fails the Put). A Get that misses HBM/DRAM reads the disk record (the
+ * calling thread waits for that one read, no store lock held), serves it from the read
+ * buffer (tier TQKV_TIER_DISK) and promotes a copy into DRAM. Disk records that fail
+ * their checks are misses (counted). Quotas count the namespace's disk bytes too. */
 
 /* Stores a copy of page[0..len) under key. parent_hash (may be NULL/0) links the block
  * to the previous block of its sequence. bf16_bytes is the size of the BF16 data the
@@ -79,6 +93,15 @@ tqkv_status_t tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key,
  * page is then dropped from the store, so the block reads as missing and can be put
  * again). */
 tqkv_status_t tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out);
+
+/* Disk tier: reads the disk-only pages among hashes[0..n) x layers [layer_begin,
+ * layer_end) of ns with all reads in flight at once and promotes them into DRAM (up to
+ * half of the DRAM capacity), so that the Gets that follow hit DRAM: a Get of many
+ * pages waits for about one disk read instead of one per page. No-op without a disk
+ * tier. Borrows everything. */
+void tqkv_store_prefetch(tqkv_store_t *s, const char *ns, size_t ns_len,
+                         const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                         uint32_t layer_begin, uint32_t layer_end);
 
 /* Host-readable bytes of a pinned page, borrowed until release. */
 const void *tqkv_page_ref_data(const tqkv_page_ref_t *r);
@@ -127,6 +150,10 @@ typedef struct tqkv_store_stats {
 /* Whole-store statistics (ns == NULL) or one namespace's. */
 tqkv_status_t tqkv_store_stats(tqkv_store_t *s, const char *ns, size_t ns_len,
                                tqkv_store_stats_t *out);
+
+struct tqkv_disk_stats;
+/* The disk tier's own counters (cache/disk.h); TQKV_ENOTFOUND without a disk tier. */
+tqkv_status_t tqkv_store_disk_stats(tqkv_store_t *s, struct tqkv_disk_stats *out);
 
 /* Calls fn for each namespace with its stats (for metrics). */
 tqkv_status_t tqkv_store_foreach_namespace(tqkv_store_t *s,

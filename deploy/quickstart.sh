@@ -25,7 +25,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target tqkv-server tqkv-bench >/dev/null
 
 SERVER=$BUILD/service/tqkv-server
-BENCH=$BUILD/transport/tqkv-bench
+BENCH=$BUILD/transport/bench/tqkv-bench
 LOG=$(mktemp -t tqkv-quickstart.XXXXXX)
 SERVER_PID=""
 
@@ -70,7 +70,7 @@ case $BENCH_RC in
   echo "socket); 'verify failures' (CRC and content checks of returned pages) and 'errors'"
   echo "(failed RPCs) must be 0. Baselines on this machine: raw TCP in messages of the mean Get"
   echo "message size (and of the 1 MiB BF16 block), Redis GET of the blocks as raw BF16. This run"
-  echo "mixes Puts and Gets, so the Get ratios are low; the README's decode-only command"
+  echo "mixes Puts and Gets, so the Get ratios are low; docs/benchmarks.md's decode-only command"
   echo "(--phase decode) measures Get against them."
   ;;
 3) echo "quickstart: FAILED: tqkv-bench found pages that came back wrong (verify failures)" ;;

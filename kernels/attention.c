@@ -15,13 +15,11 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
@@ -31,40 +29,19 @@
 
 enum { LEVEL_SCALAR = 1, LEVEL_AVX2 = 2, LEVEL_AVX512 = 3 };
 
-static int isa_cap; /* TQKV_ATTN_ISA_*, from TQKV_ATTN_ISA at first use */
-static int cpu_lvl; /* best LEVEL_* the CPU supports */
+static int isa_cap; /* TQKV_ATTN_ISA_*: tqkv_attn_set_isa_cap, or TQKV_ATTN_ISA at first use */
+static int cpu_lvl; /* best LEVEL_* usable (cpu.h: the CPU, capped by TQKV_ISA) */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
-
-#if defined(__x86_64__) || defined(__i386__)
-/* F16C from CPUID leaf 1 (ECX bit 29): clang 14 does not know "f16c" in
- * __builtin_cpu_supports. */
-static int
-cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    return (c & bit_F16C) != 0;
-}
-#endif
 
 static void
 isa_init(void)
 {
+    /* TQKV_ATTN_ISA: deprecated alias of TQKV_ISA that caps the attention kernels only */
     const char *e = getenv("TQKV_ATTN_ISA");
-    int lvl = LEVEL_SCALAR;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
-        __builtin_cpu_supports("bmi2")) {
-        lvl = LEVEL_AVX2;
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512vbmi"))
-            lvl = LEVEL_AVX512;
-    }
-#endif
-    cpu_lvl = lvl;
+    tqkv_isa_t lvl = tqkv_isa_level();
+    cpu_lvl = lvl == TQKV_ISA_AVX512 ? LEVEL_AVX512
+              : lvl == TQKV_ISA_AVX2 ? LEVEL_AVX2
+                                     : LEVEL_SCALAR;
     isa_cap = e && !strcmp(e, "scalar") ? TQKV_ATTN_ISA_SCALAR
               : e && !strcmp(e, "avx2") ? TQKV_ATTN_ISA_AVX2
                                         : TQKV_ATTN_ISA_BEST;

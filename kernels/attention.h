@@ -22,6 +22,10 @@
 #include "kernels/page.h"
 #include "kernels/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Options of tqkv_attn_decode. A value; tqkv_attn_opts_default fills the defaults. */
 typedef struct tqkv_attn_opts {
     uint32_t split_tokens; /* tokens per split-K work item (default 4096); 0 = no split;
@@ -76,8 +80,9 @@ tqkv_status_t tqkv_attn_bf16_ref(const float *q, uint32_t num_q_heads, const uin
 const char *tqkv_attn_isa(void);
 
 /* Caps the kernels used (for tests and benches; not thread-safe against concurrent attention
- * calls): TQKV_ATTN_ISA_BEST (default), _SCALAR, _AVX2. The environment variable
- * TQKV_ATTN_ISA=scalar|avx2 sets the initial cap. */
+ * calls): TQKV_ATTN_ISA_BEST (default), _SCALAR, _AVX2, below what TQKV_ISA admits (cpu.h:
+ * TQKV_ISA=scalar|avx2 caps every kernel, attention included). The environment variable
+ * TQKV_ATTN_ISA=scalar|avx2 (deprecated: use TQKV_ISA) sets the initial cap. */
 enum { TQKV_ATTN_ISA_BEST = 0, TQKV_ATTN_ISA_SCALAR = 1, TQKV_ATTN_ISA_AVX2 = 2 };
 void tqkv_attn_set_isa_cap(int cap);
 /* Same as tqkv_attn_set_isa_cap(on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST). */
@@ -178,5 +183,9 @@ void tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const u
                           uint32_t T, size_t stride, uint32_t D, float sm_scale, float *acc,
                           float *m, float *l, float *scratch, const void *pfk, const void *pfv,
                           size_t pf_bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,53 +12,12 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/simd_x86.h"
 #include "kernels/tq_math.h"
 
 #define TILE TQKV__ATTN_TILE
 #define MAXNB 8
 #define PF_DIST 8 /* tokens of key-row prefetch distance */ /* query heads per register batch */
-
-/* exp(x) for x in [-88, 88] (Cephes expf polynomial, ~1 ulp); smaller x gives ~1e-38. */
-static inline __m256
-exp256(__m256 x)
-{
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
-    __m256 fx, y, z;
-    __m256i e;
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, c1, x);
-    x = _mm256_fnmadd_ps(fx, c2, x);
-    z = _mm256_mul_ps(x, x);
-    y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    /* 2^fx in two halves so that fx = -127 stays representable (denormal-free scale). */
-    e = _mm256_cvtps_epi32(fx);
-    {
-        __m256i e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
-        __m256 p1 = _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23));
-        __m256 p2 = _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23));
-        return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
-    }
-}
-
-static inline float
-hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Horizontal sums of NB accumulators plus tail[h], stored to out[h * TILE]: four at a time
  * with two rounds of hadd (5 shuffles/adds for 4 sums instead of 4 x 5). */
@@ -69,48 +28,12 @@ hsum_nb(const __m256 *tot, const float *tail, const int NB, float *out)
         __m256 a = tot[h], b = h + 1 < NB ? tot[h + 1] : _mm256_setzero_ps();
         __m256 c = h + 2 < NB ? tot[h + 2] : _mm256_setzero_ps();
         __m256 d = h + 3 < NB ? tot[h + 3] : _mm256_setzero_ps();
-        __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        __m128 r = tqkv__hsum4x256(a, b, c, d);
         float f[4];
         _mm_storeu_ps(f, r);
         for (int j = 0; j < 4 && h + j < NB; j++)
             out[(h + j) * TILE] = f[j] + tail[h + j];
     }
-}
-
-/* Online-softmax update of one tile for head h: row holds the n scores and becomes the
- * probabilities relative to the new max. Returns alpha, the factor for the old state. */
-static inline float
-softmax_tile(float *row, uint32_t n, float *m, float *l)
-{
-    float mx = *m, alpha, sum;
-    uint32_t i = 0;
-    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8)
-        vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(row + i));
-    {
-        __m128 a = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-        a = _mm_max_ss(a, _mm_movehdup_ps(a));
-        mx = _mm_cvtss_f32(a);
-    }
-    for (; i < n; i++)
-        mx = row[i] > mx ? row[i] : mx;
-    alpha = expf(*m - mx);
-    vmx = _mm256_set1_ps(mx);
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmx));
-        _mm256_storeu_ps(row + i, p);
-        vs = _mm256_add_ps(vs, p);
-    }
-    sum = hsum256(vs);
-    for (; i < n; i++) {
-        row[i] = expf(row[i] - mx);
-        sum += row[i];
-    }
-    *l = *l * alpha + sum;
-    *m = mx;
-    return alpha;
 }
 
 /* ---- packed streams ---- */
@@ -329,7 +252,7 @@ tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
 #undef SCORE
         }
         for (uint32_t h = 0; h < G; h++) {
-            float alpha = softmax_tile(sc + h * TILE, n, &tk->m[h], &tk->l[h]);
+            float alpha = tqkv__softmax_tile(sc + h * TILE, n, &tk->m[h], &tk->l[h]);
             if (alpha != 1.0f) {
                 __m256 va = _mm256_set1_ps(alpha);
                 for (uint32_t s = 0; s < tk->nv; s++) {
@@ -411,13 +334,6 @@ tqkv__attn_hadamard_avx2(const float *signs, uint32_t n, const float *x, float *
 
 /* ---- BF16 baseline ---- */
 
-static inline __m256
-bf16x8(const uint16_t *p)
-{
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
 static inline __attribute__((always_inline)) void
 bf16_score_tile(const float *q, const uint16_t *k, const uint16_t *v, size_t stride, uint32_t D,
                 uint32_t t0, uint32_t n, uint32_t h0, const int NB, float sm_scale, float *sc)
@@ -438,7 +354,7 @@ bf16_score_tile(const float *q, const uint16_t *k, const uint16_t *v, size_t str
             tail[h] = 0.0f;
         }
         for (uint32_t c = 0; c < nc; c++) {
-            __m256 z = bf16x8(row + 8 * c);
+            __m256 z = tqkv__load_bf16x8(row + 8 * c);
             for (int h = 0; h < NB; h++)
                 acc[h] =
                     _mm256_fmadd_ps(z, _mm256_loadu_ps(q + (size_t)(h0 + h) * D + 8 * c), acc[h]);
@@ -464,7 +380,7 @@ bf16_value_tile(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint3
         for (int h = 0; h < NB; h++)
             a[h] = _mm256_loadu_ps(out + (size_t)(h0 + h) * D + 8 * c);
         for (uint32_t i = 0; i < n; i++) {
-            __m256 z = bf16x8(v + (size_t)(t0 + i) * stride + 8 * c);
+            __m256 z = tqkv__load_bf16x8(v + (size_t)(t0 + i) * stride + 8 * c);
             for (int h = 0; h < NB; h++)
                 a[h] = _mm256_fmadd_ps(z, _mm256_broadcast_ss(w + (h0 + h) * TILE + i), a[h]);
         }
@@ -496,7 +412,7 @@ tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16
 #undef SCORE
         }
         for (uint32_t h = 0; h < G; h++) {
-            float alpha = softmax_tile(sc + h * TILE, n, &m[h], &l[h]);
+            float alpha = tqkv__softmax_tile(sc + h * TILE, n, &m[h], &l[h]);
             if (alpha != 1.0f) {
                 __m256 va = _mm256_set1_ps(alpha);
                 float *a = out + (size_t)h * D;

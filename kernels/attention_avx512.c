@@ -13,106 +13,28 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "kernels/simd_x86.h"
 #include "kernels/tq_math.h"
 
 #define TILE TQKV__ATTN_TILE
 #define MAXNB 8
 #define PF_DIST 8 /* tokens of key-row prefetch distance */
 
-static inline __m256
-exp256(__m256 x)
-{
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
-    __m256 fx, y, z;
-    __m256i e, e1, e2;
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, c1, x);
-    x = _mm256_fnmadd_ps(fx, c2, x);
-    z = _mm256_mul_ps(x, x);
-    y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    e = _mm256_cvtps_epi32(fx);
-    e1 = _mm256_srai_epi32(e, 1);
-    e2 = _mm256_sub_epi32(e, e1);
-    return _mm256_mul_ps(
-        _mm256_mul_ps(y, _mm256_castsi256_ps(
-                             _mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23))),
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23)));
-}
-
-static inline float
-hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256
-fold512(__m512 v)
-{
-    return _mm256_add_ps(_mm512_castps512_ps256(v),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
 /* Horizontal sums of NB accumulators plus tail[h], stored to out[h * TILE]. */
 static inline __attribute__((always_inline)) void
 hsum_nb(const __m512 *tot, const float *tail, const int NB, float *out)
 {
     for (int h = 0; h < NB; h += 4) {
-        __m256 a = fold512(tot[h]);
-        __m256 b = h + 1 < NB ? fold512(tot[h + 1]) : _mm256_setzero_ps();
-        __m256 c = h + 2 < NB ? fold512(tot[h + 2]) : _mm256_setzero_ps();
-        __m256 d = h + 3 < NB ? fold512(tot[h + 3]) : _mm256_setzero_ps();
-        __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        __m256 a = tqkv__fold512(tot[h]);
+        __m256 b = h + 1 < NB ? tqkv__fold512(tot[h + 1]) : _mm256_setzero_ps();
+        __m256 c = h + 2 < NB ? tqkv__fold512(tot[h + 2]) : _mm256_setzero_ps();
+        __m256 d = h + 3 < NB ? tqkv__fold512(tot[h + 3]) : _mm256_setzero_ps();
+        __m128 r = tqkv__hsum4x256(a, b, c, d);
         float f[4];
         _mm_storeu_ps(f, r);
         for (int j = 0; j < 4 && h + j < NB; j++)
             out[(h + j) * TILE] = f[j] + tail[h + j];
     }
-}
-
-static inline float
-softmax_tile(float *row, uint32_t n, float *m, float *l)
-{
-    float mx = *m, alpha, sum;
-    uint32_t i = 0;
-    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8)
-        vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(row + i));
-    {
-        __m128 a = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-        a = _mm_max_ss(a, _mm_movehdup_ps(a));
-        mx = _mm_cvtss_f32(a);
-    }
-    for (; i < n; i++)
-        mx = row[i] > mx ? row[i] : mx;
-    alpha = expf(*m - mx);
-    vmx = _mm256_set1_ps(mx);
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmx));
-        _mm256_storeu_ps(row + i, p);
-        vs = _mm256_add_ps(vs, p);
-    }
-    sum = hsum256(vs);
-    for (; i < n; i++) {
-        row[i] = expf(row[i] - mx);
-        sum += row[i];
-    }
-    *l = *l * alpha + sum;
-    *m = mx;
-    return alpha;
 }
 
 /* ---- packed streams ---- */
@@ -443,7 +365,7 @@ tqkv__attn_task_avx512(const tqkv__attn_task_t *tk)
 #undef SCORE
         }
         for (uint32_t h = 0; h < G; h++) {
-            float alpha = softmax_tile(sc + h * TILE, n, &tk->m[h], &tk->l[h]);
+            float alpha = tqkv__softmax_tile(sc + h * TILE, n, &tk->m[h], &tk->l[h]);
             if (alpha != 1.0f)
                 for (uint32_t s = 0; s < tk->nv; s++)
                     rescale(tk->acc[s] + (size_t)h * tk->v[s].gdim, tk->v[s].gdim, alpha);
@@ -469,13 +391,6 @@ tqkv__attn_task_avx512(const tqkv__attn_task_t *tk)
 }
 
 /* ---- BF16 baseline ---- */
-
-static inline __m512
-bf16x16(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
 
 /* Same structure as the packed kernel: per 16 tokens, 16-lane partial dot products to
  * part[][16][16] and one reduce16 per head. */
@@ -507,7 +422,7 @@ bf16_score_tile(const float *q, const uint16_t *k, const uint16_t *v, size_t str
             for (int h = 0; h < NB; h++)
                 acc[h] = _mm512_setzero_ps();
             for (uint32_t c = 0; c < nc; c++) {
-                __m512 z = bf16x16(row + 16 * c);
+                __m512 z = tqkv__load_bf16x16(row + 16 * c);
                 for (int h = 0; h < NB; h++)
                     acc[h] = _mm512_fmadd_ps(z, _mm512_loadu_ps(q + (size_t)(h0 + h) * D + 16 * c),
                                              acc[h]);
@@ -544,7 +459,7 @@ bf16_value_pass(const uint16_t *v, size_t stride, uint32_t D, uint32_t t0, uint3
         const uint16_t *row = v + (size_t)(t0 + i) * stride + 16 * c;
         __m512 z[4];
         for (int k = 0; k < CB; k++)
-            z[k] = bf16x16(row + 16 * k);
+            z[k] = tqkv__load_bf16x16(row + 16 * k);
         for (int h = 0; h < NB; h++) {
             __m512 wv = _mm512_set1_ps(w[(h0 + h) * TILE + i]);
             for (int k = 0; k < CB; k++)
@@ -590,7 +505,7 @@ tqkv__attn_bf16_avx512(const float *q, uint32_t G, const uint16_t *k, const uint
 #undef SCORE
         }
         for (uint32_t h = 0; h < G; h++) {
-            float alpha = softmax_tile(sc + h * TILE, n, &m[h], &l[h]);
+            float alpha = tqkv__softmax_tile(sc + h * TILE, n, &m[h], &l[h]);
             if (alpha != 1.0f)
                 rescale(out + (size_t)h * D, D, alpha);
         }

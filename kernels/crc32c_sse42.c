@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/page_internal.h"
 
 #define POLY 0x82f63b78u /* CRC32C, reflected */
 #define LANE_BIG 8192u

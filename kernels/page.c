@@ -5,7 +5,7 @@
  * shared tqkv_group_encode_vec / tqkv_group_decode_vec of tq_math.h (the CUDA kernels
  * run the same code). tqkv_page_encode / tqkv_page_decode_* take the same route except
  * for mse groups with g a multiple of 16, which go through the SIMD kernels chosen once
- * at run time (page_avx512.c, page_avx2.c; TQKV_ISA=avx2 or scalar caps the choice):
+ * at run time (page_avx512.c, page_avx2.c; cpu.h: TQKV_ISA=avx2 or scalar caps the choice):
  * Hadamard groups (every power-of-two head dim, both groups of 3.5 bits) and dense ones
  * (the 3d/4 group of 2.5 bits, non-power-of-two head dims; rotation.h). Those produce
  * the same bytes except for coordinates within float rounding of a decision threshold
@@ -28,6 +28,8 @@
 #include <string.h>
 
 #include "kernels/codebook.h"
+#include "kernels/cpu.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
@@ -48,25 +50,16 @@ static page_kernels_t kern = {
     "scalar", NULL, NULL, NULL, NULL, NULL, tqkv_crc32c_ref, tqkv_crc32c_copy_ref};
 static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
 
-/* TQKV_ISA=scalar|avx2 caps the level (tests run every path on one machine). */
+/* The best kernels tqkv_cpu_usable() admits (cpu.h; TQKV_ISA=scalar|avx2 caps them). */
 static void
 kern_init(void)
 {
-    const char *force = getenv("TQKV_ISA");
-    int cap = 2; /* 0 scalar, 1 avx2, 2 avx512 */
-    if (force && !strcmp(force, "scalar"))
-        cap = 0;
-    else if (force && !strcmp(force, "avx2"))
-        cap = 1;
-    __builtin_cpu_init();
-    if (cap > 0 && __builtin_cpu_supports("sse4.2"))
+    const tqkv_cpu_t *c = tqkv_cpu_usable();
+    if (c->sse42_pclmul)
         kern.crc = tqkv__crc32c_sse42, kern.crc_copy = tqkv__crc32c_copy_sse42;
-    if (cap >= 2 && kern.crc == tqkv__crc32c_sse42 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vpclmulqdq") &&
-        __builtin_cpu_supports("pclmul"))
+    if (c->vpclmul)
         kern.crc = tqkv__crc32c_vpclmul, kern.crc_copy = tqkv__crc32c_copy_vpclmul;
-    if (cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("bmi2")) {
+    if (c->avx2) {
         kern.isa = "avx2";
         kern.enc_had = tqkv__page_enc_had_avx2;
         kern.dec_had = tqkv__page_dec_had_avx2;
@@ -74,9 +67,7 @@ kern_init(void)
         kern.dec_dense = tqkv__page_dec_dense_avx2;
         kern.rows_mm = tqkv__rows_matmul_avx2;
     }
-    if (cap >= 2 && kern.enc_had && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi")) {
+    if (c->avx512) {
         kern.isa = "avx512";
         kern.enc_had = tqkv__page_enc_had_avx512;
         kern.dec_had = tqkv__page_dec_had_avx512;
@@ -728,8 +719,8 @@ static pthread_once_t accum_once = PTHREAD_ONCE_INIT;
 static void
 accum_init(void)
 {
-    __builtin_cpu_init();
-    accum_isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+    const tqkv_cpu_t *c = tqkv_cpu_usable();
+    accum_isa = c->avx512f ? 2 : c->avx2 ? 1 : 0;
 }
 
 static void
@@ -761,11 +752,7 @@ static pthread_once_t vbmi2_once = PTHREAD_ONCE_INIT;
 static void
 vbmi2_init(void)
 {
-    const char *force = getenv("TQKV_ISA");
-    __builtin_cpu_init();
-    have_vbmi2 = !(force && (!strcmp(force, "scalar") || !strcmp(force, "avx2"))) &&
-                 __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vbmi2");
+    have_vbmi2 = tqkv_cpu_usable()->avx512_vbmi2;
 }
 
 /* Rows x + t * xs (D BF16 channels, D a multiple of 32) into o + t * D as the channels

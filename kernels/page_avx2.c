@@ -25,7 +25,9 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
+#include "kernels/simd_x86.h"
 #include "kernels/tq_math.h"
 
 /* In-place FWHT of v[nv] (g = 8 nv floats). With nv a constant after inlining the
@@ -60,22 +62,6 @@ fwht_avx2(__m256 *v, const uint32_t nv)
                 v[j] = _mm256_add_ps(x, c);
                 v[j + h] = _mm256_sub_ps(x, c);
             }
-}
-
-static inline float
-hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256
-load_bf16(const uint16_t *p)
-{
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 /* Index of y among the ascending thresholds thr[0..2^bits-2]: the count of thresholds
@@ -208,7 +194,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 #pragma GCC unroll 4
             for (uint32_t k2 = 0; k2 < nb; k2 += 2) {
                 const uint32_t j = 8 * (b0 + k2);
-                __m256 a = load_bf16(xr + j), b = load_bf16(xr + j + 8);
+                __m256 a = tqkv__load_bf16x8(xr + j), b = tqkv__load_bf16x8(xr + j + 8);
                 if (mu) {
                     a = _mm256_sub_ps(a, _mm256_loadu_ps(mu + j));
                     b = _mm256_sub_ps(b, _mm256_loadu_ps(mu + j + 8));
@@ -229,7 +215,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
                     w[b0 + q] = r[q];
             }
         }
-        ss = hsum(_mm256_add_ps(acc0, acc1));
+        ss = tqkv__hsum256(_mm256_add_ps(acc0, acc1));
         if (!(ss >= 1e-30f && ss <= 1e36f))
             return i;
         s = sqrtf(ss);
@@ -288,7 +274,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
 #pragma GCC unroll 16
             for (uint32_t q = 0; q < nv; q++) /* in coordinate order, as before */
                 zacc = _mm256_fmadd_ps(zb[q], zb[q], zacc);
-            zn2 = hsum(zacc);
+            zn2 = tqkv__hsum256(zacc);
             A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(zn2 > 0 ? s / sqrtf(zn2) : s / sg);
         } else {
             A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(s / sg);
@@ -655,7 +641,7 @@ enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
                     acc0 = _mm256_fmadd_ps(a, a, acc0);
                 _mm256_storeu_ps(xb + (size_t)r * g + j, a);
             }
-            ss = hsum(_mm256_add_ps(acc0, acc1));
+            ss = tqkv__hsum256(_mm256_add_ps(acc0, acc1));
             if (!(ss >= 1e-30f && ss <= 1e36f)) { /* the caller encodes row i + r */
                 R = r;
                 stop = 1;

@@ -18,7 +18,9 @@
 #include <string.h>
 
 #include "kernels/page.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
+#include "kernels/simd_x86.h"
 #include "kernels/tq_math.h"
 
 /* In-place FWHT of v[nv] (g = 16 nv floats). */
@@ -47,13 +49,6 @@ fwht512(__m512 *v, const uint32_t nv)
                 v[j] = _mm512_add_ps(x, c);
                 v[j + h] = _mm512_sub_ps(x, c);
             }
-}
-
-static inline __m512
-load_bf16(const uint16_t *p)
-{
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 static const uint64_t lane_mask[5] = {0, 0x0101010101010101ull, 0x0303030303030303ull,
@@ -158,7 +153,7 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
         float ss, s;
 #pragma GCC unroll 16
         for (uint32_t j = 0; j < nv; j++) {
-            __m512 a = load_bf16(xr + 16 * j);
+            __m512 a = tqkv__load_bf16x16(xr + 16 * j);
             if (mu)
                 a = _mm512_sub_ps(a, _mm512_loadu_ps(mu + 16 * j));
             if (j & 1)
@@ -405,7 +400,7 @@ enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
             __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
             float ss;
             for (uint32_t j = 0; j < nv; j++) {
-                __m512 a = load_bf16(xr + 16 * j);
+                __m512 a = tqkv__load_bf16x16(xr + 16 * j);
                 if (mu)
                     a = _mm512_sub_ps(a, _mm512_loadu_ps(mu + 16 * j));
                 if (j & 1)

@@ -38,6 +38,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__CUDACC__)
 #define TQKV_HD static inline __host__ __device__
 #else
@@ -211,5 +215,9 @@ tqkv_bits_split(uint32_t bits_x2, uint32_t d, uint32_t *hi_bits, uint32_t *lo_bi
         return -1;
     }
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -54,6 +54,15 @@ tqkv_policy_default(tqkv_policy_t *p)
     p->seed = 0x7451564b43414348ull; /* "TQKVCACH" */
 }
 
+void
+tqkv_policy_default_codec(tqkv_block_codec_t *out)
+{
+    tqkv_policy_t p;
+    tqkv_policy_default(&p);
+    /* layer boundary_layers of a model of unknown depth: the first middle layer */
+    tqkv_policy_block_codec(&p, p.boundary_layers, 0, out);
+}
+
 static tqkv_status_t
 check_tensor(const tqkv_tensor_codec_t *t, const char *name, char *err, size_t errlen)
 {

@@ -10,6 +10,10 @@
 #include "kernels/page.h"
 #include "kernels/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tqkv_policy {
     tqkv_tensor_codec_t k, v;                   /* middle layers */
     tqkv_tensor_codec_t k_boundary, v_boundary; /* first/last boundary_layers layers */
@@ -19,8 +23,14 @@ typedef struct tqkv_policy {
     uint64_t seed;
 } tqkv_policy_t;
 
-/* The measured defaults (see README, "KV policy"). */
+/* The measured defaults (see docs/design.md, "KV policy"): the one definition of the
+ * default policy, used by the server (service/config.c) and by tqkv-codec (kernels/cli/). */
 void tqkv_policy_default(tqkv_policy_t *p);
+
+/* The block codec of a middle (non-boundary) layer under tqkv_policy_default(): what a
+ * default server stores for such a block, and what tqkv-codec encode-kv and encode use
+ * unless their flags say otherwise. */
+void tqkv_policy_default_codec(tqkv_block_codec_t *out);
 
 /* Checks every field; a one-line reason in err on failure (TQKV_EINVAL). */
 tqkv_status_t tqkv_policy_check(const tqkv_policy_t *p, char *err, size_t errlen);
@@ -34,5 +44,9 @@ void tqkv_policy_block_codec(const tqkv_policy_t *p, uint32_t layer, uint32_t nu
 tqkv_status_t tqkv_bits_parse(const char *s, uint8_t *bits_x2);
 /* Same from a float (exact halves only). */
 tqkv_status_t tqkv_bits_from_float(float bits, uint8_t *bits_x2);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -42,23 +42,4 @@ void tqkv_rotation_apply(const tqkv_rotation_t *r, const float *x, float *y);
 /* x = M^T y. */
 void tqkv_rotation_apply_t(const tqkv_rotation_t *r, const float *y, float *x);
 
-/* ---- internal: SIMD encode / decode of dense-rotation mse groups (tqkv__, not API) ----
- * The contract of tqkv__page_enc_had_* / tqkv__page_dec_had_* (kernels/page.h; signs
- * unused) for a group under a dense rotation with g a multiple of 16: y = Pi x is taken
- * for blocks of rows at once as rows times mt = Pi^T (matrix_t), so the matrix streams
- * from L1 once per block. Decode sums x = Pi^T z in the order of tqkv_matvec_t with
- * separate multiplies and adds, so it rounds exactly as the reference; encode uses FMA
- * and scales after the rotation (near-ties only, as the Hadamard kernels). */
-struct tqkv__enc_rows;
-struct tqkv__dec_rows;
-size_t tqkv__page_enc_dense_avx512(const struct tqkv__enc_rows *a, const float *mt);
-void tqkv__page_dec_dense_avx512(const struct tqkv__dec_rows *a, const float *m);
-size_t tqkv__page_enc_dense_avx2(const struct tqkv__enc_rows *a, const float *mt);
-void tqkv__page_dec_dense_avx2(const struct tqkv__dec_rows *a, const float *m);
-/* y[r] = x[r] a for n rows of g floats (g a multiple of 16), a [g][g] row-major: per
- * output the sum over i in order from 0.f with separate multiplies and adds, so x a = the
- * tqkv_matvec_t(a, x) of tq_math.h bit for bit (the QJL term of prod decode). */
-void tqkv__rows_matmul_avx512(const float *a, uint32_t g, const float *x, float *y, size_t n);
-void tqkv__rows_matmul_avx2(const float *a, uint32_t g, const float *x, float *y, size_t n);
-
 #endif

@@ -7,6 +7,10 @@
 #ifndef TQKV_KERNELS_STATUS_H
 #define TQKV_KERNELS_STATUS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TQKV_STATUS_MAP(X)                                                                         \
     X(OK, "ok")                                                                                    \
     X(EINVAL, "invalid argument")                                                                  \
@@ -41,5 +45,9 @@ const char *tqkv_strerror(tqkv_status_t st);
 
 /* Returns the enum's name without prefix ("EINVAL"), static. */
 const char *tqkv_status_name(tqkv_status_t st);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -2,6 +2,9 @@
  * device cache of rotations and codebooks, group codec resolution, and small device
  * helpers (parallel FWHT, warp reductions). Included only by kernels/*.cu.
  *
+ * The tests also build the .cu files as host C++ on a SIMT emulator (tests/gpu.cmake
+ * force-includes tests/gpu/simt_emu.h there); nothing here refers to the tests.
+ *
  * The device cache (cuda_common.cu) maps (device, kind, dim, bits, seed) to device
  * memory uploaded once and kept for the life of the process; a mutex protects the
  * table, and the upload of a new entry happens under it (rare, synchronous).
@@ -11,11 +14,6 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-
-#ifdef TQKV_SIMT_EMU
-/* Host build of the kernels for tests/gpu (a SIMT emulator runs them on the CPU). */
-#include "tests/gpu/simt_emu.h"
-#endif
 
 #include "kernels/cuda.h"
 #include "kernels/page_format.h"

@@ -14,79 +14,21 @@
 
 typedef enum opt_kind { OPT_VALUE, OPT_BOOL } opt_kind_t;
 
+/* Sets one option: codec policy settings go to *pol (&cfg->policy, or a namespace's
+ * policy). v is the value (OPT_VALUE: non-empty), b the parsed value of an OPT_BOOL.
+ * Returns NULL, or why v is not valid. */
+typedef const char *(*opt_set_fn)(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v,
+                                  int b);
+
 typedef struct opt {
     const char *name; /* flag without "--" */
     const char *env;  /* environment variable */
     opt_kind_t kind;
     const char *arg; /* value placeholder for --help */
     const char *help;
-    int ns; /* 1: also a key of --namespace-policy specs (a codec policy setting) */
+    int ns;         /* 1: also a key of --namespace-policy specs (a codec policy setting) */
+    opt_set_fn set; /* NULL: handled by the parser itself (--namespace-policy) */
 } opt_t;
-
-static const opt_t opts[] = {
-    {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
-     "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0},
-    {"node-id", "TQKV_NODE_ID", OPT_VALUE, "NAME",
-     "stable identity clients rank this server by (default: HOSTNAME:PORT, e.g. "
-     "tqkv-0:50051 in a StatefulSet: stable across restarts, unique per host)",
-     0},
-    {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0},
-    {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
-     "encode/decode pool threads (default: CPU count)", 0},
-    {"dram-capacity", "TQKV_DRAM_CAPACITY", OPT_VALUE, "BYTES",
-     "DRAM tier capacity, K/M/G/T suffixes (default 1G)", 0},
-    {"hbm-capacity", "TQKV_HBM_CAPACITY", OPT_VALUE, "BYTES", "HBM tier capacity (default 0: none)",
-     0},
-    {"hbm-standin", "TQKV_HBM_STANDIN", OPT_BOOL, NULL,
-     "back the HBM tier with host memory (no GPU needed)", 0},
-    {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)", 0},
-    {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_VALUE, "BYTES",
-     "largest gRPC message received or sent (default 64M)", 0},
-    {"max-streams", "TQKV_MAX_STREAMS", OPT_VALUE, "N",
-     "concurrent streams per connection (default 256)", 0},
-    {"key-bits", "TQKV_KEY_BITS", OPT_VALUE, "B", "key bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1},
-    {"value-bits", "TQKV_VALUE_BITS", OPT_VALUE, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1},
-    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod", "key quantizer", 1},
-    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod", "value quantizer", 1},
-    {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_VALUE, "N",
-     "first/last N layers at boundary precision", 1},
-    {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_VALUE, "B", "key bits of boundary layers",
-     1},
-    {"boundary-value-bits", "TQKV_BOUNDARY_VALUE_BITS", OPT_VALUE, "B",
-     "value bits of boundary layers", 1},
-    {"rotation", "TQKV_ROTATION", OPT_VALUE, "dense|hadamard", "random rotation kind", 1},
-    {"norm-correction", "TQKV_NORM_CORRECTION", OPT_BOOL, NULL,
-     "store ||x||/||c[idx]|| so decoded vectors keep their norm", 1},
-    {"key-centering", "TQKV_KEY_CENTERING", OPT_BOOL, NULL,
-     "subtract each block's per-channel key mean before encoding", 1},
-    {"seed", "TQKV_SEED", OPT_VALUE, "U64", "rotation/QJL seed", 1},
-    {"namespace-policy", "TQKV_NAMESPACE_POLICY", OPT_VALUE, "NS:KEY=V,...",
-     "codec policy of namespace NS (NS* = every namespace with that prefix; repeatable, "
-     "the variable separates specs with ';'; see below)",
-     0},
-    {"eviction", "TQKV_EVICTION", OPT_VALUE, "lru|s3fifo", "eviction order (default s3fifo)", 0},
-    {"ns-quota", "TQKV_NS_QUOTA", OPT_VALUE, "BYTES", "per-namespace quota (default 0: none)", 0},
-    {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read", 0},
-    {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_VALUE, "HOST:PORT",
-     "serve Prometheus /metrics here (default: off)", 0},
-    {"data-listen", "TQKV_DATA_LISTEN", OPT_VALUE, "HOST:PORT",
-     "accept TCP data channels here (Get with TRANSPORT_TCP; unencrypted, so not with "
-     "--tls-cert; default: off)",
-     0},
-    {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
-     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0},
-    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)", 0},
-    {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)", 0},
-    {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_VALUE, "FILE",
-     "require client certificates signed by this CA (mutual TLS)", 0},
-    {"drain-seconds", "TQKV_DRAIN_SECONDS", OPT_VALUE, "S",
-     "on SIGTERM, time in-flight streams get to finish (default 20)", 0},
-    {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0},
-    {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0},
-    {"help", NULL, OPT_BOOL, NULL, "print this help and exit", 0},
-    {"version", NULL, OPT_BOOL, NULL, "print the version and build (ISA, CUDA, NCCL) and exit", 0},
-};
-#define N_OPTS (sizeof opts / sizeof opts[0])
 
 static unsigned
 cpu_count(void)
@@ -231,6 +173,45 @@ listen_ok(const char *v)
     return 1;
 }
 
+/* ---- setters, one per option (the table below names them) ---- */
+
+#define WHY_LISTEN "expected HOST:PORT with a port in 0..65535"
+#define WHY_BYTES "expected a byte count such as 512M or 8G"
+#define WHY_BITS "expected 1, 1.5, 2, 2.5, 3, 3.5 or 4"
+#define WHY_PATH "path too long"
+
+static const char *
+set_listen(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return !listen_ok(v) || copy_str(cfg->listen, sizeof cfg->listen, v) ? WHY_LISTEN : NULL;
+}
+
+static const char *
+set_metrics_listen(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return !listen_ok(v) || copy_str(cfg->metrics_listen, sizeof cfg->metrics_listen, v)
+               ? WHY_LISTEN
+               : NULL;
+}
+
+static const char *
+set_data_listen(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return !listen_ok(v) || copy_str(cfg->data_listen, sizeof cfg->data_listen, v) ? WHY_LISTEN
+                                                                                   : NULL;
+}
+
+/* An integer in 1..1024 (thread counts). */
+static const char *
+threads_of(const char *v, unsigned *out)
+{
+    unsigned long long u;
+    if (parse_uint(v, 1024, &u) != TQKV_OK || u == 0)
+        return "expected an integer in 1..1024";
+    *out = (unsigned)u;
+    return NULL;
+}
+
 /* A node id: printable ASCII without blanks (it goes into log lines and metric labels). */
 static int
 node_id_ok(const char *v)
@@ -241,17 +222,406 @@ node_id_ok(const char *v)
     return 1;
 }
 
-/* Applies one option; codec policy settings go to *pol (&cfg->policy, or a namespace's
- * policy); `src` names where it came from for the error line. */
+static const char *
+set_node_id(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return !node_id_ok(v) || copy_str(cfg->node_id, sizeof cfg->node_id, v)
+               ? "expected 1..255 printable characters, no blanks"
+               : NULL;
+}
+
+static const char *
+set_threads(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return threads_of(v, &cfg->threads);
+}
+
+static const char *
+set_encoder_threads(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return threads_of(v, &cfg->encoder_threads);
+}
+
+static const char *
+set_dram_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
+        return WHY_BYTES;
+    if (bytes == 0)
+        return "must be greater than 0";
+    cfg->store.dram_capacity = bytes;
+    return NULL;
+}
+
+static const char *
+set_hbm_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
+        return WHY_BYTES;
+    cfg->store.hbm_capacity = bytes;
+    return NULL;
+}
+
+static const char *
+set_ns_quota(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
+        return WHY_BYTES;
+    cfg->store.default_ns_quota = bytes;
+    return NULL;
+}
+
+static const char *
+set_max_message_bytes(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
+        return WHY_BYTES;
+    if (bytes < 4096 || bytes > 0x7fffffffull)
+        return "must be in 4K..2G-1";
+    cfg->max_message_bytes = bytes;
+    return NULL;
+}
+
+static const char *
+set_device(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, 1023, &u) != TQKV_OK)
+        return "expected a CUDA device index";
+    cfg->store.device = (int)u;
+    return NULL;
+}
+
+static const char *
+set_disk_path(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->store.disk_path, sizeof cfg->store.disk_path, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_disk_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK || bytes < (1u << 20))
+        return "expected a byte count of at least 1M, such as 500G";
+    cfg->store.disk_capacity = bytes;
+    return NULL;
+}
+
+static const char *
+set_disk_sync(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    int m = !strcmp(v, "none") ? 0 : !strcmp(v, "batch") ? 1 : !strcmp(v, "always") ? 2 : -1;
+    if (m < 0)
+        return "expected none, batch or always";
+    cfg->store.disk_sync = m;
+    return NULL;
+}
+
+static const char *
+set_max_streams(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, 1u << 20, &u) != TQKV_OK || u == 0)
+        return "expected an integer in 1..1048576";
+    cfg->max_streams = (unsigned)u;
+    return NULL;
+}
+
+static const char *
+set_drain_seconds(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, 3600, &u) != TQKV_OK)
+        return "expected seconds in 0..3600";
+    cfg->drain_seconds = (unsigned)u;
+    return NULL;
+}
+
+static const char *
+set_key_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint8_t b2;
+    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
+        return WHY_BITS;
+    pol->k.bits_x2 = b2;
+    return NULL;
+}
+
+static const char *
+set_value_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint8_t b2;
+    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
+        return WHY_BITS;
+    pol->v.bits_x2 = b2;
+    return NULL;
+}
+
+static const char *
+set_boundary_key_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint8_t b2;
+    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
+        return WHY_BITS;
+    pol->k_boundary.bits_x2 = b2;
+    return NULL;
+}
+
+static const char *
+set_boundary_value_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint8_t b2;
+    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
+        return WHY_BITS;
+    pol->v_boundary.bits_x2 = b2;
+    return NULL;
+}
+
+static const char *
+set_key_mode(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint8_t m;
+    if (parse_mode(v, &m) != TQKV_OK)
+        return "expected mse or prod";
+    pol->k.mode = pol->k_boundary.mode = m;
+    return NULL;
+}
+
+static const char *
+set_value_mode(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint8_t m;
+    if (parse_mode(v, &m) != TQKV_OK)
+        return "expected mse or prod";
+    pol->v.mode = pol->v_boundary.mode = m;
+    return NULL;
+}
+
+static const char *
+set_boundary_layers(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, 512, &u) != TQKV_OK)
+        return "expected an integer in 0..512";
+    pol->boundary_layers = (uint32_t)u;
+    return NULL;
+}
+
+static const char *
+set_rotation(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    if (!strcmp(v, "dense"))
+        pol->rotation = TQKV_ROT_DENSE;
+    else if (!strcmp(v, "hadamard"))
+        pol->rotation = TQKV_ROT_HADAMARD;
+    else
+        return "expected dense or hadamard";
+    return NULL;
+}
+
+static const char *
+set_seed(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, ~0ull, &u) != TQKV_OK)
+        return "expected an unsigned 64-bit integer";
+    pol->seed = (uint64_t)u;
+    return NULL;
+}
+
+static const char *
+set_eviction(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    if (!strcmp(v, "lru"))
+        cfg->store.policy = TQKV_EVICT_LRU;
+    else if (!strcmp(v, "s3fifo"))
+        cfg->store.policy = TQKV_EVICT_S3FIFO;
+    else
+        return "expected lru or s3fifo";
+    return NULL;
+}
+
+static const char *
+set_auth_tokens(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->auth_tokens, sizeof cfg->auth_tokens, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_tls_cert(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->tls_cert, sizeof cfg->tls_cert, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_tls_key(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->tls_key, sizeof cfg->tls_cert, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_tls_client_ca(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->tls_client_ca, sizeof cfg->tls_cert, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_log_level(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return tqkv_log_level_parse(v, &cfg->log_level) != TQKV_OK
+               ? "expected debug, info, warn or error"
+               : NULL;
+}
+
+static const char *
+set_log_format(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return tqkv_log_format_parse(v, &cfg->log_format) != TQKV_OK ? "expected text or json" : NULL;
+}
+
+static const char *
+set_hbm_standin(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    cfg->store.hbm_standin = b;
+    return NULL;
+}
+
+static const char *
+set_norm_correction(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    pol->k.norm_correction = pol->v.norm_correction = pol->k_boundary.norm_correction =
+        pol->v_boundary.norm_correction = (uint8_t)b;
+    return NULL;
+}
+
+static const char *
+set_key_centering(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    pol->key_centering = (uint8_t)b;
+    return NULL;
+}
+
+static const char *
+set_verify_crc(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    cfg->store.verify_crc = b;
+    return NULL;
+}
+
+static const char *
+set_help(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    cfg->help = b;
+    return NULL;
+}
+
+static const char *
+set_version(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    cfg->version = b;
+    return NULL;
+}
+
+static const opt_t opts[] = {
+    {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
+     "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0, set_listen},
+    {"node-id", "TQKV_NODE_ID", OPT_VALUE, "NAME",
+     "stable identity clients rank this server by (default: HOSTNAME:PORT, e.g. "
+     "tqkv-0:50051 in a StatefulSet: stable across restarts, unique per host)",
+     0, set_node_id},
+    {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0,
+     set_threads},
+    {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
+     "encode/decode pool threads (default: CPU count)", 0, set_encoder_threads},
+    {"dram-capacity", "TQKV_DRAM_CAPACITY", OPT_VALUE, "BYTES",
+     "DRAM tier capacity, K/M/G/T suffixes (default 1G)", 0, set_dram_capacity},
+    {"hbm-capacity", "TQKV_HBM_CAPACITY", OPT_VALUE, "BYTES", "HBM tier capacity (default 0: none)",
+     0, set_hbm_capacity},
+    {"hbm-standin", "TQKV_HBM_STANDIN", OPT_BOOL, NULL,
+     "back the HBM tier with host memory (no GPU needed)", 0, set_hbm_standin},
+    {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)", 0,
+     set_device},
+    {"disk-path", "TQKV_DISK_PATH", OPT_VALUE, "DIR",
+     "disk tier below DRAM in DIR (created if absent; a restart on it comes back warm; "
+     "default: none)",
+     0, set_disk_path},
+    {"disk-capacity", "TQKV_DISK_CAPACITY", OPT_VALUE, "BYTES",
+     "disk tier capacity in bytes of segment files (needed with --disk-path)", 0,
+     set_disk_capacity},
+    {"disk-sync", "TQKV_DISK_SYNC", OPT_VALUE, "none|batch|always",
+     "what a crash may lose: batch (default) and none the last 10 ms of Puts; always: "
+     "nothing acknowledged (proto/DISK_FORMAT.md)",
+     0, set_disk_sync},
+    {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_VALUE, "BYTES",
+     "largest gRPC message received or sent (default 64M)", 0, set_max_message_bytes},
+    {"max-streams", "TQKV_MAX_STREAMS", OPT_VALUE, "N",
+     "concurrent streams per connection (default 256)", 0, set_max_streams},
+    {"key-bits", "TQKV_KEY_BITS", OPT_VALUE, "B", "key bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1,
+     set_key_bits},
+    {"value-bits", "TQKV_VALUE_BITS", OPT_VALUE, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1,
+     set_value_bits},
+    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod", "key quantizer", 1, set_key_mode},
+    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod", "value quantizer", 1, set_value_mode},
+    {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_VALUE, "N",
+     "first/last N layers at boundary precision", 1, set_boundary_layers},
+    {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_VALUE, "B", "key bits of boundary layers",
+     1, set_boundary_key_bits},
+    {"boundary-value-bits", "TQKV_BOUNDARY_VALUE_BITS", OPT_VALUE, "B",
+     "value bits of boundary layers", 1, set_boundary_value_bits},
+    {"rotation", "TQKV_ROTATION", OPT_VALUE, "dense|hadamard", "random rotation kind", 1,
+     set_rotation},
+    {"norm-correction", "TQKV_NORM_CORRECTION", OPT_BOOL, NULL,
+     "store ||x||/||c[idx]|| so decoded vectors keep their norm", 1, set_norm_correction},
+    {"key-centering", "TQKV_KEY_CENTERING", OPT_BOOL, NULL,
+     "subtract each block's per-channel key mean before encoding", 1, set_key_centering},
+    {"seed", "TQKV_SEED", OPT_VALUE, "U64", "rotation/QJL seed", 1, set_seed},
+    {"namespace-policy", "TQKV_NAMESPACE_POLICY", OPT_VALUE, "NS:KEY=V,...",
+     "codec policy of namespace NS (NS* = every namespace with that prefix; repeatable, "
+     "the variable separates specs with ';'; see below)",
+     0, NULL},
+    {"eviction", "TQKV_EVICTION", OPT_VALUE, "lru|s3fifo", "eviction order (default s3fifo)", 0,
+     set_eviction},
+    {"ns-quota", "TQKV_NS_QUOTA", OPT_VALUE, "BYTES", "per-namespace quota (default 0: none)", 0,
+     set_ns_quota},
+    {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read", 0,
+     set_verify_crc},
+    {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_VALUE, "HOST:PORT",
+     "serve Prometheus /metrics here (default: off)", 0, set_metrics_listen},
+    {"data-listen", "TQKV_DATA_LISTEN", OPT_VALUE, "HOST:PORT",
+     "accept TCP data channels here (Get with TRANSPORT_TCP; TLS 1.3 with the gRPC "
+     "certificates when --tls-cert is set, else unencrypted; default: off)",
+     0, set_data_listen},
+    {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
+     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0, set_auth_tokens},
+    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)", 0,
+     set_tls_cert},
+    {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)", 0, set_tls_key},
+    {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_VALUE, "FILE",
+     "require client certificates signed by this CA (mutual TLS)", 0, set_tls_client_ca},
+    {"drain-seconds", "TQKV_DRAIN_SECONDS", OPT_VALUE, "S",
+     "on SIGTERM, time in-flight streams get to finish (default 20)", 0, set_drain_seconds},
+    {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0,
+     set_log_level},
+    {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0, set_log_format},
+    {"help", NULL, OPT_BOOL, NULL, "print this help and exit", 0, set_help},
+    {"version", NULL, OPT_BOOL, NULL, "print the version and build (ISA, CUDA, NCCL) and exit", 0,
+     set_version},
+};
+#define N_OPTS (sizeof opts / sizeof opts[0])
+
+/* Applies one option through its row's setter; codec policy settings go to *pol
+ * (&cfg->policy, or a namespace's policy); `src` names where it came from for the error
+ * line. */
 static tqkv_status_t
 apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char *v, const char *src,
       char *err, size_t errlen)
 {
-    const char *n = o->name;
-    unsigned long long u;
-    uint64_t bytes;
-    int b;
-    tqkv_status_t st = TQKV_OK;
+    int b = 0;
     const char *why = NULL;
 
     if (o->kind == OPT_BOOL) {
@@ -259,175 +629,13 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
             why = "expected true/false, on/off or 1/0";
             goto bad;
         }
-        if (!strcmp(n, "hbm-standin"))
-            cfg->store.hbm_standin = b;
-        else if (!strcmp(n, "norm-correction"))
-            pol->k.norm_correction = pol->v.norm_correction = pol->k_boundary.norm_correction =
-                pol->v_boundary.norm_correction = (uint8_t)b;
-        else if (!strcmp(n, "key-centering"))
-            pol->key_centering = (uint8_t)b;
-        else if (!strcmp(n, "verify-crc"))
-            cfg->store.verify_crc = b;
-        else if (!strcmp(n, "help"))
-            cfg->help = b;
-        else if (!strcmp(n, "version"))
-            cfg->version = b;
-        return TQKV_OK;
-    }
-    if (v == NULL || *v == '\0') {
+    } else if (v == NULL || *v == '\0') {
         why = "missing value";
         goto bad;
     }
-    if (!strcmp(n, "node-id")) {
-        if (!node_id_ok(v) || copy_str(cfg->node_id, sizeof cfg->node_id, v)) {
-            why = "expected 1..255 printable characters, no blanks";
-            goto bad;
-        }
-    } else if (!strcmp(n, "listen")) {
-        if (!listen_ok(v) || copy_str(cfg->listen, sizeof cfg->listen, v)) {
-            why = "expected HOST:PORT with a port in 0..65535";
-            goto bad;
-        }
-    } else if (!strcmp(n, "metrics-listen")) {
-        if (!listen_ok(v) || copy_str(cfg->metrics_listen, sizeof cfg->metrics_listen, v)) {
-            why = "expected HOST:PORT with a port in 0..65535";
-            goto bad;
-        }
-    } else if (!strcmp(n, "data-listen")) {
-        if (!listen_ok(v) || copy_str(cfg->data_listen, sizeof cfg->data_listen, v)) {
-            why = "expected HOST:PORT with a port in 0..65535";
-            goto bad;
-        }
-    } else if (!strcmp(n, "threads") || !strcmp(n, "encoder-threads")) {
-        if (parse_uint(v, 1024, &u) != TQKV_OK || u == 0) {
-            why = "expected an integer in 1..1024";
-            goto bad;
-        }
-        if (n[0] == 't')
-            cfg->threads = (unsigned)u;
-        else
-            cfg->encoder_threads = (unsigned)u;
-    } else if (!strcmp(n, "dram-capacity") || !strcmp(n, "hbm-capacity") ||
-               !strcmp(n, "ns-quota") || !strcmp(n, "max-message-bytes")) {
-        if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK) {
-            why = "expected a byte count such as 512M or 8G";
-            goto bad;
-        }
-        if (n[0] == 'd') {
-            if (bytes == 0) {
-                why = "must be greater than 0";
-                goto bad;
-            }
-            cfg->store.dram_capacity = bytes;
-        } else if (n[0] == 'h') {
-            cfg->store.hbm_capacity = bytes;
-        } else if (n[0] == 'n') {
-            cfg->store.default_ns_quota = bytes;
-        } else {
-            if (bytes < 4096 || bytes > 0x7fffffffull) {
-                why = "must be in 4K..2G-1";
-                goto bad;
-            }
-            cfg->max_message_bytes = bytes;
-        }
-    } else if (!strcmp(n, "device")) {
-        if (parse_uint(v, 1023, &u) != TQKV_OK) {
-            why = "expected a CUDA device index";
-            goto bad;
-        }
-        cfg->store.device = (int)u;
-    } else if (!strcmp(n, "max-streams")) {
-        if (parse_uint(v, 1u << 20, &u) != TQKV_OK || u == 0) {
-            why = "expected an integer in 1..1048576";
-            goto bad;
-        }
-        cfg->max_streams = (unsigned)u;
-    } else if (!strcmp(n, "drain-seconds")) {
-        if (parse_uint(v, 3600, &u) != TQKV_OK) {
-            why = "expected seconds in 0..3600";
-            goto bad;
-        }
-        cfg->drain_seconds = (unsigned)u;
-    } else if (!strcmp(n, "key-bits") || !strcmp(n, "value-bits") ||
-               !strcmp(n, "boundary-key-bits") || !strcmp(n, "boundary-value-bits")) {
-        uint8_t b2;
-        if (tqkv_bits_parse(v, &b2) != TQKV_OK) {
-            why = "expected 1, 1.5, 2, 2.5, 3, 3.5 or 4";
-            goto bad;
-        }
-        if (!strcmp(n, "key-bits"))
-            pol->k.bits_x2 = b2;
-        else if (!strcmp(n, "value-bits"))
-            pol->v.bits_x2 = b2;
-        else if (!strcmp(n, "boundary-key-bits"))
-            pol->k_boundary.bits_x2 = b2;
-        else
-            pol->v_boundary.bits_x2 = b2;
-    } else if (!strcmp(n, "key-mode") || !strcmp(n, "value-mode")) {
-        uint8_t m;
-        if (parse_mode(v, &m) != TQKV_OK) {
-            why = "expected mse or prod";
-            goto bad;
-        }
-        if (n[0] == 'k')
-            pol->k.mode = pol->k_boundary.mode = m;
-        else
-            pol->v.mode = pol->v_boundary.mode = m;
-    } else if (!strcmp(n, "boundary-layers")) {
-        if (parse_uint(v, 512, &u) != TQKV_OK) {
-            why = "expected an integer in 0..512";
-            goto bad;
-        }
-        pol->boundary_layers = (uint32_t)u;
-    } else if (!strcmp(n, "rotation")) {
-        if (!strcmp(v, "dense"))
-            pol->rotation = TQKV_ROT_DENSE;
-        else if (!strcmp(v, "hadamard"))
-            pol->rotation = TQKV_ROT_HADAMARD;
-        else {
-            why = "expected dense or hadamard";
-            goto bad;
-        }
-    } else if (!strcmp(n, "seed")) {
-        if (parse_uint(v, ~0ull, &u) != TQKV_OK) {
-            why = "expected an unsigned 64-bit integer";
-            goto bad;
-        }
-        pol->seed = (uint64_t)u;
-    } else if (!strcmp(n, "eviction")) {
-        if (!strcmp(v, "lru"))
-            cfg->store.policy = TQKV_EVICT_LRU;
-        else if (!strcmp(v, "s3fifo"))
-            cfg->store.policy = TQKV_EVICT_S3FIFO;
-        else {
-            why = "expected lru or s3fifo";
-            goto bad;
-        }
-    } else if (!strcmp(n, "auth-tokens")) {
-        if (copy_str(cfg->auth_tokens, sizeof cfg->auth_tokens, v)) {
-            why = "path too long";
-            goto bad;
-        }
-    } else if (!strcmp(n, "tls-cert") || !strcmp(n, "tls-key") || !strcmp(n, "tls-client-ca")) {
-        char *dst = !strcmp(n, "tls-cert")  ? cfg->tls_cert
-                    : !strcmp(n, "tls-key") ? cfg->tls_key
-                                            : cfg->tls_client_ca;
-        if (copy_str(dst, sizeof cfg->tls_cert, v)) {
-            why = "path too long";
-            goto bad;
-        }
-    } else if (!strcmp(n, "log-level")) {
-        if (tqkv_log_level_parse(v, &cfg->log_level) != TQKV_OK) {
-            why = "expected debug, info, warn or error";
-            goto bad;
-        }
-    } else if (!strcmp(n, "log-format")) {
-        if (tqkv_log_format_parse(v, &cfg->log_format) != TQKV_OK) {
-            why = "expected text or json";
-            goto bad;
-        }
-    }
-    return st;
+    if (o->set != NULL && (why = o->set(cfg, pol, v, b)) != NULL)
+        goto bad;
+    return TQKV_OK;
 bad:
     snprintf(err, errlen, "%s: invalid value '%s': %s", src, v ? v : "", why);
     return TQKV_EINVAL;
@@ -759,11 +967,6 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "--tls-cert and --tls-key must be given together");
         return TQKV_EINVAL;
     }
-    if (cfg->data_listen[0] && cfg->tls_cert[0]) {
-        snprintf(err, errlen,
-                 "--data-listen: the TCP data channel is unencrypted; not offered with --tls-cert");
-        return TQKV_EINVAL;
-    }
     if (cfg->tls_client_ca[0] && !cfg->tls_cert[0]) {
         snprintf(err, errlen, "--tls-client-ca needs --tls-cert and --tls-key");
         return TQKV_EINVAL;
@@ -784,6 +987,10 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
     }
     if (cfg->store.hbm_capacity > 0 && cfg->store.device < 0 && !cfg->store.hbm_standin) {
         snprintf(err, errlen, "--hbm-capacity needs --device N (a GPU) or --hbm-standin");
+        return TQKV_EINVAL;
+    }
+    if (!cfg->store.disk_path[0] != !cfg->store.disk_capacity) {
+        snprintf(err, errlen, "--disk-path and --disk-capacity must be given together");
         return TQKV_EINVAL;
     }
     char why[200];

@@ -39,28 +39,29 @@ put_varint(uint8_t *p, uint64_t v)
     return n;
 }
 
-/* Fields 1 (hash), 2 (layer), 3 (found), 7-9 (shape), 10 (tier) of a GetResponse. */
+/* Fields 1 (hash), 2 (layer), 3 (found), 7-9 (shape), 10 (tier) of a GetResponse
+ * (tags from transport/wire.h). */
 static size_t
 get_prefix(uint8_t *p, const ProtobufCBinaryData *hash, uint32_t layer, int found,
            const tqkv_page_header_t *hdr, int tier)
 {
     size_t n = 0;
-    p[n++] = 0x0a;
+    p[n++] = TQKV_GET_TAG_HASH;
     n += put_varint(p + n, hash->len);
     memcpy(p + n, hash->data, hash->len);
     n += hash->len;
-    p[n++] = 0x10;
+    p[n++] = TQKV_GET_TAG_LAYER;
     n += put_varint(p + n, layer);
     if (found) {
-        p[n++] = 0x18;
+        p[n++] = TQKV_GET_TAG_FOUND;
         p[n++] = 1;
-        p[n++] = 0x38;
+        p[n++] = TQKV_GET_TAG_NUM_TOKENS;
         n += put_varint(p + n, hdr->num_tokens);
-        p[n++] = 0x40;
+        p[n++] = TQKV_GET_TAG_NUM_KV_HEADS;
         n += put_varint(p + n, hdr->num_kv_heads);
-        p[n++] = 0x48;
+        p[n++] = TQKV_GET_TAG_HEAD_DIM;
         n += put_varint(p + n, hdr->head_dim);
-        p[n++] = 0x50;
+        p[n++] = TQKV_GET_TAG_TIER;
         n += put_varint(p + n, (uint64_t)tier);
     }
     return n;
@@ -546,7 +547,7 @@ get_send_packed(tqkv__call_t *c, size_t idx, tqkv_page_ref_t *ref)
     size_t plen = tqkv_page_ref_len(ref);
     memcpy(&hdr, page, sizeof hdr);
     size_t n = get_prefix(pre, hash, layer, 1, &hdr, (int)tqkv_page_ref_tier(ref));
-    pre[n++] = 0x22;
+    pre[n++] = TQKV_GET_TAG_PAGE;
     n += put_varint(pre + n, plen);
     grpc_slice sl[2];
     sl[0] = grpc_slice_from_copied_buffer((const char *)pre, n);
@@ -571,7 +572,7 @@ get_send_bf16(tqkv__call_t *c, size_t idx, get_slot_t *sl)
     grpc_slice s[4];
     size_t ns = 0;
     if (sl->hdr.tensor[0].bits_x2) {
-        pre[n++] = 0x2a;
+        pre[n++] = TQKV_GET_TAG_KEY;
         n += put_varint(pre + n, sl->tensor_bytes);
         s[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
         s[ns++] = grpc_slice_new(sl->k, sl->tensor_bytes, free);
@@ -581,7 +582,7 @@ get_send_bf16(tqkv__call_t *c, size_t idx, get_slot_t *sl)
     }
     if (sl->hdr.tensor[1].bits_x2) {
         size_t m = 0;
-        mid[m++] = 0x32;
+        mid[m++] = TQKV_GET_TAG_VALUE;
         m += put_varint(mid + m, sl->tensor_bytes);
         s[ns++] = grpc_slice_from_copied_buffer((const char *)mid, m);
         s[ns++] = grpc_slice_new(sl->v, sl->tensor_bytes, free);
@@ -829,6 +830,21 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
         tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
         return -1;
     }
+    /* Disk tier: the request's disk-only pages are read in one parallel round and promoted
+     * into DRAM here, so this thread waits for about one disk read, not one per page. */
+    const Tqkv__V1__GetRequest *q = *req;
+    const uint8_t **hp = malloc((q->n_hashes + 1) * sizeof(*hp));
+    size_t *hl = malloc((q->n_hashes + 1) * sizeof(*hl));
+    if (hp != NULL && hl != NULL) {
+        for (size_t i = 0; i < q->n_hashes; i++) {
+            hp[i] = q->hashes[i].data;
+            hl[i] = q->hashes[i].len;
+        }
+        tqkv_store_prefetch(c->srv->store, q->namespace_, strlen(q->namespace_), hp, hl,
+                            q->n_hashes, q->layer_begin, q->layer_end);
+    }
+    free(hp);
+    free(hl);
     return 0;
 }
 
@@ -1079,12 +1095,12 @@ stats_start(tqkv__call_t *c)
         tqkv__call_finish(c, tqkv_status_to_grpc(rc), msg, NULL);
         goto out;
     }
-    Tqkv__V1__TierStats ts[2];
-    Tqkv__V1__TierStats *tp[2];
+    Tqkv__V1__TierStats ts[3];
+    Tqkv__V1__TierStats *tp[3];
     size_t nt = 0;
-    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DRAM; t++) {
+    for (int t = TQKV_TIER_HBM; t <= TQKV_TIER_DISK; t++) {
         const tqkv_tier_stats_t *x = &st.tier[t];
-        if (t == TQKV_TIER_HBM && x->capacity == 0 && x->pages == 0)
+        if (t != TQKV_TIER_DRAM && x->capacity == 0 && x->pages == 0)
             continue;
         tqkv__v1__tier_stats__init(&ts[nt]);
         ts[nt].tier = (Tqkv__V1__Tier)t;

@@ -19,6 +19,7 @@
  * calling into the store).
  */
 #include "service/metrics.h"
+#include "cache/disk.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -479,7 +480,7 @@ sb_le(sbuf_t *b, double le)
     sb_printf(b, "%g", le);
 }
 
-static const char *const k_tier_names[TQKV_TIER_COUNT] = {"none", "hbm", "dram"};
+static const char *const k_tier_names[TQKV_TIER_COUNT] = {"none", "hbm", "dram", "disk"};
 
 typedef struct ns_snap {
     char *name;
@@ -594,6 +595,42 @@ render_store(sbuf_t *b, tqkv_store_t *store)
     sb_family(b, "tqkv_alloc_failures_total", "counter",
               "Page allocations that failed (tier memory exhausted or fragmented).");
     sb_printf(b, "tqkv_alloc_failures_total %" PRIu64 "\n", st.alloc_failures);
+
+    tqkv_disk_stats_t ds;
+    if (tqkv_store_disk_stats(store, &ds) == TQKV_OK) {
+        static const struct {
+            const char *name, *type, *help;
+            size_t off;
+        } dfams[] = {
+            {"tqkv_tier_reads_total", "counter", "Read I/Os of the tier (records and scans).",
+             offsetof(tqkv_disk_stats_t, reads)},
+            {"tqkv_tier_read_bytes_total", "counter", "Bytes read from the tier.",
+             offsetof(tqkv_disk_stats_t, read_bytes)},
+            {"tqkv_tier_writes_total", "counter", "Write I/Os (batches) of the tier.",
+             offsetof(tqkv_disk_stats_t, writes)},
+            {"tqkv_tier_write_bytes_total", "counter", "Bytes written to the tier.",
+             offsetof(tqkv_disk_stats_t, write_bytes)},
+            {"tqkv_tier_syncs_total", "counter", "fdatasync calls of the tier.",
+             offsetof(tqkv_disk_stats_t, syncs)},
+            {"tqkv_tier_io_errors_total", "counter", "Failed reads and writes of the tier.",
+             offsetof(tqkv_disk_stats_t, io_errors)},
+            {"tqkv_tier_corrupt_records_total", "counter",
+             "Records that failed a check (skipped, never served).",
+             offsetof(tqkv_disk_stats_t, corrupt)},
+            {"tqkv_tier_torn_records_total", "counter",
+             "Torn records found at the end of segments at start-up.",
+             offsetof(tqkv_disk_stats_t, torn)},
+            {"tqkv_tier_compactions_total", "counter", "Segments compacted.",
+             offsetof(tqkv_disk_stats_t, compactions)},
+            {"tqkv_tier_index_bytes", "gauge", "RAM of the tier's index.",
+             offsetof(tqkv_disk_stats_t, index_bytes)},
+        };
+        for (size_t i = 0; i < sizeof(dfams) / sizeof(dfams[0]); i++) {
+            sb_family(b, dfams[i].name, dfams[i].type, dfams[i].help);
+            sb_printf(b, "%s{tier=\"disk\"} %" PRIu64 "\n", dfams[i].name,
+                      *(const uint64_t *)((const char *)&ds + dfams[i].off));
+        }
+    }
 
     ns_collect_t c = {0};
     if (tqkv_store_foreach_namespace(store, collect_ns, &c) == TQKV_OK && !c.oom) {

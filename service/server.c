@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/version.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #include "service/log.h"
@@ -84,12 +85,6 @@ static const char *const method_paths[TQKV__M_COUNT] = {
     "/tqkv.v1.KVCache/OpenChannel",
     "/tqkv.v1.KVCache/CloseChannel",
 };
-
-#ifdef TQKV_VERSION
-#define TQKV__VERSION TQKV_VERSION
-#else
-#define TQKV__VERSION "unknown"
-#endif
 
 static const char *const state_names[] = {"REQUESTED", "RECV",   "WORK", "SEND",
                                           "IDLE",      "STATUS", "DONE"};
@@ -833,15 +828,16 @@ tqkv_server_start(tqkv_server_t *s)
     }
     s->started = 1;
     tqkv_log(TQKV_LOG_INFO, "serving",
-             "version=%s node_id=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
+             "version=%s git=%s node_id=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
              "max_message_bytes=%llu",
-             TQKV__VERSION, s->cfg.node_id, s->port, s->nworkers, s->cfg.encoder_threads,
-             s->auth ? "on" : "off", s->cfg.tls_cert[0] ? "on" : "off",
+             tqkv_version(), tqkv_version_git(), s->cfg.node_id, s->port, s->nworkers,
+             s->cfg.encoder_threads, s->auth ? "on" : "off", s->cfg.tls_cert[0] ? "on" : "off",
              (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
     if (s->dc)
-        tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d", s->cfg.data_listen,
-                 tqkv__dc_port(s));
+        tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d tls=%s", s->cfg.data_listen,
+                 tqkv__dc_port(s),
+                 s->cfg.tls_cert[0] ? "openssl-userspace TLSv1.3 (AES-128-GCM preferred)" : "off");
     if (s->gpu_encode_device >= 0)
         tqkv_log(TQKV_LOG_INFO, "put encoding", "device=%d", s->gpu_encode_device);
     else if (s->cfg.store.device >= 0 && !tqkv__gpu_encode_available(s->cfg.store.device))

@@ -53,7 +53,7 @@ main(int argc, char **argv)
     if (tqkv_config_listen_is_public(cfg.listen) && !cfg.tls_cert[0] && !cfg.auth_tokens[0])
         tqkv_log(TQKV_LOG_WARN, "listening on a non-loopback address without TLS or auth",
                  "listen=%s", cfg.listen);
-    if (cfg.data_listen[0] && tqkv_config_listen_is_public(cfg.data_listen))
+    if (cfg.data_listen[0] && !cfg.tls_cert[0] && tqkv_config_listen_is_public(cfg.data_listen))
         tqkv_log(TQKV_LOG_WARN,
                  "TCP data channels on a non-loopback address: page bytes travel unencrypted",
                  "data_listen=%s auth=%s", cfg.data_listen, cfg.auth_tokens[0] ? "on" : "off");

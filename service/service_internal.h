@@ -21,7 +21,7 @@
 #include "kernels/policy.h"
 #include "service/auth.h"
 #include "service/config.h"
-#include "service/data_channel.h"
+#include "service/dc_server.h"
 #include "service/encoder.h"
 #include "service/metrics.h"
 #include "service/server.h"
@@ -41,8 +41,8 @@ typedef enum tqkv__method {
     TQKV__M_HEALTH_WATCH,  /* server streaming, open until cancelled */
     TQKV__M_REFLECT_V1,    /* bidi */
     TQKV__M_REFLECT_V1A,   /* bidi, same handler */
-    TQKV__M_OPEN_CHANNEL,  /* unary (handlers_nccl.c) */
-    TQKV__M_CLOSE_CHANNEL, /* unary (handlers_nccl.c) */
+    TQKV__M_OPEN_CHANNEL,  /* unary (handlers_channel.c) */
+    TQKV__M_CLOSE_CHANNEL, /* unary (handlers_channel.c) */
     TQKV__M_COUNT,
     TQKV__M_GENERIC = TQKV__M_COUNT, /* any unregistered method: UNIMPLEMENTED */
     TQKV__M_GET_NCCL,                /* not registered: a Get with transport NCCL switches to it */
@@ -138,7 +138,7 @@ struct tqkv_server {
     int gpu_encode_device; /* Put encodes on this CUDA device (gpu_encode.c), -1 = CPU */
     atomic_int gpu_encode_warned;
     tqkv__reflection_t *refl;
-    tqkv__dc_t *dc; /* TCP data channels (data_channel.c); NULL without --data-listen */
+    tqkv__dc_t *dc; /* TCP data channels (dc_server.c); NULL without --data-listen */
     grpc_server *server;
     void *method_handles[TQKV__M_COUNT];
     tqkv__worker_t *workers;
@@ -165,9 +165,18 @@ extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_
     tqkv__delete_handler, tqkv__stats_handler; /* handlers_kv.c */
 extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_handler; /* health.c */
 extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
-extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__get_nccl_handler,
-    tqkv__open_channel_handler, tqkv__close_channel_handler; /* handlers_nccl.c */
-extern const tqkv__handler_t tqkv__get_tcp_handler;          /* data_channel.c */
+extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__open_channel_handler,
+    tqkv__close_channel_handler;                     /* handlers_channel.c */
+extern const tqkv__handler_t tqkv__get_nccl_handler; /* handlers_nccl.c */
+extern const tqkv__handler_t tqkv__get_tcp_handler;  /* dc_server.c */
+
+/* The answer to OpenChannel and Get with transport NCCL on a server without NCCL. */
+#define TQKV__NO_NCCL "NCCL transport not available on this server"
+#ifdef TQKV_HAVE_NCCL
+/* The server's CUDA device for channels: env TQKV_NCCL_DEVICE, default 0. -1: none
+ * (handlers_nccl.c). */
+int tqkv__nccl_device(void);
+#endif
 
 /* Call helpers (server.c). All run on the call's worker except tqkv__call_wake. */
 void tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st);

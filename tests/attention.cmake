@@ -8,7 +8,7 @@ add_test(NAME check_attention_threads COMMAND check_attention)
 set_tests_properties(check_attention_threads PROPERTIES LABELS "concurrency" TIMEOUT 300
   ENVIRONMENT "CK_RUN_CASE=threads;CK_DEFAULT_TIMEOUT=600")
 
-# tqkv-codec KV subcommands (kernels/kv_cli.c): smoke runs and exit codes.
+# tqkv-codec KV subcommands (kernels/cli/kv_cli.c): smoke runs and exit codes.
 add_test(NAME cli_attn_eval_smoke
   COMMAND tqkv-codec attn-eval --tokens 300 --heads 2 --dim 64 --query-heads 4 --json)
 set_tests_properties(cli_attn_eval_smoke PROPERTIES LABELS "unit" TIMEOUT 120

@@ -19,50 +19,27 @@
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/kv_data.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 #define FUSED_TOL 1e-5
 
-static int
-sanitized(void)
-{
-    const char *e = getenv("TQKV_SANITIZED");
-    return e && e[0] && e[0] != '0';
-}
-
 /* ---- random data ---- */
-
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static double
-rng_u01(rng_t *r)
-{
-    return (double)(tqkv_splitmix64(&r->s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static double
-rng_normal(rng_t *r)
-{
-    double u = rng_u01(r), v = rng_u01(r);
-    if (u < 1e-300)
-        u = 1e-300;
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
 
 /* Keys with a few large outlier channels and per-channel offsets; values plain normal. */
 static void
-gen_kv(rng_t *r, uint32_t T, uint32_t H, uint32_t D, uint16_t *k, uint16_t *v)
+gen_kv(uint64_t *r, uint32_t T, uint32_t H, uint32_t D, uint16_t *k, uint16_t *v)
 {
     float *off = malloc(sizeof(float) * H * D), *amp = malloc(sizeof(float) * H * D);
     for (uint32_t i = 0; i < H * D; i++) {
-        off[i] = (float)(0.5 * rng_normal(r));
-        amp[i] = rng_u01(r) < 0.05 ? 6.0f : 1.0f;
+        off[i] = (float)(0.5 * tqkv_test_gauss(r));
+        amp[i] = tqkv_test_unif(r) < 0.05 ? 6.0f : 1.0f;
     }
     for (uint64_t t = 0; t < T; t++)
         for (uint32_t i = 0; i < H * D; i++) {
-            k[t * H * D + i] = tqkv_f32_to_bf16(off[i] + amp[i] * (float)rng_normal(r));
-            v[t * H * D + i] = tqkv_f32_to_bf16((float)rng_normal(r));
+            k[t * H * D + i] = tqkv_f32_to_bf16(off[i] + amp[i] * (float)tqkv_test_gauss(r));
+            v[t * H * D + i] = tqkv_f32_to_bf16((float)tqkv_test_gauss(r));
         }
     free(off);
     free(amp);
@@ -70,85 +47,15 @@ gen_kv(rng_t *r, uint32_t T, uint32_t H, uint32_t D, uint16_t *k, uint16_t *v)
 
 /* A query correlated with the key of a random token of its KV head, so attention peaks. */
 static void
-gen_q(rng_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t *k, float *q)
+gen_q(uint64_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t *k, float *q)
 {
     uint32_t G = HQ / H;
     for (uint32_t hq = 0; hq < HQ; hq++) {
-        uint32_t t = (uint32_t)(rng_u01(r) * T) % T, h = hq / G;
+        uint32_t t = (uint32_t)(tqkv_test_unif(r) * T) % T, h = hq / G;
         for (uint32_t d = 0; d < D; d++)
             q[(size_t)hq * D + d] =
-                0.6f * tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) + (float)rng_normal(r);
+                0.6f * tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) + (float)tqkv_test_gauss(r);
     }
-}
-
-/* The attn-eval harness generators (kernels/kv_cli.c), copied so the quality test runs on
- * the same kind of data. */
-/* Keys: per-channel offsets (N(0, 0.5^2)), 4 outlier channels per head with 5x amplitude
- * and a large offset, plus a slow per-channel drift along tokens (like RoPE'd keys);
- * values: N(0, 1) with no structure. */
-static void
-synth_kv(rng_t *r, uint32_t T, uint32_t H, uint32_t D, uint16_t *k, uint16_t *v)
-{
-    size_t HD = (size_t)H * D;
-    float *off = malloc(sizeof(float) * HD), *amp = malloc(sizeof(float) * HD);
-    float *freq = malloc(sizeof(float) * HD);
-    for (size_t i = 0; i < HD; i++) {
-        off[i] = (float)(0.5 * rng_normal(r));
-        amp[i] = 1.0f;
-        freq[i] = (float)(rng_u01(r) * 0.05);
-    }
-    for (uint32_t h = 0; h < H; h++)
-        for (int o = 0; o < 4; o++) {
-            uint32_t c = (uint32_t)(rng_u01(r) * D) % D;
-            amp[(size_t)h * D + c] = 5.0f;
-            off[(size_t)h * D + c] = (float)(4.0 * rng_normal(r));
-        }
-    for (uint64_t t = 0; t < T; t++)
-        for (size_t i = 0; i < HD; i++) {
-            float drift = 0.5f * sinf(freq[i] * (float)t);
-            k[t * HD + i] = tqkv_f32_to_bf16(off[i] + drift + amp[i] * (float)rng_normal(r));
-            v[t * HD + i] = tqkv_f32_to_bf16((float)rng_normal(r));
-        }
-    free(off);
-    free(amp);
-    free(freq);
-}
-
-/* Queries: each query head aims at 4 random keys of its KV head (centered by the head's
- * key mean) with weights that make attention peaked but not one-hot, plus noise. */
-static void
-synth_q(rng_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t *k, float peak,
-        float *q)
-{
-    uint32_t G = HQ / H;
-    double *mean = calloc((size_t)H * D, sizeof(double));
-    for (uint64_t t = 0; t < T; t++)
-        for (size_t i = 0; i < (size_t)H * D; i++)
-            mean[i] += tqkv_bf16_to_f32(k[t * H * D + i]);
-    for (size_t i = 0; i < (size_t)H * D; i++)
-        mean[i] /= T;
-    for (uint32_t hq = 0; hq < HQ; hq++) {
-        uint32_t h = hq / G;
-        float *qh = q + (size_t)hq * D;
-        for (uint32_t d = 0; d < D; d++)
-            qh[d] = (float)(0.3 * rng_normal(r));
-        for (int j = 0; j < 4; j++) {
-            uint32_t t = (uint32_t)(rng_u01(r) * T) % T;
-            double nrm = 0.0, w = peak * (1.0 - 0.15 * j);
-            for (uint32_t d = 0; d < D; d++) {
-                double x =
-                    tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) - mean[(size_t)h * D + d];
-                nrm += x * x;
-            }
-            nrm = sqrt(nrm) + 1e-12;
-            for (uint32_t d = 0; d < D; d++) {
-                double x =
-                    tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) - mean[(size_t)h * D + d];
-                qh[d] += (float)(w * sqrt((double)D) * x / nrm);
-            }
-        }
-    }
-    free(mean);
 }
 
 /* ---- pages ---- */
@@ -270,7 +177,7 @@ typedef struct cfg {
 /* Runs one configuration through the fused (best ISA and scalar) and reference paths and
  * checks each against the oracle. Returns the worst relative error. */
 static double
-run_cfg(const cfg_t *c, rng_t *r)
+run_cfg(const cfg_t *c, uint64_t *r)
 {
     size_t n = (size_t)c->T * c->H * c->D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
@@ -280,7 +187,7 @@ run_cfg(const cfg_t *c, rng_t *r)
                                 {c->vb, c->vmode, c->vnc},
                                 c->rot,
                                 c->center,
-                                tqkv_splitmix64(&r->s)};
+                                tqkv_splitmix64(r)};
     tqkv_attn_opts_t opts;
     seq_t s;
     gen_kv(r, c->T, c->H, c->D, k, v);
@@ -326,7 +233,7 @@ static const uint32_t blk256[] = {256}, blk7[] = {7}, blk1[] = {1}, blk127[] = {
 START_TEST(test_fused_bits_modes)
 {
     static const uint8_t bits[] = {2, 3, 4, 5, 6, 7, 8};
-    rng_t r = {tqkv_test_seed() ^ 0x1001};
+    uint64_t r = tqkv_test_seed() ^ 0x1001;
     double worst = 0.0;
     for (size_t i = 0; i < sizeof bits; i++)
         for (int mode = 0; mode < 2; mode++) {
@@ -354,7 +261,7 @@ END_TEST
 
 START_TEST(test_fused_norm_center)
 {
-    rng_t r = {tqkv_test_seed() ^ 0x1002};
+    uint64_t r = tqkv_test_seed() ^ 0x1002;
     for (int nc = 0; nc < 2; nc++)
         for (int center = 0; center < 2; center++)
             for (int mode = 0; mode < 2; mode++) {
@@ -382,7 +289,7 @@ START_TEST(test_fused_gqa_dims)
 {
     /* 16 and 40: groups narrower than a register and not a multiple of 8 (scalar tails) */
     static const uint32_t ratios[] = {1, 2, 4, 8}, dims[] = {64, 128, 96, 16, 40};
-    rng_t r = {tqkv_test_seed() ^ 0x1003};
+    uint64_t r = tqkv_test_seed() ^ 0x1003;
     for (size_t i = 0; i < 4; i++)
         for (size_t d = 0; d < 5; d++) {
             cfg_t c = {70, 2, dims[d], 2 * ratios[i],     5,    7, 0, 0,
@@ -400,10 +307,10 @@ END_TEST
 START_TEST(test_fused_lengths_blocks)
 {
     static const uint32_t lens[] = {1, 2, 63, 64, 65, 257, 1000, 5000};
-    rng_t r = {tqkv_test_seed() ^ 0x1004};
+    uint64_t r = tqkv_test_seed() ^ 0x1004;
     const uint32_t *bl[] = {blk1, blk7, blk127, blk256, blkmix};
     const size_t nb[] = {1, 1, 1, 1, 5};
-    size_t nl = sanitized() ? 6 : 8;
+    size_t nl = tqkv_test_sanitized() ? 6 : 8;
     for (size_t i = 0; i < nl; i++)
         for (size_t b = 0; b < 5; b++) {
             if (bl[b] == blk1 && lens[i] > 1000)
@@ -424,8 +331,8 @@ START_TEST(test_fused_long_context)
 {
     /* 64K tokens in 256-token blocks (65536 at once in one page as well), split on/off. */
     static const uint32_t one[] = {65536};
-    rng_t r = {tqkv_test_seed() ^ 0x1005};
-    uint32_t T = sanitized() ? 4096 : 65536;
+    uint64_t r = tqkv_test_seed() ^ 0x1005;
+    uint32_t T = tqkv_test_sanitized() ? 4096 : 65536;
     cfg_t c = {T, 1, 128, 2, 7, 6, 0, 0, 1, 1, 1, TQKV_ROT_HADAMARD, blk256, 1, 4096};
     run_cfg(&c, &r);
     c.split = 0;
@@ -442,7 +349,7 @@ END_TEST
 
 START_TEST(test_simd_equals_scalar_and_threads)
 {
-    rng_t r = {tqkv_test_seed() ^ 0x1006};
+    uint64_t r = tqkv_test_seed() ^ 0x1006;
     uint32_t T = 3000, H = 2, D = 128, HQ = 8;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
@@ -495,7 +402,7 @@ END_TEST
 
 START_TEST(test_bad_inputs)
 {
-    rng_t r = {tqkv_test_seed() ^ 0x1007};
+    uint64_t r = tqkv_test_seed() ^ 0x1007;
     uint32_t T = 40, H = 2, D = 64;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
@@ -573,12 +480,12 @@ START_TEST(test_corrupt_payload_is_memory_safe)
     /* Flipped payload bytes pass validation without the CRC check; the kernels must still
      * stay inside the page (run under ASan in the sanitizer build) and either succeed or
      * report an error (a corrupt outlier mask is TQKV_ECORRUPT). */
-    rng_t r = {tqkv_test_seed() ^ 0x100b};
+    uint64_t r = tqkv_test_seed() ^ 0x100b;
     uint32_t T = 37, H = 2, D = 64;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
     float q[4 * 64], o[4 * 64];
-    int iters = sanitized() ? 60 : 300, errors = 0;
+    int iters = tqkv_test_sanitized() ? 60 : 300, errors = 0;
     for (int it = 0; it < iters; it++) {
         tqkv_block_codec_t codec = {{(uint8_t)(2 + it % 7), (uint8_t)(it / 7 % 2), 1},
                                     {(uint8_t)(2 + it / 3 % 7), (uint8_t)(it % 2), 0},
@@ -597,8 +504,8 @@ START_TEST(test_corrupt_payload_is_memory_safe)
         len = s.lens[0];
         for (int f = 0; f < 4; f++) {
             size_t at = TQKV_PAGE_HEADER_BYTES +
-                        (size_t)(rng_u01(&r) * (double)(len - TQKV_PAGE_HEADER_BYTES));
-            pg[at] ^= (uint8_t)(1u << (tqkv_splitmix64(&r.s) & 7));
+                        (size_t)(tqkv_test_unif(&r) * (double)(len - TQKV_PAGE_HEADER_BYTES));
+            pg[at] ^= (uint8_t)(1u << (tqkv_splitmix64(&r) & 7));
         }
         pp[0] = pg;
         st = tqkv_attn_decode(q, 4, pp, &len, 1, NULL, o);
@@ -619,10 +526,10 @@ END_TEST
 START_TEST(test_bf16_baseline)
 {
     static const uint32_t dims[] = {64, 128, 100};
-    rng_t r = {tqkv_test_seed() ^ 0x1008};
+    uint64_t r = tqkv_test_seed() ^ 0x1008;
     for (size_t di = 0; di < 3; di++)
         for (uint32_t G = 1; G <= 9; G += 4) {
-            uint32_t T = 1 + (uint32_t)(rng_u01(&r) * 700), H = 3, D = dims[di], HQ = H * G;
+            uint32_t T = 1 + (uint32_t)(tqkv_test_unif(&r) * 700), H = 3, D = dims[di], HQ = H * G;
             size_t n = (size_t)T * H * D;
             uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
             float *q = malloc(sizeof(float) * HQ * D), *o1 = malloc(sizeof(float) * HQ * D),
@@ -668,7 +575,7 @@ END_TEST
 
 START_TEST(test_kivi_roundtrip)
 {
-    rng_t r = {tqkv_test_seed() ^ 0x1009};
+    uint64_t r = tqkv_test_seed() ^ 0x1009;
     uint32_t T = 77, H = 2, D = 96;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
@@ -728,15 +635,15 @@ attn_err_pages(const tqkv_block_codec_t *codec, const uint16_t *k, const uint16_
 /* Attention errors of KIVI-2, KIVI-3, TurboQuant 3 and 3.5 (mse, norm correction, key
  * centering) on one draw of the attn-eval harness data; adds them to err[4]. */
 static void
-quality_draw(rng_t *r, uint32_t T, double *err)
+quality_draw(uint64_t *r, uint32_t T, double *err)
 {
     uint32_t H = 4, D = 128, HQ = 32;
     size_t n = (size_t)T * H * D;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2), *kq = malloc(n * 2), *vq = malloc(n * 2);
     float *q = malloc(sizeof(float) * HQ * D), *ref = malloc(sizeof(float) * HQ * D);
     float *o = malloc(sizeof(float) * HQ * D), *kf = malloc(n * 4), *vf = malloc(n * 4);
-    synth_kv(r, T, H, D, k, v);
-    synth_q(r, HQ, H, D, T, k, 1.0f, q);
+    tqkv_test_kv_harness(r, T, H, D, k, v);
+    tqkv_test_q_harness(r, HQ, H, D, T, k, 1.0f, q);
     ck_assert_int_eq(tqkv_attn_bf16_ref(q, HQ, k, v, T, H, D, ref), TQKV_OK);
     for (int i = 0; i < 2; i++) {
         double num = 0, den = 0;
@@ -774,8 +681,8 @@ quality_draw(rng_t *r, uint32_t T, double *err)
 START_TEST(test_turboquant_beats_kivi)
 {
     /* Mean over 3 draws: one draw's margin of TQ-3 over KIVI-3 varies with the data. */
-    rng_t r = {tqkv_test_seed() ^ 0x100a};
-    uint32_t T = sanitized() ? 512 : 2048;
+    uint64_t r = tqkv_test_seed() ^ 0x100a;
+    uint32_t T = tqkv_test_sanitized() ? 512 : 2048;
     double err[4] = {0, 0, 0, 0};
     for (int d = 0; d < 3; d++)
         quality_draw(&r, T, err);
@@ -794,7 +701,7 @@ START_TEST(test_hadamard_simd)
      * module's scalar ones; the AVX-512 one must also give the AVX2 one's bits (same
      * butterflies in the same order). */
     static const uint32_t dims[] = {16, 32, 64, 128, 256};
-    rng_t r = {tqkv_test_seed() ^ 0x100b};
+    uint64_t r = tqkv_test_seed() ^ 0x100b;
     int have512 = !strcmp(tqkv_attn_isa(), "avx512");
     int have2 = have512 || !strcmp(tqkv_attn_isa(), "avx2");
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
@@ -803,7 +710,7 @@ START_TEST(test_hadamard_simd)
         float x[256], ref[256], a2[256], a5[256];
         ck_assert_int_eq(tqkv_rotation_acquire(TQKV_ROT_HADAMARD, n, 9 + n, &rot), TQKV_OK);
         for (uint32_t i = 0; i < n; i++)
-            x[i] = (float)rng_normal(&r);
+            x[i] = (float)tqkv_test_gauss(&r);
         for (int tr = 0; tr < 2; tr++) {
             double num = 0, den = 0;
             if (tr)

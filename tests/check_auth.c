@@ -14,6 +14,7 @@
 #include "kernels/tq_math.h"
 #include "service/auth.h"
 #include "tests/check_main.h"
+#include "tests/support/sanitize.h"
 
 void tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32]);
 
@@ -359,7 +360,7 @@ START_TEST(test_constant_time_scan)
     snprintf(none, sizeof(none), "Bearer token-%08d", N + 7);
     const char *hs[3] = {first, last, none};
     const tqkv_status_t want[3] = {TQKV_OK, TQKV_OK, TQKV_EAUTH};
-    int reps = getenv("TQKV_SANITIZED") ? 20 : 200;
+    int reps = tqkv_test_sanitized() ? 20 : 200;
     enum { ROUNDS = 15 };
     double best[3] = {1e9, 1e9, 1e9};
     /* Rounds interleave the three cases so that machine load hits them alike; the

@@ -4,19 +4,26 @@
  * test that kills or wedges its server cannot affect the next one.
  */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/attention.h"
 #include "kernels/page.h"
 #include "tests/check_main.h"
 #include "transport/client.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
+#include "tests/support/server_proc.h"
 
 static srv_t S;
 static tqkv_client_t *CL;
@@ -37,7 +44,7 @@ client_for(const char *addr, uint32_t deadline_ms)
 static void
 setup(void)
 {
-    SANITIZED = getenv("TQKV_SANITIZED") != NULL;
+    SANITIZED = tqkv_test_sanitized();
     SEED = tqkv_test_seed() ^ (uint64_t)getpid();
     ck_assert_msg(srv_start(&S, 0, NULL) == 0, "cannot start tqkv-server");
     CL = client_for(S.addr, 30000);
@@ -129,7 +136,8 @@ on_page(void *arg, const tqkv_get_page_t *pg)
                 got.num_tokens != c->sh.num_tokens || got.head_dim != c->sh.head_dim) {
                 c->bad++;
             } else {
-                double ek = proc_rel_err(c->k[slot], dk, n), ev = proc_rel_err(c->v[slot], dv, n);
+                double ek = tqkv_test_bf16_rel_err(c->k[slot], dk, n),
+                       ev = tqkv_test_bf16_rel_err(c->v[slot], dv, n);
                 c->max_err = fmax(c->max_err, fmax(ek, ev));
             }
             free(dk);
@@ -138,8 +146,8 @@ on_page(void *arg, const tqkv_get_page_t *pg)
             if (pg->key_len != n * 2 || pg->value_len != n * 2) {
                 c->bad++;
             } else {
-                double ek = proc_rel_err(c->k[slot], pg->key, n),
-                       ev = proc_rel_err(c->v[slot], pg->value, n);
+                double ek = tqkv_test_bf16_rel_err(c->k[slot], pg->key, n),
+                       ev = tqkv_test_bf16_rel_err(c->v[slot], pg->value, n);
                 c->max_err = fmax(c->max_err, fmax(ek, ev));
             }
         }
@@ -156,8 +164,8 @@ make_data(size_t nh, uint32_t L, tqkv_block_shape_t sh, uint16_t ***k, uint16_t 
     for (size_t i = 0; i < nh * L; i++) {
         (*k)[i] = malloc(n * 2);
         (*v)[i] = malloc(n * 2);
-        proc_fill((*k)[i], n, sh.head_dim, &SEED);
-        proc_fill((*v)[i], n, sh.head_dim, &SEED);
+        tqkv_test_bf16_fill(&SEED, (*k)[i], n, sh.head_dim);
+        tqkv_test_bf16_fill(&SEED, (*v)[i], n, sh.head_dim);
     }
 }
 
@@ -197,7 +205,7 @@ START_TEST(test_roundtrip_both_encodings)
     uint16_t **k, **v;
     uint64_t stored;
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, i, (uint8_t)(8 + i * 28)); /* 8, 36, 64 bytes */
+        tqkv_test_hash(&hs[i], SEED, i, (uint8_t)(8 + i * 28)); /* 8, 36, 64 bytes */
     make_data(nh, L, sh, &k, &v);
     put_blocks(CL, "rt", hs, nh, L, sh, k, v, &stored);
     ck_assert_uint_eq(stored, nh * L);
@@ -258,7 +266,7 @@ START_TEST(test_prefix_missing_middle)
     tqkv_hash_t hs[4], put3[3];
     uint16_t **k, **v, *pk[6], *pv[6];
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, 100 + i, 16);
+        tqkv_test_hash(&hs[i], SEED, 100 + i, 16);
     make_data(nh, L, sh, &k, &v);
     /* Blocks 0, 1 and 3: block 2 is missing. */
     size_t src[3] = {0, 1, 3};
@@ -314,15 +322,15 @@ conc_main(void *arg)
         uint16_t **k, **v;
         uint64_t s = t->seed;
         for (size_t i = 0; i < nh; i++)
-            proc_hash(&hs[i], t->seed + (uint64_t)t->id * 7777, (uint64_t)r * 10 + i, 24);
+            tqkv_test_hash(&hs[i], t->seed + (uint64_t)t->id * 7777, (uint64_t)r * 10 + i, 24);
         size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
         k = calloc(nh * L, sizeof *k);
         v = calloc(nh * L, sizeof *v);
         for (size_t i = 0; i < nh * L; i++) {
             k[i] = malloc(n * 2);
             v[i] = malloc(n * 2);
-            proc_fill(k[i], n, sh.head_dim, &s);
-            proc_fill(v[i], n, sh.head_dim, &s);
+            tqkv_test_bf16_fill(&s, k[i], n, sh.head_dim);
+            tqkv_test_bf16_fill(&s, v[i], n, sh.head_dim);
         }
         t->seed = s;
         put_blocks(CL, ns, hs, nh, L, sh, k, v, NULL);
@@ -368,7 +376,7 @@ START_TEST(test_large_block)
     tqkv_block_shape_t sh = {8192, 8, 128};
     tqkv_hash_t h;
     uint16_t **k, **v;
-    proc_hash(&h, SEED, 4242, 32);
+    tqkv_test_hash(&h, SEED, 4242, 32);
     make_data(1, 1, sh, &k, &v);
     put_blocks(CL, "big", &h, 1, 1, sh, k, v, NULL);
     for (int enc = 0; enc < 2; enc++) {
@@ -405,7 +413,7 @@ START_TEST(test_cancel_midstream)
     tqkv_hash_t hs[8];
     uint16_t **k, **v;
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, 300 + i, 16);
+        tqkv_test_hash(&hs[i], SEED, 300 + i, 16);
     make_data(nh, L, sh, &k, &v);
     put_blocks(CL, "cx", hs, nh, L, sh, k, v, NULL);
     for (int rep = 0; rep < 3; rep++) {
@@ -472,7 +480,7 @@ START_TEST(test_sigterm_midstream)
     tqkv_hash_t hs[16];
     uint16_t **k, **v;
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, 500 + i, 16);
+        tqkv_test_hash(&hs[i], SEED, 500 + i, 16);
     make_data(nh, L, sh, &k, &v);
     put_blocks(CL, "term", hs, nh, L, sh, k, v, NULL);
     slowget_t s = {.c = CL, .hs = hs, .nh = nh, .L = L};
@@ -519,10 +527,10 @@ START_TEST(test_errors)
 
     /* A garbage page: the server rejects the stream with INVALID_ARGUMENT. */
     tqkv_hash_t h;
-    proc_hash(&h, SEED, 9, 16);
+    tqkv_test_hash(&h, SEED, 9, 16);
     uint8_t junk[512];
     for (size_t i = 0; i < sizeof junk; i++)
-        junk[i] = (uint8_t)proc_rnd(&SEED);
+        junk[i] = (uint8_t)tqkv_test_rand(&SEED);
     ck_assert_int_eq(tqkv_client_put_begin(CL, NULL, &p), TQKV_OK);
     tqkv_put_block_t pb = {.ns = "e", .hash = &h, .page = junk, .page_len = sizeof junk};
     tqkv_status_t st = tqkv_client_put_block(p, &pb);
@@ -533,7 +541,7 @@ START_TEST(test_errors)
     /* A NaN in K: INVALID_ARGUMENT as well. */
     tqkv_block_shape_t sh = {4, 1, 64};
     uint16_t kv[4 * 64];
-    proc_fill(kv, 4 * 64, 64, &SEED);
+    tqkv_test_bf16_fill(&SEED, kv, 4 * 64, 64);
     kv[17] = 0x7fc0;
     ck_assert_int_eq(tqkv_client_put_begin(CL, NULL, &p), TQKV_OK);
     tqkv_put_block_t pn = {.ns = "e", .hash = &h, .shape = sh, .key = kv, .value = kv};
@@ -566,12 +574,12 @@ START_TEST(test_get_attend)
     tqkv_hash_t hs[3];
     uint16_t **k, **v;
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, 800 + i, 16);
+        tqkv_test_hash(&hs[i], SEED, 800 + i, 16);
     make_data(nh, L, sh, &k, &v);
     put_blocks(CL, "attn", hs, nh, L, sh, k, v, NULL);
     float q[4 * 128], out[4 * 128], ref[4 * 128];
     for (size_t i = 0; i < HQ * sh.head_dim; i++)
-        q[i] = (float)((double)(proc_rnd(&SEED) >> 11) / 9007199254740992.0 - 0.5) * 0.5f;
+        q[i] = (float)((double)(tqkv_test_rand(&SEED) >> 11) / 9007199254740992.0 - 0.5) * 0.5f;
     uint16_t *kc = malloc(nh * n * 2), *vc = malloc(nh * n * 2);
     for (uint32_t l = 0; l < L; l++) {
         for (size_t b = 0; b < nh; b++) {
@@ -592,7 +600,7 @@ START_TEST(test_get_attend)
     }
     /* A missing block: ENOTFOUND, and the message names it. */
     tqkv_hash_t with_gap[3] = {hs[0], hs[1], hs[2]};
-    proc_hash(&with_gap[1], SEED, 99999, 16);
+    tqkv_test_hash(&with_gap[1], SEED, 99999, 16);
     ck_assert_int_eq(tqkv_client_get_attend(CL, "attn", with_gap, nh, 0, 0, q, HQ, out),
                      TQKV_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(tqkv_client_last_error()->message, "block 1"));
@@ -625,8 +633,8 @@ START_TEST(test_put_encoded_page)
     tqkv_block_shape_t sh = {48, 2, 128};
     size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
-    proc_fill(k, n, sh.head_dim, &SEED);
-    proc_fill(v, n, sh.head_dim, &SEED);
+    tqkv_test_bf16_fill(&SEED, k, n, sh.head_dim);
+    tqkv_test_bf16_fill(&SEED, v, n, sh.head_dim);
     tqkv_block_codec_t codec;
     memset(&codec, 0, sizeof codec);
     codec.k.bits_x2 = 7; /* 3.5 bits */
@@ -641,7 +649,7 @@ START_TEST(test_put_encoded_page)
                      TQKV_OK);
 
     tqkv_hash_t h;
-    proc_hash(&h, SEED, 777, 20);
+    tqkv_test_hash(&h, SEED, 777, 20);
     tqkv_put_t *p;
     tqkv_put_result_t r;
     ck_assert_int_eq(tqkv_client_put_begin(CL, NULL, &p), TQKV_OK);

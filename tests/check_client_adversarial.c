@@ -10,16 +10,20 @@
 #include <check.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "kernels/page.h"
 #include "tests/check_main.h"
 #include "transport/client.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 static srv_t S, S2;
 static uint64_t SEED;
@@ -81,8 +85,8 @@ static void
 block_data(uint64_t seed, size_t b, uint32_t l, uint16_t *k, uint16_t *v)
 {
     uint64_t s = seed * 7919u + b * 131u + l;
-    proc_fill(k, NEL, SH.head_dim, &s);
-    proc_fill(v, NEL, SH.head_dim, &s);
+    tqkv_test_bf16_fill(&s, k, NEL, SH.head_dim);
+    tqkv_test_bf16_fill(&s, v, NEL, SH.head_dim);
 }
 
 /* Puts nb blocks x L layers of namespace ns. Returns put_end's status (*res filled). */
@@ -146,8 +150,8 @@ on_page(void *arg, const tqkv_get_page_t *pg)
         if (pg->key_len != NEL * 2 || pg->value_len != NEL * 2)
             c->bad++;
         else
-            c->max_err = fmax(
-                c->max_err, fmax(proc_rel_err(BK, pg->key, NEL), proc_rel_err(BV, pg->value, NEL)));
+            c->max_err = fmax(c->max_err, fmax(tqkv_test_bf16_rel_err(BK, pg->key, NEL),
+                                               tqkv_test_bf16_rel_err(BV, pg->value, NEL)));
     } else if (pg->found) {
         uint16_t *k = BK, *v = BV, *dk = DK, *dv = DV;
         c->found++;
@@ -158,7 +162,7 @@ on_page(void *arg, const tqkv_get_page_t *pg)
             got.num_tokens != SH.num_tokens || got.num_kv_heads != SH.num_kv_heads) {
             c->bad++;
         } else {
-            double e = fmax(proc_rel_err(k, dk, NEL), proc_rel_err(v, dv, NEL));
+            double e = fmax(tqkv_test_bf16_rel_err(k, dk, NEL), tqkv_test_bf16_rel_err(v, dv, NEL));
             c->max_err = fmax(c->max_err, e);
         }
     } else {
@@ -198,7 +202,7 @@ static void
 hashes(tqkv_hash_t *hs, size_t n, uint64_t salt)
 {
     for (size_t i = 0; i < n; i++)
-        proc_hash(&hs[i], SEED ^ salt, i, (uint8_t)(8 + i % 57));
+        tqkv_test_hash(&hs[i], SEED ^ salt, i, (uint8_t)(8 + i % 57));
 }
 
 static void
@@ -224,7 +228,7 @@ START_TEST(test_null_arguments)
     tqkv_put_result_t res;
     tqkv_client_stats_t sst;
     tqkv_channel_t *ch = NULL;
-    proc_hash(&h, SEED, 1, 16);
+    tqkv_test_hash(&h, SEED, 1, 16);
 
     ck_assert_int_eq(tqkv_client_create(&o, NULL), TQKV_EINVAL);
     assert_msg_has("out");

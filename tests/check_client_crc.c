@@ -18,6 +18,8 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,17 +27,20 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/page.h"
 #include "tests/check_main.h"
 #include "transport/client.h"
 #include "transport/shard.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 static uint64_t SEED;
 
@@ -433,8 +438,8 @@ data_make(data_t *d, size_t nh, uint32_t L, tqkv_block_shape_t sh, const tqkv_ha
         d->k[i] = malloc(n * 2);
         d->v[i] = malloc(n * 2);
         ck_assert(d->k[i] && d->v[i]);
-        proc_fill(d->k[i], n, sh.head_dim, &SEED);
-        proc_fill(d->v[i], n, sh.head_dim, &SEED);
+        tqkv_test_bf16_fill(&SEED, d->k[i], n, sh.head_dim);
+        tqkv_test_bf16_fill(&SEED, d->v[i], n, sh.head_dim);
     }
 }
 
@@ -513,8 +518,8 @@ on_page(void *arg, const tqkv_get_page_t *pg)
         if (pg->key_len != n * 2 || pg->value_len != n * 2) {
             g->bad++;
         } else {
-            double ek = proc_rel_err(d->k[slot], pg->key, n),
-                   ev = proc_rel_err(d->v[slot], pg->value, n);
+            double ek = tqkv_test_bf16_rel_err(d->k[slot], pg->key, n),
+                   ev = tqkv_test_bf16_rel_err(d->v[slot], pg->value, n);
             g->max_err = fmax(g->max_err, fmax(ek, ev));
         }
         return 0;
@@ -533,7 +538,8 @@ on_page(void *arg, const tqkv_get_page_t *pg)
         sh.head_dim != d->sh.head_dim) {
         g->bad++;
     } else {
-        double ek = proc_rel_err(d->k[slot], dk, n), ev = proc_rel_err(d->v[slot], dv, n);
+        double ek = tqkv_test_bf16_rel_err(d->k[slot], dk, n),
+               ev = tqkv_test_bf16_rel_err(d->v[slot], dv, n);
         g->max_err = fmax(g->max_err, fmax(ek, ev));
     }
     free(dk);
@@ -575,7 +581,7 @@ START_TEST(test_corrupt_single_target)
     data_t d;
     tqkv_hash_t hs[4];
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, i, 32);
+        tqkv_test_hash(&hs[i], SEED, i, 32);
     data_make(&d, nh, L, SHAPE, hs);
     start_srv(&S);
     const char *direct[1] = {S.addr};
@@ -686,7 +692,7 @@ START_TEST(test_corrupt_replica_fallback)
     for (uint64_t salt = 0; salt < 100; salt++) {
         via_px = 0;
         for (size_t i = 0; i < nh; i++) {
-            proc_hash(&hs[i], SEED + salt * 7777, i, 40);
+            tqkv_test_hash(&hs[i], SEED + salt * 7777, i, 40);
             primary[i] = (int)primary_of(c, &hs[i]);
             via_px += primary[i] == 0;
         }
@@ -756,7 +762,7 @@ START_TEST(test_corrupt_only_copy_is_not_a_miss)
     tqkv_hash_t hs[8];
     size_t i = 0;
     for (uint64_t k = 0; i < nh && k < 10000; k++) {
-        proc_hash(&hs[i], SEED, 1000 + k, 24);
+        tqkv_test_hash(&hs[i], SEED, 1000 + k, 24);
         if (i >= 2 || primary_of(c, &hs[i]) == (i == 0 ? 1u : 0u))
             i++;
     }
@@ -809,7 +815,7 @@ START_TEST(test_bf16_unchecked)
     data_t d;
     tqkv_hash_t hs[3];
     for (size_t i = 0; i < nh; i++)
-        proc_hash(&hs[i], SEED, 100 + i, 16);
+        tqkv_test_hash(&hs[i], SEED, 100 + i, 16);
     data_make(&d, nh, L, SHAPE, hs);
     start_srv(&S);
     px_start(&px, S.port);

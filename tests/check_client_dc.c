@@ -14,12 +14,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/check_main.h"
 #include "transport/client.h"
 #include "transport/data_channel.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 enum { NH = 6, L = 4, MISSING = 2 };
 
@@ -97,8 +99,8 @@ put_all(tqkv_client_t *c)
         if (b == MISSING)
             continue;
         for (uint32_t l = 0; l < L; l++) {
-            proc_fill(k, n, SH.head_dim, &seed);
-            proc_fill(v, n, SH.head_dim, &seed);
+            tqkv_test_bf16_fill(&seed, k, n, SH.head_dim);
+            tqkv_test_bf16_fill(&seed, v, n, SH.head_dim);
             tqkv_put_block_t pb = {.ns = "dc",
                                    .hash = &HS[b],
                                    .layer = l,
@@ -155,7 +157,7 @@ setup(void)
 {
     SEED = tqkv_test_seed() ^ (uint64_t)getpid();
     for (size_t i = 0; i < NH; i++)
-        proc_hash(&HS[i], SEED, i, 16);
+        tqkv_test_hash(&HS[i], SEED, i, 16);
 }
 
 START_TEST(dc_pages_equal_grpc_pages)

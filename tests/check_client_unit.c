@@ -7,18 +7,10 @@
 #include <string.h>
 
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 #include "transport/shard.h"
-
-static uint64_t
-rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 START_TEST(test_parse_get_matches_protobuf_c)
 {
@@ -27,14 +19,15 @@ START_TEST(test_parse_get_matches_protobuf_c)
         Tqkv__V1__GetResponse m;
         tqkv__v1__get_response__init(&m);
         uint8_t hash[64], a[3000], b[3000];
-        size_t hl = 8 + rnd(&s) % 57, al = rnd(&s) % 3000, bl = rnd(&s) % 3000;
+        size_t hl = 8 + tqkv_test_rand(&s) % 57, al = tqkv_test_rand(&s) % 3000,
+               bl = tqkv_test_rand(&s) % 3000;
         for (size_t i = 0; i < sizeof a; i++)
-            a[i] = (uint8_t)rnd(&s), b[i] = (uint8_t)rnd(&s);
+            a[i] = (uint8_t)tqkv_test_rand(&s), b[i] = (uint8_t)tqkv_test_rand(&s);
         memcpy(hash, a, 64);
         m.hash.data = hash;
         m.hash.len = hl;
-        m.layer = (uint32_t)(rnd(&s) % 200);
-        m.found = rnd(&s) % 4 != 0;
+        m.layer = (uint32_t)(tqkv_test_rand(&s) % 200);
+        m.found = tqkv_test_rand(&s) % 4 != 0;
         int bf16 = it % 2;
         if (bf16) {
             m.key.data = a, m.key.len = al;
@@ -42,10 +35,10 @@ START_TEST(test_parse_get_matches_protobuf_c)
         } else {
             m.page.data = a, m.page.len = al;
         }
-        m.num_tokens = (uint32_t)rnd(&s);
-        m.num_kv_heads = (uint32_t)(rnd(&s) % 1025);
-        m.head_dim = (uint32_t)(rnd(&s) % 1025);
-        m.tier = (Tqkv__V1__Tier)(rnd(&s) % 3);
+        m.num_tokens = (uint32_t)tqkv_test_rand(&s);
+        m.num_kv_heads = (uint32_t)(tqkv_test_rand(&s) % 1025);
+        m.head_dim = (uint32_t)(tqkv_test_rand(&s) % 1025);
+        m.tier = (Tqkv__V1__Tier)(tqkv_test_rand(&s) % 3);
         size_t n = tqkv__v1__get_response__get_packed_size(&m);
         uint8_t *buf = malloc(n + 16);
         tqkv__v1__get_response__pack(&m, buf);
@@ -85,7 +78,7 @@ START_TEST(test_parse_get_matches_protobuf_c)
                 ck_assert_mem_eq(g.page, a, al);
         }
         /* Every strict prefix that cuts a field is rejected, never over-read. */
-        size_t cut = 1 + rnd(&s) % (n - 1);
+        size_t cut = 1 + tqkv_test_rand(&s) % (n - 1);
         tqkv__get_msg_t t;
         int r = tqkv__client_parse_get(buf, cut, &t);
         if (r == 0) {
@@ -122,10 +115,10 @@ START_TEST(test_rank_is_a_stable_permutation)
     for (int it = 0; it < 1000; it++) {
         uint8_t h[32];
         for (int i = 0; i < 32; i++)
-            h[i] = (uint8_t)rnd(&s);
-        uint64_t key = tqkv_shard_block_key("ns", h, 1 + rnd(&s) % 32);
+            h[i] = (uint8_t)tqkv_test_rand(&s);
+        uint64_t key = tqkv_shard_block_key("ns", h, 1 + tqkv_test_rand(&s) % 32);
         uint32_t o1[7], o2[7];
-        size_t n = 1 + rnd(&s) % 7;
+        size_t n = 1 + tqkv_test_rand(&s) % 7;
         tqkv_shard_rank(ids, n, key, o1);
         tqkv_shard_rank(ids, n, key, o2);
         ck_assert_mem_eq(o1, o2, n * sizeof *o1);
@@ -156,7 +149,7 @@ START_TEST(test_rank_balance_and_minimal_movement)
     for (int it = 0; it < N; it++) {
         uint8_t h[16];
         for (int i = 0; i < 16; i++)
-            h[i] = (uint8_t)rnd(&s);
+            h[i] = (uint8_t)tqkv_test_rand(&s);
         uint64_t key = tqkv_shard_block_key("ns", h, 16);
         uint32_t o3[3], o4[4];
         tqkv_shard_rank(ids, 3, key, o3);
@@ -214,6 +207,7 @@ START_TEST(test_create_validates)
     o.replicas = 5; /* clamped to the number of targets */
     ck_assert_int_eq(tqkv_client_create(&o, &c), TQKV_OK);
     ck_assert_uint_eq(tqkv_client_num_targets(c), 1);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 1);
     ck_assert_str_eq(tqkv_client_target_name(c, 0), "127.0.0.1:1");
     /* Nothing listens on port 1: a call fails fast and cleanly. */
     uint32_t prefix;
@@ -224,6 +218,19 @@ START_TEST(test_create_validates)
     ck_assert_int_ne(tqkv_client_last_error()->grpc_code, 0);
     tqkv_client_destroy(c);
     /* localhost resolves; with resolve_targets each distinct address is a target. */
+    const char *three[] = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+    tqkv_client_opts_t o3 = {.targets = three, .num_targets = 3};
+    ck_assert_int_eq(tqkv_client_create(&o3, &c), TQKV_OK);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 1); /* 0 = 1 */
+    tqkv_client_destroy(c);
+    o3.replicas = 2;
+    ck_assert_int_eq(tqkv_client_create(&o3, &c), TQKV_OK);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 2);
+    tqkv_client_destroy(c);
+    o3.replicas = 4;
+    ck_assert_int_eq(tqkv_client_create(&o3, &c), TQKV_OK);
+    ck_assert_uint_eq(tqkv__client_replicas(c), 3);
+    tqkv_client_destroy(c);
     const char *lh[] = {"localhost:1"};
     tqkv_client_opts_t o2 = {.targets = lh, .num_targets = 1, .resolve_targets = 1};
     ck_assert_int_eq(tqkv_client_create(&o2, &c), TQKV_OK);

@@ -1,5 +1,6 @@
 /* check_codec_cli.c - tqkv-codec encode/decode/info/eval/bench as a user runs them:
- * round trips, exit codes and one-line errors on bad input (never a crash). */
+ * round trips, exit codes and one-line errors on bad input (never a crash), and defaults
+ * that are the server's default policy (kernels/policy.c), flags turning them off. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,8 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/page.h"
+#include "kernels/policy.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
 
 #ifndef TQKV_CODEC_BIN
 #error "TQKV_CODEC_BIN must name the tqkv-codec binary"
@@ -101,9 +105,7 @@ START_TEST(test_roundtrip)
     uint8_t *out;
     static const char *const bits[] = {"1", "2.5", "3", "3.5", "4"};
     for (size_t i = 0; i < (size_t)D * n; i++) {
-        double u = ((tqkv_splitmix64(&rng) >> 11) + 0.5) / 9007199254740992.0;
-        double v = ((tqkv_splitmix64(&rng) >> 11) + 0.5) / 9007199254740992.0;
-        x[i] = tqkv_f32_to_bf16((float)(sqrt(-2 * log(u)) * cos(2 * M_PI * v)));
+        x[i] = tqkv_f32_to_bf16((float)tqkv_test_gauss(&rng));
     }
     write_bf16("x.bf16", x, (size_t)D * n);
     for (int b = 0; b < 5; b++)
@@ -236,6 +238,118 @@ START_TEST(test_eval_and_bench_run)
 }
 END_TEST
 
+/* Pages of K, V [T][H][D] under codec c, blocks of `block` tokens concatenated (as
+ * encode-kv writes them; V NULL: keys only, as encode writes them with H = 1). */
+static uint8_t *
+encode_pages(const tqkv_block_codec_t *c, const uint16_t *k, const uint16_t *v, uint32_t T,
+             uint32_t H, uint32_t D, uint32_t block, size_t *len)
+{
+    size_t total = 0, cap = 0;
+    uint8_t *out = NULL;
+    for (uint32_t t = 0; t < T; t += block) {
+        tqkv_block_shape_t sh = {T - t < block ? T - t : block, H, D};
+        size_t sz, wr;
+        char why[200] = "";
+        ck_assert_int_eq(tqkv_page_size(&sh, c, &sz), TQKV_OK);
+        if (total + sz > cap) {
+            cap = 2 * (total + sz);
+            out = realloc(out, cap);
+            ck_assert_ptr_nonnull(out);
+        }
+        ck_assert_msg(tqkv_page_encode(&sh, c, k + (size_t)t * H * D,
+                                       v ? v + (size_t)t * H * D : NULL, out + total, cap - total,
+                                       &wr, why, sizeof why) == TQKV_OK,
+                      "%s", why);
+        total += wr;
+    }
+    *len = total;
+    return out;
+}
+
+static void
+assert_file_is(const char *name, const uint8_t *want, size_t want_len, const char *what)
+{
+    size_t len;
+    uint8_t *got = slurp(name, &len);
+    ck_assert_msg(len == want_len && !memcmp(got, want, len), "%s: %zu bytes, expected %zu%s", what,
+                  len, want_len, len == want_len ? " (bytes differ)" : "");
+    free(got);
+}
+
+/* encode-kv and encode without codec flags write the pages of the server's default policy
+ * for a middle layer (norm correction and key centering on); --no-norm-correction and
+ * --no-key-centering turn those off. */
+START_TEST(test_defaults_are_the_server_policy)
+{
+    const uint32_t T = 300, H = 2, D = 64;
+    const size_t n = (size_t)T * H * D;
+    uint16_t *k = malloc(2 * n), *v = malloc(2 * n);
+    uint64_t rng = tqkv_test_seed();
+    tqkv_policy_t pol;
+    tqkv_block_codec_t c, mid;
+    char err[512], args[1024];
+    uint8_t *want, *plain;
+    size_t want_len, plain_len;
+    for (size_t i = 0; i < n; i++) {
+        /* keys with per-channel offsets and a few outlier channels: centering matters */
+        double u = ((tqkv_splitmix64(&rng) >> 11) + 0.5) / 9007199254740992.0;
+        double w = ((tqkv_splitmix64(&rng) >> 11) + 0.5) / 9007199254740992.0;
+        double g = sqrt(-2 * log(u)) * cos(2 * M_PI * w);
+        uint32_t ch = (uint32_t)(i % D);
+        k[i] = tqkv_f32_to_bf16((float)(g * (ch % 16 == 3 ? 8.0 : 1.0) + 0.25 * (ch % 7)));
+        v[i] = tqkv_f32_to_bf16((float)(g * 0.5 + 0.1));
+    }
+    write_bf16("k.bf16", k, n);
+    write_bf16("v.bf16", v, n);
+
+    /* the default codec is the policy's middle layer, which has both on */
+    tqkv_policy_default(&pol);
+    tqkv_policy_default_codec(&c);
+    tqkv_policy_block_codec(&pol, 10, 32, &mid);
+    ck_assert_int_eq(memcmp(&c, &mid, sizeof c), 0);
+    ck_assert_uint_eq(c.k.norm_correction, 1);
+    ck_assert_uint_eq(c.v.norm_correction, 1);
+    ck_assert_uint_eq(c.key_centering, 1);
+
+    want = encode_pages(&c, k, v, T, H, D, 128, &want_len);
+    snprintf(args, sizeof args, "encode-kv --tokens %u --heads %u --dim %u --block 128 %s %s %s", T,
+             H, D, path("k.bf16"), path("v.bf16"), path("d.tqp"));
+    ck_assert_msg(run(err, sizeof err, args) == 0, "%s: %s", args, err);
+    assert_file_is("d.tqp", want, want_len, "encode-kv defaults");
+    c.k.norm_correction = c.v.norm_correction = 0;
+    c.key_centering = 0;
+    plain = encode_pages(&c, k, v, T, H, D, 128, &plain_len);
+    ck_assert_msg(plain_len != want_len || memcmp(plain, want, want_len), "flags change nothing");
+    snprintf(args, sizeof args,
+             "encode-kv --tokens %u --heads %u --dim %u --block 128 --no-norm-correction "
+             "--no-key-centering %s %s %s",
+             T, H, D, path("k.bf16"), path("v.bf16"), path("p.tqp"));
+    ck_assert_msg(run(err, sizeof err, args) == 0, "%s: %s", args, err);
+    assert_file_is("p.tqp", plain, plain_len, "encode-kv --no-norm-correction --no-key-centering");
+    free(want);
+    free(plain);
+
+    /* encode: the keys as [T*H][D] vectors, pages of 256, keys only */
+    tqkv_policy_default_codec(&c);
+    memset(&c.v, 0, sizeof c.v);
+    want = encode_pages(&c, k, NULL, T * H, 1, D, 256, &want_len);
+    snprintf(args, sizeof args, "encode --dim %u %s %s", D, path("k.bf16"), path("e.tqp"));
+    ck_assert_msg(run(err, sizeof err, args) == 0, "%s: %s", args, err);
+    assert_file_is("e.tqp", want, want_len, "encode defaults");
+    free(want);
+    c.k.norm_correction = 0;
+    c.key_centering = 0;
+    want = encode_pages(&c, k, NULL, T * H, 1, D, 256, &want_len);
+    snprintf(args, sizeof args, "encode --dim %u --no-norm-correction --no-key-centering %s %s", D,
+             path("k.bf16"), path("e.tqp"));
+    ck_assert_msg(run(err, sizeof err, args) == 0, "%s: %s", args, err);
+    assert_file_is("e.tqp", want, want_len, "encode --no-norm-correction --no-key-centering");
+    free(want);
+    free(k);
+    free(v);
+}
+END_TEST
+
 static Suite *
 cli_suite(void)
 {
@@ -246,6 +360,7 @@ cli_suite(void)
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_eval_and_bench_run);
+    tcase_add_test(tc, test_defaults_are_the_server_policy);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,20 +11,10 @@
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 static uint64_t rng;
-
-static double
-unif(void)
-{
-    return ((tqkv_splitmix64(&rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double
-gauss(void)
-{
-    return sqrt(-2 * log(unif())) * cos(2 * M_PI * unif());
-}
 
 /* The LSB-first stream: bit k of the row is bit (k - j b) of field j. */
 START_TEST(test_bits_stream)
@@ -89,7 +79,8 @@ compare_paths(uint32_t T, uint32_t H, uint32_t D, uint32_t bits, int nc, double 
     c.rotation = TQKV_ROT_HADAMARD;
     c.seed = tqkv_splitmix64(&rng);
     for (size_t i = 0; i < n; i++)
-        x[i] = tqkv_f32_to_bf16((float)(gauss() * scale_mag * (1 + (i % D == 3) * 20)));
+        x[i] =
+            tqkv_f32_to_bf16((float)(tqkv_test_gauss(&rng) * scale_mag * (1 + (i % D == 3) * 20)));
     ck_assert_int_eq(tqkv_page_size(&s, &c, &sz), TQKV_OK);
     pf = malloc(sz);
     pr = malloc(sz);
@@ -173,7 +164,7 @@ compare_paths(uint32_t T, uint32_t H, uint32_t D, uint32_t bits, int nc, double 
 START_TEST(test_simd_vs_ref)
 {
     size_t coords = 0, ties = 0;
-    int san = getenv("TQKV_SANITIZED") != NULL;
+    int san = tqkv_test_sanitized();
     rng = tqkv_test_seed();
     fprintf(stderr, "kernels: %s\n", tqkv_kernels_isa());
     for (uint32_t D = 16; D <= 1024; D *= 2)
@@ -253,10 +244,11 @@ START_TEST(test_simd_vs_ref_centered_fractional)
             const tqkv_page_header_t *h;
             double off[4 * 128];
             for (uint32_t k = 0; k < H * D; k++)
-                off[k] = unif() < 0.3 ? 3 * gauss() : 0;
+                off[k] = tqkv_test_unif(&rng) < 0.3 ? 3 * tqkv_test_gauss(&rng) : 0;
             for (size_t i = 0; i < n; i++)
                 x[i] = tqkv_f32_to_bf16(
-                    (float)(off[i % (H * D)] + gauss() * (i % D == 9 || i % D == 77 ? 10 : 1)));
+                    (float)(off[i % (H * D)] +
+                            tqkv_test_gauss(&rng) * (i % D == 9 || i % D == 77 ? 10 : 1)));
             c.k.bits_x2 = bits[bi];
             c.k.norm_correction = (uint8_t)nc;
             c.v.bits_x2 = bits[(bi + 2) % 5];
@@ -347,13 +339,14 @@ START_TEST(test_simd_decode_saturation)
                             v = 0x7f7f;
                             break;
                         case 2:
-                            v = tqkv_f32_to_bf16((float)fmax(-3e38, fmin(3e38, gauss() * 1e38)));
+                            v = tqkv_f32_to_bf16(
+                                (float)fmax(-3e38, fmin(3e38, tqkv_test_gauss(&rng) * 1e38)));
                             break;
                         case 3:
                             v = (i % 5 == 2) ? ((i & 8) ? 0xff7f : 0x7f7f) : 0x0001;
                             break;
                         case 4:
-                            v = tqkv_f32_to_bf16((float)gauss());
+                            v = tqkv_f32_to_bf16((float)tqkv_test_gauss(&rng));
                             break;
                         default:
                             v = 0;
@@ -407,10 +400,10 @@ frac_case(uint32_t T, uint32_t H, uint32_t D, uint8_t bits_x2, uint8_t rotation,
     const tqkv_page_header_t *h;
     char err[200];
     for (uint32_t k = 0; k < H * D; k++)
-        off[k] = cen && unif() < 0.3 ? 3 * gauss() : 0;
+        off[k] = cen && tqkv_test_unif(&rng) < 0.3 ? 3 * tqkv_test_gauss(&rng) : 0;
     for (size_t i = 0; i < n; i++)
-        x[i] = tqkv_f32_to_bf16(
-            (float)(off[i % (H * D)] + gauss() * (i % D == 5 || i % D == 40 ? 8 : 1)));
+        x[i] = tqkv_f32_to_bf16((
+            float)(off[i % (H * D)] + tqkv_test_gauss(&rng) * (i % D == 5 || i % D == 40 ? 8 : 1)));
     c.k.bits_x2 = bits_x2;
     c.k.norm_correction = (uint8_t)nc;
     c.k.mode = mode;

@@ -11,26 +11,10 @@
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 static uint64_t rng;
-
-static double
-unif(void)
-{
-    return ((tqkv_splitmix64(&rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double
-gauss(void)
-{
-    return sqrt(-2 * log(unif())) * cos(2 * M_PI * unif());
-}
-
-static int
-sanitized(void)
-{
-    return getenv("TQKV_SANITIZED") != NULL;
-}
 
 /* KV-like data: per-channel scales, a per-channel offset (what centering removes), a
  * few outlier channels. */
@@ -40,12 +24,13 @@ make_kv(uint32_t T, uint32_t H, uint32_t D)
     uint16_t *x = malloc(sizeof(uint16_t) * T * H * D);
     double *sc = malloc(sizeof(double) * H * D), *off = malloc(sizeof(double) * H * D);
     for (uint32_t i = 0; i < H * D; i++) {
-        sc[i] = exp(0.5 * gauss()) * (unif() < 0.05 ? 8 : 1);
-        off[i] = unif() < 0.3 ? 2 * gauss() : 0;
+        sc[i] = exp(0.5 * tqkv_test_gauss(&rng)) * (tqkv_test_unif(&rng) < 0.05 ? 8 : 1);
+        off[i] = tqkv_test_unif(&rng) < 0.3 ? 2 * tqkv_test_gauss(&rng) : 0;
     }
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t i = 0; i < H * D; i++)
-            x[(size_t)t * H * D + i] = tqkv_f32_to_bf16((float)(off[i] + sc[i] * gauss()));
+            x[(size_t)t * H * D + i] =
+                tqkv_f32_to_bf16((float)(off[i] + sc[i] * tqkv_test_gauss(&rng)));
     free(sc);
     free(off);
     return x;
@@ -187,7 +172,7 @@ START_TEST(test_roundtrip_shapes)
                 void *p;
                 tqkv_page_info_t info;
                 char err[256];
-                if ((uint64_t)T * H * D > (sanitized() ? 100000u : 400000u) && ti != 0)
+                if ((uint64_t)T * H * D > (tqkv_test_sanitized() ? 100000u : 400000u) && ti != 0)
                     continue;
                 combo++;
                 /* walk every bits x mode x flag setting over the shapes */
@@ -313,7 +298,7 @@ START_TEST(test_bf16_extremes)
                             break;
                         default:
                             h = tqkv_f32_to_bf16(
-                                (float)(gauss() * pow(10.0, (double)(t * 7) - 40.0)));
+                                (float)(tqkv_test_gauss(&rng) * pow(10.0, (double)(t * 7) - 40.0)));
                         }
                         k[(size_t)t * H * D + i] = h;
                     }
@@ -724,7 +709,7 @@ START_TEST(test_validate_random_headers)
     const size_t cap = 1 << 16;
     uint8_t *buf = malloc(cap);
     float *out = malloc(sizeof(float) * cap);
-    uint32_t accepted = 0, iters = getenv("TQKV_SANITIZED") ? 3000 : 20000;
+    uint32_t accepted = 0, iters = tqkv_test_sanitized() ? 3000 : 20000;
     rng = tqkv_test_seed();
     for (uint32_t it = 0; it < iters; it++) {
         tqkv_page_header_t *h = (tqkv_page_header_t *)buf;

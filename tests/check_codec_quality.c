@@ -16,31 +16,21 @@
 #include "kernels/page.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 static uint64_t rng;
-
-static double
-unif(void)
-{
-    return ((tqkv_splitmix64(&rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double
-gauss(void)
-{
-    return sqrt(-2 * log(unif())) * cos(2 * M_PI * unif());
-}
 
 static int
 scale_n(int n)
 {
-    return getenv("TQKV_SANITIZED") ? n / 8 : n;
+    return tqkv_test_sanitized() ? n / 8 : n;
 }
 
 static double
 tol(double t)
 {
-    return getenv("TQKV_SANITIZED") ? t * sqrt(8.0) : t;
+    return tqkv_test_sanitized() ? t * sqrt(8.0) : t;
 }
 
 enum {
@@ -59,18 +49,19 @@ static const char *const data_name[] = {"random",  "sparse",  "constant", "spike
 static void
 fill(int kind, uint32_t T, uint32_t D, float *x)
 {
-    double basis[2][1024], cst = gauss() > 0 ? 1 : -1;
+    double basis[2][1024], cst = tqkv_test_gauss(&rng) > 0 ? 1 : -1;
     for (uint32_t j = 0; j < D; j++) {
-        basis[0][j] = gauss();
-        basis[1][j] = gauss();
+        basis[0][j] = tqkv_test_gauss(&rng);
+        basis[1][j] = tqkv_test_gauss(&rng);
     }
     for (uint32_t t = 0; t < T; t++) {
         float *v = x + (size_t)t * D;
-        double a = exp(gauss()), c0 = gauss(), c1 = gauss();
+        double a = exp(tqkv_test_gauss(&rng)), c0 = tqkv_test_gauss(&rng),
+               c1 = tqkv_test_gauss(&rng);
         for (uint32_t j = 0; j < D; j++) {
             switch (kind) {
             case DATA_RANDOM:
-                v[j] = (float)gauss();
+                v[j] = (float)tqkv_test_gauss(&rng);
                 break;
             case DATA_SPARSE:
                 v[j] = 0;
@@ -82,18 +73,18 @@ fill(int kind, uint32_t T, uint32_t D, float *x)
                 v[j] = 0;
                 break;
             case DATA_SPIKE:
-                v[j] = (float)(0.05 * a * gauss());
+                v[j] = (float)(0.05 * a * tqkv_test_gauss(&rng));
                 break;
             case DATA_LOWRANK:
                 v[j] = (float)(c0 * basis[0][j] + c1 * basis[1][j]);
                 break;
             default: /* outlier channels: 4 channels 30x the rest */
-                v[j] = (float)(gauss() * (j % 37 == 5 ? 30 : 1));
+                v[j] = (float)(tqkv_test_gauss(&rng) * (j % 37 == 5 ? 30 : 1));
             }
         }
         if (kind == DATA_SPARSE)
             for (int k = 0; k < 4; k++)
-                v[tqkv_splitmix64(&rng) % D] = (float)gauss();
+                v[tqkv_splitmix64(&rng) % D] = (float)tqkv_test_gauss(&rng);
         if (kind == DATA_ONEHOT || kind == DATA_SPIKE)
             v[tqkv_splitmix64(&rng) % D] = (float)(a * cst);
     }
@@ -148,7 +139,7 @@ measure(int kind, uint32_t D, uint32_t bits, int mode, int rot, uint32_t T, uint
             nx = sqrt(nn);
             for (uint32_t j = 0; j < D; j++) {
                 double a = tqkv_bf16_to_f32(xv[j]) / nx;
-                y[j] = (float)(a + 0.5 * gauss() / sqrt((double)D));
+                y[j] = (float)(a + 0.5 * tqkv_test_gauss(&rng) / sqrt((double)D));
                 yx += y[j] * a;
                 yxh += y[j] * hv[j] / nx;
             }

@@ -8,20 +8,10 @@
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 static uint64_t rng;
-
-static double
-unif(void)
-{
-    return ((tqkv_splitmix64(&rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double
-gauss(void)
-{
-    return sqrt(-2 * log(unif())) * cos(2 * M_PI * unif());
-}
 
 /* max |Pi^T Pi - I| through apply/apply_t on the basis vectors */
 static double
@@ -82,7 +72,7 @@ START_TEST(test_hadamard)
             ck_assert(r->signs[j] == 1.0f || r->signs[j] == -1.0f);
         /* y = H D2 H D1 x / n by a direct O(n^2) evaluation */
         for (uint32_t j = 0; j < n; j++)
-            x[j] = (float)gauss();
+            x[j] = (float)tqkv_test_gauss(&rng);
         tqkv_rotation_apply(r, x, y);
         if (n <= 256) {
             for (uint32_t i = 0; i < n; i++) {
@@ -207,7 +197,7 @@ END_TEST
  * has variance 1/n. */
 START_TEST(test_dense_haar_moments)
 {
-    uint32_t n = 32, reps = getenv("TQKV_SANITIZED") ? 100 : 400;
+    uint32_t n = 32, reps = tqkv_test_sanitized() ? 100 : 400;
     double v = 0, m = 0;
     rng = tqkv_test_seed();
     for (uint32_t k = 0; k < reps; k++) {

@@ -9,6 +9,7 @@
 #include "kernels/page.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/sanitize.h"
 
 #define NTHREADS 4
 
@@ -81,7 +82,7 @@ START_TEST(test_concurrent_encode_matches_serial)
 {
     pthread_t th[NTHREADS];
     job_t jobs[NTHREADS];
-    int iters = getenv("TQKV_SANITIZED") ? 12 : 60;
+    int iters = tqkv_test_sanitized() ? 12 : 60;
     uint64_t seed = tqkv_test_seed();
     for (int t = 0; t < NTHREADS; t++) {
         jobs[t] =

@@ -18,6 +18,8 @@
 
 #include "service/metrics.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 /* ---- fake store ---- */
 
@@ -57,18 +59,19 @@ tqkv_store_foreach_namespace(tqkv_store_t *s,
     return TQKV_OK;
 }
 
+/* No disk tier in the fake (its families are checked against a real server in
+ * tests/interop/disk_tier.py). */
+tqkv_status_t
+tqkv_store_disk_stats(tqkv_store_t *s, struct tqkv_disk_stats *out)
+{
+    (void)s;
+    (void)out;
+    return TQKV_ENOTFOUND;
+}
+
 /* ---- helpers ---- */
 
 static uint64_t rng_state;
-
-static uint64_t
-rng(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* Value of the sample whose "name{labels}" is exactly series, or NAN when absent. */
 static double
@@ -232,18 +235,18 @@ START_TEST(test_histogram_buckets_random)
     ck_assert_int_eq(tqkv_metrics_create(&m), TQKV_OK);
     uint64_t expect[17] = {0};
     double sum = 0;
-    int n = 1000 + (int)(rng() % 777);
+    int n = 1000 + (int)(tqkv_test_rand(&rng_state) % 777);
     for (int i = 0; i < n; i++) {
         double s;
-        switch (rng() % 4) {
+        switch (tqkv_test_rand(&rng_state) % 4) {
         case 0: /* exactly on a bound: le is inclusive */
-            s = k_le[rng() % 16];
+            s = k_le[tqkv_test_rand(&rng_state) % 16];
             break;
         case 1: /* above the last bound */
-            s = 10.0 + (double)(rng() % 1000) / 10.0;
+            s = 10.0 + (double)(tqkv_test_rand(&rng_state) % 1000) / 10.0;
             break;
         default: /* log-uniform 10us .. 20s */
-            s = 1e-5 * pow(2e6, (double)(rng() >> 11) / 9007199254740992.0);
+            s = 1e-5 * pow(2e6, (double)(tqkv_test_rand(&rng_state) >> 11) / 9007199254740992.0);
         }
         for (int b = 0; b < 16; b++)
             if (s <= k_le[b])
@@ -322,7 +325,7 @@ START_TEST(test_store_families)
     uint64_t vals[TQKV_TIER_COUNT][8];
     for (int t = 1; t < TQKV_TIER_COUNT; t++) {
         for (int k = 0; k < 8; k++)
-            vals[t][k] = rng() >> (rng() % 64);
+            vals[t][k] = tqkv_test_rand(&rng_state) >> (tqkv_test_rand(&rng_state) % 64);
         tqkv_tier_stats_t *ts = &s.all.tier[t];
         ts->capacity = vals[t][0];
         ts->bytes_used = vals[t][1];
@@ -333,8 +336,8 @@ START_TEST(test_store_families)
         ts->demotions = vals[t][6];
         ts->promotions = vals[t][7];
     }
-    s.all.page_bytes = 1000 + rng() % 100000;
-    s.all.bf16_bytes = s.all.page_bytes * 5 + rng() % 1000;
+    s.all.page_bytes = 1000 + tqkv_test_rand(&rng_state) % 100000;
+    s.all.bf16_bytes = s.all.page_bytes * 5 + tqkv_test_rand(&rng_state) % 1000;
     s.all.alloc_failures = 7;
     s.nns = 3;
     s.ns[0] = "zeta";
@@ -362,7 +365,7 @@ START_TEST(test_store_families)
                                         "tqkv_tier_pages",           "tqkv_tier_hits_total",
                                         "tqkv_tier_misses_total",    "tqkv_tier_evictions_total",
                                         "tqkv_tier_demotions_total", "tqkv_tier_promotions_total"};
-    static const char *const tiers[] = {"", "hbm", "dram"};
+    static const char *const tiers[] = {"", "hbm", "dram", "disk"};
     char series[160], line[200];
     for (int tier = 1; tier < TQKV_TIER_COUNT; tier++)
         for (int k = 0; k < 8; k++) {
@@ -405,14 +408,15 @@ START_TEST(test_counters_and_gauges)
     double es = 0, ds = 0;
     int streams = 0;
     for (int i = 0; i < 200; i++) {
-        uint64_t a = rng() % 100000, b = rng() % 100000, c = rng() % 1000000;
+        uint64_t a = tqkv_test_rand(&rng_state) % 100000, b = tqkv_test_rand(&rng_state) % 100000,
+                 c = tqkv_test_rand(&rng_state) % 1000000;
         tqkv_metrics_add_bytes(m, a, b, c);
         in += a;
         out += b;
         bf += c;
-        uint64_t x = rng() % 1000000;
-        double sec = (double)(rng() % 1000) * 1e-6;
-        int enc = (int)(rng() & 1);
+        uint64_t x = tqkv_test_rand(&rng_state) % 1000000;
+        double sec = (double)(tqkv_test_rand(&rng_state) % 1000) * 1e-6;
+        int enc = (int)(tqkv_test_rand(&rng_state) & 1);
         tqkv_metrics_codec(m, enc ? 7 : 0, x, sec);
         if (enc) {
             eb += x;
@@ -421,7 +425,7 @@ START_TEST(test_counters_and_gauges)
             db += x;
             ds += sec;
         }
-        int d = (rng() % 3 == 0) ? -1 : 1;
+        int d = (tqkv_test_rand(&rng_state) % 3 == 0) ? -1 : 1;
         tqkv_metrics_streams(m, d);
         tqkv_metrics_data_channels(m, -d);
         streams += d;
@@ -512,7 +516,7 @@ worker(void *p)
 
 START_TEST(test_concurrent_updates)
 {
-    int iters = getenv("TQKV_SANITIZED") ? 3000 : 30000;
+    int iters = tqkv_test_sanitized() ? 3000 : 30000;
     enum { NT = 4 };
     tqkv_metrics_t *m;
     ck_assert_int_eq(tqkv_metrics_create(&m), TQKV_OK);

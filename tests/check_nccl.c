@@ -14,12 +14,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/check_main.h"
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 #define NO_NCCL "NCCL transport not available on this server"
 
@@ -237,7 +239,7 @@ START_TEST(nccl_get_falls_back_to_grpc_byte_identical)
     size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
     tqkv_hash_t hs[NH];
     for (size_t i = 0; i < NH; i++)
-        proc_hash(&hs[i], SEED, i, 16);
+        tqkv_test_hash(&hs[i], SEED, i, 16);
     /* Store every block but hash MISSING. */
     tqkv_put_opts_t po = {.key_bits = 4, .value_bits = 2};
     tqkv_put_t *p;
@@ -248,8 +250,8 @@ START_TEST(nccl_get_falls_back_to_grpc_byte_identical)
         if (b == MISSING)
             continue;
         for (uint32_t l = 0; l < L; l++) {
-            proc_fill(k, n, sh.head_dim, &seed);
-            proc_fill(v, n, sh.head_dim, &seed);
+            tqkv_test_bf16_fill(&seed, k, n, sh.head_dim);
+            tqkv_test_bf16_fill(&seed, v, n, sh.head_dim);
             tqkv_put_block_t pb = {.ns = "nccl",
                                    .hash = &hs[b],
                                    .layer = l,

@@ -19,7 +19,8 @@
 #include "tests/check_main.h"
 #include "transport/client.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -129,7 +130,7 @@ main(void)
     size_t n = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
     tqkv_hash_t hs[NH];
     for (size_t i = 0; i < NH; i++)
-        proc_hash(&hs[i], seed, i, 32);
+        tqkv_test_hash(&hs[i], seed, i, 32);
     {
         tqkv_put_opts_t po = {.key_bits = 3, .value_bits = 2};
         tqkv_put_t *p = NULL;
@@ -139,8 +140,8 @@ main(void)
             if (b == MISSING)
                 continue;
             for (uint32_t l = 0; l < L; l++) {
-                proc_fill(k, n, sh.head_dim, &seed);
-                proc_fill(v, n, sh.head_dim, &seed);
+                tqkv_test_bf16_fill(&seed, k, n, sh.head_dim);
+                tqkv_test_bf16_fill(&seed, v, n, sh.head_dim);
                 tqkv_put_block_t pb = {.ns = "gpu",
                                        .hash = &hs[b],
                                        .layer = l,

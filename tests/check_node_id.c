@@ -17,7 +17,8 @@
 #include "transport/client.h"
 #include "transport/node_id.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 static int
 query_tok(const char *addr, const char *token, char *id, size_t cap, char *why, size_t whylen)

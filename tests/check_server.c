@@ -1,40 +1,24 @@
 /* check_server.c - unit checks of tqkv-server's pure parts: config flags and env,
- * byte sizes, request validation (every field named in its error), status mapping,
- * log line formats and the encoder pool.
+ * byte sizes, status mapping, log line formats (fields a client cannot forge) and the
+ * encoder pool. Request validation is in check_validate.c.
  */
 #include <check.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check_main.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
-#include "kernels/tq_math.h"
 #include "service/config.h"
 #include "service/encoder.h"
 #include "service/log.h"
 #include "service/server.h"
 #include "service/status_map.h"
-#include "service/validate.h"
-
-static uint64_t rng_state;
-
-static uint64_t
-rnd(void)
-{
-    return tqkv_splitmix64(&rng_state);
-}
-
-static float
-rnd_normal(void)
-{
-    double u1 = ((double)(rnd() >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (double)(rnd() >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
+#include "tests/support/sanitize.h"
 
 /* ---- config ---- */
 
@@ -171,266 +155,6 @@ START_TEST(test_status_map)
 }
 END_TEST
 
-/* ---- validate ---- */
-
-typedef struct block {
-    uint32_t t, h, d;
-    uint16_t *k, *v;
-} block_t;
-
-static void
-block_make(block_t *b, uint32_t t, uint32_t h, uint32_t d)
-{
-    size_t n = (size_t)t * h * d;
-    b->t = t;
-    b->h = h;
-    b->d = d;
-    b->k = malloc(n * 2);
-    b->v = malloc(n * 2);
-    for (size_t i = 0; i < n; i++) {
-        b->k[i] = tqkv_f32_to_bf16(rnd_normal());
-        b->v[i] = tqkv_f32_to_bf16(rnd_normal());
-    }
-}
-
-static void
-block_free(block_t *b)
-{
-    free(b->k);
-    free(b->v);
-}
-
-static uint8_t *
-pack_put(const Tqkv__V1__PutRequest *m, size_t *len)
-{
-    *len = tqkv__v1__put_request__get_packed_size(m);
-    uint8_t *buf = malloc(*len + 1);
-    tqkv__v1__put_request__pack(m, buf);
-    return buf;
-}
-
-static uint8_t hash_a[32], hash_b[80];
-
-static void
-fill_put(Tqkv__V1__PutRequest *m, block_t *b)
-{
-    tqkv__v1__put_request__init(m);
-    m->namespace_ = "unit-ns";
-    m->hash.data = hash_a;
-    m->hash.len = 32;
-    m->layer = 3;
-    m->num_tokens = b->t;
-    m->num_kv_heads = b->h;
-    m->head_dim = b->d;
-    m->key.data = (uint8_t *)b->k;
-    m->key.len = (size_t)b->t * b->h * b->d * 2;
-    m->value.data = (uint8_t *)b->v;
-    m->value.len = m->key.len;
-}
-
-/* Packs m, validates, and checks the status and that err names `field`. */
-static void
-expect_put(const Tqkv__V1__PutRequest *m, tqkv_status_t want, const char *field)
-{
-    tqkv_limits_t lim;
-    tqkv_limits_default(&lim);
-    size_t len;
-    uint8_t *buf = pack_put(m, &len);
-    char err[256] = "";
-    Tqkv__V1__PutRequest *out = NULL;
-    tqkv_status_t st = tqkv_validate_put(buf, len, &lim, &out, err, sizeof err);
-    ck_assert_msg(st == want, "want %s got %s (%s) for %s", tqkv_status_name(want),
-                  tqkv_status_name(st), err, field ? field : "ok");
-    if (st == TQKV_OK) {
-        ck_assert_ptr_nonnull(out);
-        tqkv__v1__put_request__free_unpacked(out, NULL);
-    } else {
-        ck_assert_ptr_null(out);
-        ck_assert_msg(strstr(err, field) != NULL, "error '%s' does not name %s", err, field);
-    }
-    free(buf);
-}
-
-START_TEST(test_validate_put)
-{
-    block_t b;
-    Tqkv__V1__PutRequest m;
-    uint32_t t = 1 + (uint32_t)(rnd() % 40), h = 1 + (uint32_t)(rnd() % 5);
-    block_make(&b, t, h, 64);
-    for (size_t i = 0; i < sizeof hash_b; i++)
-        hash_b[i] = (uint8_t)rnd();
-    memcpy(hash_a, hash_b, sizeof hash_a);
-
-    fill_put(&m, &b);
-    expect_put(&m, TQKV_OK, NULL);
-    fill_put(&m, &b);
-    m.key.len -= 2;
-    expect_put(&m, TQKV_EINVAL, "key");
-    fill_put(&m, &b);
-    m.value.len -= 2;
-    expect_put(&m, TQKV_EINVAL, "value");
-    fill_put(&m, &b);
-    m.num_tokens++;
-    expect_put(&m, TQKV_EINVAL, "key");
-    fill_put(&m, &b);
-    m.head_dim = 8;
-    expect_put(&m, TQKV_EINVAL, "head_dim");
-    fill_put(&m, &b);
-    m.num_kv_heads = 0;
-    expect_put(&m, TQKV_EINVAL, "num_kv_heads");
-    fill_put(&m, &b);
-    m.hash.len = 0;
-    expect_put(&m, TQKV_EINVAL, "hash");
-    fill_put(&m, &b);
-    m.hash.data = hash_b;
-    m.hash.len = 65;
-    expect_put(&m, TQKV_EINVAL, "hash");
-    fill_put(&m, &b);
-    m.parent_hash.data = hash_b;
-    m.parent_hash.len = 5;
-    expect_put(&m, TQKV_EINVAL, "parent_hash");
-    fill_put(&m, &b);
-    m.namespace_ = "";
-    expect_put(&m, TQKV_EINVAL, "namespace");
-    fill_put(&m, &b);
-    m.namespace_ = "tab\there";
-    expect_put(&m, TQKV_EINVAL, "namespace");
-    fill_put(&m, &b);
-    m.layer = 4096;
-    expect_put(&m, TQKV_EINVAL, "layer");
-
-    size_t at = (size_t)(rnd() % ((size_t)t * h * 64));
-    uint16_t saved = b.k[at];
-    b.k[at] = 0x7fc0; /* NaN */
-    fill_put(&m, &b);
-    expect_put(&m, TQKV_ERANGE, "key");
-    b.k[at] = 0xff80; /* -Inf */
-    expect_put(&m, TQKV_ERANGE, "key");
-    b.k[at] = saved;
-
-    Tqkv__V1__Codec codec = TQKV__V1__CODEC__INIT;
-    fill_put(&m, &b);
-    m.codec = &codec;
-    codec.key_bits = 2.75f;
-    expect_put(&m, TQKV_EUNSUPPORTED, "codec.key_bits");
-    codec.key_bits = 3.5f;
-    codec.value_bits = 0.5f;
-    expect_put(&m, TQKV_EUNSUPPORTED, "codec.value_bits");
-    codec.value_bits = 2.0f;
-    codec.key_mode = (Tqkv__V1__Mode)9;
-    expect_put(&m, TQKV_EUNSUPPORTED, "codec.key_mode");
-    codec.key_mode = TQKV__V1__MODE__MODE_PROD;
-    expect_put(&m, TQKV_OK, NULL);
-
-    /* A real page: accepted as is; corrupt, truncated, mismatched or doubled: named. */
-    tqkv_policy_t pol;
-    tqkv_block_codec_t bc;
-    tqkv_block_shape_t shape = {t, h, 64};
-    tqkv_policy_default(&pol);
-    tqkv_policy_block_codec(&pol, 5, 0, &bc);
-    size_t cap, written;
-    ck_assert_int_eq(tqkv_page_size(&shape, &bc, &cap), TQKV_OK);
-    uint8_t *page = malloc(cap);
-    char err[256];
-    ck_assert_int_eq(tqkv_page_encode(&shape, &bc, b.k, b.v, page, cap, &written, err, sizeof err),
-                     TQKV_OK);
-    fill_put(&m, &b);
-    m.key.len = m.value.len = 0;
-    m.page.data = page;
-    m.page.len = written;
-    expect_put(&m, TQKV_OK, NULL);
-    m.num_tokens = t + 1;
-    expect_put(&m, TQKV_EINVAL, "page");
-    m.num_tokens = t;
-    m.page.len = written - 64;
-    expect_put(&m, TQKV_EFORMAT, "page");
-    m.page.len = written;
-    page[written / 2] ^= 0x10;
-    {
-        tqkv_limits_t lim;
-        tqkv_limits_default(&lim);
-        size_t len;
-        uint8_t *buf = pack_put(&m, &len);
-        Tqkv__V1__PutRequest *out = NULL;
-        ck_assert_int_ne(tqkv_validate_put(buf, len, &lim, &out, err, sizeof err), TQKV_OK);
-        ck_assert_ptr_nonnull(strstr(err, "page"));
-        free(buf);
-    }
-    page[written / 2] ^= 0x10;
-    m.key.len = 2;
-    expect_put(&m, TQKV_EINVAL, "page");
-    free(page);
-    block_free(&b);
-}
-END_TEST
-
-START_TEST(test_validate_garbage_and_limits)
-{
-    tqkv_limits_t lim;
-    tqkv_limits_default(&lim);
-    char err[256];
-    uint8_t junk[97];
-    for (int round = 0; round < 200; round++) {
-        size_t n = (size_t)(rnd() % sizeof junk);
-        for (size_t i = 0; i < n; i++)
-            junk[i] = (uint8_t)rnd();
-        Tqkv__V1__PutRequest *p = NULL;
-        Tqkv__V1__GetRequest *g = NULL;
-        Tqkv__V1__LookupRequest *l = NULL;
-        /* Must never succeed with missing fields and never crash. */
-        if (tqkv_validate_put(junk, n, &lim, &p, err, sizeof err) == TQKV_OK)
-            tqkv__v1__put_request__free_unpacked(p, NULL);
-        if (tqkv_validate_get(junk, n, &lim, &g, err, sizeof err) == TQKV_OK)
-            tqkv__v1__get_request__free_unpacked(g, NULL);
-        if (tqkv_validate_lookup(junk, n, &lim, &l, err, sizeof err) == TQKV_OK)
-            tqkv__v1__lookup_request__free_unpacked(l, NULL);
-    }
-    static const uint8_t bad[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x12};
-    Tqkv__V1__StatsRequest *s = NULL;
-    ck_assert_int_eq(tqkv_validate_stats(bad, sizeof bad, &lim, &s, err, sizeof err), TQKV_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "message"));
-
-    /* Get: layer range, hashes, encoding. */
-    Tqkv__V1__GetRequest gr = TQKV__V1__GET_REQUEST__INIT;
-    ProtobufCBinaryData hs[2] = {{16, hash_b}, {0, hash_b}};
-    gr.namespace_ = "ns";
-    gr.n_hashes = 1;
-    gr.hashes = hs;
-    gr.layer_begin = 4;
-    gr.layer_end = 4;
-    uint8_t buf[256];
-    size_t len = tqkv__v1__get_request__pack(&gr, buf);
-    Tqkv__V1__GetRequest *g = NULL;
-    ck_assert_int_eq(tqkv_validate_get(buf, len, &lim, &g, err, sizeof err), TQKV_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "layer_end"));
-    gr.layer_end = 6;
-    gr.n_hashes = 2;
-    len = tqkv__v1__get_request__pack(&gr, buf);
-    ck_assert_int_eq(tqkv_validate_get(buf, len, &lim, &g, err, sizeof err), TQKV_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "hashes[1]"));
-    gr.n_hashes = 1;
-    len = tqkv__v1__get_request__pack(&gr, buf);
-    ck_assert_int_eq(tqkv_validate_get(buf, len, &lim, &g, err, sizeof err), TQKV_OK);
-    tqkv__v1__get_request__free_unpacked(g, NULL);
-    lim.max_message_bytes = len - 1;
-    ck_assert_int_eq(tqkv_validate_get(buf, len, &lim, &g, err, sizeof err), TQKV_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "message"));
-
-    /* Delete: all xor hashes. */
-    tqkv_limits_default(&lim);
-    Tqkv__V1__DeleteRequest dr = TQKV__V1__DELETE_REQUEST__INIT;
-    Tqkv__V1__DeleteRequest *d = NULL;
-    dr.namespace_ = "ns";
-    len = tqkv__v1__delete_request__pack(&dr, buf);
-    ck_assert_int_eq(tqkv_validate_delete(buf, len, &lim, &d, err, sizeof err), TQKV_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err, "hashes"));
-    dr.all = 1;
-    len = tqkv__v1__delete_request__pack(&dr, buf);
-    ck_assert_int_eq(tqkv_validate_delete(buf, len, &lim, &d, err, sizeof err), TQKV_OK);
-    tqkv__v1__delete_request__free_unpacked(d, NULL);
-}
-END_TEST
-
 /* ---- log ---- */
 
 START_TEST(test_log_lines)
@@ -464,6 +188,42 @@ START_TEST(test_log_lines)
 }
 END_TEST
 
+/* Counts the occurrences of needle in s. */
+static int
+count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+START_TEST(test_log_fields_cannot_be_forged)
+{
+    const char *detail = "namespace: 'x\"level=\"error\"msg=\"forged' holds no blocks\\";
+    char q[256], fields[400], line[1024];
+    tqkv_log_quote(q, sizeof q, detail);
+    snprintf(fields, sizeof fields, "method=Delete code=5 detail=\"%s\" after=1", q);
+    size_t n = tqkv_log_format_line(line, sizeof line, TQKV_LOG_JSON, TQKV_LOG_DEBUG, "call failed",
+                                    fields);
+    ck_assert_uint_eq(n, strlen(line));
+    ck_assert_msg(count(line, "\"level\":") == 1, "%s", line);
+    ck_assert_msg(count(line, "\"msg\":") == 1, "%s", line);
+    ck_assert_msg(strstr(line, "\"detail\":\"namespace: 'x\\\"level=\\\"error\\\"msg=\\\"forged' "
+                               "holds no blocks\\\\\",\"after\":\"1\"}") != NULL,
+                  "%s", line);
+    n = tqkv_log_format_line(line, sizeof line, TQKV_LOG_TEXT, TQKV_LOG_DEBUG, "call failed",
+                             fields);
+    ck_assert_msg(count(line, " level=") == 1, "%s", line);
+    ck_assert_msg(strstr(line, " after=1\n") != NULL, "%s", line);
+    /* Quoting truncates to the buffer and never splits an escape. */
+    char tiny[8];
+    ck_assert_uint_le(tqkv_log_quote(tiny, sizeof tiny, "\"\"\"\"\"\""), 6);
+    ck_assert_uint_eq(strlen(tiny) % 2, 0);
+    ck_assert_uint_eq(tqkv_log_quote(tiny, sizeof tiny, NULL), 0);
+}
+END_TEST
+
 /* ---- encoder pool ---- */
 
 static atomic_long job_sum;
@@ -477,7 +237,7 @@ add_job(void *arg)
 START_TEST(test_encoder_runs_every_job)
 {
     tqkv_encoder_t *e;
-    long n = getenv("TQKV_SANITIZED") ? 2000 : 20000, want = 0;
+    long n = tqkv_test_sanitized() ? 2000 : 20000, want = 0;
     atomic_store(&job_sum, 0);
     ck_assert_int_eq(tqkv_encoder_create(3, &e), TQKV_OK);
     for (long i = 1; i <= n; i++) {
@@ -533,15 +293,13 @@ server_suite(void)
 {
     Suite *s = suite_create("server");
     TCase *tc = tcase_create("core");
-    rng_state = tqkv_test_seed();
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_parse_bytes);
     tcase_add_test(tc, test_config_flags);
     tcase_add_test(tc, test_config_env);
     tcase_add_test(tc, test_status_map);
-    tcase_add_test(tc, test_validate_put);
-    tcase_add_test(tc, test_validate_garbage_and_limits);
     tcase_add_test(tc, test_log_lines);
+    tcase_add_test(tc, test_log_fields_cannot_be_forged);
     tcase_add_test(tc, test_encoder_runs_every_job);
     tcase_add_test(tc, test_server_lifecycle_and_bind_error);
     suite_add_tcase(s, tc);

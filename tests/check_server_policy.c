@@ -8,6 +8,7 @@
  * policy (boundary layers included), with per-request overrides still winning.
  */
 #include <check.h>
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,8 @@
 #include "tests/check_main.h"
 #include "transport/client.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 /* ---- config ---- */
 
@@ -266,6 +268,119 @@ START_TEST(test_usage)
 }
 END_TEST
 
+/* Every option of the table is applied: each flag, alone, changes the configuration
+ * (the flags are read from --help, which lists the whole table, so a new option needs a
+ * value here). A combination check may then reject the flag alone (--device without
+ * CUDA, --tls-cert without --tls-key): the value was still applied. */
+static const struct {
+    const char *flag, *value;
+} every_flag[] = {
+    {"node-id", "tqkv-test-9"},
+    {"listen", "127.0.0.1:1"},
+    {"threads", "777"},
+    {"encoder-threads", "777"},
+    {"dram-capacity", "3M"},
+    {"hbm-capacity", "1M"},
+    {"hbm-standin", "1"},
+    {"device", "0"},
+    {"disk-path", "/tmp/tqkv-every-flag"},
+    {"disk-capacity", "2M"},
+    {"disk-sync", "always"},
+    {"max-message-bytes", "5M"},
+    {"max-streams", "7"},
+    {"key-bits", "1"},
+    {"value-bits", "1"},
+    {"key-mode", "prod"},
+    {"value-mode", "prod"},
+    {"boundary-layers", "77"},
+    {"boundary-key-bits", "1"},
+    {"boundary-value-bits", "1"},
+    {"rotation", "dense"},
+    {"norm-correction", "0"},
+    {"key-centering", "0"},
+    {"seed", "123456789"},
+    {"namespace-policy", "team:key-bits=2"},
+    {"eviction", "lru"},
+    {"ns-quota", "1M"},
+    {"verify-crc", "1"},
+    {"metrics-listen", "127.0.0.1:0"},
+    {"data-listen", "127.0.0.1:0"},
+    {"auth-tokens", "/nonexistent/tokens"},
+    {"tls-cert", "/nonexistent/cert.pem"},
+    {"tls-key", "/nonexistent/key.pem"},
+    {"tls-client-ca", "/nonexistent/ca.pem"},
+    {"drain-seconds", "7"},
+    {"log-level", "debug"},
+    {"log-format", "json"},
+    {"help", "1"},
+    {"version", "1"},
+};
+
+START_TEST(test_every_option_applies)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(f);
+    tqkv_config_usage(f);
+    fclose(f);
+
+    static tqkv_server_config_t base, cfg, alt;
+    char err[256], prog[] = "tqkv-server";
+    char *argv0[] = {prog, NULL};
+    tqkv_config_default(&base);
+    ck_assert_int_eq(tqkv_config_parse(&base, 1, argv0, err, sizeof err), TQKV_OK);
+
+    size_t nflags = 0;
+    for (const char *line = text; line && *line;
+         line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (!strncmp(line, "Codec defaults", 14))
+            break; /* the flag list ends here (examples follow) */
+        if (strncmp(line, "  --", 4) != 0)
+            continue;
+        char name[64];
+        size_t n = strcspn(line + 4, " \n");
+        ck_assert_uint_lt(n, sizeof name);
+        memcpy(name, line + 4, n);
+        name[n] = '\0';
+        const char *value = NULL;
+        for (size_t i = 0; i < sizeof every_flag / sizeof every_flag[0]; i++)
+            if (!strcmp(every_flag[i].flag, name))
+                value = every_flag[i].value;
+        ck_assert_msg(value != NULL, "--%s: no value in every_flag[] (a new option?)", name);
+        nflags++;
+
+        char arg[160];
+        snprintf(arg, sizeof arg, "--%s=%s", name, value);
+        char *argv[] = {prog, arg, NULL};
+        tqkv_config_default(&cfg);
+        err[0] = '\0';
+        tqkv_status_t st = tqkv_config_parse(&cfg, 2, argv, err, sizeof err);
+        /* Rejected only by a combination check, never as a bad value or unknown flag. */
+        ck_assert_msg(st == TQKV_OK || !strstr(err, "invalid value"), "--%s=%s: %s", name, value,
+                      err);
+        ck_assert_msg(st == TQKV_OK || !strstr(err, "unknown flag"), "--%s=%s: %s", name, value,
+                      err);
+        ck_assert_msg(memcmp(&cfg, &base, sizeof cfg) != 0, "--%s=%s changed nothing", name, value);
+
+        /* The variable, where the option has one, applies the same way. */
+        char env[64] = "TQKV_";
+        for (size_t i = 0; name[i] && i + 6 < sizeof env; i++)
+            env[5 + i] = name[i] == '-' ? '_' : (char)toupper((unsigned char)name[i]);
+        if (strstr(line, env) == NULL)
+            continue; /* --help, --version: no variable */
+        setenv(env, value, 1);
+        tqkv_config_default(&alt);
+        tqkv_config_parse(&alt, 1, argv0, err, sizeof err);
+        unsetenv(env);
+        ck_assert_msg(memcmp(&alt, &cfg, sizeof cfg) == 0, "%s=%s differs from --%s=%s", env, value,
+                      name, value);
+    }
+    ck_assert_uint_eq(nflags, sizeof every_flag / sizeof every_flag[0]);
+    free(text);
+}
+END_TEST
+
 /* ---- server ---- */
 
 #define NS_LAYERS 8
@@ -392,11 +507,11 @@ START_TEST(test_server_ns_policy)
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
     ck_assert_ptr_nonnull(k);
     ck_assert_ptr_nonnull(v);
-    proc_fill(k, n, sh.head_dim, &seed);
-    proc_fill(v, n, sh.head_dim, &seed);
+    tqkv_test_bf16_fill(&seed, k, n, sh.head_dim);
+    tqkv_test_bf16_fill(&seed, v, n, sh.head_dim);
     tqkv_hash_t h, h2;
-    proc_hash(&h, seed, 1, 32);
-    proc_hash(&h2, seed, 2, 32);
+    tqkv_test_hash(&h, seed, 1, 32);
+    tqkv_test_hash(&h2, seed, 2, 32);
 
     /* The expected policies, written out from the flags above. */
     tqkv_policy_t global, pa, pteam, pteamx;
@@ -534,6 +649,7 @@ server_policy_suite(void)
     tcase_add_test(tc, test_spec_bad);
     tcase_add_test(tc, test_spec_limit);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_every_option_applies);
     tcase_add_test(tc, test_env_empty_and_unknown);
     suite_add_tcase(s, tc);
     tc = tcase_create("server");

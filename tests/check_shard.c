@@ -8,15 +8,19 @@
  */
 #include <check.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/check_main.h"
 #include "transport/client.h"
 #include "transport/shard.h"
 
-#include "tests/check_client_proc.c"
+#include "tests/support/kv_data.h"
+#include "tests/support/server_proc.h"
 
 #define NS_ 3
 static srv_t S[NS_];
@@ -33,8 +37,8 @@ block_data(const tqkv_hash_t *h, uint32_t layer, uint16_t *k, uint16_t *v)
     memcpy(&s, h->bytes, 8);
     s ^= (uint64_t)(layer + 1) * 0x9E3779B97F4A7C15ull;
     size_t n = (size_t)SH.num_tokens * SH.num_kv_heads * SH.head_dim;
-    proc_fill(k, n, SH.head_dim, &s);
-    proc_fill(v, n, SH.head_dim, &s);
+    tqkv_test_bf16_fill(&s, k, n, SH.head_dim);
+    tqkv_test_bf16_fill(&s, v, n, SH.head_dim);
 }
 
 static void
@@ -95,8 +99,8 @@ check_page(void *arg, const tqkv_get_page_t *pg)
     tqkv_block_shape_t got;
     if (tqkv_client_decode_page(pg->page, pg->page_len, t->dk, t->dv, &got) != TQKV_OK ||
         got.num_tokens != SH.num_tokens || got.num_kv_heads != SH.num_kv_heads ||
-        got.head_dim != SH.head_dim || !(proc_rel_err(t->k, t->dk, n) < 0.3) ||
-        !(proc_rel_err(t->v, t->dv, n) < 0.3))
+        got.head_dim != SH.head_dim || !(tqkv_test_bf16_rel_err(t->k, t->dk, n) < 0.3) ||
+        !(tqkv_test_bf16_rel_err(t->v, t->dv, n) < 0.3))
         t->wrong++;
     return 0;
 }
@@ -165,7 +169,7 @@ run_kill_restart(uint32_t R)
     tqkv_hash_t hs[NSEQ][NB];
     for (int s = 0; s < NSEQ; s++)
         for (int b = 0; b < NB; b++)
-            proc_hash(&hs[s][b], SEED + R, (uint64_t)s * 100 + (uint64_t)b, 16);
+            tqkv_test_hash(&hs[s][b], SEED + R, (uint64_t)s * 100 + (uint64_t)b, 16);
     for (int s = 0; s < NSEQ; s++)
         put_seq(c, ns, hs[s], NB);
 
@@ -212,7 +216,7 @@ run_kill_restart(uint32_t R)
     /* Puts while it is down land on live servers and read back. */
     tqkv_hash_t down[NB];
     for (int b = 0; b < NB; b++)
-        proc_hash(&down[b], SEED + R, 5000 + (uint64_t)b, 16);
+        tqkv_test_hash(&down[b], SEED + R, 5000 + (uint64_t)b, 16);
     put_seq(c, ns, down, NB);
     tally_t td = get_seq(c, ns, down, NB);
     ck_assert_uint_eq(td.wrong, 0);
@@ -238,7 +242,7 @@ run_kill_restart(uint32_t R)
     int fresh_from_victim = 0;
     for (int s = 0; s < NNEW; s++) {
         for (int b = 0; b < NB; b++)
-            proc_hash(&fresh[s][b], SEED + R, 9000 + (uint64_t)s * 100 + (uint64_t)b, 16);
+            tqkv_test_hash(&fresh[s][b], SEED + R, 9000 + (uint64_t)s * 100 + (uint64_t)b, 16);
         put_seq(c, ns, fresh[s], NB);
     }
     for (int s = 0; s < NNEW; s++) {
@@ -277,7 +281,7 @@ START_TEST(test_delete_fans_out)
     enum { NB = 6 };
     tqkv_hash_t hs[NB];
     for (int b = 0; b < NB; b++)
-        proc_hash(&hs[b], SEED, 7000 + (uint64_t)b, 32);
+        tqkv_test_hash(&hs[b], SEED, 7000 + (uint64_t)b, 32);
     put_seq(c, "del", hs, NB);
     uint64_t pages = 0;
     ck_assert_int_eq(tqkv_client_delete(c, "del", hs, NB, 0, &pages, NULL), TQKV_OK);
@@ -298,7 +302,7 @@ START_TEST(test_put_resend_on_kill)
     size_t n = (size_t)SH.num_tokens * SH.num_kv_heads * SH.head_dim;
     uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
     for (int b = 0; b < NB; b++)
-        proc_hash(&hs[b], SEED, 20000 + (uint64_t)b, 16);
+        tqkv_test_hash(&hs[b], SEED, 20000 + (uint64_t)b, 16);
     /* Block 0 must rank server 0 first, so that the dying stream holds something. */
     uint64_t ids[NS_];
     for (int i = 0; i < NS_; i++)
@@ -308,7 +312,7 @@ START_TEST(test_put_resend_on_kill)
         tqkv_shard_rank(ids, NS_, tqkv_shard_block_key("rs", hs[0].bytes, hs[0].len), order);
         if (order[0] == 0)
             break;
-        proc_hash(&hs[0], SEED, 30000 + salt, 16);
+        tqkv_test_hash(&hs[0], SEED, 30000 + salt, 16);
     }
     tqkv_put_t *p;
     ck_assert_int_eq(tqkv_client_put_begin(c, NULL, &p), TQKV_OK);

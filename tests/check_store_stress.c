@@ -18,6 +18,7 @@
 #include "cache/store.h"
 #include "tests/check_main.h"
 #include "tests/store_test_util.h"
+#include "tests/support/sanitize.h"
 
 #define NTHREADS 4
 #define NKEYS 120
@@ -47,7 +48,7 @@ static size_t
 key_size(uint64_t kseed)
 {
     uint64_t x = kseed ^ 0x5151;
-    uint64_t r = st_splitmix(&x);
+    uint64_t r = tqkv_test_rand(&x);
     unsigned shift = 6 + (unsigned)(r % 12); /* 64 B .. 128 KiB */
     size_t base = (size_t)1 << shift;
     size_t len = base + (size_t)((r >> 8) % base) + (r >> 40) % 7;
@@ -66,7 +67,7 @@ worker(void *arg)
 
     while (now_s() < end) {
         for (int burst = 0; burst < 64; burst++) {
-            uint64_t r = st_splitmix(&x);
+            uint64_t r = tqkv_test_rand(&x);
             const char *ns = namespaces[(r >> 60) & 1 ? 1 : 0];
             uint64_t kn = (r >> 8) % NKEYS;
             uint32_t layer = (uint32_t)((r >> 20) % NLAYERS);
@@ -149,7 +150,7 @@ START_TEST(test_store_stress)
     shared_t sh;
     pthread_t th[NTHREADS];
     const char *e = getenv("TQKV_STRESS_SECONDS");
-    int sanitized = getenv("TQKV_SANITIZED") != NULL;
+    int sanitized = tqkv_test_sanitized();
 
     memset(&sh, 0, sizeof(sh));
     sh.seconds = e ? atof(e) : (sanitized ? 8.0 : 20.0);

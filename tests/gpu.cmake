@@ -18,6 +18,11 @@ endif()
 # emulator (tests/gpu/simt_emu.cpp) that also stands in for the CUDA runtime. Needs
 # the CUDA headers only; not under sanitizers (coroutine stacks confuse them).
 if(TQKV_HAVE_CUDA AND TARGET tqkv_cache AND NOT TQKV_SANITIZE)
+  # The emulator's stand-ins for the CUDA device API, force-included into the host
+  # builds of kernels/*.cu (gpu/emu_*.cpp), so kernels/ never includes tests/.
+  set_source_files_properties(gpu/emu_common.cpp gpu/emu_encode.cpp gpu/emu_decode.cpp
+    gpu/emu_attention.cpp PROPERTIES
+    COMPILE_OPTIONS "-include;${CMAKE_CURRENT_SOURCE_DIR}/gpu/simt_emu.h")
   tqkv_check_suite(check_gpu_emu SOURCES gpu/check_gpu.c gpu/simt_emu.cpp gpu/emu_common.cpp
     gpu/emu_encode.cpp gpu/emu_decode.cpp gpu/emu_attention.cpp
     LIBS tqkv_cache tqkv_kernels LABELS unit TIMEOUT 300)

@@ -1,5 +1,5 @@
-# tests/server.cmake: tqkv-server. check_server (unit checks of config, validation,
-# status mapping, logs, encoder pool) and the Python grpcio interop test against the
+# tests/server.cmake: tqkv-server. check_server (unit checks of config, status
+# mapping, logs, encoder pool) and the Python grpcio interop test against the
 # real server binary.
 if(TARGET tqkv_service AND TARGET tqkv-server)
   tqkv_check_suite(check_server SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/check_server.c
@@ -30,7 +30,7 @@ if(TARGET tqkv_service AND TARGET tqkv-server)
     LIBS tqkv_service LABELS "server" TIMEOUT 300)
   set_tests_properties(check_server_policy PROPERTIES
     ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;CK_RUN_CASE=server;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
-  add_test(NAME check_config_ns_policy COMMAND check_server_policy)
-  set_tests_properties(check_config_ns_policy PROPERTIES LABELS "unit;server" TIMEOUT 120
+  add_test(NAME check_server_policy_config COMMAND check_server_policy)
+  set_tests_properties(check_server_policy_config PROPERTIES LABELS "unit;server" TIMEOUT 120
     ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;CK_RUN_CASE=config")
 endif()

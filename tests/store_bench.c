@@ -56,7 +56,7 @@ zipf_init(zipf_t *z, size_t n, double s)
 static size_t
 zipf_draw(const zipf_t *z, uint64_t *x)
 {
-    double u = (double)(st_splitmix(x) >> 11) * (1.0 / 9007199254740992.0);
+    double u = (double)(tqkv_test_rand(x) >> 11) * (1.0 / 9007199254740992.0);
     size_t lo = 0, hi = z->n - 1;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
@@ -169,7 +169,7 @@ tp_worker(void *p)
                 tqkv_block_key_t k = {NS, strlen(NS), h[0], 32, 0};
                 tqkv_store_put(a->s, &k, NULL, 0, page, sizeof(page), 0, NULL);
             } else if (a->op == OP_GET) {
-                st_hash(h[0], 1, st_splitmix(&x) % a->nkeys);
+                st_hash(h[0], 1, tqkv_test_rand(&x) % a->nkeys);
                 tqkv_block_key_t k = {NS, strlen(NS), h[0], 32, 0};
                 tqkv_page_ref_t *ref;
                 if (tqkv_store_get(a->s, &k, &ref) == TQKV_OK)
@@ -178,7 +178,7 @@ tp_worker(void *p)
                 const uint8_t *hp[8];
                 size_t hl[8];
                 uint32_t prefix;
-                uint64_t base = st_splitmix(&x) % (a->nkeys - 8);
+                uint64_t base = tqkv_test_rand(&x) % (a->nkeys - 8);
                 for (int j = 0; j < 8; j++) {
                     st_hash(h[j], 1, base + (uint64_t)j);
                     hp[j] = h[j];

@@ -9,15 +9,7 @@
 #include <string.h>
 
 #include "cache/store.h"
-
-static inline uint64_t
-st_splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+#include "tests/support/rng.h"
 
 /* Seed for the content of key (ns, hash, layer). */
 static inline uint64_t
@@ -38,11 +30,11 @@ st_fill(uint8_t *buf, size_t len, uint64_t seed)
     uint64_t x = seed;
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
-        uint64_t v = st_splitmix(&x);
+        uint64_t v = tqkv_test_rand(&x);
         memcpy(buf + i, &v, 8);
     }
     if (i < len) {
-        uint64_t v = st_splitmix(&x);
+        uint64_t v = tqkv_test_rand(&x);
         memcpy(buf + i, &v, len - i);
     }
 }
@@ -54,12 +46,12 @@ st_check(const uint8_t *buf, size_t len, uint64_t seed)
     uint64_t x = seed;
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
-        uint64_t v = st_splitmix(&x);
+        uint64_t v = tqkv_test_rand(&x);
         if (memcmp(buf + i, &v, 8) != 0)
             return 0;
     }
     if (i < len) {
-        uint64_t v = st_splitmix(&x);
+        uint64_t v = tqkv_test_rand(&x);
         if (memcmp(buf + i, &v, len - i) != 0)
             return 0;
     }
@@ -72,7 +64,7 @@ st_hash(uint8_t out[32], uint64_t seq, uint64_t n)
 {
     uint64_t x = seq * 0x9E3779B97F4A7C15ULL ^ (n + 1);
     for (int i = 0; i < 4; i++) {
-        uint64_t v = st_splitmix(&x);
+        uint64_t v = tqkv_test_rand(&x);
         memcpy(out + 8 * i, &v, 8);
     }
 }

@@ -26,6 +26,10 @@
 #include "kernels/page.h"
 #include "kernels/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tqkv_client tqkv_client_t;
 typedef struct tqkv_put tqkv_put_t;
 
@@ -55,7 +59,7 @@ typedef struct tqkv_client_opts {
     uint32_t backoff_min_ms;      /* a failed target is skipped this long first; 0 = 200 */
     uint32_t backoff_max_ms;      /* doubling up to this; 0 = 5000 */
     /* How PACKED Gets move page bytes. TQKV_CLIENT_TRANSPORT_TCP: over TCP data channels
-     * (design.md, "TCP data channel") to servers started with --data-listen, one channel
+     * (docs/design.md, "TCP data channel") to servers started with --data-listen, one channel
      * per Get in flight, kept open and reused; a server without them (or unreachable on
      * its data port) is asked over gRPC instead, and the reason is kept
      * (tqkv_client_data_channel_status). BF16 Gets always use gRPC. */
@@ -332,28 +336,8 @@ tqkv_status_t tqkv_client_get_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const t
  * first Get), else why its Gets fall back to gRPC. Borrowed until the next call. */
 const char *tqkv_client_data_channel_status(tqkv_client_t *c, size_t target);
 
-/* ---- Internal, exposed for the tests ---- */
-
-/* A GetResponse read in place (pointers borrow the message bytes). */
-typedef struct tqkv__get_msg {
-    const uint8_t *hash, *page, *key, *value;
-    size_t hash_len, page_len, key_len, value_len;
-    uint32_t layer, num_tokens, num_kv_heads, head_dim;
-    int found, tier;
-} tqkv__get_msg_t;
-
-/* Parses a serialized tqkv.v1.GetResponse without copying. Returns 0, or -1 when
- * p[0..n) is not a well-formed message. */
-int tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m);
-
-/* The OpenChannel RPC alone on target: writes the channel id and the unique id
- * (uid[128], *uid_len) on success; on failure the thread's last error holds the gRPC
- * code (FAILED_PRECONDITION: no NCCL on the server). */
-tqkv_status_t tqkv__client_open_channel_rpc(tqkv_client_t *c, size_t target, int device,
-                                            uint32_t timeout_ms, uint64_t *id, uint8_t uid[128],
-                                            size_t *uid_len);
-
-/* Sets the calling thread's last error (for transport/client_*.c). Returns st. */
-tqkv_status_t tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

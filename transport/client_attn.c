@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 
 tqkv_status_t
 tqkv_client_attend(const float *q, uint32_t num_q_heads, const void *const *pages,

@@ -1,5 +1,6 @@
-/* data_channel.c - libtqkv's side of TCP data channels: target host parsing,
- * connect + hello + ack, and bounded reads. */
+/* data_channel.c - libtqkv's side of TCP data channels: target host parsing, and
+ * connect + TLS handshake (when the client has TLS) + hello + ack. Reads go through
+ * tqkv__dcio_read (dc_tls.h). */
 #define _GNU_SOURCE
 #include "transport/data_channel.h"
 
@@ -13,14 +14,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-static uint64_t
-mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int
 tqkv__dcc_target_host(const char *target, char *host, size_t cap)
@@ -58,54 +51,10 @@ tqkv__dcc_target_host(const char *target, char *host, size_t cap)
     return 0;
 }
 
-static int
-wait_fd(int fd, short ev, uint64_t deadline_ns)
-{
-    for (;;) {
-        uint64_t now = mono_ns();
-        if (now >= deadline_ns) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        uint64_t left = (deadline_ns - now + 999999) / 1000000;
-        struct pollfd pf = {fd, ev, 0};
-        int r = poll(&pf, 1, left > 60000 ? 60000 : (int)left);
-        if (r > 0)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return -1;
-    }
-}
-
-int
-tqkv__dcc_read(int fd, void *buf, size_t n, uint64_t deadline_ns)
-{
-    uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0) {
-            errno = 0;
-            return -1;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (wait_fd(fd, POLLIN, deadline_ns) != 0)
-            return -1;
-    }
-    return 0;
-}
-
 int
 tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
-                  const uint8_t secret[TQKV_DC_SECRET_BYTES], uint32_t timeout_ms, char *err,
-                  size_t errlen)
+                  const uint8_t secret[TQKV_DC_SECRET_BYTES], uint32_t timeout_ms, SSL_CTX *tls,
+                  const char *tls_name, tqkv__dcio_t *out, char *err, size_t errlen)
 {
     char ps[16];
     snprintf(ps, sizeof ps, "%u", port);
@@ -118,7 +67,7 @@ tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
         snprintf(err, errlen, "data channel %s:%u: %s", host, port, gai_strerror(gr));
         return -1;
     }
-    uint64_t deadline = mono_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = tqkv__dcio_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     int fd = -1, e = 0;
     for (struct addrinfo *p = ai; p && fd < 0; p = p->ai_next) {
         fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, p->ai_protocol);
@@ -134,7 +83,7 @@ tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
         }
         int soerr = 0;
         socklen_t sl = sizeof soerr;
-        if (wait_fd(fd, POLLOUT, deadline) != 0 ||
+        if (tqkv__dcio_wait(fd, POLLOUT, deadline) != 0 ||
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
             e = soerr ? soerr : errno;
             close(fd);
@@ -148,22 +97,27 @@ tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    uint8_t hello[TQKV_DC_HELLO_BYTES], ack[TQKV_DC_ACK_BYTES];
-    tqkv_dc_hello_encode(hello, id, secret);
-    size_t off = 0;
-    while (off < sizeof hello) {
-        ssize_t w = send(fd, hello + off, sizeof hello - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w > 0) {
-            off += (size_t)w;
-        } else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-            break;
-        } else if (w < 0 && errno != EINTR && wait_fd(fd, POLLOUT, deadline) != 0) {
-            break;
+    tqkv__dcio_t io = {fd, NULL};
+    if (tls) {
+        char why[256];
+        io.ssl =
+            tqkv__dctls_handshake(tls, fd, tls_name ? tls_name : host, deadline, why, sizeof why);
+        if (io.ssl == NULL) {
+            snprintf(err, errlen, "data channel %s:%u: %s", host, port, why);
+            close(fd);
+            return -1;
         }
     }
-    if (off < sizeof hello || tqkv__dcc_read(fd, ack, sizeof ack, deadline) != 0) {
+    uint8_t hello[TQKV_DC_HELLO_BYTES], ack[TQKV_DC_ACK_BYTES];
+    tqkv_dc_hello_encode(hello, id, secret);
+    struct iovec iov = {hello, sizeof hello};
+    if (tqkv__dcio_write(&io, &iov, 1, deadline) != 0 ||
+        tqkv__dcio_read(&io, ack, sizeof ack, deadline) != 0) {
         snprintf(err, errlen, "data channel %s:%u: hello: %s", host, port,
-                 errno ? strerror(errno) : "connection closed");
+                 errno == EPROTO ? "TLS error"
+                 : errno         ? strerror(errno)
+                                 : "connection closed");
+        SSL_free(io.ssl);
         close(fd);
         return -1;
     }
@@ -174,8 +128,10 @@ tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
                  : st == TQKV_DC_ACK_ATTACHED ? "channel already connected"
                  : st < 0                     ? "not a tqkv data channel"
                                               : "malformed hello");
+        SSL_free(io.ssl);
         close(fd);
         return -1;
     }
-    return fd;
+    *out = io;
+    return 0;
 }

@@ -1,6 +1,6 @@
 /* data_frame.h - the TCP data channel's byte formats, shared by tqkv-server
- * (service/data_channel.c) and libtqkv (transport/data_channel.c). All integers
- * little-endian. design.md, "TCP data channel", is the contract.
+ * (service/dc_server.c) and libtqkv (transport/data_channel.c). All integers
+ * little-endian. docs/design.md, "TCP data channel", is the contract.
  *
  * A client opens a channel with OpenChannel(transport = TRANSPORT_TCP) over gRPC and
  * gets channel_id, a 16-byte channel_secret and data_port. It connects to data_port on

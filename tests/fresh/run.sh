@@ -23,6 +23,7 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
 fi
 
 WORK=${TQKV_FRESH_DIR:-$(mktemp -d /tmp/tqkv-fresh.XXXXXX)}
+mkdir -p "$WORK"
 R=$WORK/root
 MOUNTS=()
 cleanup() {

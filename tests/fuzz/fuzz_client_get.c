@@ -1,5 +1,5 @@
 /* fuzz_client_get.c - libFuzzer target: the C client's in-place GetResponse parser
- * (tqkv__client_parse_get in transport/client.c), the first code that touches bytes
+ * (tqkv__client_parse_get in transport/client_get.c), the first code that touches bytes
  * from a server, differentially against protobuf-c's generated unpacker.
  *
  * Properties: every field the parser returns lies inside the message; whenever
@@ -9,7 +9,7 @@
 #include "tests/fuzz/fuzz_common.h"
 
 #include "tqkv/v1/kvcache.pb-c.h"
-#include "transport/client.h"
+#include "transport/client_internal.h"
 
 static int
 inside(const uint8_t *buf, size_t n, const uint8_t *p, size_t len)

@@ -25,38 +25,10 @@
 #include "kernels/page.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/kv_data.h"
+#include "tests/support/rng.h"
 
 static uint64_t rng_state;
-
-static uint64_t
-rnd(void)
-{
-    return tqkv_splitmix64(&rng_state);
-}
-
-static double
-rnd_unit(void)
-{
-    return ((double)(rnd() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double
-rnd_gauss(void)
-{
-    return sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit());
-}
-
-static void
-fill_kv(uint16_t *x, uint64_t T, uint32_t H, uint32_t D, double offset)
-{
-    double *chs = malloc(sizeof(double) * H * D);
-    for (uint32_t i = 0; i < H * D; i++)
-        chs[i] = (rnd() % 8 == 0) ? 8.0 * rnd_unit() + 2.0 : 0.5 + rnd_unit();
-    for (uint64_t t = 0; t < T; t++)
-        for (uint32_t i = 0; i < H * D; i++)
-            x[t * H * D + i] = tqkv_f32_to_bf16((float)(rnd_gauss() * chs[i] + offset));
-    free(chs);
-}
 
 /* Under the SIMT emulator (check_gpu_emu) the same tests run on the CPU with fewer and
  * smaller inputs; on a GPU they run at full size. */
@@ -199,15 +171,15 @@ random_codec(tqkv_block_codec_t *c, int tr)
 {
     static const uint8_t bits[] = {2, 3, 4, 5, 6, 7, 8};
     memset(c, 0, sizeof *c);
-    c->k.bits_x2 = bits[rnd() % 7];
-    c->v.bits_x2 = tr % 7 == 3 ? 0 : bits[rnd() % 7];
-    c->k.mode = (uint8_t)(rnd() % 2);
-    c->v.mode = (uint8_t)(rnd() % 4 == 0);
-    c->k.norm_correction = (uint8_t)(rnd() % 2);
-    c->v.norm_correction = (uint8_t)(rnd() % 2);
+    c->k.bits_x2 = bits[tqkv_test_rand(&rng_state) % 7];
+    c->v.bits_x2 = tr % 7 == 3 ? 0 : bits[tqkv_test_rand(&rng_state) % 7];
+    c->k.mode = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
+    c->v.mode = (uint8_t)(tqkv_test_rand(&rng_state) % 4 == 0);
+    c->k.norm_correction = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
+    c->v.norm_correction = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
     c->rotation = (uint8_t)(tr % 3 ? TQKV_ROT_HADAMARD : TQKV_ROT_DENSE);
-    c->key_centering = (uint8_t)(rnd() % 2);
-    c->seed = rnd();
+    c->key_centering = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
+    c->seed = tqkv_test_rand(&rng_state);
 }
 
 START_TEST(test_gpu_page_equals_cpu_reference)
@@ -216,14 +188,15 @@ START_TEST(test_gpu_page_equals_cpu_reference)
     uint64_t near_ties = 0, vectors = 0;
     rng_state = tqkv_test_seed() ^ 0x101;
     for (int tr = 0; tr < FULL(30, 12); tr++) {
-        tqkv_block_shape_t s = {(uint32_t[]){1, 7, 16, 33, 256}[rnd() % FULL(5, 4)],
-                                1 + (uint32_t)(rnd() % 8), dims[tr % 6]};
+        tqkv_block_shape_t s = {
+            (uint32_t[]){1, 7, 16, 33, 256}[tqkv_test_rand(&rng_state) % FULL(5, 4)],
+            1 + (uint32_t)(tqkv_test_rand(&rng_state) % 8), dims[tr % 6]};
         tqkv_block_codec_t c;
         size_t n = (size_t)s.num_tokens * s.num_kv_heads * s.head_dim, cap = 0, w = 0, wg = 0;
         random_codec(&c, tr);
         uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
-        fill_kv(k, s.num_tokens, s.num_kv_heads, s.head_dim, 0.75);
-        fill_kv(v, s.num_tokens, s.num_kv_heads, s.head_dim, 0.0);
+        tqkv_test_kv_loud(&rng_state, k, s.num_tokens, s.num_kv_heads, s.head_dim, 0.75);
+        tqkv_test_kv_loud(&rng_state, v, s.num_tokens, s.num_kv_heads, s.head_dim, 0.0);
         ck_assert_int_eq(tqkv_page_size(&s, &c, &cap), TQKV_OK);
         uint8_t *ref = malloc(cap);
         ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, k, v, ref, cap, &w, NULL, 0), TQKV_OK);
@@ -267,17 +240,19 @@ START_TEST(test_gpu_batch_equals_cpu_reference)
 {
     rng_state = tqkv_test_seed() ^ 0x111;
     for (int tr = 0; tr < 6; tr++) {
-        tqkv_block_shape_t s = {1 + (uint32_t)(rnd() % 40), 1 + (uint32_t)(rnd() % 4),
-                                tr % 2 ? 128 : 96};
+        tqkv_block_shape_t s = {1 + (uint32_t)(tqkv_test_rand(&rng_state) % 40),
+                                1 + (uint32_t)(tqkv_test_rand(&rng_state) % 4), tr % 2 ? 128 : 96};
         tqkv_block_codec_t c;
-        uint32_t nb = 2 + (uint32_t)(rnd() % 5);
+        uint32_t nb = 2 + (uint32_t)(tqkv_test_rand(&rng_state) % 5);
         size_t blk = (size_t)s.num_tokens * s.num_kv_heads * s.head_dim, cap, w, pb;
         random_codec(&c, tr);
         ck_assert_int_eq(tqkv_page_size(&s, &c, &cap), TQKV_OK);
         size_t stride = cap + 64; /* a gap between pages */
         uint16_t *k = malloc(blk * nb * 2), *v = malloc(blk * nb * 2);
-        fill_kv(k, (uint64_t)s.num_tokens * nb, s.num_kv_heads, s.head_dim, 0.25);
-        fill_kv(v, (uint64_t)s.num_tokens * nb, s.num_kv_heads, s.head_dim, 0.0);
+        tqkv_test_kv_loud(&rng_state, k, (uint64_t)s.num_tokens * nb, s.num_kv_heads, s.head_dim,
+                          0.25);
+        tqkv_test_kv_loud(&rng_state, v, (uint64_t)s.num_tokens * nb, s.num_kv_heads, s.head_dim,
+                          0.0);
         void *dk = dev_copy_of(k, blk * nb * 2), *dv = dev_copy_of(v, blk * nb * 2), *dp, *dout;
         CU(cudaMalloc(&dp, stride * nb));
         CU(cudaMalloc(&dout, blk * nb * 4));
@@ -325,16 +300,16 @@ START_TEST(test_gpu_decode_equals_cpu)
     static const uint32_t dims[] = {128, 96, 64, 129};
     rng_state = tqkv_test_seed() ^ 0x202;
     for (int tr = 0; tr < FULL(16, 8); tr++) {
-        tqkv_block_shape_t s = {1 + (uint32_t)(rnd() % 70), 1 + (uint32_t)(rnd() % 4),
-                                dims[tr % 4]};
+        tqkv_block_shape_t s = {1 + (uint32_t)(tqkv_test_rand(&rng_state) % 70),
+                                1 + (uint32_t)(tqkv_test_rand(&rng_state) % 4), dims[tr % 4]};
         tqkv_block_codec_t c;
         size_t n = (size_t)s.num_tokens * s.num_kv_heads * s.head_dim, cap, w;
         random_codec(&c, tr);
         if (!c.v.bits_x2)
             c.v.bits_x2 = 5;
         uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
-        fill_kv(k, s.num_tokens, s.num_kv_heads, s.head_dim, -0.3);
-        fill_kv(v, s.num_tokens, s.num_kv_heads, s.head_dim, 0.0);
+        tqkv_test_kv_loud(&rng_state, k, s.num_tokens, s.num_kv_heads, s.head_dim, -0.3);
+        tqkv_test_kv_loud(&rng_state, v, s.num_tokens, s.num_kv_heads, s.head_dim, 0.0);
         ck_assert_int_eq(tqkv_page_size(&s, &c, &cap), TQKV_OK);
         uint8_t *page = malloc(cap);
         ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, k, v, page, cap, &w, NULL, 0), TQKV_OK);
@@ -387,9 +362,9 @@ START_TEST(test_gpu_encode_nonfinite_is_refused)
     rng_state = tqkv_test_seed() ^ 0x303;
     random_codec(&c, 1);
     c.v.bits_x2 = 6;
-    fill_kv(k, 9, 2, 64, 0);
-    fill_kv(v, 9, 2, 64, 0);
-    v[rnd() % (9 * 2 * 64)] = 0x7fc0; /* NaN */
+    tqkv_test_kv_loud(&rng_state, k, 9, 2, 64, 0);
+    tqkv_test_kv_loud(&rng_state, v, 9, 2, 64, 0);
+    v[tqkv_test_rand(&rng_state) % (9 * 2 * 64)] = 0x7fc0; /* NaN */
     uint8_t *p = gpu_encode(&s, &c, k, v, &len, &st);
     ck_assert_int_eq(st, TQKV_ERANGE);
     ck_assert_int_ne(tqkv_page_validate(p, len, 1, NULL, NULL, 0), TQKV_OK);
@@ -435,7 +410,7 @@ START_TEST(test_gpu_attention_packed_vs_cpu)
         c.v.mode = cases[ci].vm;
         c.rotation = cases[ci].rot;
         c.key_centering = cases[ci].ctr;
-        c.seed = rnd();
+        c.seed = tqkv_test_rand(&rng_state);
         uint32_t D = cases[ci].D, H = cases[ci].H, HQ = cases[ci].HQ, np = cases[ci].npages;
         void **pages = calloc(np, sizeof *pages), **dpages = calloc(np, sizeof *dpages);
         size_t *lens = calloc(np, sizeof *lens);
@@ -443,8 +418,8 @@ START_TEST(test_gpu_attention_packed_vs_cpu)
             tqkv_block_shape_t s = {p + 1 == np ? 1 + cases[ci].T / 3 : cases[ci].T, H, D};
             size_t n = (size_t)s.num_tokens * H * D, cap;
             uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
-            fill_kv(k, s.num_tokens, H, D, 0.5);
-            fill_kv(v, s.num_tokens, H, D, 0.0);
+            tqkv_test_kv_loud(&rng_state, k, s.num_tokens, H, D, 0.5);
+            tqkv_test_kv_loud(&rng_state, v, s.num_tokens, H, D, 0.0);
             ck_assert_int_eq(tqkv_page_size(&s, &c, &cap), TQKV_OK);
             pages[p] = malloc(cap);
             ck_assert_int_eq(tqkv_page_encode_ref(&s, &c, k, v, pages[p], cap, &lens[p], NULL, 0),
@@ -456,7 +431,7 @@ START_TEST(test_gpu_attention_packed_vs_cpu)
         float *q = malloc(sizeof(float) * HQ * D), *ref = malloc(sizeof(float) * HQ * D);
         float *out = malloc(sizeof(float) * HQ * D);
         for (uint32_t i = 0; i < HQ * D; i++)
-            q[i] = (float)rnd_gauss();
+            q[i] = (float)tqkv_test_gauss(&rng_state);
         ck_assert_int_eq(
             tqkv_attn_decode_ref(q, HQ, (const void *const *)pages, lens, np, NULL, ref), TQKV_OK);
         const tqkv_page_header_t *h0 = (const tqkv_page_header_t *)pages[0];
@@ -508,10 +483,10 @@ START_TEST(test_gpu_attention_bf16_vs_cpu)
         uint16_t *k = malloc(n * 2), *v = malloc(n * 2);
         float *q = malloc(sizeof(float) * HQ * D), *ref = malloc(sizeof(float) * HQ * D);
         float *out = malloc(sizeof(float) * HQ * D);
-        fill_kv(k, T, H, D, 0.3);
-        fill_kv(v, T, H, D, 0.0);
+        tqkv_test_kv_loud(&rng_state, k, T, H, D, 0.3);
+        tqkv_test_kv_loud(&rng_state, v, T, H, D, 0.0);
         for (uint32_t i = 0; i < HQ * D; i++)
-            q[i] = (float)rnd_gauss();
+            q[i] = (float)tqkv_test_gauss(&rng_state);
         ck_assert_int_eq(tqkv_attn_bf16_ref(q, HQ, k, v, T, H, D, ref), TQKV_OK);
         uint32_t splits = tqkv_cuda_attention_bf16_splits(T, H);
         size_t wb = tqkv_cuda_attention_workspace(splits, HQ, D);
@@ -556,14 +531,14 @@ START_TEST(test_gpu_device_pool)
     ck_assert_uint_eq(tqkv_pool_capacity(p), 1 << 20);
     int n = 0;
     for (; n < 64; n++) {
-        la[n] = 1 + rnd() % sizeof buf;
+        la[n] = 1 + tqkv_test_rand(&rng_state) % sizeof buf;
         tqkv_status_t st = tqkv_pool_alloc(p, la[n], &a[n]);
         if (st == TQKV_ENOSPC)
             break;
         ck_assert_int_eq(st, TQKV_OK);
         ck_assert_uint_eq((uintptr_t)a[n] % TQKV__SUBALLOC_ALIGN, 0);
         for (size_t i = 0; i < la[n]; i++)
-            buf[i] = (uint8_t)(rnd() ^ (uint64_t)n);
+            buf[i] = (uint8_t)(tqkv_test_rand(&rng_state) ^ (uint64_t)n);
         ck_assert_int_eq(tqkv_pool_copy_in(p, a[n], buf, la[n]), TQKV_OK);
         memset(back, 0, sizeof back);
         ck_assert_int_eq(tqkv_pool_copy_out(p, back, a[n], la[n]), TQKV_OK);
@@ -607,7 +582,7 @@ START_TEST(test_gpu_store_hbm_tier)
     ck_assert(tqkv_pool_is_device(tqkv__store_pool(s, TQKV_TIER_HBM)));
     for (int i = 0; i < NP; i++) {
         for (int j = 0; j < LEN; j++)
-            pages[i][j] = (uint8_t)rnd();
+            pages[i][j] = (uint8_t)tqkv_test_rand(&rng_state);
         for (int j = 0; j < 8; j++)
             hash[i][j] = (uint8_t)(j == 0 ? i : 0xa0 + j); /* unique per page */
         tqkv_block_key_t key = {"gpu", 3, hash[i], 8, 0};

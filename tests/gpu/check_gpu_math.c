@@ -18,45 +18,11 @@
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
+#include "tests/support/kv_data.h"
+#include "tests/support/rng.h"
+#include "tests/support/sanitize.h"
 
 static uint64_t rng_state;
-
-static uint64_t
-rnd(void)
-{
-    return tqkv_splitmix64(&rng_state);
-}
-
-static double
-rnd_unit(void)
-{
-    return ((double)(rnd() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double
-rnd_gauss(void)
-{
-    return sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit());
-}
-
-static int
-sanitized(void)
-{
-    return getenv("TQKV_SANITIZED") != NULL;
-}
-
-/* KV-like BF16 data: Gaussian with a few loud channels per head and an offset. */
-static void
-fill_kv(uint16_t *x, uint32_t T, uint32_t H, uint32_t D, double offset)
-{
-    double *chs = malloc(sizeof(double) * H * D);
-    for (uint32_t i = 0; i < H * D; i++)
-        chs[i] = (rnd() % 8 == 0) ? 8.0 * rnd_unit() + 2.0 : 0.5 + rnd_unit();
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t i = 0; i < H * D; i++)
-            x[(uint64_t)t * H * D + i] = tqkv_f32_to_bf16((float)(rnd_gauss() * chs[i] + offset));
-    free(chs);
-}
 
 /* Host copy of a group codec (what tqkv__cuda_group_codec builds with device pointers). */
 typedef struct host_group {
@@ -286,9 +252,10 @@ START_TEST(test_crc_pieces)
     ck_assert_uint_eq(~r, 0xE3069283u);
     ck_assert_uint_eq(tqkv_crc32c_ref(0, nine, 9), 0xE3069283u);
     for (size_t i = 0; i < sizeof buf; i++)
-        buf[i] = (uint8_t)rnd();
+        buf[i] = (uint8_t)tqkv_test_rand(&rng_state);
     for (int trial = 0; trial < 50; trial++) {
-        size_t len = 1 + rnd() % sizeof buf, cut = rnd() % (len + 1);
+        size_t len = 1 + tqkv_test_rand(&rng_state) % sizeof buf,
+               cut = tqkv_test_rand(&rng_state) % (len + 1);
         uint32_t a = 0, b = 0;
         for (size_t i = 0; i < cut; i++)
             a = tqkv_crc32c_raw_byte(a, buf[i]);
@@ -310,9 +277,9 @@ START_TEST(test_energy_rank_ties)
     double e[37];
     rng_state = tqkv_test_seed() ^ 0x22;
     for (int trial = 0; trial < 20; trial++) {
-        uint32_t d = 1 + (uint32_t)(rnd() % 37), seen[37] = {0};
+        uint32_t d = 1 + (uint32_t)(tqkv_test_rand(&rng_state) % 37), seen[37] = {0};
         for (uint32_t c = 0; c < d; c++)
-            e[c] = (double)(rnd() % 5); /* many ties */
+            e[c] = (double)(tqkv_test_rand(&rng_state) % 5); /* many ties */
         for (uint32_t c = 0; c < d; c++) {
             uint32_t r = tqkv_energy_rank(e, d, c);
             ck_assert_uint_lt(r, d);
@@ -338,14 +305,15 @@ START_TEST(test_rotate_roundtrip)
             tqkv_group_codec_t G;
             if (kind == TQKV_ROT_HADAMARD && !tqkv_is_pow2(g))
                 continue;
-            ck_assert_int_eq(tqkv_rotation_acquire(kind, g, rnd(), &r), TQKV_OK);
+            ck_assert_int_eq(tqkv_rotation_acquire(kind, g, tqkv_test_rand(&rng_state), &r),
+                             TQKV_OK);
             memset(&G, 0, sizeof G);
             G.dim = g;
             G.rotation = kind;
             G.matrix = r->matrix;
             G.signs = r->signs;
             for (uint32_t j = 0; j < g; j++)
-                in[j] = (float)rnd_gauss();
+                in[j] = (float)tqkv_test_gauss(&rng_state);
             tqkv_group_rotate(&G, in, y);
             float ref[128];
             tqkv_rotation_apply(r, in, ref);
@@ -371,8 +339,8 @@ check_one(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, const char *
     ck_assert_int_eq(tqkv_page_size(s, c, &cap), TQKV_OK);
     uint8_t *p_ref = malloc(cap), *p_emu = malloc(cap);
     float *d_ref = malloc(n * 4), *d_emu = malloc(n * 4);
-    fill_kv(k, s->num_tokens, s->num_kv_heads, s->head_dim, 0.75);
-    fill_kv(v, s->num_tokens, s->num_kv_heads, s->head_dim, 0.0);
+    tqkv_test_kv_loud(&rng_state, k, s->num_tokens, s->num_kv_heads, s->head_dim, 0.75);
+    tqkv_test_kv_loud(&rng_state, v, s->num_tokens, s->num_kv_heads, s->head_dim, 0.0);
     ck_assert_int_eq(tqkv_page_encode_ref(s, c, k, v, p_ref, cap, &w1, err, sizeof err), TQKV_OK);
     ck_assert_int_eq(emu_encode(s, c, k, v, p_emu, cap, &w2), TQKV_OK);
     ck_assert_uint_eq(w1, w2);
@@ -407,23 +375,23 @@ START_TEST(test_emulated_gpu_page_equals_reference)
     static const uint8_t bits[] = {2, 3, 4, 5, 6, 7, 8};
     static const uint32_t dims[] = {128, 64, 16, 96, 129};
     rng_state = tqkv_test_seed() ^ 0x44;
-    int trials = sanitized() ? 6 : 24;
+    int trials = tqkv_test_sanitized() ? 6 : 24;
     for (int tr = 0; tr < trials; tr++) {
         tqkv_block_shape_t s;
         tqkv_block_codec_t c;
         memset(&c, 0, sizeof c);
         s.head_dim = dims[tr % 5];
-        s.num_tokens = (uint32_t[]){1, 7, 16, 33}[rnd() % 4];
-        s.num_kv_heads = 1 + (uint32_t)(rnd() % 3);
-        c.k.bits_x2 = bits[rnd() % 7];
-        c.v.bits_x2 = tr % 7 == 3 ? 0 : bits[rnd() % 7];
-        c.k.mode = (uint8_t)(rnd() % 2);
-        c.v.mode = (uint8_t)(rnd() % 4 == 0);
-        c.k.norm_correction = (uint8_t)(rnd() % 2);
-        c.v.norm_correction = (uint8_t)(rnd() % 2);
+        s.num_tokens = (uint32_t[]){1, 7, 16, 33}[tqkv_test_rand(&rng_state) % 4];
+        s.num_kv_heads = 1 + (uint32_t)(tqkv_test_rand(&rng_state) % 3);
+        c.k.bits_x2 = bits[tqkv_test_rand(&rng_state) % 7];
+        c.v.bits_x2 = tr % 7 == 3 ? 0 : bits[tqkv_test_rand(&rng_state) % 7];
+        c.k.mode = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
+        c.v.mode = (uint8_t)(tqkv_test_rand(&rng_state) % 4 == 0);
+        c.k.norm_correction = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
+        c.v.norm_correction = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
         c.rotation = (uint8_t)(tr % 3 ? TQKV_ROT_HADAMARD : TQKV_ROT_DENSE);
-        c.key_centering = (uint8_t)(rnd() % 2);
-        c.seed = rnd();
+        c.key_centering = (uint8_t)(tqkv_test_rand(&rng_state) % 2);
+        c.seed = tqkv_test_rand(&rng_state);
         char what[96];
         snprintf(what, sizeof what, "trial %d k=%u/%u v=%u/%u rot=%u ctr=%u", tr, c.k.bits_x2,
                  c.k.mode, c.v.bits_x2, c.v.mode, c.rotation, c.key_centering);
@@ -446,10 +414,12 @@ START_TEST(test_emulated_gpu_page_huge_values)
     c.v.mode = TQKV_MODE_PROD;
     c.rotation = TQKV_ROT_HADAMARD;
     c.key_centering = 1;
-    c.seed = rnd();
+    c.seed = tqkv_test_rand(&rng_state);
     for (size_t i = 0; i < sizeof k / 2; i++) {
-        k[i] = (uint16_t)(0x7f7fu | (rnd() % 2 ? 0x8000u : 0u)); /* +-max BF16 */
-        v[i] = (uint16_t)(rnd() % 3 ? 0x7f7fu : 0x0001u);        /* max and subnormal */
+        k[i] =
+            (uint16_t)(0x7f7fu | (tqkv_test_rand(&rng_state) % 2 ? 0x8000u : 0u)); /* +-max BF16 */
+        v[i] =
+            (uint16_t)(tqkv_test_rand(&rng_state) % 3 ? 0x7f7fu : 0x0001u); /* max and subnormal */
     }
     ck_assert_int_eq(tqkv_page_size(&s, &c, &cap), TQKV_OK);
     uint8_t *a = malloc(cap), *b = malloc(cap);
@@ -477,13 +447,15 @@ START_TEST(test_vec_distortion)
     uint16_t scale, gamma;
     uint8_t idx[48];
     rng_state = tqkv_test_seed() ^ 0x66;
-    ck_assert_int_eq(tqkv_page_plan(1, 1, 128, bx2, mode, nc, TQKV_ROT_HADAMARD, 0, rnd(), &h), 0);
+    ck_assert_int_eq(tqkv_page_plan(1, 1, 128, bx2, mode, nc, TQKV_ROT_HADAMARD, 0,
+                                    tqkv_test_rand(&rng_state), &h),
+                     0);
     ck_assert_int_eq(host_group_init(&hg, &h, 0, 0), TQKV_OK);
-    int reps = sanitized() ? 200 : 2000;
+    int reps = tqkv_test_sanitized() ? 200 : 2000;
     for (int r = 0; r < reps; r++) {
         double nn = 0;
         for (int j = 0; j < 128; j++) {
-            x[j] = rnd_gauss();
+            x[j] = tqkv_test_gauss(&rng_state);
             nn += x[j] * x[j];
         }
         memset(idx, 0, sizeof idx);

@@ -21,6 +21,7 @@
 #include "kernels/tq_math.h"
 #include "service/gpu_encode.h"
 #include "tests/check_main.h"
+#include "tests/support/rng.h"
 
 #ifdef TQKV_SIMT_EMU
 #define FULL(full, emu) (emu)
@@ -33,9 +34,7 @@ random_bf16(size_t n, uint64_t *rng)
 {
     uint16_t *x = malloc(n * 2);
     for (size_t i = 0; i < n; i++) {
-        double u = ((double)(tqkv_splitmix64(rng) >> 11) + 0.5) / 9007199254740992.0;
-        double w = ((double)(tqkv_splitmix64(rng) >> 11) + 0.5) / 9007199254740992.0;
-        double g = sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+        double g = tqkv_test_gauss(rng);
         x[i] = tqkv_f32_to_bf16((float)(g * (i % 7 == 0 ? 4.0 : 1.0) + (i % 5 == 0 ? 0.5 : 0.0)));
     }
     return x;

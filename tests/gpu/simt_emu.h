@@ -1,8 +1,9 @@
 /* simt_emu.h - what the CUDA kernels of kernels/ need to build as host C++ for the SIMT
  * emulator (simt_emu.cpp): thread/block indices, barriers, warp collectives, rounding
- * intrinsics, atomics and the launch macro. Included by kernels/tq_cuda_math.cuh when
- * TQKV_SIMT_EMU is defined, after <cuda_runtime.h> (whose host build already turns
- * __global__, __device__ and __host__ into nothing).
+ * intrinsics, atomics and the launch macro. Force-included (tests/gpu.cmake: -include)
+ * into the host builds of kernels/*.cu (gpu/emu_*.cpp), after <cuda_runtime.h>, which it
+ * includes first (its host build already turns __global__, __device__ and __host__ into
+ * nothing).
  *
  * Every thread of a block is a coroutine; blocks run one after the other on the calling
  * OS thread, so block-shared memory is plain static storage and atomics are plain

@@ -4,7 +4,8 @@ Python grpcio (stubs generated at test time by tests/security/tqkv_harness.py).
 
 Inputs: every Get encoding on awkward shapes and every codec override (the BF16 Get is
 compared byte for byte with `tqkv-codec decode-kv` of the PACKED page, which checks the
-page CRC); BF16 zeros, -0, denormals, the largest finite values, one-hot vectors; codec
+page CRC); the PACKED pages against `tqkv-codec encode-kv` with its defaults (one default
+policy); BF16 zeros, -0, denormals, the largest finite values, one-hot vectors; codec
 overrides out of range (bits 9, 2.75, NaN, Inf, -1, 4.0000005, unknown modes); a page of
 keys only; Gets with duplicate hashes, layer_end at and over the limit, 10k hashes; hash
 lengths 7/8/64/65, namespaces of 0/256/257 bytes. Faults: a Put stream cancelled
@@ -45,7 +46,7 @@ def codec_binary():
     p = os.environ.get("TQKV_CODEC")
     if p and os.access(p, os.X_OK):
         return p
-    return os.path.join(os.path.dirname(H.server_binary()), "..", "kernels", "tqkv-codec")
+    return os.path.join(os.path.dirname(H.server_binary()), "..", "kernels", "cli", "tqkv-codec")
 
 
 def call(fn, *a, **kw):
@@ -138,6 +139,38 @@ def test_shapes_and_codecs(r, srv):
                 bad += 1
     r.check("%d shape/codec round trips: PACKED CRC ok, BF16 == decode(PACKED), data matches"
             % n, bad == 0)
+
+
+def test_cli_defaults_are_server_pages(r, srv):
+    """tqkv-codec encode-kv without codec flags writes, byte for byte, the page the
+    default server stores for the same block of a middle layer: one default policy
+    (kernels/policy.c) for both, norm correction and key centering on."""
+    stub = srv.stub()
+    ns = "adv-cli-defaults"
+    d = H.tmpdir()
+    kp, vp, op = (os.path.join(d, n) for n in ("cli.k", "cli.v", "cli.tqp"))
+    for n, (t, hh, dim) in enumerate([(64, 2, 64), (100, 3, 128), (33, 1, 96), (256, 4, 128)]):
+        h = H.make_hash(n, b"cli-defaults")
+        layer = 2 + n  # past the default policy's 2 boundary layers
+        req = H.put_request(ns, h, layer, tokens=t, heads=hh, dim=dim)
+        code, res = call(stub.Put, iter([req]), timeout=60)
+        if not r.check("put %s" % ((t, hh, dim),), code == SC.OK and res.blocks_stored == 1,
+                       str(code)):
+            continue
+        code, rs = get(stub, ns, [h], layer, layer + 1)
+        if not r.check("get %s" % ((t, hh, dim),), code == SC.OK and len(rs) == 1 and rs[0].found,
+                       str(code)):
+            continue
+        for p, b in ((kp, req.key), (vp, req.value)):
+            with open(p, "wb") as f:
+                f.write(b)
+        p = subprocess.run([codec_binary(), "encode-kv", "--tokens", str(t), "--heads", str(hh),
+                            "--dim", str(dim), kp, vp, op], capture_output=True, timeout=60)
+        page = H.read(op) if p.returncode == 0 else b""
+        r.check("encode-kv defaults = the server's page for %s" % ((t, hh, dim),),
+                p.returncode == 0 and page == rs[0].page,
+                "rc %d, %d vs %d bytes: %s" % (p.returncode, len(page), len(rs[0].page),
+                                               p.stderr.decode(errors="replace")[-300:]))
 
 
 def test_special_values(r, srv):
@@ -610,6 +643,7 @@ def main():
     ref = Ref(srv.stub())
     r.run(test_flags)
     r.run(test_shapes_and_codecs, srv)
+    r.run(test_cli_defaults_are_server_pages, srv)
     r.run(test_special_values, srv)
     r.run(test_codec_overrides, srv, ref)
     r.run(test_get_requests, srv, ref)

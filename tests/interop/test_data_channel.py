@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Interop and adversarial tests of tqkv-server's TCP data channel, written the way a
-new user with Python grpcio and a plain socket would use it (design.md, "TCP data
+new user with Python grpcio and a plain socket would use it (docs/design.md, "TCP data
 channel"; byte formats in transport/data_frame.h).
 
 Usage: test_data_channel.py TQKV_SERVER_BINARY PROTO_DIR [unittest args]
@@ -22,7 +22,7 @@ CloseChannel during a Get; servers without --data-listen, with --auth-tokens, at
 channel limit, draining on SIGTERM with a stalled channel, in the HBM tier; expiry of
 unattached channels; a flood of silent connections; a Delete under a stalled Get; racing
 and concurrent Gets; a drained TCP Get on SIGTERM; --data-listen start-up checks (with
-TLS, bad address, port in use). Stubs are generated at test time with protoc +
+unreadable TLS files, bad address, port in use). Stubs are generated at test time with protoc +
 grpc_python_plugin, as in test_server.py.
 """
 import os
@@ -985,19 +985,19 @@ class StartupTest(unittest.TestCase):
         return subprocess.run([SERVER, "--listen", "127.0.0.1:0", *args], capture_output=True,
                               text=True, timeout=20, env=env)
 
-    def test_data_listen_with_tls_refused(self):
+    def test_data_listen_with_unreadable_tls_files(self):
+        # With --tls-cert, data channels are TLS (tests/security/test_dc_tls.py): a
+        # certificate that cannot be read stops the start-up, naming the file.
         cert, key = os.path.join(TMP, "no-cert.pem"), os.path.join(TMP, "no-key.pem")
         for args in (["--data-listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key],
                      ["--tls-cert", cert, "--tls-key", key, "--data-listen", "127.0.0.1:0"]):
             p = self.run_server(*args)
-            self.assertEqual(p.returncode, 2, (args, p.stderr))
-            self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
-            self.assertIn("--data-listen", p.stderr)
-            self.assertIn("--tls-cert", p.stderr)
+            self.assertNotEqual(p.returncode, 0, (args, p.stderr))
+            self.assertIn(cert, p.stderr)
         env = dict(os.environ, TQKV_DATA_LISTEN="127.0.0.1:0")
         p = self.run_server("--tls-cert", cert, "--tls-key", key, env=env)
-        self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertIn("data-listen", p.stderr.lower().replace("_", "-"))
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertIn(cert, p.stderr)
 
     def test_bad_data_listen_addresses(self):
         for v in ("nohost", "127.0.0.1:", "127.0.0.1:99999", "256.1.1.1:0", ":x"):

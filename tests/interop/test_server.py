@@ -485,18 +485,42 @@ class KVTest(unittest.TestCase):
         after = next(iter(self.stub.Get(get_keep, timeout=10))).page
         self.assertEqual(after, before)
 
+    def dram_bytes(self):
+        """Bytes in use in the server's DRAM pool (whole-server Stats). A page's bytes go
+        back to the pool only when its last pin is released, even after a Delete."""
+        st = self.stub.Stats(pb.StatsRequest(), timeout=10)
+        return next(t.bytes_used for t in st.tiers if t.tier == pb.TIER_DRAM)
+
+    def settled_dram_bytes(self, want=None, wait=10.0):
+        """dram_bytes() once it stops changing (or equals want), within wait seconds."""
+        deadline = time.time() + wait
+        last = self.dram_bytes()
+        while time.time() < deadline:
+            time.sleep(0.1)
+            now = self.dram_bytes()
+            if (want is None and now == last) or now == want:
+                return now
+            last = now
+        return last
+
     def test_cancelled_get_frees_the_call(self):
         ns = "it-cancel"
         T, H, D = 64, 4, 128
         h = rand_hash()
+        base = self.settled_dram_bytes()
         self.stub.Put(iter([put_req(ns, h, 0, T, H, D)]), timeout=30)
+        self.assertGreater(self.dram_bytes(), base)
         it = self.stub.Get(pb.GetRequest(namespace=ns, hashes=[h] * 2000, layer_begin=0,
                                          layer_end=1), timeout=30)
         self.assertTrue(next(it).found)
         it.cancel()
-        # the server keeps serving, and the cancelled stream's pins were released:
+        # The server keeps serving; a Delete unlinks the page even while pinned:
         d = self.stub.Delete(pb.DeleteRequest(namespace=ns, all=True), timeout=10)
         self.assertEqual(d.pages_deleted, 1)
+        # ... so only the pool's bytes show that the cancelled stream released its pins.
+        left = self.settled_dram_bytes(want=base)
+        self.assertEqual(left, base, "DRAM pool holds %d bytes more than before the Put: the "
+                         "cancelled Get kept its pins" % (left - base))
 
     def test_concurrent_mixed_streams(self):
         """Threads putting, reading (both encodings, some cancelled), looking up and deleting

@@ -14,7 +14,8 @@
 // Every failure is printed as "FAIL <where>: <what>"; the exit status is 1 if any.
 import { execFileSync, spawn } from "node:child_process";
 import http from "node:http";
-import { existsSync, readFileSync, statSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -531,6 +532,12 @@ async function serverAccepts(variant, env) {
     "--threads", "2", "--encoder-threads", "2"];
   if (env.TQKV_DATA_LISTEN) args.push("--data-listen", "127.0.0.1:0");
   if (env.TQKV_HBM_CAPACITY) args.push("--hbm-capacity", "32M");
+  let diskDir = null;
+  if (env.TQKV_DISK_PATH) {
+    // The disk overlay's volume path, redirected to a scratch directory here.
+    diskDir = mkdtempSync(path.join(os.tmpdir(), "tqkv-k8s-disk-"));
+    env = { ...env, TQKV_DISK_PATH: diskDir, TQKV_DISK_CAPACITY: "64M" };
+  }
   let r = await runServer(env, args);
   let note = "";
   if (!r.started && env.TQKV_DEVICE !== undefined && /CUDA|device/i.test(r.err)) {
@@ -557,6 +564,11 @@ async function serverAccepts(variant, env) {
     r.proc.kill("SIGTERM");
   });
   expect(code === 0, W, `exit status ${code} after SIGTERM`);
+  if (diskDir) {
+    expect(/\ntqkv_tier_capacity_bytes\{tier="disk"\} 67108864\n/.test(m.body), W, "disk tier configured");
+    expect(existsSync(path.join(diskDir, "tqkv-disk.super")), W, "disk tier superblock written");
+    rmSync(diskDir, { recursive: true, force: true });
+  }
   console.log(`overlays/${variant}: tqkv-server accepted the ConfigMap${note}`);
 }
 
@@ -575,7 +587,7 @@ async function runK8s() {
   let svcs = [];
   let nsName = "tqkv";
   let replicas = 3;
-  for (const variant of ["cpu", "gpu"]) {
+  for (const variant of ["cpu", "gpu", "disk"]) {
     const text = render(`overlays/${variant}`);
     if (!text) continue;
     const objs = await parseDocs(text);
@@ -652,7 +664,7 @@ function runDockerfile() {
     expect(ignored(junk), ".dockerignore", `should exclude ${junk}`);
   // Runtime stage: only runtime libraries, non-root user, the entrypoint.
   const rt = text.slice(text.search(/^FROM\s+\$\{?RUNTIME_BASE/im));
-  for (const lib of ["libgrpc29", "libprotobuf-c1", "libjemalloc2", "libmicrohttpd12", "libzstd1", "ca-certificates"])
+  for (const lib of ["libgrpc29", "libprotobuf-c1", "libjemalloc2", "libmicrohttpd12", "libzstd1", "liburing2", "ca-certificates"])
     expect(new RegExp(`\\b${lib}\\b`).test(rt), W, `runtime stage installs ${lib}`);
   expect(!/-dev\b/.test(rt.replace(/--no-install-recommends/g, "")), W, "runtime stage installs no -dev package");
   expect(/^USER\s+65532(:65532)?\s*$/m.test(rt), W, "runtime USER 65532");

@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "kernels/attention.h"
-#include "kernels/io_cli.h"
+#include "kernels/cli/io_cli.h"
 #include "kernels/kivi.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
@@ -142,7 +142,7 @@ read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* Whole or nothing (kernels/io_cli.h): a failed write left a truncated file. */
+/* Whole or nothing (kernels/cli/io_cli.h): a failed write left a truncated file. */
 static int
 write_file(const char *path, const void *buf, size_t len)
 {
@@ -268,11 +268,30 @@ page_list_add(page_list_t *pl, const char *path, const uint8_t *buf, size_t len,
 /* ---- encode-kv ---- */
 
 static const char encode_kv_usage[] =
-    "usage: tqkv-codec encode-kv --tokens T --heads H --dim D --key-bits KB --value-bits VB\n"
-    "         [--key-mode mse|prod] [--value-mode mse|prod] [--seed S] [--norm-correction]\n"
-    "         [--key-centering] [--rotation dense|hadamard] [--block N] K.bf16 V.bf16 OUT.tqp\n"
+    "usage: tqkv-codec encode-kv --tokens T --heads H --dim D [--key-bits KB] [--value-bits VB]\n"
+    "         [--key-mode mse|prod] [--value-mode mse|prod] [--seed S] [--no-norm-correction]\n"
+    "         [--no-key-centering] [--rotation dense|hadamard] [--block N] K.bf16 V.bf16 OUT.tqp\n"
     "  K, V: raw little-endian BF16 [T][H][D]. Bits: 1, 1.5, 2, 2.5, 3, 3.5, 4.\n"
+    "  Defaults: the server's default policy for a middle layer (pages a default tqkv-server\n"
+    "  stores); --no-norm-correction and --no-key-centering turn those off (--help lists them).\n"
     "  --block N splits the tokens into pages of N tokens (default: one page, T <= 65536).\n";
+
+/* The usage, then the default policy's values (kernels/policy.c: tqkv_policy_default). */
+static void
+encode_kv_help(FILE *f)
+{
+    tqkv_block_codec_t c;
+    tqkv_policy_default_codec(&c);
+    fputs(encode_kv_usage, f);
+    fprintf(f,
+            "  Default codec: keys %g bits %s%s, values %g bits %s%s, key centering %s, %s "
+            "rotation, seed %llu.\n",
+            c.k.bits_x2 / 2.0, c.k.mode == TQKV_MODE_PROD ? "prod" : "mse",
+            c.k.norm_correction ? " norm-corrected" : "", c.v.bits_x2 / 2.0,
+            c.v.mode == TQKV_MODE_PROD ? "prod" : "mse",
+            c.v.norm_correction ? " norm-corrected" : "", c.key_centering ? "on" : "off",
+            c.rotation == TQKV_ROT_DENSE ? "dense" : "hadamard", (unsigned long long)c.seed);
+}
 
 int
 tqkv_cli_encode_kv(int argc, char **argv)
@@ -286,12 +305,10 @@ tqkv_cli_encode_kv(int argc, char **argv)
     size_t klen, vlen, total = 0, cap = 0;
 
     if (is_help(argc, argv)) {
-        fputs(encode_kv_usage, stdout);
+        encode_kv_help(stdout);
         return 0;
     }
-    memset(&codec, 0, sizeof codec);
-    codec.rotation = TQKV_ROT_HADAMARD;
-    codec.seed = 0x7451564b43414348ull;
+    tqkv_policy_default_codec(&codec);
     for (int i = 1; i < argc; i++) {
         if (OPT_VALUE("--tokens")) {
             if (parse_u32(argv[++i], 1, UINT32_MAX, &T))
@@ -331,8 +348,12 @@ tqkv_cli_encode_kv(int argc, char **argv)
                 return usage_err(encode_kv_usage, "bad --block '%s'", argv[i]);
         } else if (!strcmp(argv[i], "--norm-correction")) {
             codec.k.norm_correction = codec.v.norm_correction = 1;
+        } else if (!strcmp(argv[i], "--no-norm-correction")) {
+            codec.k.norm_correction = codec.v.norm_correction = 0;
         } else if (!strcmp(argv[i], "--key-centering")) {
             codec.key_centering = 1;
+        } else if (!strcmp(argv[i], "--no-key-centering")) {
+            codec.key_centering = 0;
         } else if (missing) {
             return usage_err(encode_kv_usage, "%s needs a value", missing);
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -345,10 +366,8 @@ tqkv_cli_encode_kv(int argc, char **argv)
     }
     if (missing)
         return usage_err(encode_kv_usage, "%s needs a value", missing);
-    if (!T || !H || !D || !codec.k.bits_x2 || !codec.v.bits_x2 || npos != 3)
-        return usage_err(encode_kv_usage,
-                         "--tokens, --heads, --dim, --key-bits, --value-bits and 3 files are "
-                         "required");
+    if (!T || !H || !D || npos != 3)
+        return usage_err(encode_kv_usage, "--tokens, --heads, --dim and 3 files are required");
     if (!block)
         block = T;
     if (block > TQKV_PAGE_MAX_TOKENS)

@@ -1,9 +1,9 @@
-/* data_channel.h - TCP data channels (--data-listen): OpenChannel/CloseChannel with
+/* dc_server.h - the server side of TCP data channels (--data-listen): OpenChannel/CloseChannel with
  * transport TRANSPORT_TCP, the listener that attaches connections to channels, and
  * Get with transport TRANSPORT_TCP (frames in transport/data_frame.h).
  */
-#ifndef TQKV_SERVICE_DATA_CHANNEL_H
-#define TQKV_SERVICE_DATA_CHANNEL_H
+#ifndef TQKV_SERVICE_DC_SERVER_H
+#define TQKV_SERVICE_DC_SERVER_H
 
 #include <stddef.h>
 #include <stdint.h>

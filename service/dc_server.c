@@ -1,5 +1,5 @@
-/* data_channel.c - TCP data channels: Get page bytes over a plain TCP connection
- * instead of HTTP/2 frames (design.md, "TCP data channel"; formats in
+/* dc_server.c - the server side of TCP data channels: Get page bytes over a plain TCP connection
+ * instead of HTTP/2 frames (docs/design.md, "TCP data channel"; formats in
  * transport/data_frame.h).
  *
  * OpenChannel(transport = TCP) registers a channel {id, 16-byte secret, owner = the
@@ -7,7 +7,7 @@
  * hello; a connection thread checks it (5 s to arrive, secret compared in constant
  * time, one connection per channel; unattached channels expire after 30 s) and then
  * serves that channel's Gets: a Get with transport TCP (TQKV__M_GET_TCP, switched to
- * by the Get dispatch in handlers_nccl.c) is validated and authorized on its worker
+ * by the Get dispatch in handlers_channel.c) is validated and authorized on its worker
  * like any Get, then handed to the channel's thread as a job (the call waits in
  * CS_WORK with a reserved TAG_WAKE). The thread pins each page, writes its frame
  * header and the page itself with one sendmsg (no copy in user space), unpins it, and
@@ -21,9 +21,10 @@
  * channel's busy/job/attached fields.
  */
 #define _GNU_SOURCE
-#include "service/data_channel.h"
+#include "service/dc_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -47,6 +48,7 @@
 #include "service/status_map.h"
 #include "tqkv/v1/kvcache.pb-c.h"
 #include "transport/data_frame.h"
+#include "transport/dc_tls.h"
 
 #define NERR 320
 #define MAX_CHANNELS 256u     /* registered channels, server-wide */
@@ -70,8 +72,9 @@ typedef struct dchan {
     char *owner; /* bearer token of the opener (NULL: none) */
     size_t owner_len;
     double created;
-    int fd;  /* attached connection, -1 before; closed when freed */
-    int efd; /* eventfd: a job or a stop for the connection thread */
+    int fd;   /* attached connection, -1 before; closed when freed */
+    SSL *ssl; /* its TLS session (server with --tls-cert), NULL for plain TCP */
+    int efd;  /* eventfd: a job or a stop for the connection thread */
     int attached, busy, registered;
     atomic_int dead;
     int refs;
@@ -89,6 +92,7 @@ struct tqkv__dc {
     dchan_t *chans;
     unsigned nchans, threads;
     int closing;
+    SSL_CTX *tls; /* data channels are TLS when the server has --tls-cert; else NULL */
 };
 
 static double
@@ -104,6 +108,7 @@ now_s(void)
 static void
 chan_free(dchan_t *ch)
 {
+    tqkv__dctls_free(ch->ssl);
     if (ch->fd >= 0)
         close(ch->fd);
     if (ch->efd >= 0)
@@ -186,31 +191,13 @@ owner_matches(const dchan_t *ch, const tqkv__call_t *c)
 
 /* ---- the job: frames of one Get ---- */
 
+/* Writes iov whole on ch's connection (TLS or plain); blocks until done or the
+ * connection is shut down. */
 static int
-send_all(int fd, struct iovec *iov, int n)
+chan_write(dchan_t *ch, struct iovec *iov, int n)
 {
-    while (n > 0) {
-        struct msghdr mh;
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)n;
-        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        size_t left = (size_t)w;
-        while (n > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++, n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
+    tqkv__dcio_t io = {ch->fd, ch->ssl};
+    return tqkv__dcio_write(&io, iov, n, 0);
 }
 
 static void job_fail(dc_job_t *j, grpc_status_code code, const char *fmt, ...)
@@ -277,7 +264,7 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
         tqkv_dc_frame_encode(hdr, &f);
         iov[0].iov_base = hdr;
         iov[0].iov_len = sizeof hdr;
-        int rc = send_all(ch->fd, iov, n);
+        int rc = chan_write(ch, iov, n);
         int e = errno;
         if (ref)
             tqkv_page_ref_release(ref);
@@ -304,41 +291,16 @@ typedef struct conn_arg {
     int fd;
 } conn_arg_t;
 
-static int
-recv_all_timeout(int fd, void *buf, size_t n, int timeout_ms)
-{
-    uint8_t *p = buf;
-    double until = now_s() + timeout_ms / 1000.0;
-    while (n > 0) {
-        int left = (int)((until - now_s()) * 1000.0);
-        if (left <= 0)
-            return -1;
-        struct pollfd pf = {fd, POLLIN, 0};
-        int pr = poll(&pf, 1, left);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr <= 0)
-            return -1;
-        ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-/* Checks the hello and attaches fd to its channel. Returns the channel (a reference
- * for this thread) or NULL; *status is the ack to send. */
+/* Checks the hello (read by deadline_ns) and attaches io to its channel. Returns the
+ * channel (a reference for this thread; it owns io's session from then on) or NULL;
+ * *status is the ack to send. */
 static dchan_t *
-attach(tqkv__dc_t *dc, int fd, uint32_t *status)
+attach(tqkv__dc_t *dc, tqkv__dcio_t *io, uint64_t deadline_ns, uint32_t *status)
 {
     uint8_t in[TQKV_DC_HELLO_BYTES], secret[TQKV_DC_SECRET_BYTES];
     uint64_t id;
     *status = TQKV_DC_ACK_BAD;
-    if (recv_all_timeout(fd, in, sizeof in, HELLO_TIMEOUT_MS) != 0 ||
+    if (tqkv__dcio_read(io, in, sizeof in, deadline_ns) != 0 ||
         tqkv_dc_hello_decode(in, &id, secret) != 0)
         return NULL;
     *status = TQKV_DC_ACK_UNKNOWN;
@@ -360,7 +322,8 @@ attach(tqkv__dc_t *dc, int fd, uint32_t *status)
             ch = NULL;
         } else {
             ch->attached = 1;
-            ch->fd = fd;
+            ch->fd = io->fd;
+            ch->ssl = io->ssl;
             ch->refs++;
             *status = TQKV_DC_ACK_OK;
         }
@@ -375,13 +338,34 @@ conn_main(void *arg)
     conn_arg_t a = *(conn_arg_t *)arg;
     free(arg);
     tqkv__dc_t *dc = a.dc;
-    uint32_t status;
-    dchan_t *ch = attach(dc, a.fd, &status);
+    uint32_t status = TQKV_DC_ACK_BAD;
+    uint64_t deadline = tqkv__dcio_now_ns() + HELLO_TIMEOUT_MS * 1000000ull;
+    tqkv__dcio_t io = {a.fd, NULL};
+    dchan_t *ch = NULL;
+    int handshake_ok = 1;
+    if (dc->tls) {
+        /* The handshake and the hello share the hello's time limit. A client without a
+         * certificate the client CA accepts (mutual TLS) ends here: no ack at all. */
+        char err[256];
+        int fl = fcntl(a.fd, F_GETFL);
+        fcntl(a.fd, F_SETFL, fl | O_NONBLOCK);
+        io.ssl = tqkv__dctls_handshake(dc->tls, a.fd, NULL, deadline, err, sizeof err);
+        if (io.ssl != NULL && tqkv__dctls_batch_writes(io.ssl) != 0)
+            tqkv_log(TQKV_LOG_WARN, "data channel: no write ring (out of memory)", "fd=%d", a.fd);
+        if (io.ssl == NULL) {
+            handshake_ok = 0;
+            tqkv_log(TQKV_LOG_DEBUG, "data channel TLS handshake failed", "reason=\"%s\"", err);
+        }
+    }
+    if (handshake_ok)
+        ch = attach(dc, &io, deadline, &status);
     uint8_t ack[TQKV_DC_ACK_BYTES];
     tqkv_dc_ack_encode(ack, status);
     struct iovec iov = {ack, sizeof ack};
     if (ch == NULL) {
-        (void)send_all(a.fd, &iov, 1);
+        if (handshake_ok)
+            (void)tqkv__dcio_write(&io, &iov, 1, deadline);
+        tqkv__dctls_free(io.ssl);
         close(a.fd);
         pthread_mutex_lock(&dc->mu);
         dc->threads--;
@@ -389,7 +373,7 @@ conn_main(void *arg)
         pthread_mutex_unlock(&dc->mu);
         return NULL;
     }
-    if (send_all(a.fd, &iov, 1) != 0)
+    if (chan_write(ch, &iov, 1) != 0)
         atomic_store(&ch->dead, 1);
     int one = 1;
     setsockopt(a.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -557,6 +541,16 @@ tqkv__dc_start(tqkv_server_t *s, const char *addr, char *err, size_t errlen)
     dc->srv = s;
     dc->lfd = fd;
     dc->port = port;
+    if (s->cfg.tls_cert[0]) {
+        dc->tls = tqkv__dctls_server_ctx(s->cfg.tls_cert, s->cfg.tls_key,
+                                         s->cfg.tls_client_ca[0] ? s->cfg.tls_client_ca : NULL, err,
+                                         errlen);
+        if (dc->tls == NULL) {
+            close(fd);
+            free(dc);
+            return TQKV_EINVAL;
+        }
+    }
     dc->accepting = 1;
     pthread_mutex_init(&dc->mu, NULL);
     pthread_cond_init(&dc->cv, NULL);
@@ -564,6 +558,7 @@ tqkv__dc_start(tqkv_server_t *s, const char *addr, char *err, size_t errlen)
         close(fd);
         pthread_mutex_destroy(&dc->mu);
         pthread_cond_destroy(&dc->cv);
+        SSL_CTX_free(dc->tls);
         free(dc);
         snprintf(err, errlen, "--data-listen: cannot start the acceptor thread");
         return TQKV_ENOMEM;
@@ -627,6 +622,7 @@ tqkv__dc_destroy(tqkv_server_t *s, unsigned wait_ms)
         return left; /* threads still use dc: leak it */
     pthread_mutex_destroy(&dc->mu);
     pthread_cond_destroy(&dc->cv);
+    SSL_CTX_free(dc->tls);
     free(dc);
     s->dc = NULL;
     return 0;
@@ -698,6 +694,7 @@ tqkv__dc_open(tqkv__call_t *c)
     Tqkv__V1__OpenChannelResponse m = TQKV__V1__OPEN_CHANNEL_RESPONSE__INIT;
     m.channel_id = ch->id;
     m.data_port = (uint32_t)dc->port;
+    m.data_tls = dc->tls != NULL;
     uint8_t secret[TQKV_DC_SECRET_BYTES];
     memcpy(secret, ch->secret, sizeof secret);
     pthread_mutex_unlock(&dc->mu);

@@ -1,14 +1,8 @@
-/* check_client_proc.c - start and stop real tqkv-server processes for the client,
- * shard and bench tests (included by those suites, not compiled alone).
- *
- * The server binary comes from env TQKV_SERVER (CTest passes the built target).
- * A server is started with --listen 127.0.0.1:PORT (0 = any free port) and its
- * "listening on HOST:PORT" line is read from its output; the rest of the output
- * is drained by a thread so the server never blocks on a full pipe.
- */
+/* server_proc.c - real tqkv-server processes for the suites (see server_proc.h). */
+#include "tests/support/server_proc.h"
+
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,16 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct srv {
-    pid_t pid;
-    int fd;
-    int port;
-    char addr[64];
-    pthread_t drain;
-    int draining;
-} srv_t;
-
-static double
+double
 proc_now(void)
 {
     struct timespec ts;
@@ -49,17 +34,14 @@ proc_drain(void *arg)
     return NULL;
 }
 
-/* Path of the server under test, or NULL. */
-static const char *
+const char *
 srv_path(void)
 {
     const char *p = getenv("TQKV_SERVER");
     return p && access(p, X_OK) == 0 ? p : NULL;
 }
 
-/* Starts a server on 127.0.0.1:port (0 = a free one) with extra args (NULL-ended,
- * may be NULL). Returns 0 once it reported "listening on". */
-static int
+int
 srv_start(srv_t *s, int port, const char *const *extra)
 {
     const char *path = srv_path();
@@ -136,8 +118,7 @@ srv_start(srv_t *s, int port, const char *const *extra)
     return -1;
 }
 
-/* Waits up to timeout seconds for the server to exit. Returns 0 when it did. */
-static int
+int
 srv_wait(srv_t *s, double timeout)
 {
     double t0 = proc_now();
@@ -158,15 +139,14 @@ srv_wait(srv_t *s, double timeout)
     return 0;
 }
 
-static void
+void
 srv_kill(srv_t *s, int sig)
 {
     if (s->pid > 0)
         kill(s->pid, sig);
 }
 
-/* SIGTERM, then SIGKILL after 10 s. */
-static void
+void
 srv_stop(srv_t *s)
 {
     if (s->pid <= 0)
@@ -176,68 +156,4 @@ srv_stop(srv_t *s)
         srv_kill(s, SIGKILL);
         srv_wait(s, 10);
     }
-}
-
-/* Fresh random BF16 data: roughly N(0, 1) with a per-channel scale (structured). */
-static inline uint16_t
-proc_f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float
-proc_bf2f(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint64_t
-proc_rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline void
-proc_fill(uint16_t *x, size_t n, size_t dim, uint64_t *seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        double u = 0;
-        for (int k = 0; k < 4; k++)
-            u += (double)(proc_rnd(seed) >> 11) * (1.0 / 9007199254740992.0);
-        double scale = 1.0 + (double)((i % dim) % 7);
-        x[i] = proc_f2bf((float)((u - 2.0) * 1.7 * scale));
-    }
-}
-
-/* Relative L2 error of BF16 y against BF16 x (both n elements, y may be unaligned). */
-static inline double
-proc_rel_err(const uint16_t *x, const void *y, size_t n)
-{
-    double e = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t b;
-        memcpy(&b, (const uint8_t *)y + 2 * i, 2);
-        double a = proc_bf2f(x[i]), d = proc_bf2f(b) - a;
-        e += d * d;
-        s += a * a;
-    }
-    return s > 0 ? sqrt(e / s) : sqrt(e);
-}
-
-static inline void
-proc_hash(tqkv_hash_t *h, uint64_t a, uint64_t b, uint8_t len)
-{
-    uint64_t s = a * 1000003u + b;
-    h->len = len;
-    for (uint8_t i = 0; i < len; i++)
-        h->bytes[i] = (uint8_t)proc_rnd(&s);
 }

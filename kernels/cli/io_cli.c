@@ -1,5 +1,5 @@
 /* io_cli.c - tqkv-codec: output files that appear whole or not at all (see io_cli.h). */
-#include "kernels/io_cli.h"
+#include "kernels/cli/io_cli.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -15,8 +15,9 @@
 #include <zstd.h>
 
 #include "kernels/codebook.h"
-#include "kernels/io_cli.h"
+#include "kernels/cli/io_cli.h"
 #include "kernels/page.h"
+#include "kernels/policy.h"
 #include "kernels/tq_math.h"
 
 int tqkv_cli_encode(int argc, char **argv);
@@ -193,30 +194,49 @@ now_s(void)
 static void
 encode_help(FILE *f)
 {
-    fprintf(f,
-            "usage: tqkv-codec encode --dim D --bits B [options] IN.bf16 OUT.tqp\n"
-            "  IN is raw little-endian BF16 vectors [n][D]; OUT a file of pages.\n"
-            "  --dim D               vector dimension, %u..%u\n"
-            "  --bits B              1, 1.5, 2, 2.5, 3, 3.5 or 4 bits per coordinate\n"
-            "  --mode mse|prod       mse (default) or prod (unbiased inner products)\n"
-            "  --rotation dense|hadamard   default hadamard (non-power-of-two groups use dense)\n"
-            "  --seed S              rotation seed (default 1)\n"
-            "  --tokens-per-page N   vectors per page (default 256)\n"
-            "  --norm-correction     store ||x|| / ||z[idx]|| (decoded vectors keep x's norm)\n",
-            TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM);
+    tqkv_block_codec_t c;
+    tqkv_policy_default_codec(&c);
+    fprintf(
+        f,
+        "usage: tqkv-codec encode --dim D [--bits B] [options] IN.bf16 OUT.tqp\n"
+        "  IN is raw little-endian BF16 vectors [n][D] (encoded as keys); OUT a file of pages.\n"
+        "  Defaults: the keys of the server's default policy for a middle layer\n"
+        "  (kernels/policy.c), as a default tqkv-server stores them.\n"
+        "  --dim D               vector dimension, %u..%u\n"
+        "  --bits B              1, 1.5, 2, 2.5, 3, 3.5 or 4 bits per coordinate (default %g)\n"
+        "  --mode mse|prod       default %s; prod: unbiased inner products\n"
+        "  --rotation dense|hadamard   default %s (non-power-of-two groups use dense)\n"
+        "  --seed S              rotation seed (default %llu)\n"
+        "  --tokens-per-page N   vectors per page (default 256)\n"
+        "  --no-norm-correction  store ||x|| / sqrt(g) instead of ||x|| / ||z[idx]|| (default:\n"
+        "                        %s; --norm-correction is accepted)\n"
+        "  --no-key-centering    keep each page's per-channel mean in the vectors (default: %s;\n"
+        "                        --key-centering is accepted)\n",
+        TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM, c.k.bits_x2 / 2.0,
+        c.k.mode == TQKV_MODE_PROD ? "prod" : "mse",
+        c.rotation == TQKV_ROT_DENSE ? "dense" : "hadamard", (unsigned long long)c.seed,
+        c.k.norm_correction ? "corrected" : "off", c.key_centering ? "centered" : "off");
 }
 
 int
 tqkv_cli_encode(int argc, char **argv)
 {
     uint32_t D = 0, tpp = 256;
-    uint8_t bits_x2 = 0, mode = TQKV_MODE_MSE, rot = TQKV_ROT_HADAMARD, nc = 0;
-    uint64_t seed = 1;
+    tqkv_block_codec_t def;
+    uint8_t bits_x2, mode, rot, nc, center;
+    uint64_t seed;
     const char *in = NULL, *out = NULL, *bits_arg = NULL;
     uint8_t *data, *pages = NULL;
     size_t len, n, cap = 0, total = 0;
     int rc = 1;
 
+    tqkv_policy_default_codec(&def);
+    bits_x2 = def.k.bits_x2;
+    mode = def.k.mode;
+    rot = def.rotation;
+    nc = def.k.norm_correction;
+    center = def.key_centering;
+    seed = def.seed;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (is_help(a)) {
@@ -249,6 +269,12 @@ tqkv_cli_encode(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--norm-correction")) {
             nc = 1;
+        } else if (!strcmp(a, "--no-norm-correction")) {
+            nc = 0;
+        } else if (!strcmp(a, "--key-centering")) {
+            center = 1;
+        } else if (!strcmp(a, "--no-key-centering")) {
+            center = 0;
         } else if (a[0] == '-' && a[1]) {
             return usage_error("encode", "unknown or incomplete option '%s'", a);
         } else if (!in) {
@@ -259,9 +285,9 @@ tqkv_cli_encode(int argc, char **argv)
             return usage_error("encode", "extra argument '%s'", a);
         }
     }
-    if (!in || !out || !D || !bits_arg)
-        return usage_error("encode", "need --dim, --bits, IN and OUT");
-    if (parse_bits(bits_arg, &bits_x2))
+    if (!in || !out || !D)
+        return usage_error("encode", "need --dim, IN and OUT");
+    if (bits_arg && parse_bits(bits_arg, &bits_x2))
         return fail(in, "unsupported bit width '%s' (1, 1.5, 2, 2.5, 3, 3.5, 4)", bits_arg);
     if (D < TQKV_PAGE_MIN_DIM || D > TQKV_PAGE_MAX_DIM)
         return fail(in, "unsupported dimension %u (supported %u..%u)", D, TQKV_PAGE_MIN_DIM,
@@ -285,6 +311,7 @@ tqkv_cli_encode(int argc, char **argv)
         c.k.mode = mode;
         c.k.norm_correction = nc;
         c.rotation = rot;
+        c.key_centering = center;
         c.seed = seed;
         if ((st = tqkv_page_size(&s, &c, &sz)) != TQKV_OK) {
             tqkv_page_check_params(&s, &c, err, sizeof err);

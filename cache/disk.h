@@ -1,0 +1,160 @@
+/* disk.h - the disk tier: append-only segment files of page records (cache/disk_format.h,
+ * proto/DISK_FORMAT.md) with a compact in-memory index, rebuilt by scanning the segments
+ * at open (warm restart), a compactor, and io_uring or thread-pool I/O.
+ *
+ * Records are appended into a write buffer (a batch) that is written with one I/O when
+ * full, every batch_ms by a flusher thread, or at once for TQKV_DISK_SYNC_ALWAYS. A put
+ * of a key replaces its earlier record (which becomes dead space for the compactor).
+ * When the capacity is reached, the oldest segment is dropped whole (its pages become
+ * misses): the tier is a FIFO-ordered log, like a flash cache. Keys are the store's
+ * (namespace, hash, layer). All functions are thread-safe.
+ */
+#ifndef TQKV_CACHE_DISK_H
+#define TQKV_CACHE_DISK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/store.h"
+#include "kernels/status.h"
+
+typedef struct tqkv_disk tqkv_disk_t;
+
+/* What a crash may lose (proto/DISK_FORMAT.md, section "Durability"). */
+typedef enum tqkv_disk_sync {
+    TQKV_DISK_SYNC_NONE = 0,   /* written every batch_ms, never fdatasync'ed: kill -9 loses
+                                  the last batch_ms; power loss whatever the kernel held */
+    TQKV_DISK_SYNC_BATCH = 1,  /* written and fdatasync'ed every batch_ms (or full batch) */
+    TQKV_DISK_SYNC_ALWAYS = 2, /* tqkv_disk_put returns once the record is fdatasync'ed
+                                  (group commit): nothing acknowledged is lost */
+} tqkv_disk_sync_t;
+
+/* I/O engine. */
+typedef enum tqkv_disk_io {
+    TQKV_DISK_IO_AUTO = 0,    /* io_uring when built with liburing and the kernel allows */
+    TQKV_DISK_IO_URING = 1,   /* io_uring or fail */
+    TQKV_DISK_IO_THREADS = 2, /* a thread pool on preadv2/pwritev2 */
+} tqkv_disk_io_t;
+
+typedef struct tqkv_disk_config {
+    const char *path;       /* directory (created if absent); borrowed during open */
+    uint64_t capacity;      /* bytes of segment files, hard limit */
+    uint64_t segment_bytes; /* largest segment (default 256 MiB, at most capacity / 4) */
+    uint32_t batch_bytes;   /* write buffer (default 4 MiB) */
+    uint32_t batch_ms;      /* flush interval for NONE/BATCH (default 10) */
+    tqkv_disk_sync_t sync;
+    tqkv_disk_io_t io;
+    int direct;          /* 1 (default): O_DIRECT where the file system allows it */
+    int io_threads;      /* thread-pool engine workers (default 4) */
+    double compact_dead; /* compact a sealed segment once this fraction is dead (0.5) */
+    int compact_thread;  /* 1 (default): background compactor; 0: only tqkv_disk_compact */
+    int quiet;           /* 1: no start-up log lines on stderr */
+} tqkv_disk_config_t;
+
+void tqkv_disk_config_default(tqkv_disk_config_t *cfg);
+
+/* Opens (or creates) the tier in cfg->path and rebuilds the index from its segments.
+ * err (may be NULL) gets a one-line reason on failure. TQKV_EINVAL for a bad config,
+ * TQKV_EFORMAT for a foreign or newer superblock, TQKV_EIO for file errors,
+ * TQKV_EUNSUPPORTED when io_uring was required and is unavailable. *out: caller owns. */
+tqkv_status_t tqkv_disk_open(const tqkv_disk_config_t *cfg, tqkv_disk_t **out, char *err,
+                             size_t errlen);
+
+/* Writes what is buffered, syncs (unless SYNC_NONE) and frees. NULL is a no-op. */
+void tqkv_disk_close(tqkv_disk_t *d);
+
+/* Appends a record for key (replacing any earlier one). parent may be NULL/0. With
+ * SYNC_ALWAYS, returns once the record is durable. TQKV_ENOSPC: record larger than a
+ * segment or the file system is full; TQKV_EIO: the write failed (the record is then not
+ * indexed). Borrows everything. */
+tqkv_status_t tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent,
+                            size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes);
+
+/* 1 when the index has a record for key (not verified on disk), else 0. *rec_bytes (may
+ * be NULL) gets its disk bytes. No I/O. */
+int tqkv_disk_contains(tqkv_disk_t *d, const tqkv_block_key_t *key, uint64_t *rec_bytes);
+
+/* A page read from disk: page[0..len) inside a buffer owned by the struct. */
+typedef struct tqkv_disk_page {
+    void *buf; /* owned, free with tqkv_disk_page_free */
+    const uint8_t *page;
+    size_t len;
+    uint64_t bf16_bytes;
+    uint8_t parent[64];
+    size_t parent_len;
+} tqkv_disk_page_t;
+
+/* Reads key's record and checks it (header CRC, key, page CRC). TQKV_ENOTFOUND when
+ * absent; TQKV_ECORRUPT when the record fails a check (it is then dropped from the index
+ * and counted: the next get is a miss); TQKV_EIO on a read error. */
+tqkv_status_t tqkv_disk_get(tqkv_disk_t *d, const tqkv_block_key_t *key, tqkv_disk_page_t *out);
+void tqkv_disk_page_free(tqkv_disk_page_t *p);
+
+/* tqkv_disk_get of n keys with all their reads in flight at once (one I/O round instead
+ * of n); st[i] and out[i] as tqkv_disk_get would set them. */
+void tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n,
+                        tqkv_disk_page_t *out, tqkv_status_t *st);
+
+/* Deletes key's record (layer TQKV_DISK_ALL_LAYERS: every layer of the hash) with a
+ * durable-by-policy tombstone. pages and bytes (may be NULL) get what went. */
+tqkv_status_t tqkv_disk_delete(tqkv_disk_t *d, const char *ns, size_t ns_len, const uint8_t *hash,
+                               size_t hash_len, uint32_t layer, uint64_t *pages, uint64_t *bytes);
+/* Deletes a whole namespace (a tombstone, then an index scan). */
+tqkv_status_t tqkv_disk_delete_namespace(tqkv_disk_t *d, const char *ns, size_t ns_len,
+                                         uint64_t *pages, uint64_t *bytes);
+/* Drops the oldest records of ns until `need` bytes went or none is left; freed gets
+ * the bytes (quota enforcement). */
+tqkv_status_t tqkv_disk_evict_namespace(tqkv_disk_t *d, const char *ns, size_t ns_len,
+                                        uint64_t need, uint64_t *freed);
+
+/* Writes the buffer and fdatasyncs the open segments (whatever the sync mode). */
+tqkv_status_t tqkv_disk_sync(tqkv_disk_t *d);
+
+/* One compaction pass: rewrites the live records of the most-dead sealed segment whose
+ * dead fraction is at least min_dead (0..1) and removes it. *done = 1 when one was. */
+tqkv_status_t tqkv_disk_compact(tqkv_disk_t *d, double min_dead, int *done);
+
+typedef struct tqkv_disk_stats {
+    uint64_t capacity;            /* configured bytes */
+    uint64_t bytes_used;          /* bytes of segment files (buffered included) */
+    uint64_t live_bytes;          /* bytes of indexed records */
+    uint64_t pages;               /* indexed records */
+    uint64_t page_bytes;          /* = live_bytes (page lengths are not kept in RAM) */
+    uint64_t segments;            /* segment files */
+    uint64_t hits, misses;        /* tqkv_disk_get outcomes */
+    uint64_t reads, read_bytes;   /* read I/Os (record reads and scans) */
+    uint64_t writes, write_bytes; /* write I/Os (batches) */
+    uint64_t records_written;     /* records appended (puts, tombstones, compaction copies) */
+    uint64_t syncs;               /* fdatasync calls */
+    uint64_t io_errors;           /* failed reads and writes */
+    uint64_t corrupt;             /* records that failed a check (scan or get), skipped */
+    uint64_t torn;                /* torn tails found by the start-up scan */
+    uint64_t compactions, compacted_records;
+    uint64_t evicted_segments, evicted_records; /* dropped for capacity */
+    uint64_t index_bytes, index_slots;          /* the index's RAM */
+    uint64_t rebuild_bytes;                     /* bytes scanned at open */
+    double rebuild_seconds;
+    const char *io_engine; /* "io_uring" or "threads" (static) */
+    int direct;            /* O_DIRECT in use */
+} tqkv_disk_stats_t;
+
+void tqkv_disk_stats(tqkv_disk_t *d, tqkv_disk_stats_t *out);
+
+/* Per-namespace records and disk bytes (ns need not exist: zeros). page_bytes gets the
+ * disk bytes too and bf16 0 (neither is kept in RAM); any pointer may be NULL. */
+void tqkv_disk_ns_usage(tqkv_disk_t *d, const char *ns, size_t ns_len, uint64_t *pages,
+                        uint64_t *bytes, uint64_t *page_bytes, uint64_t *bf16);
+/* Calls fn for each namespace holding records. */
+void tqkv_disk_foreach_namespace(tqkv_disk_t *d,
+                                 void (*fn)(void *arg, const char *ns, size_t ns_len,
+                                            uint64_t pages, uint64_t bytes),
+                                 void *arg);
+
+/* Test hooks. Keeps only the low `bits` bits of index digests (forces collisions);
+ * 64 = normal. Process-wide; set before tqkv_disk_open. */
+void tqkv__disk_debug_digest_bits(unsigned bits);
+/* Location of key's record: segment file path (into path[0..n)) and byte offset. */
+tqkv_status_t tqkv__disk_debug_locate(tqkv_disk_t *d, const tqkv_block_key_t *key, char *path,
+                                      size_t n, uint64_t *offset, uint64_t *rec_bytes);
+
+#endif

@@ -1,0 +1,35 @@
+# tests/python.cmake: the Python package tqkv (transport/python) over libtqkv.so, and
+# the vLLM KV connector, against real tqkv-server processes (/usr/bin/python3 with
+# Debian's python3-numpy, python3-cffi and python3-torch).
+if(TARGET tqkv-server AND TARGET tqkv_shared AND NOT TQKV_SANITIZE)
+  set(_py_env
+    "PYTHONPATH=${PROJECT_SOURCE_DIR}/transport/python:${CMAKE_CURRENT_SOURCE_DIR}/python"
+    "TQKV_LIBRARY=$<TARGET_FILE:tqkv_shared>"
+    "TQKV_SERVER=$<TARGET_FILE:tqkv-server>"
+    "TQKV_CODEC=$<TARGET_FILE:tqkv-codec>")
+  add_test(NAME python_client
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_client.py)
+  set_tests_properties(python_client PROPERTIES LABELS "interop" TIMEOUT 300
+    ENVIRONMENT "${_py_env}")
+  # The vLLM KV connector between two engine processes (llama3-8b shape, a 645-token
+  # prompt; the 32K-token run is a benchmark, see docs/integration.md).
+  add_test(NAME python_vllm_connector
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_vllm_connector.py)
+  set_tests_properties(python_vllm_connector PROPERTIES LABELS "interop" TIMEOUT 900
+    ENVIRONMENT "${_py_env}")
+endif()
+if(TARGET tqkv_shared AND NOT TQKV_SANITIZE)
+  # The C side of bench_get.py (same library code as libtqkv.so, linked statically).
+  add_executable(bench_get_decode ${CMAKE_CURRENT_SOURCE_DIR}/python/bench_get_decode.c)
+  target_link_libraries(bench_get_decode PRIVATE tqkv)
+  if(TARGET tqkv-server)
+    # A small run of the Python-vs-C Get benchmark: it runs, bytes match, and Python is
+    # not grossly slower (0.5: a floor for a loaded CI machine; the target is 0.8, see
+    # docs/integration.md for the full-size numbers).
+    add_test(NAME python_bench_get
+      COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/bench_get.py --blocks 16
+              --layers 8 --iters 3 --rounds 2 --min-ratio 0.5)
+    set_tests_properties(python_bench_get PROPERTIES LABELS "bench-smoke" TIMEOUT 300
+      ENVIRONMENT "${_py_env};TQKV_BENCH_C=$<TARGET_FILE:bench_get_decode>")
+  endif()
+endif()

@@ -1,0 +1,254 @@
+#!/usr/bin/python3
+"""TqkvConnector (tqkv.vllm_connector) between two engine processes (vllm_engine.py)
+with a llama3-8b-shaped paged KV cache: 32 layers, 8 KV heads, head_size 128, 16-token
+blocks, BF16, FlashAttention's layout. The first engine "prefills" a prompt and saves it
+through the connector; the second, with another block table, loads it through the
+connector. Every block of the second engine must then hold exactly tqkv-codec's
+decode-kv of the same page (loaded) or the original KV (computed or recomputed):
+full hits, partial prefix hits, misses, an eviction after the lease expired, a server
+killed mid-load and a server down at Lookup - failures are misses, counted.
+
+TQKV_CONNECTOR_TOKENS sets the prompt length (default 645: 40 full blocks; the 32K
+benchmark: TQKV_CONNECTOR_TOKENS=32769 TQKV_CONNECTOR_VERIFY=0,15,31 ... Connector.test_2*),
+TQKV_CONNECTOR_VERIFY the layers compared with tqkv-codec (default all).
+"""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+import numpy as np
+
+from tqkv_testutil import Server, rng
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+L, H, D, BS = 32, 8, 128, 16
+N = int(os.environ.get("TQKV_CONNECTOR_TOKENS", "645"))
+# Layers whose loaded blocks are compared with tqkv-codec (default all).
+VERIFY = [int(x) for x in os.environ.get("TQKV_CONNECTOR_VERIFY", "").split(",") if x] or \
+    list(range(L))
+R = rng(17)
+
+
+def prompt(n, vocab=128000):
+    return R.integers(0, vocab, n).tolist()
+
+
+def engine(**cfg):
+    base = dict(layers=L, heads=H, dim=D, block_size=BS, seed=5,
+                num_blocks=(len(cfg["tokens"]) + BS - 1) // BS + 8)
+    base.update(cfg)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_engine.py")],
+                       input=json.dumps(base), capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0:
+        raise AssertionError("engine failed:\n" + p.stderr[-3000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+class Connector(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(capacity="4G")
+        try:
+            cls.tg = [cls.srv.addr]
+            cls.P = prompt(N)
+            cls.saved = engine(targets=cls.tg, tokens=cls.P, table_seed=1)
+        except BaseException:
+            cls.srv.stop()  # tearDownClass does not run after a failed setUpClass
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def check_clean(self, r):
+        self.assertTrue(r["codec_equal"], r["errors"])
+        self.assertTrue(r["original_equal"], r["errors"])
+
+    def test_1_save(self):
+        a = self.saved
+        self.assertEqual(a["ext_tokens"], 0)  # nothing stored before
+        self.assertEqual(a["stats"]["save_blocks"], (N // BS) * L)
+        self.assertEqual(a["stats"]["save_failed_blocks"], 0)
+        self.assertEqual(a["sched_stats"]["lookups"], 1)
+
+    def test_2_full_hit_other_block_table(self):
+        b = engine(targets=self.tg, tokens=self.P, table_seed=2, verify_targets=self.tg,
+                   verify=VERIFY)
+        print("\n  save: %d tokens, forward with saves %.2f s; load: lookup %.3f s, forward "
+              "with loads %.2f s (%.0f tokens/s, %.2f GB/s BF16 into the paged cache)" %
+              (N, self.saved["t_forward"], b["t_lookup"], b["t_forward"],
+               b["ext_tokens"] / b["t_forward"],
+               b["ext_tokens"] * L * H * D * 4 / b["t_forward"] / 1e9), file=sys.stderr)
+        self.assertNotEqual(b["table"], self.saved["table"])
+        hit = ((N - 1) // BS) * BS
+        self.assertEqual(b["ext_tokens"], hit)
+        self.assertEqual(b["failed_blocks"], 0)
+        self.assertEqual(b["stats"]["load_blocks"], hit // BS)
+        self.assertEqual(b["checked_pages"], (hit // BS) * len(VERIFY))
+        self.assertLess(b["loaded_rel_err"], 0.3)
+        self.check_clean(b)
+
+    def test_3_partial_prefix_hit(self):
+        m = 16 * 11 + 7  # diverges inside block 11: blocks 0..10 hit
+        p2 = self.P[:m] + prompt(200)
+        b = engine(targets=self.tg, tokens=p2, table_seed=3, verify_targets=self.tg)
+        self.assertEqual(b["ext_tokens"], 11 * BS)
+        self.assertEqual(b["failed_blocks"], 0)
+        self.assertEqual(b["stats"]["load_blocks"], 11)
+        self.check_clean(b)
+
+    def test_4_miss(self):
+        b = engine(targets=self.tg, tokens=prompt(300), table_seed=4, verify_targets=self.tg)
+        self.assertEqual(b["ext_tokens"], 0)
+        self.assertEqual(b["stats"]["load_blocks"], 0)
+        self.assertEqual(b["sched_stats"]["lookup_hit_tokens"], 0)
+        self.check_clean(b)
+
+    def test_5_lease_expired_then_evicted(self):
+        p3 = prompt(16 * 20 + 3)
+        engine(targets=self.tg, tokens=p3, table_seed=5)
+        b = engine(targets=self.tg, tokens=p3, table_seed=6, lease_ms=200, expire_then_delete=1)
+        self.assertEqual(b["ext_tokens"], 20 * BS)  # offered at Lookup ...
+        self.assertEqual(b["failed_blocks"], 20)  # ... gone at load: all recomputed
+        self.assertEqual(b["stats"]["load_failed_blocks"], 20)
+        self.assertEqual(b["stats"]["load_blocks"], 0)
+        self.assertEqual(b["recompute_from"], 0)
+        self.check_clean(b)
+
+    def test_6_server_killed_mid_load(self):
+        srv = Server(capacity="2G")
+        try:
+            p4 = prompt(4096 + 1)  # 256 blocks x 32 layers: the load takes a while
+            a = engine(targets=[srv.addr], tokens=p4, table_seed=7)
+            self.assertEqual(a["stats"]["save_failed_blocks"], 0)
+            b = engine(targets=[srv.addr], tokens=p4, table_seed=8, kill_pid=srv.proc.pid,
+                       kill_at_layer=0, tqkv_layers_per_get=1, verify=[0, 1, 15, 31])
+            self.assertEqual(b["ext_tokens"], 4096)
+            self.assertEqual(b["failed_blocks"], 256)  # any layer lost: the whole prefix
+            self.assertEqual(b["stats"]["load_failed_blocks"], 256)
+            self.assertGreaterEqual(b["stats"]["load_errors"], 1)
+            self.check_clean(b)
+            # And with the server gone, Lookup is a counted miss.
+            c = engine(targets=[srv.addr], tokens=p4, table_seed=9, deadline_ms=1000,
+                       verify=[0])
+            self.assertEqual(c["ext_tokens"], 0)
+            self.assertEqual(c["sched_stats"]["lookup_errors"], 1)
+            self.assertGreaterEqual(c["stats"]["save_errors"], 1)  # its saves fail too
+            self.check_clean(c)
+        finally:
+            srv.stop()
+
+
+class SchedulerSide(unittest.TestCase):
+    """The scheduler-side bookkeeping in-process: chunked prefill saves every full prompt
+    block exactly once with its parent, resumed requests take their new block table,
+    the cache salt goes into the namespace, tqkv_hash = "vllm" uses request.block_hashes."""
+
+    @classmethod
+    def setUpClass(cls):
+        from types import SimpleNamespace as NS
+        cls.NS = NS
+        cls.srv = Server(data_channel=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def connector(self, **extra):
+        from tqkv.vllm_connector import KVConnectorRole, TqkvConnector
+        NS = self.NS
+        ex = {"tqkv_targets": [self.srv.addr], "tqkv_num_layers": 2}
+        ex.update(extra)
+        cfg = NS(kv_transfer_config=NS(kv_connector_extra_config=ex),
+                 cache_config=NS(block_size=BS), model_config=NS(model="m"),
+                 parallel_config=NS(tensor_parallel_size=1))
+        return TqkvConnector(cfg, KVConnectorRole.SCHEDULER)
+
+    def step(self, new=(), cached=None, sched=None):
+        NS = self.NS
+        return NS(scheduled_new_reqs=list(new),
+                  scheduled_cached_reqs=cached or NS(req_ids=[], new_block_ids=[],
+                                                     num_computed_tokens=[],
+                                                     resumed_req_ids=set()),
+                  num_scheduled_tokens=sched or {})
+
+    def test_chunked_prefill_and_resume(self):
+        from tqkv.vllm_connector import token_block_hashes
+        NS = self.NS
+        c = self.connector()
+        toks = prompt(100)  # 6 full blocks
+        req = NS(request_id="r", prompt_token_ids=toks, cache_salt="s1", lora_request=None,
+                 mm_features=[])
+        self.assertEqual(c.get_num_new_matched_tokens(req, 0), (0, False))
+        c.update_state_after_alloc(req, None, 0)
+        m1 = c.build_connector_meta(self.step(
+            [NS(req_id="r", prompt_token_ids=toks, block_ids=([7, 3, 9],),
+                num_computed_tokens=0)], sched={"r": 40}))
+        self.assertEqual(len(m1.saves), 1)
+        s1 = m1.saves[0]
+        self.assertEqual((s1.ns, s1.block_ids, s1.parent), ("m/salt=s1", [7, 3], None))
+        want = token_block_hashes(toks, BS, 6, c._seed(req))
+        self.assertEqual(s1.hashes, want[:2])
+        cached = NS(req_ids=["r"], new_block_ids=[([4, 5],)], num_computed_tokens=[40],
+                    resumed_req_ids=set())
+        m2 = c.build_connector_meta(self.step(cached=cached, sched={"r": 40}))
+        s2 = m2.saves[0]
+        self.assertEqual((s2.block_ids, s2.hashes, s2.parent), ([9, 4, 5], want[2:5], want[1]))
+        # Preempted and resumed with a whole new table: the last block goes to its new home.
+        cached = NS(req_ids=["r"], new_block_ids=[([11, 12, 13, 14, 15, 16, 17],)],
+                    num_computed_tokens=[80], resumed_req_ids={"r"})
+        m3 = c.build_connector_meta(self.step(cached=cached, sched={"r": 20}))
+        s3 = m3.saves[0]
+        self.assertEqual((s3.block_ids, s3.hashes, s3.parent), ([16], want[5:6], want[4]))
+        # Decode steps save nothing more.
+        cached = NS(req_ids=["r"], new_block_ids=[None], num_computed_tokens=[100],
+                    resumed_req_ids=set())
+        self.assertEqual(c.build_connector_meta(self.step(cached=cached, sched={"r": 1})).saves,
+                         [])
+        self.assertEqual(c.request_finished(req, []), (False, None))
+        c.shutdown()
+
+    def test_local_prefix_hit_not_saved_again(self):
+        import tqkv
+        from tqkv.vllm_connector import token_block_hashes
+        NS = self.NS
+        c = self.connector()
+        toks = prompt(100)
+        req = NS(request_id="p", prompt_token_ids=toks, cache_salt=None, lora_request=None,
+                 mm_features=[])
+        want = token_block_hashes(toks, BS, 6, c._seed(req))
+        z = np.zeros((2, 3, BS, 8, 128), np.uint16)
+        with tqkv.Client([self.srv.addr]) as cl:
+            cl.put("m", want[:3], z, z, num_layers=2)
+        # vLLM's own prefix cache holds the same 3 blocks: nothing to load, nor to save.
+        self.assertEqual(c.get_num_new_matched_tokens(req, 48), (0, False))
+        c.update_state_after_alloc(req, None, 0)
+        m = c.build_connector_meta(self.step(
+            [NS(req_id="p", prompt_token_ids=toks, block_ids=(list(range(7)),),
+                num_computed_tokens=48)], sched={"p": 52}))
+        self.assertEqual(m.loads, [])
+        self.assertEqual((m.saves[0].block_ids, m.saves[0].parent), ([3, 4, 5], want[2]))
+        c.shutdown()
+
+    def test_vllm_block_hashes(self):
+        NS = self.NS
+        c = self.connector(tqkv_hash="vllm")
+        toks = prompt(50)
+        bh = [bytes([i]) * 32 for i in range(3)]
+        req = NS(request_id="v", prompt_token_ids=toks, cache_salt=None, lora_request=None,
+                 mm_features=[], block_hashes=bh)
+        c.get_num_new_matched_tokens(req, 0)
+        m = c.build_connector_meta(self.step(
+            [NS(req_id="v", prompt_token_ids=toks, block_ids=([1, 2, 3, 4],),
+                num_computed_tokens=0)], sched={"v": 50}))
+        self.assertEqual(m.saves[0].hashes, bh)
+        self.assertEqual(m.saves[0].ns, "m")
+        self.assertEqual(type(c).get_required_kvcache_layout(None), "NHD")
+        self.assertTrue(type(c).requires_piecewise_for_cudagraph({}))
+        c.shutdown()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,195 @@
+/* client_internal.h - what the files of libtqkv's client share (tqkv__, not API).
+ *
+ * client.c: create/destroy, the target table and block placement over it
+ * client_call.c: one gRPC call (rpc_t) on an operation's completion queue, the unary
+ *   fan-out, the thread's last error
+ * client_put.c: put sessions
+ * client_unary.c: Lookup, Delete, Stats, Health
+ * client_get.c: Get (the in-place GetResponse reader, pages over gRPC or TCP)
+ * client_dc.c: the pool of TCP data channels per target
+ * client_nccl.c: NCCL channels and Get over them
+ * client_attn.c: fused decode attention over received pages
+ */
+#ifndef TQKV_TRANSPORT_CLIENT_INTERNAL_H
+#define TQKV_TRANSPORT_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "transport/client.h"
+#include "transport/shard.h"
+
+#define M_PUT "/tqkv.v1.KVCache/Put"
+#define M_LOOKUP "/tqkv.v1.KVCache/Lookup"
+#define M_GET "/tqkv.v1.KVCache/Get"
+#define M_DELETE "/tqkv.v1.KVCache/Delete"
+#define M_STATS "/tqkv.v1.KVCache/Stats"
+#define M_HEALTH "/grpc.health.v1.Health/Check"
+#define M_OPEN_CHANNEL "/tqkv.v1.KVCache/OpenChannel"
+#define M_CLOSE_CHANNEL "/tqkv.v1.KVCache/CloseChannel"
+
+/* Lock rule: ch[] is read under lock (shared) to start a call or read the connectivity
+ * state; a reconnect swaps a channel under lock (exclusive) and destroys the old one
+ * after unlocking (calls started on it hold their own references). */
+typedef struct target {
+    char *name;
+    grpc_channel **ch; /* nch channels, each its own connection */
+    uint32_t nch;
+    pthread_rwlock_t lock;
+    _Atomic uint64_t renewed_ns; /* last reconnect (monotonic ns) */
+    _Atomic uint32_t rr;
+    uint64_t id; /* rendezvous id of name */
+    tqkv_shard_health_t health;
+    /* TCP data channels (TQKV_CLIENT_TRANSPORT_TCP), under dc_mu: idle connected
+     * channels, and why the target has none (then its Gets use gRPC) */
+    pthread_mutex_t dc_mu;
+    struct dconn *dc_idle;
+    _Atomic int dc_off;
+    char dc_why[256];
+    _Atomic uint64_t dc_retry_ns; /* dc_off: try again after this */
+} target_t;
+
+/* A connected TCP data channel, owned by one Get at a time. */
+typedef struct dconn {
+    int fd;
+    struct ssl_st *ssl; /* TLS session (the client has TLS), else NULL */
+    uint64_t id;
+    struct dconn *next;
+} dconn_t;
+
+struct tqkv_client {
+    target_t *t;
+    size_t nt;
+    uint32_t replicas;
+    uint32_t deadline_ms;
+    uint32_t backoff_min, backoff_max;
+    int wait_for_ready;
+    int has_auth;
+    grpc_metadata auth_md;           /* "authorization: Bearer <token>" (slices owned) */
+    grpc_channel_credentials *creds; /* kept to rebuild channels */
+    grpc_arg args[10];
+    grpc_channel_args cargs;
+    char *tls_name;            /* owned copy for the target-name override arg */
+    int transport;             /* TQKV_CLIENT_TRANSPORT_* */
+    struct ssl_ctx_st *dc_tls; /* TLS for data channels (the client has TLS), else NULL */
+    size_t max_msg;            /* receive limit, also for data channel pages */
+};
+
+typedef enum { TAG_STATUS, TAG_INIT, TAG_SEND, TAG_RECV } tag_kind_t;
+typedef struct rpc rpc_t;
+typedef struct rtag {
+    rpc_t *r;
+    tag_kind_t k;
+} rtag_t;
+
+struct rpc {
+    grpc_call *call;
+    size_t target;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code status;
+    grpc_slice details;
+    const char *error_string;
+    grpc_byte_buffer *init_bb; /* request of a unary/server-streaming call */
+    grpc_byte_buffer *send_bb; /* the SEND_MESSAGE in flight */
+    grpc_byte_buffer *recv_bb;
+    int inflight; /* tags not yet back */
+    int send_busy, recv_busy;
+    int status_done, recv_eof, send_failed, closed;
+    uint64_t sent; /* messages sent (put) */
+    rtag_t t_status, t_init, t_send, t_recv;
+    /* operation state */
+    size_t *gidx; /* Get/Lookup: global hash index of each hash sent */
+    size_t count;
+    size_t pos; /* messages received */
+    /* Get over a TCP data channel: the channel, frames still due, the next index */
+    dconn_t *dc;
+    size_t frames_left, next_frame;
+    int dc_bad;       /* out of step with the server: closed, not reused */
+    char dc_eof[240]; /* the server closed the channel mid-Get: why, if its status is OK */
+};
+
+/* ---- the GetResponse reader, the OpenChannel call, the last error (also for the tests) ---- */
+
+/* A GetResponse read in place (pointers borrow the message bytes). */
+typedef struct tqkv__get_msg {
+    const uint8_t *hash, *page, *key, *value;
+    size_t hash_len, page_len, key_len, value_len;
+    uint32_t layer, num_tokens, num_kv_heads, head_dim;
+    int found, tier;
+} tqkv__get_msg_t;
+
+/* Parses a serialized tqkv.v1.GetResponse without copying. Returns 0, or -1 when
+ * p[0..n) is not a well-formed message. */
+int tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m);
+
+/* The OpenChannel RPC alone on target: writes the channel id and the unique id
+ * (uid[128], *uid_len) on success; on failure the thread's last error holds the gRPC
+ * code (FAILED_PRECONDITION: no NCCL on the server). */
+tqkv_status_t tqkv__client_open_channel_rpc(tqkv_client_t *c, size_t target, int device,
+                                            uint32_t timeout_ms, uint64_t *id, uint8_t uid[128],
+                                            size_t *uid_len);
+
+/* Sets the calling thread's last error (for transport/client_*.c). Returns st. */
+tqkv_status_t tqkv__client_set_error(tqkv_status_t st, int grpc_code, const char *msg);
+
+/* ---- errors (client_call.c) ---- */
+
+/* The calling thread's last error (tqkv_client_last_error). */
+extern _Thread_local tqkv_client_error_t tqkv__client_last_err;
+
+/* Sets the thread's last error from a format. Returns st. */
+tqkv_status_t tqkv__client_err(tqkv_status_t st, int code, const char *fmt, ...);
+
+gpr_timespec tqkv__deadline_after(uint32_t ms);
+
+/* ---- one call (client_call.c) ---- */
+
+tqkv_status_t tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti,
+                              const char *method, gpr_timespec deadline, grpc_byte_buffer *req);
+void tqkv__rpc_recv(rpc_t *r);
+/* Sends bb (takes it). Requires !send_busy. */
+int tqkv__rpc_send(rpc_t *r, grpc_byte_buffer *bb);
+/* Half-closes and asks for the single response (client streaming). */
+void tqkv__rpc_close_and_recv(rpc_t *r);
+/* Bookkeeping of one completed tag. The receive buffer is left for the caller. */
+void tqkv__rpc_event(rpc_t *r, tag_kind_t k, int ok);
+/* Frees what the call holds. Requires inflight == 0. */
+void tqkv__rpc_fini(rpc_t *r);
+/* Waits for the next event of cq and books it. Returns the rpc and kind. */
+rpc_t *tqkv__cq_step(grpc_completion_queue *cq, tag_kind_t *k, int *ok);
+void tqkv__cq_destroy(grpc_completion_queue *cq);
+/* Status of a finished call as a tqkv status (sets the thread's error) and updates
+ * the target's health: UNAVAILABLE backs the target off, OK clears it. */
+tqkv_status_t tqkv__rpc_result(tqkv_client_t *c, rpc_t *r);
+/* Whether target ti takes calls now (always, with a single target). */
+int tqkv__target_usable(tqkv_client_t *c, size_t ti, uint64_t now);
+/* Runs n unary calls in parallel: call i to target tis[i] with reqs[i]; writes
+ * resps[i] (new, or NULL) and sts[i]. Borrows reqs. */
+void tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *method,
+                        ProtobufCMessage *const *reqs, const ProtobufCMessageDescriptor *rd,
+                        uint32_t deadline_ms, ProtobufCMessage **resps, tqkv_status_t *sts);
+
+/* ---- targets (client.c) ---- */
+
+/* Candidate targets of a block, best first: cand[0..nc). */
+size_t tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t *cand);
+/* How many rank positions Get and Lookup ask. */
+size_t tqkv__read_candidates(tqkv_client_t *c);
+int tqkv__hash_ok(const tqkv_hash_t *h);
+
+/* ---- TCP data channels (client_dc.c) ---- */
+
+/* A data channel for one Get to target ti, or NULL: ask over gRPC. */
+dconn_t *tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms);
+void tqkv__dcc_release(tqkv_client_t *c, size_t ti, dconn_t *d, int reuse);
+
+/* R as the client uses it: opts->replicas (0 = 1) clamped to the number of targets. */
+uint32_t tqkv__client_replicas(const tqkv_client_t *c);
+
+#endif

@@ -1,0 +1,79 @@
+/* dc_tls.h - TLS on TCP data channels (OpenSSL, in user space), shared by tqkv-server
+ * and libtqkv: the contexts (same certificate, key and client-CA rules as gRPC), the
+ * handshake within a deadline, and whole writes/reads over a connection that is
+ * either plain TCP or TLS.
+ *
+ * TLS 1.3 only, AES-128-GCM preferred (AES-NI + PCLMUL make it the fastest suite on
+ * x86; ChaCha20-Poly1305 stays allowed for CPUs without them), no session tickets (a
+ * channel lives for many Gets). Page bytes are encrypted by SSL_write straight from the
+ * pinned page into OpenSSL's record buffer, and decrypted by SSL_read into the
+ * client's page buffer: the cipher's own pass is the only copy. The kernel TLS
+ * offload (kTLS) is not used: the machines it was built on have no CONFIG_TLS.
+ */
+#ifndef TQKV_TRANSPORT_DC_TLS_H
+#define TQKV_TRANSPORT_DC_TLS_H
+
+#include <openssl/ssl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+/* A data-channel connection: ssl is NULL for plain TCP. */
+typedef struct tqkv__dcio {
+    int fd;
+    SSL *ssl;
+} tqkv__dcio_t;
+
+/* Server context from PEM files (cert chain, key; client_ca: require and verify client
+ * certificates signed by it, or NULL). Returns new (SSL_CTX_free) or NULL with err
+ * naming the file. */
+SSL_CTX *tqkv__dctls_server_ctx(const char *cert_path, const char *key_path,
+                                const char *client_ca_path, char *err, size_t errlen);
+
+/* Client context: server certificates verified against ca_path (PEM; NULL: the system
+ * roots), client certificate cert_path/key_path for mutual TLS (both or neither).
+ * Returns new or NULL with err. */
+SSL_CTX *tqkv__dctls_client_ctx(const char *ca_path, const char *cert_path, const char *key_path,
+                                char *err, size_t errlen);
+
+/* Runs the TLS handshake on fd (non-blocking) within deadline_ns (CLOCK_MONOTONIC).
+ * name: the client's expected server name (a DNS name or an IP address, checked
+ * against the certificate; also sent as SNI when a DNS name); NULL on the server.
+ * Returns a new SSL (SSL_free; fd stays the caller's) or NULL with err. */
+SSL *tqkv__dctls_handshake(SSL_CTX *ctx, int fd, const char *name, uint64_t deadline_ns, char *err,
+                           size_t errlen);
+
+/* Sends ssl's records through a 1 MiB in-memory ring (a BIO pair) that
+ * tqkv__dcio_write drains with large send()s, instead of one write() per 16 KiB
+ * record. For a connection that mostly writes (the server's side of a channel).
+ * Returns 0, or -1 (out of memory: records then go to the socket one by one). */
+int tqkv__dctls_batch_writes(SSL *ssl);
+
+/* Frees ssl and its write ring (NULL: no-op). */
+void tqkv__dctls_free(SSL *ssl);
+
+/* "TLSv1.3 TLS_AES_128_GCM_SHA256" for an established ssl (static storage of OpenSSL). */
+void tqkv__dctls_describe(SSL *ssl, const char **version, const char **cipher);
+
+/* Writes all of iov[0..n) (iov is modified). deadline_ns 0: no deadline (the fd's
+ * own blocking; a shutdown() from another thread ends it). Returns 0, or -1 with errno
+ * (ETIMEDOUT, EPIPE for a TLS error or closed peer, or the socket's error). */
+int tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadline_ns);
+
+/* Reads exactly n bytes by deadline_ns (0: none). Returns 0, or -1: EOF (errno 0),
+ * ETIMEDOUT, EPROTO for a TLS failure (bad record MAC: tampered bytes), or the
+ * socket's error. */
+int tqkv__dcio_read(tqkv__dcio_t *io, void *buf, size_t n, uint64_t deadline_ns);
+
+/* Monotonic clock in ns, the deadlines' clock. */
+uint64_t tqkv__dcio_now_ns(void);
+
+/* Waits for ev (POLLIN, POLLOUT) on fd until deadline_ns (0: forever). Returns 0 when
+ * ready (or in error: the next call says which), -1 with errno (ETIMEDOUT). */
+int tqkv__dcio_wait(int fd, short ev, uint64_t deadline_ns);
+
+/* 1 when io has bytes read from the socket but not yet returned (TLS records already
+ * received): poll() on the socket would not see them. */
+int tqkv__dcio_pending(const tqkv__dcio_t *io);
+
+#endif
