@@ -33,6 +33,12 @@ void tqkv_metrics_streams(tqkv_metrics_t *m, int delta);
 /* Open TCP data channels gauge (+1 when one is registered, -1 when it goes). */
 void tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta);
 
+/* Pages (and their bytes) handed off to peers on drain. */
+void tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes);
+/* Requests forwarded to the blocks' owners (one hop), by method ("Put", "Lookup", "Get"). */
+void tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks);
+enum { TQKV_METRICS_FWD_PUT = 0, TQKV_METRICS_FWD_LOOKUP = 1, TQKV_METRICS_FWD_GET = 2 };
+
 /* The server's --node-id, exported as tqkv_node_info{node_id="..."} 1 (copied). */
 void tqkv_metrics_set_node_id(tqkv_metrics_t *m, const char *node_id);
 

@@ -28,6 +28,7 @@
 #include "kernels/version.h"
 #include "grpc/health/v1/health.pb-c.h"
 
+#include "service/forward.h"
 #include "service/log.h"
 #include "service/gpu_encode.h"
 #include "service/service_internal.h"
@@ -447,6 +448,9 @@ on_new(tqkv__call_t *c, int ok)
     tqkv_metrics_streams(s->metrics, 1);
     if (h->drain)
         atomic_fetch_add(&s->work_calls, 1);
+    for (size_t i = 0; i < c->md.count; i++)
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "tqkv-hop") == 0)
+            c->hop = 1;
     for (size_t i = 0; i < c->md.count; i++) {
         if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
             size_t n = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
@@ -827,6 +831,7 @@ tqkv_server_start(tqkv_server_t *s)
         }
     }
     s->started = 1;
+    tqkv__fwd_start(s); /* --peers: forwarding to blocks' owners, once they are known */
     tqkv_log(TQKV_LOG_INFO, "serving",
              "version=%s git=%s node_id=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
              "max_message_bytes=%llu",
@@ -935,6 +940,7 @@ tqkv_server_destroy(tqkv_server_t *s)
     if (s == NULL)
         return;
     tqkv_server_shutdown(s);
+    tqkv__fwd_stop(s); /* no call runs any more */
     if (s->started) {
         grpc_server_destroy(s->server);
         for (unsigned i = 0; i < s->nworkers; i++)

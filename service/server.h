@@ -30,6 +30,12 @@ const char *tqkv_server_node_id(const tqkv_server_t *s);
 /* The bound metrics port, 0 when metrics are off. */
 int tqkv_server_metrics_port(const tqkv_server_t *s);
 
+/* Hand-off on drain (handoff.c): with --peers and --handoff-seconds > 0, sets health
+ * NOT_SERVING and puts the stored pages, hottest first, to each block's next-ranked
+ * live peer within the time and byte budgets (reads are still served meanwhile).
+ * Blocking; call before tqkv_server_shutdown. Returns the pages handed off. */
+uint64_t tqkv_server_handoff(tqkv_server_t *s);
+
 /* Graceful stop, blocking: health NOT_SERVING (watchers notified), stop accepting,
  * wait up to drain_seconds for in-flight KV calls, cancel the rest, then the P7
  * shutdown order. Idempotent. */

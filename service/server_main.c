@@ -85,6 +85,8 @@ main(int argc, char **argv)
         ;
     tqkv_log(TQKV_LOG_INFO, "signal received, stopping", "signal=%s",
              sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (sig == SIGTERM)
+        tqkv_server_handoff(srv); /* the pod's preStop: keep the working set in the cluster */
     tqkv_server_shutdown(srv);
     tqkv_server_destroy(srv);
     return 0;

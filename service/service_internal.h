@@ -108,6 +108,7 @@ struct tqkv__call {
     grpc_status_code code;     /* final status (metrics) */
     double t_start;
     char *authz; /* copy of the `authorization` header or NULL */
+    int hop;     /* "tqkv-hop" header: forwarded by a peer, answered here (forward.h) */
     size_t authz_len;
     tqkv__tag_t tags[TQKV__TAG_COUNT];
     pthread_mutex_t batch_mu; /* serializes grpc_call_start_batch (worker vs. wakers) */
@@ -146,9 +147,16 @@ struct tqkv_server {
     int port;
     int metrics_port;
     int started;
-    atomic_int shutting_down; /* no re-arming after this */
-    atomic_long live_calls;   /* call objects allocated (incl. requested ones) */
-    atomic_long work_calls;   /* matched calls with handler->drain */
+    atomic_int shutting_down;      /* no re-arming after this */
+    _Atomic uint64_t handed_off;   /* pages handed off on drain (handoff.c) */
+    _Atomic uint64_t forwarded;    /* requests forwarded to owners (forward.c) */
+    struct tqkv__fwd *_Atomic fwd; /* the peers for forwarding (forward.c), or NULL */
+    pthread_mutex_t fwd_mu;        /* fwd_stop */
+    pthread_cond_t fwd_cv;
+    pthread_t fwd_thread;
+    int fwd_stop, fwd_thread_started, fwd_inited;
+    atomic_long live_calls; /* call objects allocated (incl. requested ones) */
+    atomic_long work_calls; /* matched calls with handler->drain */
     tqkv__tag_t shutdown_tag;
     pthread_mutex_t mu; /* shutdown handshake: shutdown_done, stopped */
     pthread_cond_t cv;
