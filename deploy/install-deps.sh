@@ -13,6 +13,7 @@ PKGS=(
   python3 python3-numpy python3-grpcio python3-protobuf python3-prometheus-client
   python3-cffi python3-torch
   redis-server openssl clang libclang-rt-14-dev clang-format
+  prometheus
   curl procps iproute2
 )
 # Node.js and npm (deploy tests): Debian's packages unless a Node.js is already

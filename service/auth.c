@@ -5,12 +5,15 @@
  * its namespace grants. A check hashes the presented token once and compares it with
  * EVERY entry's digest in constant time, selecting the match with masks, so the time
  * taken does not depend on which entry (if any) matched or on how many leading bytes
- * agreed. The table is immutable after tqkv_auth_load, so concurrent checks need no lock.
+ * agreed. The table is immutable after tqkv_auth_load, so concurrent checks need no lock;
+ * its lifetime is a reference count (the server's current table, plus one per call that
+ * started with it).
  */
 #include "service/auth.h"
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +160,8 @@ typedef struct auth_entry {
 struct tqkv_auth {
     auth_entry_t *e; /* owned array of n entries */
     size_t n;
+    _Atomic unsigned refs;
+    uint8_t file_digest[32]; /* SHA-256 of the file's bytes (reload: unchanged or not) */
 };
 
 static void
@@ -169,10 +174,32 @@ entry_fini(auth_entry_t *e)
     memset(e, 0, sizeof(*e));
 }
 
+tqkv_auth_t *
+tqkv_auth_ref(tqkv_auth_t *a)
+{
+    if (a)
+        atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+    return a;
+}
+
+size_t
+tqkv_auth_count(const tqkv_auth_t *a)
+{
+    return a ? a->n : 0;
+}
+
+int
+tqkv_auth_same_file(const tqkv_auth_t *a, const tqkv_auth_t *b)
+{
+    return a && b && memcmp(a->file_digest, b->file_digest, 32) == 0;
+}
+
 void
 tqkv_auth_destroy(tqkv_auth_t *a)
 {
     if (a == NULL)
+        return;
+    if (atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
         return;
     for (size_t i = 0; i < a->n; i++)
         entry_fini(&a->e[i]);
@@ -315,6 +342,9 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
         st = TQKV_ENOMEM;
         goto fail_alloc;
     }
+    atomic_init(&a->refs, 1);
+    sha256_t fd;
+    sha256_init(&fd);
     size_t cap = 0;
     char *line = NULL;
     size_t linecap = 0;
@@ -322,6 +352,7 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
     unsigned long lineno = 0;
     while ((got = getline(&line, &linecap, f)) >= 0) {
         lineno++;
+        sha256_update(&fd, line, (size_t)got);
         if (memchr(line, '\0', (size_t)got) != NULL) {
             fmt_err(err, errlen, "%s:%lu: NUL byte in line", path, lineno);
             st = TQKV_EINVAL;
@@ -387,6 +418,7 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
         st = TQKV_EINVAL;
         goto fail_parse;
     }
+    sha256_final(&fd, a->file_digest);
     if (line != NULL)
         memset(line, 0, linecap);
     free(line);

@@ -363,6 +363,22 @@ set_disk_sync(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int 
 }
 
 static const char *
+set_access_log(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->access_log, sizeof cfg->access_log, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_slow_request_ms(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, 86400000, &u) != TQKV_OK)
+        return "expected milliseconds in 0..86400000";
+    cfg->slow_request_ms = (unsigned)u;
+    return NULL;
+}
+
+static const char *
 set_max_streams(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
 {
     unsigned long long u;
@@ -653,14 +669,25 @@ static const opt_t opts[] = {
      "certificates when --tls-cert is set, else unencrypted; default: off)",
      0, set_data_listen},
     {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
-     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); default: no auth", 0, set_auth_tokens},
-    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE", "TLS certificate chain (PEM)", 0,
-     set_tls_cert},
+     "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); reloaded on SIGHUP and when it "
+     "changes; default: no auth",
+     0, set_auth_tokens},
+    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE",
+     "TLS certificate chain (PEM); with the key and client CA, reloaded on SIGHUP and when "
+     "the files change (new connections get the new certificate)",
+     0, set_tls_cert},
     {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)", 0, set_tls_key},
     {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_VALUE, "FILE",
      "require client certificates signed by this CA (mutual TLS)", 0, set_tls_client_ca},
     {"drain-seconds", "TQKV_DRAIN_SECONDS", OPT_VALUE, "S",
      "on SIGTERM, time in-flight streams get to finish (default 20)", 0, set_drain_seconds},
+    {"access-log", "TQKV_ACCESS_LOG", OPT_VALUE, "FILE|-",
+     "one line per finished RPC (method, code, peer, tenant, duration, request id) to FILE "
+     "(reopened on SIGHUP) or, with -, to the log stream; default: off",
+     0, set_access_log},
+    {"slow-request-ms", "TQKV_SLOW_REQUEST_MS", OPT_VALUE, "MS",
+     "log RPCs that took longer than MS milliseconds at warn (default 0: off)", 0,
+     set_slow_request_ms},
     {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0,
      set_log_level},
     {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0, set_log_format},

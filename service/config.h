@@ -49,8 +49,10 @@ typedef struct tqkv_server_config {
     char tls_cert[1024], tls_key[1024], tls_client_ca[1024];
     tqkv_log_level_t log_level;
     tqkv_log_format_t log_format;
-    int help;    /* --help was given: print usage, exit 0 */
-    int version; /* --version was given: print the build, exit 0 */
+    char access_log[1024];    /* "" = none, "-" = the log stream, else a file */
+    unsigned slow_request_ms; /* log calls slower than this at warn; 0 = off */
+    int help;                 /* --help was given: print usage, exit 0 */
+    int version;              /* --version was given: print the build, exit 0 */
 } tqkv_server_config_t;
 
 /* Fills the defaults. */

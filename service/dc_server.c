@@ -343,18 +343,25 @@ conn_main(void *arg)
     tqkv__dcio_t io = {a.fd, NULL};
     dchan_t *ch = NULL;
     int handshake_ok = 1;
-    if (dc->tls) {
+    pthread_mutex_lock(&dc->mu); /* the context a reload may swap: this connection's own ref */
+    SSL_CTX *tls = dc->tls;
+    if (tls)
+        SSL_CTX_up_ref(tls);
+    pthread_mutex_unlock(&dc->mu);
+    if (tls) {
         /* The handshake and the hello share the hello's time limit. A client without a
          * certificate the client CA accepts (mutual TLS) ends here: no ack at all. */
         char err[256];
         int fl = fcntl(a.fd, F_GETFL);
         fcntl(a.fd, F_SETFL, fl | O_NONBLOCK);
-        io.ssl = tqkv__dctls_handshake(dc->tls, a.fd, NULL, deadline, err, sizeof err);
+        io.ssl = tqkv__dctls_handshake(tls, a.fd, NULL, deadline, err, sizeof err);
+        SSL_CTX_free(tls); /* the session holds its own reference */
         if (io.ssl != NULL && tqkv__dctls_batch_writes(io.ssl) != 0)
             tqkv_log(TQKV_LOG_WARN, "data channel: no write ring (out of memory)", "fd=%d", a.fd);
         if (io.ssl == NULL) {
             handshake_ok = 0;
             tqkv_log(TQKV_LOG_DEBUG, "data channel TLS handshake failed", "reason=\"%s\"", err);
+            tqkv_metrics_data_channel_handshake_failed(dc->srv->metrics);
         }
     }
     if (handshake_ok)
@@ -481,6 +488,25 @@ acceptor_main(void *arg)
 /* ---- server life ---- */
 
 tqkv_status_t
+tqkv__dc_tls_reload(tqkv_server_t *s, char *err, size_t errlen)
+{
+    tqkv__dc_t *dc = s->dc;
+    if (dc == NULL || !s->cfg.tls_cert[0])
+        return TQKV_OK;
+    SSL_CTX *fresh =
+        tqkv__dctls_server_ctx(s->cfg.tls_cert, s->cfg.tls_key,
+                               s->cfg.tls_client_ca[0] ? s->cfg.tls_client_ca : NULL, err, errlen);
+    if (fresh == NULL)
+        return TQKV_EINVAL;
+    pthread_mutex_lock(&dc->mu);
+    SSL_CTX *old = dc->tls;
+    dc->tls = fresh;
+    pthread_mutex_unlock(&dc->mu);
+    SSL_CTX_free(old); /* connections already up keep theirs */
+    return TQKV_OK;
+}
+
+tqkv_status_t
 tqkv__dc_start(tqkv_server_t *s, const char *addr, char *err, size_t errlen)
 {
     char host[256];
@@ -551,6 +577,7 @@ tqkv__dc_start(tqkv_server_t *s, const char *addr, char *err, size_t errlen)
             return TQKV_EINVAL;
         }
     }
+    tqkv_metrics_data_channel_path(s->metrics, dc->tls ? "openssl-tls1.3" : "plaintext");
     dc->accepting = 1;
     pthread_mutex_init(&dc->mu, NULL);
     pthread_cond_init(&dc->cv, NULL);
@@ -694,7 +721,7 @@ tqkv__dc_open(tqkv__call_t *c)
     Tqkv__V1__OpenChannelResponse m = TQKV__V1__OPEN_CHANNEL_RESPONSE__INIT;
     m.channel_id = ch->id;
     m.data_port = (uint32_t)dc->port;
-    m.data_tls = dc->tls != NULL;
+    m.data_tls = c->srv->cfg.tls_cert[0] != 0;
     uint8_t secret[TQKV_DC_SECRET_BYTES];
     memcpy(secret, ch->secret, sizeof secret);
     pthread_mutex_unlock(&dc->mu);

@@ -24,6 +24,11 @@ void tqkv__dc_stop_accepting(tqkv_server_t *s);
  * left running (then the registry is leaked, not freed under them). */
 unsigned tqkv__dc_destroy(tqkv_server_t *s, unsigned wait_ms);
 
+/* Rebuilds the data channels' TLS context from the (reloaded) certificate files: new
+ * connections get it, attached ones keep theirs. TQKV_EINVAL with err when the files do
+ * not make a context (the old one stays). */
+tqkv_status_t tqkv__dc_tls_reload(tqkv_server_t *s, char *err, size_t errlen);
+
 /* OpenChannel with transport TCP: answers the call. */
 void tqkv__dc_open(tqkv__call_t *c);
 /* CloseChannel of id: answers the call and returns 1 when id is a TCP channel the

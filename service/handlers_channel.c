@@ -107,9 +107,9 @@ const tqkv__handler_t tqkv__get_dispatch_handler = {
 static int
 channel_auth(tqkv__call_t *c)
 {
-    if (c->srv->auth == NULL)
+    if (c->auth == NULL)
         return 1;
-    tqkv_status_t st = tqkv_auth_check(c->srv->auth, c->authz, c->authz_len, "", 0, TQKV_AUTH_READ);
+    tqkv_status_t st = tqkv_auth_check(c->auth, c->authz, c->authz_len, "", 0, TQKV_AUTH_READ);
     if (st == TQKV_OK || st == TQKV_EPERM)
         return 1;
     tqkv__call_finish(c, GRPC_STATUS_UNAUTHENTICATED,

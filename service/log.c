@@ -1,18 +1,30 @@
 /* log.c - structured log lines (text or JSON), one fputs per line so concurrent
  * writers never interleave within a line. Level and format are set once at start-up
  * (before any thread runs) and read without locks afterwards.
+ *
+ * The access log file is written with one write(2) per line on an O_APPEND descriptor;
+ * a reopen (log rotation) dup2()s the new file onto the same descriptor number, which
+ * swaps files atomically under concurrent writers, so no lock is needed.
  */
 #include "service/log.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <grpc/support/log.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static tqkv_log_level_t g_level = TQKV_LOG_INFO;
 static tqkv_log_format_t g_format = TQKV_LOG_TEXT;
 static FILE *g_out;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+static int g_access_on;      /* an access log is open */
+static int g_access_fd = -1; /* its file, or -1: the log stream */
+static char g_access_path[1024];
 
 void
 tqkv_log_setup(tqkv_log_level_t level, tqkv_log_format_t format, FILE *out)
@@ -217,4 +229,129 @@ tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)
     FILE *out = g_out ? g_out : stderr;
     fputs(line, out);
     fflush(out);
+}
+
+void
+tqkv_log_to(FILE *out, tqkv_log_level_t level, const char *msg, const char *fields, ...)
+{
+    char f[1024];
+    char line[2048];
+    f[0] = '\0';
+    if (fields) {
+        va_list ap;
+        va_start(ap, fields);
+        vsnprintf(f, sizeof f, fields, ap);
+        va_end(ap);
+    }
+    tqkv_log_format_line(line, sizeof line, g_format, level, msg, f);
+    fputs(line, out);
+    fflush(out);
+}
+
+tqkv_log_format_t
+tqkv_log_get_format(void)
+{
+    return g_format;
+}
+
+static int
+open_access(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0)
+        snprintf(err, errlen, "--access-log %s: cannot open for appending: %s", path,
+                 strerror(errno));
+    return fd;
+}
+
+tqkv_status_t
+tqkv_log_access_open(const char *path, char *err, size_t errlen)
+{
+    if (strcmp(path, "-") == 0) {
+        g_access_on = 1;
+        return TQKV_OK;
+    }
+    if (strlen(path) >= sizeof g_access_path) {
+        snprintf(err, errlen, "--access-log: path too long");
+        return TQKV_EINVAL;
+    }
+    int fd = open_access(path, err, errlen);
+    if (fd < 0)
+        return TQKV_EIO;
+    if (g_access_fd >= 0)
+        close(g_access_fd);
+    g_access_fd = fd;
+    memcpy(g_access_path, path, strlen(path) + 1);
+    g_access_on = 1;
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_log_access_reopen(char *err, size_t errlen)
+{
+    if (g_access_fd < 0)
+        return TQKV_OK;
+    int fd = open_access(g_access_path, err, errlen);
+    if (fd < 0)
+        return TQKV_EIO;
+    int rc = dup2(fd, g_access_fd);
+    int e = errno;
+    close(fd);
+    if (rc < 0) {
+        snprintf(err, errlen, "--access-log %s: reopen failed: %s", g_access_path, strerror(e));
+        return TQKV_EIO;
+    }
+    return TQKV_OK;
+}
+
+int
+tqkv_log_access_enabled(void)
+{
+    return g_access_on;
+}
+
+void
+tqkv_log_access(const char *msg, const char *fields, ...)
+{
+    char f[1024];
+    char line[2048];
+    if (!g_access_on)
+        return;
+    f[0] = '\0';
+    if (fields) {
+        va_list ap;
+        va_start(ap, fields);
+        vsnprintf(f, sizeof f, fields, ap);
+        va_end(ap);
+    }
+    size_t n = tqkv_log_format_line(line, sizeof line, g_format, TQKV_LOG_INFO, msg, f);
+    if (g_access_fd < 0) {
+        FILE *out = g_out ? g_out : stderr;
+        fputs(line, out);
+        fflush(out);
+        return;
+    }
+    /* One write per line (O_APPEND); a short write of a log line is not retried. */
+    ssize_t w = write(g_access_fd, line, n);
+    (void)w;
+}
+
+static void
+grpc_log_sink(gpr_log_func_args *a)
+{
+    tqkv_log_level_t lv = a->severity == GPR_LOG_SEVERITY_ERROR  ? TQKV_LOG_ERROR
+                          : a->severity == GPR_LOG_SEVERITY_INFO ? TQKV_LOG_INFO
+                                                                 : TQKV_LOG_DEBUG;
+    if (!tqkv_log_enabled(lv))
+        return;
+    char q[1024], file[256];
+    tqkv_log_quote(q, sizeof q, a->message);
+    tqkv_log_quote(file, sizeof file, a->file);
+    tqkv_log(lv, "grpc", "component=grpc source=\"%s:%d\" detail=\"%s\"", file, a->line, q);
+}
+
+void
+tqkv_log_capture_grpc(void)
+{
+    gpr_set_log_function(grpc_log_sink);
 }

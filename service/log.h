@@ -45,6 +45,31 @@ size_t tqkv_log_quote(char *dst, size_t cap, const char *s);
 void tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Writes one line to out whatever the level (the start-up lines tests and scripts read
+ * from stdout: "tqkv-server listening on HOST:PORT"), in the process-wide format. */
+void tqkv_log_to(FILE *out, tqkv_log_level_t level, const char *msg, const char *fields, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The format set by tqkv_log_setup. */
+tqkv_log_format_t tqkv_log_get_format(void);
+
+/* The access log (--access-log): one line per finished RPC. path "-" writes the lines to
+ * the log stream; any other path is a file opened for appending (created mode 0640).
+ * Call before threads start. TQKV_EIO with a line naming the file in err. */
+tqkv_status_t tqkv_log_access_open(const char *path, char *err, size_t errlen);
+/* Reopens the access log file at its path (SIGHUP after a log rotation moved it); the
+ * switch is atomic for concurrent writers. No-op without a file. */
+tqkv_status_t tqkv_log_access_reopen(char *err, size_t errlen);
+/* Non-zero when an access log is open. */
+int tqkv_log_access_enabled(void);
+/* Writes one access line (level info; fields as tqkv_log). Thread-safe. */
+void tqkv_log_access(const char *msg, const char *fields, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Routes gRPC core's own log lines (gpr_log) through tqkv_log, so that in JSON mode every
+ * line on stderr is JSON. Call once, before grpc_init. */
+void tqkv_log_capture_grpc(void);
+
 /* Formats one line into buf (used by tests); returns the length written. */
 size_t tqkv_log_format_line(char *buf, size_t cap, tqkv_log_format_t format, tqkv_log_level_t level,
                             const char *msg, const char *fields);

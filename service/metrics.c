@@ -1,7 +1,14 @@
 /* metrics.c - Prometheus registry of tqkv-server and its /metrics endpoint (libmicrohttpd).
  *
+ * Conventions: the tenant label is `tenant` (a tqkv namespace; `namespace` would collide with
+ * the Kubernetes label Prometheus attaches to every target), the process is described by the
+ * standard process_* families (read from /proc at scrape time, as the official client
+ * libraries do), and each concept has one family: per-tier series are not repeated as store
+ * totals (sum them), and ratios are left to the query (sum(rate(a)) / sum(rate(b))), so that
+ * they add up across pods.
+ *
  * Design: fixed counters (bytes, codec work, active streams) are plain C11 atomics. Per-method
- * RPC counters and latency histograms, and per-namespace hit/miss counters, live in entries
+ * RPC counters and latency histograms, and per-tenant hit/miss counters, live in entries
  * that are created once under a mutex and never freed before tqkv_metrics_destroy(); the
  * mutex only guards the lookup tables (finding or inserting an entry), the counters inside
  * an entry are atomics updated without it. Rendering takes the same mutexes to walk the
@@ -9,8 +16,8 @@
  * (tqkv_store_stats / tqkv_store_foreach_namespace) at scrape time.
  *
  * Cardinality: at most TQKV_METRICS_MAX_METHODS methods and TQKV_METRICS_MAX_NAMESPACES
- * namespaces get their own series; later ones are counted under method="other" /
- * namespace="__other__", so a client inventing namespaces cannot grow the registry forever.
+ * tenants get their own series; later ones are counted under method="other" /
+ * tenant="__other__", so a client inventing namespaces cannot grow the registry forever.
  *
  * Exposition: text format 0.0.4. Label values are escaped (\\, \", \n) and bytes that are
  * not valid UTF-8 (and NUL) are replaced by U+FFFD, because Prometheus requires UTF-8 label values.
@@ -33,6 +40,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -82,7 +91,9 @@ struct tqkv_metrics {
     _Atomic uint64_t codec_ns[2];
     _Atomic int64_t streams;
     _Atomic int64_t data_channels;
-    double start_time; /* unix seconds */
+    _Atomic uint64_t dc_handshake_failures;
+    _Atomic(const char *) dc_path; /* data channel security (static string), NULL: none */
+    double start_time;             /* unix seconds */
 
     pthread_mutex_t methods_mu; /* guards methods[]/nmethods (not the counters inside) */
     method_entry_t *methods[TQKV_METRICS_MAX_METHODS + 1]; /* +1: "other" */
@@ -93,6 +104,12 @@ struct tqkv_metrics {
     size_t ns_count;
     ns_entry_t *ns_other; /* created on first overflow */
 
+    _Atomic uint64_t reloads[2][2];   /* [file: 0 tokens, 1 tls][0 ok, 1 rejected] */
+    _Atomic uint64_t reload_ok_ns[2]; /* unix time of the last successful (re)load, ns */
+    char err[320];                    /* why tqkv_metrics_serve failed */
+
+    int (*ready)(void *); /* /readyz (NULL: not ready) */
+    void *ready_arg;
     struct MHD_Daemon *daemon; /* NULL until tqkv_metrics_serve */
     tqkv_store_t *store;       /* borrowed, read by the HTTP thread */
 };
@@ -242,12 +259,57 @@ tqkv_metrics_codec(tqkv_metrics_t *m, int encode, uint64_t bf16_bytes, double se
     atomic_fetch_add_explicit(&m->codec_ns[i], (uint64_t)(seconds * 1e9), memory_order_relaxed);
 }
 
+const char *
+tqkv_metrics_error(const tqkv_metrics_t *m)
+{
+    return m && m->err[0] ? m->err : "no error";
+}
+
+void
+tqkv_metrics_set_ready(tqkv_metrics_t *m, int (*ready)(void *arg), void *arg)
+{
+    if (!m)
+        return;
+    m->ready = ready;
+    m->ready_arg = arg;
+}
+
+void
+tqkv_metrics_reload(tqkv_metrics_t *m, int tls, int ok)
+{
+    if (!m)
+        return;
+    int f = tls ? 1 : 0;
+    atomic_fetch_add_explicit(&m->reloads[f][ok ? 0 : 1], 1, memory_order_relaxed);
+    if (ok) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        atomic_store_explicit(&m->reload_ok_ns[f],
+                              (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
+                              memory_order_relaxed);
+    }
+}
+
 void
 tqkv_metrics_streams(tqkv_metrics_t *m, int delta)
 {
     if (!m)
         return;
     atomic_fetch_add_explicit(&m->streams, (int64_t)delta, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_data_channel_path(tqkv_metrics_t *m, const char *path)
+{
+    if (m)
+        atomic_store(&m->dc_path, path);
+}
+
+void
+tqkv_metrics_data_channel_handshake_failed(tqkv_metrics_t *m)
+{
+    if (m)
+        atomic_fetch_add_explicit(&m->dc_handshake_failures, 1, memory_order_relaxed);
 }
 
 void
@@ -579,10 +641,9 @@ render_store(sbuf_t *b, tqkv_store_t *store)
                        offsetof(tqkv_tier_stats_t, bytes_used));
     render_tier_family(b, &st, "tqkv_tier_pages", "gauge", "Pages held in the tier.",
                        offsetof(tqkv_tier_stats_t, pages));
-    render_tier_family(b, &st, "tqkv_tier_hits_total", "counter", "Page gets served by the tier.",
+    render_tier_family(b, &st, "tqkv_tier_hits_total", "counter",
+                       "Page gets served by the tier (sum over tiers: all page hits).",
                        offsetof(tqkv_tier_stats_t, hits));
-    render_tier_family(b, &st, "tqkv_tier_misses_total", "counter",
-                       "Page gets that missed the tier.", offsetof(tqkv_tier_stats_t, misses));
     render_tier_family(b, &st, "tqkv_tier_evictions_total", "counter",
                        "Pages evicted from the tier.", offsetof(tqkv_tier_stats_t, evictions));
     render_tier_family(b, &st, "tqkv_tier_demotions_total", "counter",
@@ -591,27 +652,19 @@ render_store(sbuf_t *b, tqkv_store_t *store)
     render_tier_family(b, &st, "tqkv_tier_promotions_total", "counter",
                        "Pages promoted into the tier.", offsetof(tqkv_tier_stats_t, promotions));
 
-    sb_family(b, "tqkv_store_pages", "gauge", "Pages held in the store, all tiers.");
-    sb_printf(b, "tqkv_store_pages %" PRIu64 "\n", st.pages);
+    /* Store-wide families only for what the tiers do not already say: a miss is in no tier;
+     * page bytes (logical) differ from tier bytes (allocated); BF16 bytes are the numerator
+     * of the compression ratio sum(tqkv_store_bf16_bytes) / sum(tqkv_store_page_bytes). */
+    sb_family(b, "tqkv_store_misses_total", "counter", "Page gets that found the page in no tier.");
+    sb_printf(b, "tqkv_store_misses_total %" PRIu64 "\n", st.misses);
     sb_family(b, "tqkv_store_page_bytes", "gauge", "Bytes of page data held, all tiers.");
     sb_printf(b, "tqkv_store_page_bytes %" PRIu64 "\n", st.page_bytes);
     sb_family(b, "tqkv_store_bf16_bytes", "gauge", "BF16 bytes represented by the pages held now.");
     sb_printf(b, "tqkv_store_bf16_bytes %" PRIu64 "\n", st.bf16_bytes);
-    sb_family(b, "tqkv_store_hits_total", "counter", "Page gets that found the page.");
-    sb_printf(b, "tqkv_store_hits_total %" PRIu64 "\n", st.hits);
-    sb_family(b, "tqkv_store_misses_total", "counter", "Page gets that missed.");
-    sb_printf(b, "tqkv_store_misses_total %" PRIu64 "\n", st.misses);
-    sb_family(b, "tqkv_store_evictions_total", "counter", "Pages evicted from the store.");
-    sb_printf(b, "tqkv_store_evictions_total %" PRIu64 "\n", st.evictions);
     sb_family(b, "tqkv_store_page_bytes_in_total", "counter", "Page bytes stored by puts.");
     sb_printf(b, "tqkv_store_page_bytes_in_total %" PRIu64 "\n", st.bytes_in);
     sb_family(b, "tqkv_store_page_bytes_out_total", "counter", "Page bytes handed out by gets.");
     sb_printf(b, "tqkv_store_page_bytes_out_total %" PRIu64 "\n", st.bytes_out);
-    sb_family(b, "tqkv_compression_ratio", "gauge",
-              "BF16 bytes represented / page bytes held (0 when the store is empty).");
-    sb_printf(b, "tqkv_compression_ratio ");
-    sb_double(b, st.page_bytes ? (double)st.bf16_bytes / (double)st.page_bytes : 0.0);
-    SB_LIT(b, "\n");
     sb_family(b, "tqkv_alloc_failures_total", "counter",
               "Page allocations that failed (tier memory exhausted or fragmented).");
     sb_printf(b, "tqkv_alloc_failures_total %" PRIu64 "\n", st.alloc_failures);
@@ -660,21 +713,16 @@ render_store(sbuf_t *b, tqkv_store_t *store)
             const char *name, *type, *help;
             size_t off;
         } fams[] = {
-            {"tqkv_namespace_bytes", "gauge", "Bytes of page data held for the namespace.",
+            {"tqkv_tenant_page_bytes", "gauge", "Bytes of page data held for the tenant.",
              offsetof(tqkv_store_stats_t, page_bytes)},
-            {"tqkv_namespace_pages", "gauge", "Pages held for the namespace.",
+            {"tqkv_tenant_pages", "gauge", "Pages held for the tenant.",
              offsetof(tqkv_store_stats_t, pages)},
-            {"tqkv_namespace_page_hits_total", "counter",
-             "Store page gets of the namespace that found the page.",
-             offsetof(tqkv_store_stats_t, hits)},
-            {"tqkv_namespace_page_misses_total", "counter",
-             "Store page gets of the namespace that missed.", offsetof(tqkv_store_stats_t, misses)},
         };
         for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
             sb_family(b, fams[f].name, fams[f].type, fams[f].help);
             for (size_t i = 0; i < c.n; i++) {
                 const uint64_t *v = (const uint64_t *)((const char *)&c.v[i].st + fams[f].off);
-                sb_printf(b, "%s{namespace=\"", fams[f].name);
+                sb_printf(b, "%s{tenant=\"", fams[f].name);
                 sb_label_value(b, c.v[i].name, c.v[i].len);
                 sb_printf(b, "\"} %" PRIu64 "\n", *v);
             }
@@ -716,17 +764,17 @@ render_ns_access(sbuf_t *b, tqkv_metrics_t *m)
     /* Entries are never freed before destroy, so reading them unlocked is safe. */
     if (k > 1)
         qsort(v, k, sizeof(*v), cmp_ns_entry);
-    sb_family(b, "tqkv_namespace_hits_total", "counter",
-              "Blocks of the namespace found by Get and Lookup requests.");
+    sb_family(b, "tqkv_tenant_hits_total", "counter",
+              "Blocks of the tenant (namespace) found by Get and Lookup requests.");
     for (size_t i = 0; i < k; i++) {
-        SB_LIT(b, "tqkv_namespace_hits_total{namespace=\"");
+        SB_LIT(b, "tqkv_tenant_hits_total{tenant=\"");
         sb_label_value(b, v[i]->name, v[i]->len);
         sb_printf(b, "\"} %" PRIu64 "\n", atomic_load_explicit(&v[i]->hits, memory_order_relaxed));
     }
-    sb_family(b, "tqkv_namespace_misses_total", "counter",
-              "Blocks of the namespace missing for Get and Lookup requests.");
+    sb_family(b, "tqkv_tenant_misses_total", "counter",
+              "Blocks of the tenant (namespace) missing for Get and Lookup requests.");
     for (size_t i = 0; i < k; i++) {
-        SB_LIT(b, "tqkv_namespace_misses_total{namespace=\"");
+        SB_LIT(b, "tqkv_tenant_misses_total{tenant=\"");
         sb_label_value(b, v[i]->name, v[i]->len);
         sb_printf(b, "\"} %" PRIu64 "\n",
                   atomic_load_explicit(&v[i]->misses, memory_order_relaxed));
@@ -780,6 +828,95 @@ render_rpcs(sbuf_t *b, tqkv_metrics_t *m)
     }
 }
 
+/* Reads a whole small /proc file into buf (NUL-terminated); returns its length or -1. */
+static ssize_t
+read_proc(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return (ssize_t)n;
+}
+
+/* The standard process_* families (names, units and meaning as in the official Prometheus
+ * client libraries), from /proc/self at scrape time. A family whose source cannot be read
+ * is left out rather than reported as 0; the start time falls back to the registry's. */
+static void
+render_process(sbuf_t *b, double registry_start)
+{
+    char buf[4096];
+    double cpu = -1, start = registry_start, vsize = -1, rss = -1;
+    long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    if (read_proc("/proc/self/stat", buf, sizeof buf) > 0 && tck > 0 && page > 0) {
+        /* Fields after "pid (comm)": the comm may hold spaces and ')', so start after the
+         * last ')'. Field 3 is state; utime 14, stime 15, starttime 22, vsize 23, rss 24. */
+        const char *p = strrchr(buf, ')');
+        unsigned long long f[25] = {0};
+        int field = 3, ok = p != NULL;
+        if (ok)
+            p += 2; /* ") " */
+        while (ok && field <= 24 && *p) {
+            const char *sp = strchr(p, ' ');
+            if (field >= 14)
+                f[field] = strtoull(p, NULL, 10);
+            field++;
+            if (!sp)
+                break;
+            p = sp + 1;
+        }
+        if (ok && field > 24) {
+            cpu = (double)(f[14] + f[15]) / (double)tck;
+            vsize = (double)f[23];
+            rss = (double)f[24] * (double)page;
+            char st[8192];
+            const char *bt;
+            if (read_proc("/proc/stat", st, sizeof st) > 0 && (bt = strstr(st, "\nbtime ")))
+                start = (double)strtoull(bt + 7, NULL, 10) + (double)f[22] / (double)tck;
+        }
+    }
+    sb_family(b, "process_start_time_seconds", "gauge",
+              "Start time of the process since unix epoch in seconds.");
+    SB_LIT(b, "process_start_time_seconds ");
+    sb_double(b, start);
+    SB_LIT(b, "\n");
+    if (cpu >= 0) {
+        sb_family(b, "process_cpu_seconds_total", "counter",
+                  "Total user and system CPU time spent in seconds.");
+        SB_LIT(b, "process_cpu_seconds_total ");
+        sb_double(b, cpu);
+        SB_LIT(b, "\n");
+        sb_family(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+        SB_LIT(b, "process_virtual_memory_bytes ");
+        sb_double(b, vsize);
+        SB_LIT(b, "\n");
+        sb_family(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+        SB_LIT(b, "process_resident_memory_bytes ");
+        sb_double(b, rss);
+        SB_LIT(b, "\n");
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        long n = 0;
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (e->d_name[0] != '.')
+                n++;
+        closedir(d);
+        sb_family(b, "process_open_fds", "gauge", "Number of open file descriptors.");
+        sb_printf(b, "process_open_fds %ld\n", n - 1); /* less the directory's own */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        sb_family(b, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+        SB_LIT(b, "process_max_fds ");
+        sb_double(b, rl.rlim_cur == RLIM_INFINITY ? INFINITY : (double)rl.rlim_cur);
+        SB_LIT(b, "\n");
+    }
+}
+
 tqkv_status_t
 tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
 {
@@ -799,11 +936,7 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
         sb_label_value(&b, m->node_id, strlen(m->node_id));
         SB_LIT(&b, "\"} 1\n");
     }
-    sb_family(&b, "tqkv_process_start_time_seconds", "gauge",
-              "Start time of the metrics registry since the Unix epoch.");
-    SB_LIT(&b, "tqkv_process_start_time_seconds ");
-    sb_double(&b, m->start_time);
-    SB_LIT(&b, "\n");
+    render_process(&b, m->start_time);
 
     render_rpcs(&b, m);
 
@@ -838,6 +971,36 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
               "TCP data channels open (--data-listen; connected or awaiting their hello).");
     sb_printf(&b, "tqkv_data_channels %" PRId64 "\n",
               atomic_load_explicit(&m->data_channels, memory_order_relaxed));
+    const char *dc_path = atomic_load(&m->dc_path);
+    if (dc_path) {
+        sb_family(&b, "tqkv_data_channel_security_info", "gauge",
+                  "How TCP data channels are protected (path: plaintext, or the TLS "
+                  "implementation that runs); the value is always 1.");
+        sb_printf(&b, "tqkv_data_channel_security_info{path=\"%s\"} 1\n", dc_path);
+        sb_family(&b, "tqkv_data_channel_handshake_failures_total", "counter",
+                  "Data channel connections refused at the TLS handshake (no or untrusted "
+                  "client certificate, plaintext on a TLS port, timeout).");
+        sb_printf(&b, "tqkv_data_channel_handshake_failures_total %" PRIu64 "\n",
+                  atomic_load_explicit(&m->dc_handshake_failures, memory_order_relaxed));
+    }
+
+    static const char *const files[2] = {"tokens", "tls"};
+    sb_family(&b, "tqkv_credential_reloads_total", "counter",
+              "Reloads of the token file / TLS files (SIGHUP or file change) by result; a "
+              "rejected file leaves the previous one in force.");
+    for (int f = 0; f < 2; f++)
+        for (int r = 0; r < 2; r++)
+            sb_printf(&b, "tqkv_credential_reloads_total{file=\"%s\",result=\"%s\"} %" PRIu64 "\n",
+                      files[f], r ? "rejected" : "ok",
+                      atomic_load_explicit(&m->reloads[f][r], memory_order_relaxed));
+    sb_family(&b, "tqkv_credential_load_timestamp_seconds", "gauge",
+              "When the token file / TLS files in force were loaded (0: not configured).");
+    for (int f = 0; f < 2; f++) {
+        sb_printf(&b, "tqkv_credential_load_timestamp_seconds{file=\"%s\"} ", files[f]);
+        sb_double(&b,
+                  (double)atomic_load_explicit(&m->reload_ok_ns[f], memory_order_relaxed) * 1e-9);
+        SB_LIT(&b, "\n");
+    }
 
     sb_family(&b, "tqkv_handoff_pages_total", "counter",
               "Pages handed off to peers on drain (--peers; stored or already there).");
@@ -893,10 +1056,19 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *
            const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
     tqkv_metrics_t *m = cls;
-    if (strcmp(url, "/metrics") != 0)
-        return send_text(conn, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n", 0);
+    int probe = strcmp(url, "/livez") == 0 || strcmp(url, "/readyz") == 0;
+    if (strcmp(url, "/metrics") != 0 && !probe)
+        return send_text(conn, MHD_HTTP_NOT_FOUND,
+                         "not found: /metrics, /livez and /readyz are served\n", 0);
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", 1);
+    if (strcmp(url, "/livez") == 0)
+        return send_text(conn, MHD_HTTP_OK, "ok\n", 0);
+    if (probe) {
+        int ok = m->ready && m->ready(m->ready_arg);
+        return send_text(conn, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+                         ok ? "ready\n" : "not serving\n", 0);
+    }
     char *text = NULL;
     if (tqkv_metrics_render(m, m->store, &text) != TQKV_OK)
         return send_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", 0);
@@ -958,12 +1130,12 @@ tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen_addr, tqkv_store_t *sto
     if (!m || !listen_addr)
         return TQKV_EINVAL;
     if (m->daemon) {
-        fprintf(stderr, "tqkv-metrics: already serving\n");
+        snprintf(m->err, sizeof m->err, "already serving");
         return TQKV_EBUSY;
     }
     char host[256], port[8];
     if (split_listen(listen_addr, host, sizeof(host), port, sizeof(port)) != 0) {
-        fprintf(stderr, "tqkv-metrics: bad listen address '%s' (want HOST:PORT)\n", listen_addr);
+        snprintf(m->err, sizeof m->err, "bad listen address '%s' (want HOST:PORT)", listen_addr);
         return TQKV_EINVAL;
     }
     struct addrinfo hints = {0}, *ai = NULL;
@@ -972,7 +1144,7 @@ tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen_addr, tqkv_store_t *sto
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai != 0) {
-        fprintf(stderr, "tqkv-metrics: cannot resolve '%s': %s\n", host, gai_strerror(gai));
+        snprintf(m->err, sizeof m->err, "cannot resolve '%s': %s", host, gai_strerror(gai));
         return TQKV_EINVAL;
     }
     tqkv_status_t st = TQKV_EIO;
@@ -995,7 +1167,7 @@ tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen_addr, tqkv_store_t *sto
     }
     freeaddrinfo(ai);
     if (fd < 0) {
-        fprintf(stderr, "tqkv-metrics: cannot listen on %s: %s\n", listen_addr, strerror(err));
+        snprintf(m->err, sizeof m->err, "cannot listen on %s: %s", listen_addr, strerror(err));
         return TQKV_EIO;
     }
     struct sockaddr_storage ss;
@@ -1015,7 +1187,7 @@ tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen_addr, tqkv_store_t *sto
                                  (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
     if (!m->daemon) {
-        fprintf(stderr, "tqkv-metrics: cannot start the HTTP server on %s\n", listen_addr);
+        snprintf(m->err, sizeof m->err, "cannot start the HTTP server on %s", listen_addr);
         close(fd);
         m->store = NULL;
         return st;

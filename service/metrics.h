@@ -25,13 +25,33 @@ void tqkv_metrics_rpc_done(tqkv_metrics_t *m, const char *method, int grpc_code,
 void tqkv_metrics_add_bytes(tqkv_metrics_t *m, uint64_t in, uint64_t out, uint64_t bf16_equiv_out);
 /* Codec work: encode != 0 for encode, else decode; bf16_bytes processed in seconds. */
 void tqkv_metrics_codec(tqkv_metrics_t *m, int encode, uint64_t bf16_bytes, double seconds);
-/* Per-namespace hit/miss accounting for Get/Lookup (ns need not be NUL-terminated). */
+/* Per-tenant (namespace) hit/miss accounting for Get/Lookup, exported with the label
+ * tenant="ns" (ns need not be NUL-terminated). */
 void tqkv_metrics_ns_access(tqkv_metrics_t *m, const char *ns, size_t ns_len, uint64_t hits,
                             uint64_t misses);
 /* Active gRPC streams gauge (+1 when a call starts, -1 when it ends). */
 void tqkv_metrics_streams(tqkv_metrics_t *m, int delta);
 /* Open TCP data channels gauge (+1 when one is registered, -1 when it goes). */
 void tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta);
+/* How data channels are protected: a static string ("plaintext", "openssl-tls1.3");
+ * tqkv_data_channel_security_info{path} is exported once this is set. */
+void tqkv_metrics_data_channel_path(tqkv_metrics_t *m, const char *path);
+/* A data channel connection failed its TLS handshake. */
+void tqkv_metrics_data_channel_handshake_failed(tqkv_metrics_t *m);
+
+/* A credentials file was (re)loaded: tls non-zero for the TLS files, else the token file;
+ * ok zero when the new file was rejected (the old one stays in force). Also called once for
+ * the load at start-up. Thread-safe. */
+void tqkv_metrics_reload(tqkv_metrics_t *m, int tls, int ok);
+
+/* Serves the HTTP probes next to /metrics: GET /livez answers 200 while the process
+ * serves HTTP at all; GET /readyz answers 200 when ready(arg) is non-zero, else 503 (also
+ * before this is called). For Kubernetes probes, which cannot speak TLS to the gRPC port.
+ * Call before tqkv_metrics_serve; ready runs on the HTTP thread. */
+void tqkv_metrics_set_ready(tqkv_metrics_t *m, int (*ready)(void *arg), void *arg);
+
+/* Why the last tqkv_metrics_serve failed (a line naming the address), or "no error". */
+const char *tqkv_metrics_error(const tqkv_metrics_t *m);
 
 /* Pages (and their bytes) handed off to peers on drain. */
 void tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes);

@@ -18,6 +18,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,6 +128,171 @@ start(tqkv__call_t *c, const grpc_op *ops, size_t n, tqkv__tag_kind_t k)
     return e;
 }
 
+/* ---- request ids, tenants and the per-call log lines ---- */
+
+static _Atomic uint64_t g_req_seq; /* request ids: splitmix64 of a random base + sequence */
+static uint64_t g_req_base;
+
+static void
+req_id_init(void)
+{
+    uint64_t b = 0;
+    FILE *f = fopen("/dev/urandom", "re");
+    if (!f || fread(&b, sizeof b, 1, f) != 1) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        b = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 44);
+    }
+    if (f)
+        fclose(f);
+    g_req_base = b;
+}
+
+/* A client's x-request-id is kept when it is 1..64 characters of [A-Za-z0-9._:-] (it goes
+ * into log lines and back to the client); anything else gets a generated id. */
+static int
+req_id_ok(const uint8_t *p, size_t n)
+{
+    if (n == 0 || n > 64)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t ch = p[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Sets c->req_id from the request metadata, or generates one (16 hex digits). */
+static void
+req_id_set(tqkv__call_t *c)
+{
+    for (size_t i = 0; i < c->md.count; i++) {
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "x-request-id") == 0) {
+            const uint8_t *p = GRPC_SLICE_START_PTR(c->md.metadata[i].value);
+            size_t n = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+            if (req_id_ok(p, n)) {
+                memcpy(c->req_id, p, n);
+                c->req_id[n] = '\0';
+                return;
+            }
+            break;
+        }
+    }
+    uint64_t z = g_req_base + 0x9E3779B97F4A7C15ull * (atomic_fetch_add(&g_req_seq, 1) + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    snprintf(c->req_id, sizeof c->req_id, "%016llx", (unsigned long long)z);
+}
+
+/* Adds x-request-id to a SEND_STATUS_FROM_SERVER op. The metadata lives in the call (its
+ * slices are released in call_free), so it outlives the batch whatever the core keeps. */
+static void
+set_trailers(tqkv__call_t *c, grpc_op *op)
+{
+    if (!c->req_id[0])
+        return;
+    if (GRPC_SLICE_LENGTH(c->trail_md.key) == 0) {
+        c->trail_md.key = grpc_slice_from_static_string("x-request-id");
+        c->trail_md.value = grpc_slice_from_copied_string(c->req_id);
+    }
+    op->data.send_status_from_server.trailing_metadata_count = 1;
+    op->data.send_status_from_server.trailing_metadata = &c->trail_md;
+}
+
+/* Records the first namespace a call names (any thread: Put's jobs run on the pool; the
+ * worker reads it in call_free, after every job's wake came back). */
+static void
+tenant_set(tqkv__call_t *c, const char *ns)
+{
+    int expect = 0;
+    if (!ns || atomic_load_explicit(&c->tenant_state, memory_order_relaxed) != 0 ||
+        !atomic_compare_exchange_strong(&c->tenant_state, &expect, 1))
+        return;
+    snprintf(c->tenant, sizeof c->tenant, "%s", ns);
+    atomic_store_explicit(&c->tenant_state, 2, memory_order_release);
+}
+
+/* Warn lines about calls (failed, slow) are capped at this many per second, so a client
+ * hammering the server with bad requests cannot flood the log; the next line says how many
+ * were left out. The access log is not capped (it is asked for). */
+#define CALL_WARN_PER_SEC 100
+
+static _Atomic int64_t g_warn_sec;
+static _Atomic uint32_t g_warn_n;
+static _Atomic uint64_t g_warn_dropped;
+
+static int
+warn_allowed(uint64_t *dropped)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t sec = (int64_t)ts.tv_sec, w = atomic_load(&g_warn_sec);
+    if (w != sec && atomic_compare_exchange_strong(&g_warn_sec, &w, sec))
+        atomic_store(&g_warn_n, 0);
+    if (atomic_fetch_add(&g_warn_n, 1) < CALL_WARN_PER_SEC) {
+        *dropped = atomic_exchange(&g_warn_dropped, 0);
+        return 1;
+    }
+    atomic_fetch_add(&g_warn_dropped, 1);
+    return 0;
+}
+
+static const char *const k_code_names[] = {
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
+
+/* The lines a finished call may write: "rpc failed" (warn) for a non-OK status, "slow rpc"
+ * (warn) past --slow-request-ms, and an access line (--access-log). Long-lived streams
+ * (Health.Watch, reflection) end by cancellation and last as long as the client wants: they
+ * are neither failures when cancelled nor slow. */
+static void
+log_call_end(tqkv__call_t *c, const char *method, double seconds)
+{
+    const tqkv_server_config_t *cfg = &c->srv->cfg;
+    int open_ended = c->method == TQKV__M_HEALTH_WATCH || c->method == TQKV__M_REFLECT_V1 ||
+                     c->method == TQKV__M_REFLECT_V1A;
+    int failed = c->code != GRPC_STATUS_OK && !(open_ended && c->code == GRPC_STATUS_CANCELLED);
+    int slow = !open_ended && cfg->slow_request_ms > 0 && seconds * 1e3 > cfg->slow_request_ms;
+    int access = tqkv_log_access_enabled();
+    uint64_t dropped = 0;
+    if ((failed || slow) && !(tqkv_log_enabled(TQKV_LOG_WARN) && warn_allowed(&dropped)))
+        failed = slow = 0;
+    if (!failed && !slow && !access)
+        return;
+    char *peer = c->call ? grpc_call_get_peer(c->call) : NULL;
+    char qpeer[160], qten[300], qdet[700], extra[40] = "";
+    tqkv_log_quote(qpeer, sizeof qpeer, peer ? peer : "");
+    gpr_free(peer);
+    int has_tenant = atomic_load_explicit(&c->tenant_state, memory_order_acquire) == 2;
+    tqkv_log_quote(qten, sizeof qten, has_tenant ? c->tenant : "");
+    const char *det = c->detail                          ? c->detail
+                      : c->code == GRPC_STATUS_CANCELLED ? "cancelled (client gone, "
+                                                           "deadline passed or drain)"
+                      : c->code != GRPC_STATUS_OK        ? "no detail"
+                                                         : "";
+    tqkv_log_quote(qdet, sizeof qdet, det);
+    int code = (int)c->code >= 0 && (int)c->code <= 16 ? (int)c->code : 2;
+    if (dropped)
+        snprintf(extra, sizeof extra, " suppressed=%llu", (unsigned long long)dropped);
+#define CALL_FIELDS "method=%s code=%s peer=\"%s\" tenant=\"%s\" duration_ms=%.3f request_id=%s"
+#define CALL_ARGS method, k_code_names[code], qpeer, qten, seconds * 1e3, c->req_id
+    if (failed)
+        tqkv_log(TQKV_LOG_WARN, "rpc failed", CALL_FIELDS " detail=\"%s\"%s", CALL_ARGS, qdet,
+                 extra);
+    if (slow)
+        tqkv_log(TQKV_LOG_WARN, "slow rpc", CALL_FIELDS " threshold_ms=%u%s", CALL_ARGS,
+                 cfg->slow_request_ms, failed ? "" : extra);
+    if (access)
+        tqkv_log_access("rpc", CALL_FIELDS, CALL_ARGS);
+#undef CALL_FIELDS
+#undef CALL_ARGS
+}
+
 void
 tqkv__call_abort(tqkv__call_t *c)
 {
@@ -201,13 +367,10 @@ tqkv__call_finish(tqkv__call_t *c, grpc_status_code code, const char *msg, grpc_
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = code;
     ops[n].data.send_status_from_server.status_details = &details;
+    set_trailers(c, &ops[n]);
     n++;
-    if (code != GRPC_STATUS_OK && tqkv_log_enabled(TQKV_LOG_DEBUG)) {
-        char q[700]; /* details echo client text (namespaces, reflection symbols) */
-        tqkv_log_quote(q, sizeof q, msg);
-        tqkv_log(TQKV_LOG_DEBUG, "call failed", "method=%s code=%d detail=\"%s\"",
-                 handler_of(c->method)->metric, (int)code, q);
-    }
+    if (code != GRPC_STATUS_OK && msg && !c->detail)
+        c->detail = strdup(msg); /* for the "rpc failed" line (NULL when out of memory) */
     tqkv__call_set_state(c, TQKV__CS_STATUS);
     if (start(c, ops, n, TQKV__TAG_STATUS) != GRPC_CALL_OK) {
         if (last) {
@@ -300,10 +463,11 @@ tqkv__bb_read(grpc_byte_buffer *bb, size_t *len)
 tqkv_status_t
 tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err, size_t errlen)
 {
-    if (c->srv->auth == NULL)
+    tenant_set(c, ns);
+    if (c->auth == NULL)
         return TQKV_OK;
     tqkv_status_t st =
-        tqkv_auth_check(c->srv->auth, c->authz, c->authz_len, ns, ns ? strlen(ns) : 0, perm);
+        tqkv_auth_check(c->auth, c->authz, c->authz_len, ns, ns ? strlen(ns) : 0, perm);
     if (st == TQKV_EAUTH)
         snprintf(err, errlen, "authorization: missing, malformed or unknown bearer token");
     else if (st == TQKV_EPERM)
@@ -347,7 +511,9 @@ call_free(tqkv__call_t *c)
         const tqkv__handler_t *h = handler_of(c->method);
         if (h->on_free)
             h->on_free(c);
-        tqkv_metrics_rpc_done(s->metrics, h->metric, (int)c->code, tqkv__now() - c->t_start);
+        double secs = tqkv__now() - c->t_start;
+        tqkv_metrics_rpc_done(s->metrics, h->metric, (int)c->code, secs);
+        log_call_end(c, h->metric, secs);
         tqkv_metrics_streams(s->metrics, -1);
         if (h->drain)
             atomic_fetch_sub(&s->work_calls, 1);
@@ -362,6 +528,10 @@ call_free(tqkv__call_t *c)
     if (c->call)
         grpc_call_unref(c->call);
     free(c->authz);
+    tqkv_auth_destroy(c->auth); /* the call's reference */
+    free(c->detail);
+    grpc_slice_unref(c->trail_md.key);
+    grpc_slice_unref(c->trail_md.value);
     /* A thread that posted the last wake (tqkv__call_wake) may still be between its
      * start_batch and its unlock: wait for it to let go before destroying the mutex. */
     pthread_mutex_lock(&c->batch_mu);
@@ -420,6 +590,8 @@ generic_start(tqkv__call_t *c)
     ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
     ops[1].data.send_status_from_server.status_details = &details;
+    req_id_set(c);
+    set_trailers(c, &ops[1]);
     ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[2].data.recv_close_on_server.cancelled = &c->cancelled;
     tqkv__call_set_state(c, TQKV__CS_STATUS);
@@ -451,6 +623,8 @@ on_new(tqkv__call_t *c, int ok)
     for (size_t i = 0; i < c->md.count; i++)
         if (grpc_slice_str_cmp(c->md.metadata[i].key, "tqkv-hop") == 0)
             c->hop = 1;
+    req_id_set(c);
+    c->auth = tqkv__auth_acquire(s);
     for (size_t i = 0; i < c->md.count; i++) {
         if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
             size_t n = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
@@ -474,8 +648,8 @@ on_new(tqkv__call_t *c, int ok)
     }
     /* A KV call without a valid token is refused before its request is decoded, so
      * an unauthenticated client learns nothing from validation messages. */
-    if (s->auth && strncmp(h->path, "/tqkv.v1.KVCache/", 17) == 0 &&
-        tqkv_auth_check(s->auth, c->authz, c->authz_len, NULL, 0, 0) == TQKV_EAUTH) {
+    if (c->auth && strncmp(h->path, "/tqkv.v1.KVCache/", 17) == 0 &&
+        tqkv_auth_check(c->auth, c->authz, c->authz_len, NULL, 0, 0) == TQKV_EAUTH) {
         tqkv__call_finish(c, GRPC_STATUS_UNAUTHENTICATED,
                           "authorization: missing, malformed or unknown bearer token", NULL);
         return;
@@ -622,6 +796,19 @@ set_arg_int(grpc_arg *a, const char *key, int v)
     a->value.integer = v;
 }
 
+/* /readyz: started, not draining, and the KV service reported SERVING. */
+static int
+http_ready(void *arg)
+{
+    tqkv_server_t *s = arg;
+    if (!atomic_load(&s->ready))
+        return 0;
+    pthread_mutex_lock(&s->health_mu);
+    int st = s->health_status[1];
+    pthread_mutex_unlock(&s->health_mu);
+    return st == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+}
+
 /* Server created (maybe bound) but never started, no worker threads: shut it down
  * on the first queue (no calls exist), destroy it, then shut down and drain every
  * queue before destroying it (P7 without the calls). */
@@ -661,10 +848,14 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         return TQKV_ENOMEM;
     }
     s->cfg = *cfg;
+    req_id_init();
     tqkv_limits_default(&s->limits);
     s->limits.max_message_bytes = cfg->max_message_bytes;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_rwlock_init(&s->auth_lk, NULL);
+    pthread_mutex_init(&s->reload_mu, NULL);
+    s->watch_fd = s->watch_wake[0] = s->watch_wake[1] = -1;
     tqkv__health_init(s);
 
     if ((st = tqkv_store_create(&cfg->store, &s->store)) != TQKV_OK) {
@@ -690,8 +881,9 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         snprintf(err, errlen, "metrics: %s", tqkv_strerror(st));
         goto fail_metrics;
     }
+    tqkv_auth_t *auth = NULL;
     if (cfg->auth_tokens[0] &&
-        (st = tqkv_auth_load(cfg->auth_tokens, &s->auth, err, errlen)) != TQKV_OK) {
+        (st = tqkv_auth_load(cfg->auth_tokens, &auth, err, errlen)) != TQKV_OK) {
         /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
          * come from TQKV_AUTH_TOKENS: name the setting too) */
         size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
@@ -701,14 +893,18 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         }
         goto fail_auth;
     }
+    s->auth = auth;
+    if (auth)
+        tqkv_metrics_reload(s->metrics, 0, 1);
     if ((st = tqkv__reflection_create(&s->refl, err, errlen)) != TQKV_OK)
         goto fail_refl;
     if (cfg->tls_cert[0]) {
-        st = tqkv_tls_server_creds(cfg->tls_cert, cfg->tls_key,
-                                   cfg->tls_client_ca[0] ? cfg->tls_client_ca : NULL, &creds, err,
-                                   errlen);
+        st = tqkv_tls_create(cfg->tls_cert, cfg->tls_key,
+                             cfg->tls_client_ca[0] ? cfg->tls_client_ca : NULL, &s->tls, &creds,
+                             err, errlen);
         if (st != TQKV_OK)
             goto fail_creds;
+        tqkv_metrics_reload(s->metrics, 1, 1);
     } else {
         creds = grpc_insecure_server_credentials_create();
     }
@@ -767,10 +963,11 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
         goto fail_bind;
     if (cfg->metrics_listen[0]) {
+        tqkv_metrics_set_ready(s->metrics, http_ready, s);
         st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
         if (st != TQKV_OK) {
             snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
-                     tqkv_strerror(st));
+                     tqkv_metrics_error(s->metrics));
             goto fail_bind;
         }
     }
@@ -782,6 +979,7 @@ fail_bind:
     free(s->workers);
     grpc_shutdown();
 fail_creds:
+    tqkv_tls_destroy(s->tls);
     tqkv__reflection_destroy(s->refl);
 fail_refl:
     tqkv_auth_destroy(s->auth);
@@ -792,6 +990,8 @@ fail_metrics:
 fail_enc:
     tqkv_store_destroy(s->store);
 fail_store:
+    pthread_rwlock_destroy(&s->auth_lk);
+    pthread_mutex_destroy(&s->reload_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->health_mu);
@@ -832,6 +1032,7 @@ tqkv_server_start(tqkv_server_t *s)
     }
     s->started = 1;
     tqkv__fwd_start(s); /* --peers: forwarding to blocks' owners, once they are known */
+    atomic_store(&s->ready, 1);
     tqkv_log(TQKV_LOG_INFO, "serving",
              "version=%s git=%s node_id=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
              "max_message_bytes=%llu",
@@ -839,6 +1040,16 @@ tqkv_server_start(tqkv_server_t *s)
              s->cfg.encoder_threads, s->auth ? "on" : "off", s->cfg.tls_cert[0] ? "on" : "off",
              (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
+    if (s->tls) {
+        time_t na = (time_t)tqkv_tls_not_after(s->tls);
+        struct tm tm;
+        char when[32] = "?";
+        if (gmtime_r(&na, &tm))
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        tqkv_log(TQKV_LOG_INFO, "TLS certificate", "not_after=%s client_ca=%s", when,
+                 s->cfg.tls_client_ca[0] ? "on" : "off");
+    }
+    tqkv__reload_watch_start(s);
     if (s->dc)
         tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d tls=%s", s->cfg.data_listen,
                  tqkv__dc_port(s),
@@ -849,7 +1060,7 @@ tqkv_server_start(tqkv_server_t *s)
         tqkv_log(TQKV_LOG_WARN, "no such CUDA device: Put encodes on the CPU", "device=%d",
                  s->cfg.store.device);
     else
-        tqkv_log(TQKV_LOG_INFO, "put encoding", "cpu");
+        tqkv_log(TQKV_LOG_INFO, "put encoding", "device=cpu");
     return TQKV_OK;
 }
 
@@ -908,6 +1119,8 @@ tqkv_server_shutdown(tqkv_server_t *s)
     if (s->stopped)
         return;
     s->stopped = 1;
+    atomic_store(&s->ready, 0);
+    tqkv__reload_watch_stop(s);
     if (!s->started)
         return;
     long inflight = atomic_load(&s->work_calls);
@@ -950,6 +1163,7 @@ tqkv_server_destroy(tqkv_server_t *s)
     }
     free(s->workers);
     grpc_shutdown();
+    tqkv_tls_destroy(s->tls); /* after the server: its credentials fetch from it */
     tqkv_encoder_destroy(s->enc);
     tqkv_metrics_destroy(s->metrics);
     tqkv__reflection_destroy(s->refl);
@@ -966,6 +1180,8 @@ tqkv_server_destroy(tqkv_server_t *s)
     }
 #endif
     tqkv_store_destroy(s->store);
+    pthread_rwlock_destroy(&s->auth_lk);
+    pthread_mutex_destroy(&s->reload_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->health_mu);

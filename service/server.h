@@ -36,6 +36,13 @@ int tqkv_server_metrics_port(const tqkv_server_t *s);
  * Blocking; call before tqkv_server_shutdown. Returns the pages handed off. */
 uint64_t tqkv_server_handoff(tqkv_server_t *s);
 
+/* Reloads the token file and the TLS certificate/key/CA (SIGHUP; the server also does it
+ * by itself when the files change). A file that is unchanged is skipped; one that does not
+ * load keeps what is in force, and the reason is logged (and counted in
+ * tqkv_credential_reloads_total). Calls in flight keep the tokens they started with;
+ * connections already up keep their TLS session. trigger names the cause in the log. */
+void tqkv_server_reload(tqkv_server_t *s, const char *trigger);
+
 /* Graceful stop, blocking: health NOT_SERVING (watchers notified), stop accepting,
  * wait up to drain_seconds for in-flight KV calls, cancel the rest, then the P7
  * shutdown order. Idempotent. */

@@ -1,8 +1,12 @@
 /* server_main.c - tqkv-server: parse flags, serve until SIGTERM/SIGINT, drain, exit.
  *
  * Signals are blocked in every thread and taken synchronously by main with
- * sigwait, so the graceful stop runs on an ordinary thread. Exit status: 0 after a
- * clean stop, 1 when start-up fails, 2 for bad flags.
+ * sigwait, so the graceful stop runs on an ordinary thread. SIGHUP reloads the token
+ * file and the TLS certificate (tqkv_server_reload) and reopens the access log file. Exit status: 0
+ * after a clean stop, 1 when start-up fails, 2 for bad flags.
+ *
+ * In JSON log mode every line the server writes is JSON, the start-up lines on stdout
+ * too ("tqkv-server listening on HOST:PORT" is their msg, which scripts search for).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -36,6 +40,15 @@ main(int argc, char **argv)
         return 0;
     }
     tqkv_log_setup(cfg.log_level, cfg.log_format, stderr);
+    tqkv_log_capture_grpc();
+    if (cfg.access_log[0] && tqkv_log_access_open(cfg.access_log, err, sizeof err) != TQKV_OK) {
+        char q[1024];
+        tqkv_log_quote(q, sizeof q, err);
+        tqkv_log(TQKV_LOG_ERROR, "start-up failed", "error=\"%s\"", q);
+        if (cfg.log_format == TQKV_LOG_TEXT)
+            fprintf(stderr, "tqkv-server: %s\n", err);
+        return 1;
+    }
     {
         extern char **environ;
         char names[512];
@@ -48,6 +61,7 @@ main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* inherited by every thread from here */
 
     if (tqkv_config_listen_is_public(cfg.listen) && !cfg.tls_cert[0] && !cfg.auth_tokens[0])
@@ -63,7 +77,8 @@ main(int argc, char **argv)
         char q[1024];
         tqkv_log_quote(q, sizeof q, err);
         tqkv_log(TQKV_LOG_ERROR, "start-up failed", "error=\"%s\"", q);
-        fprintf(stderr, "tqkv-server: %s\n", err);
+        if (cfg.log_format == TQKV_LOG_TEXT) /* JSON mode: the JSON line says it */
+            fprintf(stderr, "tqkv-server: %s\n", err);
         return 1;
     }
     tqkv_server_start(srv);
@@ -75,14 +90,44 @@ main(int argc, char **argv)
         hl = sizeof host - 1;
     memcpy(host, cfg.listen, hl);
     host[hl] = '\0';
-    printf("tqkv-server listening on %s:%d\n", host, tqkv_server_port(srv));
-    if (tqkv_server_metrics_port(srv) > 0)
-        printf("tqkv-server metrics on port %d\n", tqkv_server_metrics_port(srv));
-    printf("tqkv-server node id %s\n", tqkv_server_node_id(srv));
-    fflush(stdout);
+    if (cfg.log_format == TQKV_LOG_JSON) {
+        char msg[320];
+        /* The address is followed by a blank inside the JSON string too, so the scripts and
+         * tools that take "listening on ADDR" up to the next blank read the same ADDR
+         * from a JSON line as from a text one. */
+        snprintf(msg, sizeof msg, "tqkv-server listening on %s:%d (gRPC)", host,
+                 tqkv_server_port(srv));
+        tqkv_log_to(stdout, TQKV_LOG_INFO, msg, "addr=%s:%d port=%d", host, tqkv_server_port(srv),
+                    tqkv_server_port(srv));
+        if (tqkv_server_metrics_port(srv) > 0) {
+            snprintf(msg, sizeof msg, "tqkv-server metrics on port %d",
+                     tqkv_server_metrics_port(srv));
+            tqkv_log_to(stdout, TQKV_LOG_INFO, msg, "port=%d", tqkv_server_metrics_port(srv));
+        }
+        snprintf(msg, sizeof msg, "tqkv-server node id %s", tqkv_server_node_id(srv));
+        tqkv_log_to(stdout, TQKV_LOG_INFO, msg, "node_id=%s", tqkv_server_node_id(srv));
+    } else {
+        printf("tqkv-server listening on %s:%d\n", host, tqkv_server_port(srv));
+        if (tqkv_server_metrics_port(srv) > 0)
+            printf("tqkv-server metrics on port %d\n", tqkv_server_metrics_port(srv));
+        printf("tqkv-server node id %s\n", tqkv_server_node_id(srv));
+        fflush(stdout);
+    }
 
-    while (sigwait(&sigs, &sig) != 0)
-        ;
+    for (;;) {
+        while (sigwait(&sigs, &sig) != 0)
+            ;
+        if (sig != SIGHUP)
+            break;
+        tqkv_log(TQKV_LOG_INFO, "SIGHUP: reloading", NULL);
+        tqkv_server_reload(srv, "SIGHUP");
+        if (tqkv_log_access_reopen(err, sizeof err) != TQKV_OK) {
+            char q[1024];
+            tqkv_log_quote(q, sizeof q, err);
+            tqkv_log(TQKV_LOG_ERROR, "access log not reopened; writing to the old file",
+                     "error=\"%s\"", q);
+        }
+    }
     tqkv_log(TQKV_LOG_INFO, "signal received, stopping", "signal=%s",
              sig == SIGTERM ? "SIGTERM" : "SIGINT");
     if (sig == SIGTERM)

@@ -107,9 +107,16 @@ struct tqkv__call {
     int inflight;              /* tags started and not yet back (plus a reserved wake) */
     grpc_status_code code;     /* final status (metrics) */
     double t_start;
-    char *authz; /* copy of the `authorization` header or NULL */
-    int hop;     /* "tqkv-hop" header: forwarded by a peer, answered here (forward.h) */
+    tqkv_auth_t *auth; /* the token table in force when the call started (a reference; NULL:
+                          no auth): a reload never changes the verdict on a call in flight */
+    char *authz;       /* copy of the `authorization` header or NULL */
+    int hop;           /* "tqkv-hop" header: routed by the caller, answered here (forward.h) */
     size_t authz_len;
+    char req_id[68];         /* x-request-id: the client's (when well-formed) or generated */
+    grpc_metadata trail_md;  /* x-request-id in the trailing metadata (slices owned) */
+    atomic_int tenant_state; /* 0 unset, 1 being written, 2 set (first namespace seen) */
+    char tenant[128];        /* namespace the call named (truncated), for logs */
+    char *detail;            /* status message of a failed call (owned), for logs */
     tqkv__tag_t tags[TQKV__TAG_COUNT];
     pthread_mutex_t batch_mu; /* serializes grpc_call_start_batch (worker vs. wakers) */
     void *h;                  /* method state, freed by on_free */
@@ -135,7 +142,14 @@ struct tqkv_server {
     tqkv_store_t *store;
     tqkv_encoder_t *enc;
     tqkv_metrics_t *metrics;
-    tqkv_auth_t *auth;     /* NULL: no auth */
+    tqkv_auth_t *_Atomic auth; /* NULL: no auth; swapped by a reload under auth_lk */
+    pthread_rwlock_t auth_lk;  /* readers take a reference to auth; a reload swaps it */
+    struct tqkv_tls *tls;      /* reloadable TLS credentials; NULL without --tls-cert */
+    pthread_mutex_t reload_mu; /* one reload at a time (SIGHUP vs. the file watcher) */
+    int watch_fd;              /* inotify descriptor, -1 when no file is watched */
+    int watch_wake[2];         /* pipe that stops the watcher thread */
+    pthread_t watch_thread;
+    int watching;          /* watch_thread runs */
     int gpu_encode_device; /* Put encodes on this CUDA device (gpu_encode.c), -1 = CPU */
     atomic_int gpu_encode_warned;
     tqkv__reflection_t *refl;
@@ -147,6 +161,7 @@ struct tqkv_server {
     int port;
     int metrics_port;
     int started;
+    atomic_int ready;              /* started and not draining: /readyz answers 200 */
     atomic_int shutting_down;      /* no re-arming after this */
     _Atomic uint64_t handed_off;   /* pages handed off on drain (handoff.c) */
     _Atomic uint64_t forwarded;    /* requests forwarded to owners (forward.c) */
@@ -171,7 +186,18 @@ struct tqkv_server {
 /* Handlers, by file. */
 extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_handler,
     tqkv__delete_handler, tqkv__stats_handler; /* handlers_kv.c */
-extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_handler; /* health.c */
+extern const tqkv__handler_t tqkv__health_check_handler,
+    tqkv__health_watch_handler; /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and
+                                   on file change. */
+/* Takes a reference to the token table in force (NULL without auth). */
+tqkv_auth_t *tqkv__auth_acquire(tqkv_server_t *s);
+/* Starts the inotify watcher of the token and TLS files' directories (when any is set);
+ * a directory that cannot be watched is logged and left to SIGHUP. */
+void tqkv__reload_watch_start(tqkv_server_t *s);
+/* Stops the watcher thread (idempotent). */
+void tqkv__reload_watch_stop(tqkv_server_t *s);
+
+/* health.c */
 extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
 extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__open_channel_handler,
     tqkv__close_channel_handler;                     /* handlers_channel.c */
@@ -219,6 +245,15 @@ int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
                               size_t errlen);
 double tqkv__now(void);
+
+/* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and on file change. */
+/* Takes a reference to the token table in force (NULL without auth). */
+tqkv_auth_t *tqkv__auth_acquire(tqkv_server_t *s);
+/* Starts the inotify watcher of the token and TLS files' directories (when any is set);
+ * a directory that cannot be watched is logged and left to SIGHUP. */
+void tqkv__reload_watch_start(tqkv_server_t *s);
+/* Stops the watcher thread (idempotent). */
+void tqkv__reload_watch_stop(tqkv_server_t *s);
 
 /* health.c */
 void tqkv__health_init(tqkv_server_t *s);

@@ -1,4 +1,4 @@
-/* tls.h - server TLS / mutual TLS credentials from PEM files. */
+/* tls.h - server TLS / mutual TLS credentials from PEM files, reloadable. */
 #ifndef TQKV_SERVICE_TLS_H
 #define TQKV_SERVICE_TLS_H
 
@@ -15,6 +15,33 @@
 tqkv_status_t tqkv_tls_server_creds(const char *cert_path, const char *key_path,
                                     const char *client_ca_path, grpc_server_credentials **out,
                                     char *err, size_t errlen);
+
+typedef struct tqkv_tls tqkv_tls_t;
+
+/* Loads the certificate chain, key and (optional) client CA, checks them with OpenSSL (the
+ * chain parses, the key matches the first certificate, which is valid now) and builds
+ * server credentials whose certificates tqkv_tls_reload can swap later: gRPC asks for the
+ * configuration at each new handshake, so new connections get the new certificate and
+ * connections already up keep theirs. *out and *creds are owned by the caller; *out must
+ * outlive the credentials' server (destroy it after grpc_server_destroy). Errors name the
+ * file in err (TQKV_EIO / TQKV_EINVAL). */
+tqkv_status_t tqkv_tls_create(const char *cert_path, const char *key_path,
+                              const char *client_ca_path, tqkv_tls_t **out,
+                              grpc_server_credentials **creds, char *err, size_t errlen);
+
+/* Reads the files again. When they are valid and differ from what is in force, the next
+ * handshakes use them (*changed = 1); when they are the same, *changed = 0. On any problem
+ * returns non-OK with why in err and the certificates in force stay. Thread-safe. */
+tqkv_status_t tqkv_tls_reload(tqkv_tls_t *t, int *changed, char *err, size_t errlen);
+
+/* The files' paths (borrowed, valid until destroy); ca is "" without mutual TLS. */
+void tqkv_tls_paths(const tqkv_tls_t *t, const char **cert, const char **key, const char **ca);
+
+/* Unix time at which the certificate in force expires. */
+double tqkv_tls_not_after(tqkv_tls_t *t);
+
+/* NULL is a no-op. */
+void tqkv_tls_destroy(tqkv_tls_t *t);
 
 /* Reads a whole file into a new NUL-terminated malloc'd string. */
 tqkv_status_t tqkv_read_file(const char *path, char **out, size_t *len);

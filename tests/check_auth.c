@@ -342,6 +342,31 @@ now_s(void)
  * 4096 entries would make "first" ~25x faster than "none" (SHA-256 dominates then). The best of
  * several rounds is compared; the bound (2x) is loose enough for a loaded machine, far below what
  * an early exit produces. */
+START_TEST(test_refcount_and_same_file)
+{
+    char err[256];
+    tqkv_auth_t *a = NULL, *b = NULL, *c = NULL;
+    const char *p = write_file("r1", "# one\ntoken-aaaaaaaa rw ns\ntoken-bbbbbbbb r ns\n");
+    ck_assert_int_eq(tqkv_auth_load(p, &a, err, sizeof(err)), TQKV_OK);
+    ck_assert_int_eq(tqkv_auth_load(p, &b, err, sizeof(err)), TQKV_OK);
+    ck_assert_uint_eq(tqkv_auth_count(a), 2);
+    ck_assert(tqkv_auth_same_file(a, b));
+    /* A comment changed: another file (a reload is not skipped). */
+    p = write_file("r1", "# two\ntoken-aaaaaaaa rw ns\ntoken-bbbbbbbb r ns\n");
+    ck_assert_int_eq(tqkv_auth_load(p, &c, err, sizeof(err)), TQKV_OK);
+    ck_assert(!tqkv_auth_same_file(a, c));
+    ck_assert(!tqkv_auth_same_file(a, NULL));
+    /* References: the table stays usable until the last one goes. */
+    ck_assert_ptr_eq(tqkv_auth_ref(a), a);
+    tqkv_auth_destroy(a);
+    ck_assert_int_eq(check(a, "Bearer token-aaaaaaaa", "ns", TQKV_AUTH_WRITE), TQKV_OK);
+    tqkv_auth_destroy(a);
+    ck_assert_ptr_null(tqkv_auth_ref(NULL));
+    tqkv_auth_destroy(b);
+    tqkv_auth_destroy(c);
+}
+END_TEST
+
 START_TEST(test_constant_time_scan)
 {
     enum { N = 4096 };
@@ -407,6 +432,7 @@ auth_suite(void)
     tcase_add_test(tc, test_missing_file_and_nul);
     tcase_add_test(tc, test_no_final_newline_and_long_line);
     tcase_add_test(tc, test_constant_time_scan);
+    tcase_add_test(tc, test_refcount_and_same_file);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,10 +10,13 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "service/metrics.h"
@@ -186,16 +189,28 @@ static const char *const k_families[] = {"tqkv_build_info",
                                          "tqkv_codec_seconds_total",
                                          "tqkv_active_streams",
                                          "tqkv_data_channels",
-                                         "tqkv_namespace_hits_total",
-                                         "tqkv_namespace_misses_total"};
+                                         "tqkv_tenant_hits_total",
+                                         "tqkv_tenant_misses_total",
+                                         "process_start_time_seconds",
+                                         "process_cpu_seconds_total",
+                                         "process_resident_memory_bytes",
+                                         "process_virtual_memory_bytes",
+                                         "process_open_fds",
+                                         "process_max_fds"};
 
 static const char *const k_store_families[] = {
-    "tqkv_tier_capacity_bytes",  "tqkv_tier_bytes",
-    "tqkv_tier_pages",           "tqkv_tier_hits_total",
-    "tqkv_tier_misses_total",    "tqkv_tier_evictions_total",
-    "tqkv_tier_demotions_total", "tqkv_tier_promotions_total",
-    "tqkv_namespace_bytes",      "tqkv_namespace_pages",
-    "tqkv_compression_ratio",    "tqkv_alloc_failures_total"};
+    "tqkv_tier_capacity_bytes",   "tqkv_tier_bytes",           "tqkv_tier_pages",
+    "tqkv_tier_hits_total",       "tqkv_tier_evictions_total", "tqkv_tier_demotions_total",
+    "tqkv_tier_promotions_total", "tqkv_store_misses_total",   "tqkv_store_page_bytes",
+    "tqkv_store_bf16_bytes",      "tqkv_tenant_page_bytes",    "tqkv_tenant_pages",
+    "tqkv_alloc_failures_total"};
+
+/* Families dropped because another family says the same (one family per concept), the
+ * old tenant label name, and a ratio that cannot be summed across pods. */
+static const char *const k_gone[] = {
+    "tqkv_store_hits_total", "tqkv_tier_misses_total", "tqkv_store_evictions_total",
+    "tqkv_store_pages ",     "tqkv_compression_ratio", "tqkv_namespace_",
+    "namespace=\"",          "tqkv_process_"};
 
 START_TEST(test_empty_registry_families)
 {
@@ -301,17 +316,19 @@ START_TEST(test_label_escaping)
     ck_assert_int_eq(tqkv_metrics_render(m, NULL, &t), TQKV_OK);
     const char *why = check_structure(t);
     ck_assert_msg(why == NULL, "structure: %s", why);
-    snprintf(series, sizeof(series), "tqkv_namespace_hits_total{namespace=\"%s\"}",
+    snprintf(series, sizeof(series), "tqkv_tenant_hits_total{tenant=\"%s\"}",
              "te\\\"n\\\\a\\nnt-\xC3\xA9-\xF0\x9F\x98\x80-\xEF\xBF\xBD-\xEF\xBF\xBD\xEF\xBF\xBD-"
              "\xEF\xBF\xBDz-"
              "\xEF\xBF\xBD\xEF\xBF\xBD");
     ck_assert_msg(sample(t, series) == 6.0, "missing %s in\n%s", series, t);
-    ck_assert(sample(t, "tqkv_namespace_misses_total{namespace=\"plain\"}") == 0.0);
-    ck_assert(sample(t, "tqkv_namespace_hits_total{namespace=\"plain\"}") == 7.0);
+    ck_assert(sample(t, "tqkv_tenant_misses_total{tenant=\"plain\"}") == 0.0);
+    ck_assert(sample(t, "tqkv_tenant_hits_total{tenant=\"plain\"}") == 7.0);
     ck_assert(sample(t, "tqkv_requests_total{method=\"we\\\"ird\\\\\",code=\"OK\"}") == 1.0);
-    /* No raw newline inside a label value: every line starts with '#' or "tqkv_". */
+    /* No raw newline inside a label value: every line starts with '#', "tqkv_" or
+     * "process_". */
     for (const char *p = t; *p; p = strchr(p, '\n') + 1)
-        ck_assert_msg(*p == '#' || strncmp(p, "tqkv_", 5) == 0, "stray line: %.40s", p);
+        ck_assert_msg(*p == '#' || strncmp(p, "tqkv_", 5) == 0 || strncmp(p, "process_", 8) == 0,
+                      "stray line: %.40s", p);
     free(t);
     tqkv_metrics_destroy(m);
 }
@@ -361,39 +378,95 @@ START_TEST(test_store_families)
         snprintf(h, sizeof(h), "# TYPE %s ", k_store_families[i]);
         ck_assert_msg(strstr(t, h), "missing family %s", k_store_families[i]);
     }
-    static const char *const names[] = {"tqkv_tier_capacity_bytes",  "tqkv_tier_bytes",
-                                        "tqkv_tier_pages",           "tqkv_tier_hits_total",
-                                        "tqkv_tier_misses_total",    "tqkv_tier_evictions_total",
-                                        "tqkv_tier_demotions_total", "tqkv_tier_promotions_total"};
+    static const char *const names[] = {"tqkv_tier_capacity_bytes",
+                                        "tqkv_tier_bytes",
+                                        "tqkv_tier_pages",
+                                        "tqkv_tier_hits_total",
+                                        NULL,
+                                        "tqkv_tier_evictions_total",
+                                        "tqkv_tier_demotions_total",
+                                        "tqkv_tier_promotions_total"};
     static const char *const tiers[] = {"", "hbm", "dram", "disk"};
     char series[160], line[200];
     for (int tier = 1; tier < TQKV_TIER_COUNT; tier++)
         for (int k = 0; k < 8; k++) {
+            if (!names[k])
+                continue; /* tier misses: not exported (tqkv_store_misses_total is) */
             /* Compare as text: doubles cannot hold every uint64. */
             snprintf(line, sizeof(line), "\n%s{tier=\"%s\"} %llu\n", names[k], tiers[tier],
                      (unsigned long long)vals[tier][k]);
             ck_assert_msg(strstr(t, line), "missing %s", line + 1);
         }
-    double ratio = sample(t, "tqkv_compression_ratio");
-    ck_assert(fabs(ratio - (double)s.all.bf16_bytes / (double)s.all.page_bytes) < 1e-12);
+    /* The compression ratio is left to the query: its two operands are exported. */
+    snprintf(line, sizeof(line), "\ntqkv_store_bf16_bytes %llu\n",
+             (unsigned long long)s.all.bf16_bytes);
+    ck_assert_msg(strstr(t, line), "missing %s", line + 1);
+    snprintf(line, sizeof(line), "\ntqkv_store_page_bytes %llu\n",
+             (unsigned long long)s.all.page_bytes);
+    ck_assert_msg(strstr(t, line), "missing %s", line + 1);
     ck_assert(sample(t, "tqkv_alloc_failures_total") == 7.0);
-    snprintf(series, sizeof(series), "tqkv_namespace_bytes{namespace=\"alpha\\\"q\"}");
+    snprintf(series, sizeof(series), "tqkv_tenant_page_bytes{tenant=\"alpha\\\"q\"}");
     ck_assert(sample(t, series) == 200.0);
-    ck_assert(sample(t, "tqkv_namespace_pages{namespace=\"zeta\"}") == 1.0);
-    ck_assert(sample(t, "tqkv_namespace_page_hits_total{namespace=\"mid\"}") == 33.0);
-    ck_assert(sample(t, "tqkv_namespace_page_misses_total{namespace=\"mid\"}") == 6.0);
-    /* Namespaces are sorted: alpha < mid < zeta within a family. */
-    const char *a = strstr(t, "tqkv_namespace_pages{namespace=\"alpha");
-    const char *b = strstr(t, "tqkv_namespace_pages{namespace=\"mid");
-    const char *z = strstr(t, "tqkv_namespace_pages{namespace=\"zeta");
+    ck_assert(sample(t, "tqkv_tenant_pages{tenant=\"zeta\"}") == 1.0);
+    for (size_t i = 0; i < sizeof(k_gone) / sizeof(k_gone[0]); i++)
+        ck_assert_msg(strstr(t, k_gone[i]) == NULL, "%s is still exported", k_gone[i]);
+    /* Tenants are sorted: alpha < mid < zeta within a family. */
+    const char *a = strstr(t, "tqkv_tenant_pages{tenant=\"alpha");
+    const char *b = strstr(t, "tqkv_tenant_pages{tenant=\"mid");
+    const char *z = strstr(t, "tqkv_tenant_pages{tenant=\"zeta");
     ck_assert(a && b && z && a < b && b < z);
     free(t);
 
-    /* Empty store: ratio 0, not NaN or a division by zero. */
+    /* Empty store: the families are still declared. */
     memset(&s, 0, sizeof(s));
     ck_assert_int_eq(tqkv_metrics_render(m, &s, &t), TQKV_OK);
-    ck_assert(sample(t, "tqkv_compression_ratio") == 0.0);
-    ck_assert(strstr(t, "# TYPE tqkv_namespace_bytes gauge\n# HELP"));
+    ck_assert(sample(t, "tqkv_store_page_bytes") == 0.0);
+    ck_assert(strstr(t, "# TYPE tqkv_tenant_page_bytes gauge\n# HELP"));
+    free(t);
+    tqkv_metrics_destroy(m);
+}
+END_TEST
+
+START_TEST(test_process_families)
+{
+    tqkv_metrics_t *m;
+    ck_assert_int_eq(tqkv_metrics_create(&m), TQKV_OK);
+    char *t;
+    ck_assert_int_eq(tqkv_metrics_render(m, NULL, &t), TQKV_OK);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    /* The process (this test runner) started within the last hour, not in the future; the
+     * clock-tick rounding of /proc allows 1 s. */
+    double start = sample(t, "process_start_time_seconds");
+    ck_assert_msg(start > (double)now.tv_sec - 3600 && start <= (double)now.tv_sec + 1,
+                  "process_start_time_seconds %f, now %ld", start, (long)now.tv_sec);
+    ck_assert(sample(t, "process_cpu_seconds_total") >= 0.0);
+    double rss = sample(t, "process_resident_memory_bytes");
+    double vm = sample(t, "process_virtual_memory_bytes");
+    ck_assert_msg(rss > 1e5 && vm >= rss, "rss %g vm %g", rss, vm);
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    ck_assert(sample(t, "process_max_fds") == (double)rl.rlim_cur);
+    double fds0 = sample(t, "process_open_fds");
+    ck_assert(fds0 >= 3.0 && fds0 <= (double)rl.rlim_cur);
+    free(t);
+    /* Three more descriptors are counted as three more. */
+    int fd[3];
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_ge(fd[i] = dup(2), 0);
+    ck_assert_int_eq(tqkv_metrics_render(m, NULL, &t), TQKV_OK);
+    ck_assert_msg(sample(t, "process_open_fds") == fds0 + 3, "%g -> %g", fds0,
+                  sample(t, "process_open_fds"));
+    for (int i = 0; i < 3; i++)
+        close(fd[i]);
+    /* CPU time is a counter: burning some makes it grow, never shrink. */
+    double cpu0 = sample(t, "process_cpu_seconds_total");
+    free(t);
+    volatile double x = 0;
+    for (long i = 0; i < 40000000; i++)
+        x += (double)i * 1e-9;
+    ck_assert_int_eq(tqkv_metrics_render(m, NULL, &t), TQKV_OK);
+    ck_assert(sample(t, "process_cpu_seconds_total") > cpu0);
     free(t);
     tqkv_metrics_destroy(m);
 }
@@ -441,6 +514,22 @@ START_TEST(test_counters_and_gauges)
     ck_assert(fabs(sample(t, "tqkv_codec_seconds_total{op=\"decode\"}") - ds) < 1e-6);
     ck_assert(sample(t, "tqkv_active_streams") == (double)streams);
     ck_assert(sample(t, "tqkv_data_channels") == -(double)streams);
+    ck_assert(sample(t, "tqkv_credential_load_timestamp_seconds{file=\"tokens\"}") == 0.0);
+    free(t);
+    struct timespec t0;
+    clock_gettime(CLOCK_REALTIME, &t0);
+    tqkv_metrics_reload(m, 0, 1);
+    tqkv_metrics_reload(m, 0, 0);
+    tqkv_metrics_reload(m, 0, 0);
+    tqkv_metrics_reload(m, 1, 1);
+    ck_assert_int_eq(tqkv_metrics_render(m, NULL, &t), TQKV_OK);
+    ck_assert(sample(t, "tqkv_credential_reloads_total{file=\"tokens\",result=\"ok\"}") == 1.0);
+    ck_assert(sample(t, "tqkv_credential_reloads_total{file=\"tokens\",result=\"rejected\"}") ==
+              2.0);
+    ck_assert(sample(t, "tqkv_credential_reloads_total{file=\"tls\",result=\"ok\"}") == 1.0);
+    ck_assert(sample(t, "tqkv_credential_reloads_total{file=\"tls\",result=\"rejected\"}") == 0.0);
+    double lt = sample(t, "tqkv_credential_load_timestamp_seconds{file=\"tokens\"}");
+    ck_assert_msg(lt >= (double)t0.tv_sec && lt < (double)t0.tv_sec + 60, "%f", lt);
     free(t);
     /* NULL registry is tolerated by the hot-path calls. */
     tqkv_metrics_add_bytes(NULL, 1, 1, 1);
@@ -474,10 +563,10 @@ START_TEST(test_cardinality_caps)
     tqkv_metrics_rpc_done(m, NULL, 0, 0.01);
     char *t;
     ck_assert_int_eq(tqkv_metrics_render(m, NULL, &t), TQKV_OK);
-    ck_assert_int_eq(count_lines_with(t, "\ntqkv_namespace_hits_total{"), 4097);
-    ck_assert(sample(t, "tqkv_namespace_hits_total{namespace=\"__other__\"}") == 25.0);
-    ck_assert(sample(t, "tqkv_namespace_hits_total{namespace=\"ns-04095\"}") == 1.0);
-    ck_assert(isnan(sample(t, "tqkv_namespace_hits_total{namespace=\"ns-04096\"}")));
+    ck_assert_int_eq(count_lines_with(t, "\ntqkv_tenant_hits_total{"), 4097);
+    ck_assert(sample(t, "tqkv_tenant_hits_total{tenant=\"__other__\"}") == 25.0);
+    ck_assert(sample(t, "tqkv_tenant_hits_total{tenant=\"ns-04095\"}") == 1.0);
+    ck_assert(isnan(sample(t, "tqkv_tenant_hits_total{tenant=\"ns-04096\"}")));
     /* 64 methods ("M0".."M63") plus "other" for M64..M79 and the long name; the NULL name
      * became "unknown" but the table was full, so it is "other" as well. */
     ck_assert_int_eq(count_lines_with(t, "\ntqkv_requests_total{"), 65);
@@ -545,7 +634,7 @@ START_TEST(test_concurrent_updates)
         ck_assert(sample(t, series) == 0.0);
     }
     for (int k = 0; k < 7; k++) {
-        snprintf(series, sizeof(series), "tqkv_namespace_hits_total{namespace=\"ns%d\"}", k);
+        snprintf(series, sizeof(series), "tqkv_tenant_hits_total{tenant=\"ns%d\"}", k);
         hits += sample(t, series);
     }
     ck_assert(total == (double)(NT * iters));
@@ -607,6 +696,7 @@ START_TEST(test_http_endpoint)
     ck_assert_int_eq(tqkv_metrics_serve(m, "127.0.0.1:0", &s, &port), TQKV_OK);
     ck_assert_int_gt(port, 0);
     ck_assert_int_eq(tqkv_metrics_serve(m, "127.0.0.1:0", &s, NULL), TQKV_EBUSY);
+    ck_assert_str_eq(tqkv_metrics_error(m), "already serving");
 
     char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
     ck_assert_ptr_nonnull(r);
@@ -619,13 +709,20 @@ START_TEST(test_http_endpoint)
     const char *why = check_structure(body);
     ck_assert_msg(why == NULL, "structure: %s", why);
     ck_assert(sample(body, "tqkv_requests_total{method=\"Lookup\",code=\"OK\"}") == 1.0);
-    ck_assert(sample(body, "tqkv_namespace_misses_total{namespace=\"tenant\"}") == 1.0);
+    ck_assert(sample(body, "tqkv_tenant_misses_total{tenant=\"tenant\"}") == 1.0);
     ck_assert(sample(body, "tqkv_tier_capacity_bytes{tier=\"dram\"}") == 12345.0);
     free(r);
 
     r = http(port, "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     ck_assert_ptr_nonnull(r);
     ck_assert(strncmp(r, "HTTP/1.1 200", 12) == 0);
+    free(r);
+    /* Probes: alive; not ready without a ready callback. */
+    r = http(port, "GET /livez HTTP/1.0\r\n\r\n");
+    ck_assert_msg(r && strstr(r, " 200 ") && strstr(r, "\r\n\r\nok\n"), "%s", r ? r : "");
+    free(r);
+    r = http(port, "GET /readyz HTTP/1.0\r\n\r\n");
+    ck_assert_msg(r && strstr(r, " 503 "), "%s", r ? r : "");
     free(r);
     r = http(port, "GET / HTTP/1.0\r\n\r\n");
     ck_assert_ptr_nonnull(r);
@@ -684,6 +781,37 @@ START_TEST(test_listen_address_parsing)
 }
 END_TEST
 
+static atomic_int g_ready;
+
+static int
+ready_fn(void *arg)
+{
+    ck_assert_ptr_eq(arg, &g_ready);
+    return atomic_load(&g_ready);
+}
+
+START_TEST(test_http_readyz)
+{
+    tqkv_metrics_t *m;
+    ck_assert_int_eq(tqkv_metrics_create(&m), TQKV_OK);
+    tqkv_metrics_set_ready(m, ready_fn, &g_ready);
+    int port = -1;
+    ck_assert_int_eq(tqkv_metrics_serve(m, "127.0.0.1:0", NULL, &port), TQKV_OK);
+    for (int round = 0; round < 3; round++) {
+        int ready = round == 1;
+        atomic_store(&g_ready, ready);
+        char *r = http(port, "GET /readyz HTTP/1.0\r\n\r\n");
+        ck_assert_msg(r && strstr(r, ready ? " 200 " : " 503 "), "%s", r ? r : "");
+        ck_assert(strstr(r, ready ? "\r\n\r\nready\n" : "\r\n\r\nnot serving\n"));
+        free(r);
+    }
+    char *r = http(port, "POST /readyz HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+    ck_assert(r && strstr(r, " 405 "));
+    free(r);
+    tqkv_metrics_destroy(m);
+}
+END_TEST
+
 static Suite *
 metrics_suite(void)
 {
@@ -693,12 +821,14 @@ metrics_suite(void)
     tcase_add_test(tc, test_histogram_buckets_random);
     tcase_add_test(tc, test_label_escaping);
     tcase_add_test(tc, test_store_families);
+    tcase_add_test(tc, test_process_families);
     tcase_add_test(tc, test_counters_and_gauges);
     tcase_add_test(tc, test_cardinality_caps);
     tcase_add_test(tc, test_concurrent_updates);
     suite_add_tcase(s, tc);
     TCase *th = tcase_create("http");
     tcase_add_test(th, test_http_endpoint);
+    tcase_add_test(th, test_http_readyz);
     tcase_add_test(th, test_listen_address_parsing);
     suite_add_tcase(s, th);
     return s;

@@ -291,6 +291,8 @@ static const struct {
     {"disk-path", "/tmp/tqkv-every-flag"},
     {"disk-capacity", "2M"},
     {"disk-sync", "always"},
+    {"access-log", "/tmp/tqkv-every-flag.log"},
+    {"slow-request-ms", "777"},
     {"max-message-bytes", "5M"},
     {"max-streams", "7"},
     {"key-bits", "1"},

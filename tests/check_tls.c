@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels/status.h"
@@ -182,6 +183,86 @@ START_TEST(test_creds_errors_name_the_file)
 }
 END_TEST
 
+/* Writes src's bytes to dst (both under g_dir), replacing it. */
+static void
+copy_file(const char *src, const char *dst)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", path_of(src), path_of(dst));
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_reloadable_creds)
+{
+    make_certs();
+    char cmd[1024], err[512];
+    /* A second pair from the same CA: a rotation. */
+    snprintf(cmd, sizeof(cmd),
+             "cd '%s' && openssl req -newkey rsa:2048 -nodes -keyout srv2.key -out srv2.csr "
+             "-subj /CN=localhost >/dev/null 2>&1 && openssl x509 -req -in srv2.csr -CA ca.pem "
+             "-CAkey ca.key -CAcreateserial -out srv2.pem -days 1 -extfile san.ext "
+             ">/dev/null 2>&1",
+             g_dir);
+    ck_assert_msg(system(cmd) == 0, "openssl failed: %s", cmd);
+    copy_file("srv.pem", "live.pem");
+    copy_file("srv.key", "live.key");
+    tqkv_tls_t *t = NULL;
+    grpc_server_credentials *c = NULL;
+
+    /* A key that does not belong to the certificate is refused at start-up, naming both. */
+    copy_file("srv2.key", "live.key");
+    ck_assert_int_eq(
+        tqkv_tls_create(path_of("live.pem"), path_of("live.key"), NULL, &t, &c, err, sizeof(err)),
+        TQKV_EINVAL);
+    ck_assert_msg(strstr(err, "does not match") && strstr(err, "live.key"), "%s", err);
+    ck_assert_ptr_null(t);
+    ck_assert_ptr_null(c);
+
+    copy_file("srv.key", "live.key");
+    ck_assert_int_eq(
+        tqkv_tls_create(path_of("live.pem"), path_of("live.key"), NULL, &t, &c, err, sizeof(err)),
+        TQKV_OK);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_ptr_nonnull(c);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    double na = tqkv_tls_not_after(t);
+    ck_assert_msg(na > (double)now.tv_sec && na < (double)now.tv_sec + 2 * 86400, "%f", na);
+    int changed = -1;
+    ck_assert_int_eq(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_OK);
+    ck_assert_int_eq(changed, 0); /* same files */
+    copy_file("srv2.pem", "live.pem");
+    copy_file("srv2.key", "live.key");
+    ck_assert_int_eq(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_OK);
+    ck_assert_int_eq(changed, 1);
+    ck_assert_int_eq(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_OK);
+    ck_assert_int_eq(changed, 0);
+    /* Half-rotated (new key, old certificate), garbage, a missing file: refused, naming
+     * the file; nothing changes. */
+    copy_file("srv.pem", "live.pem");
+    ck_assert_int_eq(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_EINVAL);
+    ck_assert_msg(strstr(err, "does not match"), "%s", err);
+    ck_assert_int_eq(changed, 0);
+    write_bytes("live.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", 59);
+    ck_assert_int_ne(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_OK);
+    ck_assert_msg(strstr(err, "live.pem") && strstr(err, "does not parse"), "%s", err);
+    unlink(path_of("live.pem"));
+    ck_assert_int_eq(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_EIO);
+    ck_assert_msg(strstr(err, "live.pem"), "%s", err);
+    ck_assert_int_eq(changed, 0);
+    copy_file("srv2.pem", "live.pem"); /* back to the pair in force: unchanged */
+    ck_assert_int_eq(tqkv_tls_reload(t, &changed, err, sizeof(err)), TQKV_OK);
+    ck_assert_int_eq(changed, 0);
+    const char *pc, *pk, *pca;
+    tqkv_tls_paths(t, &pc, &pk, &pca);
+    ck_assert_str_eq(pc, path_of("live.pem"));
+    ck_assert_str_eq(pca, "");
+    grpc_server_credentials_release(c);
+    tqkv_tls_destroy(t);
+    tqkv_tls_destroy(NULL);
+}
+END_TEST
+
 static Suite *
 tls_suite(void)
 {
@@ -192,6 +273,7 @@ tls_suite(void)
     tcase_add_test(tc, test_read_file);
     tcase_add_test(tc, test_creds_ok);
     tcase_add_test(tc, test_creds_errors_name_the_file);
+    tcase_add_test(tc, test_reloadable_creds);
     suite_add_tcase(s, tc);
     return s;
 }

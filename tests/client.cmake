@@ -80,5 +80,9 @@ if(TARGET tqkv-server)
     set_tests_properties(bench_smoke PROPERTIES LABELS "bench-smoke;bench" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "\"verify_failures\": 0,"
       FAIL_REGULAR_EXPRESSION "verify failure:")
+    add_test(NAME bench_tls_smoke
+      COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/bench/tls_smoke.py
+              $<TARGET_FILE:tqkv-bench> $<TARGET_FILE:tqkv-server>)
+    set_tests_properties(bench_tls_smoke PROPERTIES LABELS "bench-smoke;bench;security" TIMEOUT 300)
   endif()
 endif()

@@ -37,3 +37,24 @@ set_tests_properties(deploy_dockerfile PROPERTIES LABELS "deploy" TIMEOUT 120
 add_test(NAME deploy_grafana COMMAND bash ${_k8s} grafana)
 set_tests_properties(deploy_grafana PROPERTIES LABELS "deploy" TIMEOUT 120
   ENVIRONMENT "${_k8s_env}")
+
+# tqkv-bench as a Kubernetes Job runs it: stderr is a log file, not a terminal. It must
+# write whole progress lines while it runs (one every 5 s and one at the end), never the
+# \r-rewritten terminal line; and the raw-TCP baseline uses one connection per worker.
+if(TARGET tqkv-bench AND TARGET tqkv-server)
+  add_test(NAME bench_progress_log
+    COMMAND sh -c "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; \
+      $<TARGET_FILE:tqkv-bench> --spawn-server $<TARGET_FILE:tqkv-server> --dram-capacity 64MiB \
+        --model tiny --block-tokens 64 --duration 6 --concurrency 2 --phase mixed \
+        --no-baselines --json $d/j > $d/out 2> $d/err; \
+      n=$(grep -c '^tqkv-bench: progress [0-9.]*s.* put .* ops [0-9]* verify-fail 0 err' $d/err); \
+      e=$(grep -c '^tqkv-bench: progress [0-9.]*s (end) ' $d/err); \
+      if grep -q \"$(printf '\\r')\" $d/err; then echo 'carriage return in a log'; exit 1; fi; \
+      echo \"progress lines: $n (end: $e)\"; test $n -ge 2; test $e -eq 1; \
+      $<TARGET_FILE:tqkv-bench> --spawn-server $<TARGET_FILE:tqkv-server> --dram-capacity 64MiB \
+        --model tiny --block-tokens 64 --duration 1 --concurrency 3 --phase prefill \
+        --json $d/j2 > $d/out2 2> $d/err2; \
+      grep -o '\"raw_tcp_connections\": [0-9]*' $d/j2; \
+      grep -q '\"raw_tcp_connections\": 3' $d/j2; grep -q 'raw TCP loopback GB/s, 3 conns' $d/out2")
+  set_tests_properties(bench_progress_log PROPERTIES LABELS "bench" TIMEOUT 300)
+endif()

@@ -10,7 +10,7 @@ tqkv_check_suite(check_auth
 
 tqkv_check_suite(check_tls
   SOURCES ${PROJECT_SOURCE_DIR}/tests/check_tls.c ${PROJECT_SOURCE_DIR}/service/tls.c
-  LIBS tqkv_kernels PkgConfig::GRPC
+  LIBS tqkv_kernels PkgConfig::GRPC OpenSSL::Crypto
   LABELS unit
   TIMEOUT 120)
 
@@ -91,6 +91,7 @@ if(TARGET tqkv-server)
   tqkv_server_pytest(security_auth tests/security/test_auth.py security 180)
   tqkv_server_pytest(security_tls tests/security/test_tls.py security 180)
   tqkv_server_pytest(security_dc_tls tests/security/test_dc_tls.py security 180)
+  tqkv_server_pytest(security_reload tests/security/test_reload.py security 240)
   tqkv_server_pytest(security_limits tests/security/test_limits.py security 240)
   tqkv_server_pytest(fault_clients tests/fault/test_faults.py fault 300)
 endif()

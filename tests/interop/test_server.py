@@ -658,7 +658,7 @@ class SecurityTest(unittest.TestCase):
             import urllib.request
             text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port,
                                           timeout=10).read().decode()
-            self.assertIn("tqkv_store_pages 1", text)
+            self.assertIn("tqkv_tier_pages{tier=\"dram\"} 1", text)
             self.assertIn("Put", text)
         finally:
             self.assertEqual(srv.stop(), 0)

@@ -2,8 +2,15 @@
 //
 //   node validate.mjs k8s         render every kustomization with `kubectl kustomize`,
 //                                 validate each object against the Kubernetes API schemas
-//                                 (kubernetes-models, @kubernetes-models/prometheus-operator)
-//                                 plus a strict unknown-field check, then the invariants
+//                                 (kubernetes-models, @kubernetes-models/prometheus-operator,
+//                                 @kubernetes-models/cert-manager) plus a strict
+//                                 unknown-field check, then the invariants: among them
+//                                 secure by default (TLS and tokens from Secrets, mounted
+//                                 so that rotation reaches the server; a NetworkPolicy
+//                                 admitting only labelled clients to gRPC/data and only the
+//                                 monitoring namespace to metrics; insecure-dev says what it
+//                                 turns off), and deploy/k8s/trial-secrets.sh's output
+//                                 accepted by the real server
 //   node validate.mjs dockerfile  deploy/Dockerfile and .dockerignore
 //   node validate.mjs grafana     deploy/grafana/tqkv-dashboard.json
 //
@@ -14,8 +21,10 @@
 // Every failure is printed as "FAIL <where>: <what>"; the exit status is 1 if any.
 import { execFileSync, spawn } from "node:child_process";
 import http from "node:http";
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import tls from "node:tls";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import os from "node:os";
+import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -99,7 +108,7 @@ function serverEnvVars() {
 // the histogram series suffixes).
 function knownMetrics() {
   const src = readFileSync(path.join(root, "service", "metrics.c"), "utf8");
-  const families = new Set([...src.matchAll(/"(tqkv_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
+  const families = new Set([...src.matchAll(/"((?:tqkv|process)_[a-z0-9_]+)/g)].map((m) => m[1].replace(/_$/, "")));
   const known = new Set();
   for (const f of families) {
     known.add(f);
@@ -118,14 +127,44 @@ function checkPromQL(where, expr, known) {
   }
   expect(depth === 0, where, `unbalanced brackets in ${expr}`);
   const stripped = expr.replace(/"[^"]*"/g, '""');
-  for (const m of stripped.matchAll(/\b(tqkv_[a-z0-9_]+)\b/g))
+  for (const m of stripped.matchAll(/\b((?:tqkv|process)_[a-z0-9_]+)\b/g))
     expect(known.has(m[1]), where, `metric ${m[1]} is not exported by service/metrics.c`);
+  // The tenant label is "tenant"; "namespace" is the Kubernetes label Prometheus attaches.
+  expect(!/\btqkv_namespace_/.test(stripped), where, "tqkv_namespace_* was renamed tqkv_tenant_*");
+}
+
+// Parses PromQL with Prometheus' own parser: `promtool check rules` on a rule file holding
+// the expressions (Grafana variables replaced by values of the right type). promtool has
+// no bare query check; a recording rule per expression is the nearest. Returns the number
+// of expressions checked.
+function promtoolParse(where, exprs) {
+  const promtool = process.env.PROMTOOL || "promtool";
+  try {
+    sh(promtool, ["--version"]);
+  } catch {
+    fail(where, `${promtool} not found: install the Debian package prometheus (deploy/install-deps.sh)`);
+    return 0;
+  }
+  const subst = (e) => e.replace(/\$__rate_interval|\$__interval|\$__range/g, "5m").replace(/\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/g, ".*");
+  const rules = exprs.map((e, i) => `      - record: tqkv:check_${i}\n        expr: ${JSON.stringify(subst(e))}`);
+  const file = path.join(mkdtempSync(path.join(tmpdir(), "tqkv-promql-")), "rules.yaml");
+  writeFileSync(file, `groups:\n  - name: check\n    rules:\n${rules.join("\n")}\n`);
+  try {
+    sh(promtool, ["check", "rules", file]);
+    checks += exprs.length;
+  } catch (e) {
+    fail(where, `promtool check rules: ${((e.stdout || "") + (e.stderr || "")).trim().split("\n").slice(-4).join(" | ")}`);
+  } finally {
+    rmSync(path.dirname(file), { recursive: true, force: true });
+  }
+  return exprs.length;
 }
 
 // ---------------------------------------------------------------- schema validation
 
 const MODEL_PACKAGES = {
   "monitoring.coreos.com": "@kubernetes-models/prometheus-operator",
+  "cert-manager.io": "@kubernetes-models/cert-manager",
 };
 
 async function modelClass(apiVersion, kind) {
@@ -280,13 +319,16 @@ function checkServer(variant, objs, envVars) {
   const ports = Object.fromEntries((c.ports || []).map((p) => [p.name, p.containerPort]));
   expect(ports.grpc === 50051, cw, "port grpc 50051");
   expect(ports.metrics === 9090, cw, "port metrics 9090");
-  const probes = { startupProbe: "", livenessProbe: "", readinessProbe: "tqkv.v1.KVCache" };
-  for (const [name, service] of Object.entries(probes)) {
+  // The kubelet's gRPC probes cannot speak TLS: HTTP probes on the metrics port, where
+  // /readyz follows the KV service's health (503 while draining).
+  const probes = { startupProbe: "/livez", livenessProbe: "/livez", readinessProbe: "/readyz" };
+  for (const [name, want] of Object.entries(probes)) {
     const p = c[name];
-    if (!expect(p?.grpc, cw, `${name} must be a native grpc probe`)) continue;
-    expect(p.grpc.port === ports.grpc, cw, `${name} on the gRPC container port ${ports.grpc}`);
-    expect((p.grpc.service ?? "") === service, cw, `${name} service "${service}"`);
-    expect(!p.httpGet && !p.tcpSocket && !p.exec, cw, `${name} has only the grpc handler`);
+    if (!expect(p?.httpGet, cw, `${name} must be an httpGet probe (gRPC probes cannot do TLS)`)) continue;
+    expect(p.httpGet.port === "metrics" || p.httpGet.port === ports.metrics, cw, `${name} on the metrics port`);
+    expect(p.httpGet.path === want, cw, `${name} path ${want}`);
+    expect((p.httpGet.scheme ?? "HTTP") === "HTTP", cw, `${name} scheme HTTP`);
+    expect(!p.grpc && !p.tcpSocket && !p.exec, cw, `${name} has only the httpGet handler`);
   }
   expect(c.readinessProbe?.periodSeconds <= 10, cw, "readiness checked at least every 10 s");
 
@@ -404,6 +446,8 @@ function checkServer(variant, objs, envVars) {
   expect(ns?.metadata?.labels?.["pod-security.kubernetes.io/enforce"] === "restricted", W,
     "namespace enforces the restricted Pod Security Standard");
 
+  checkSecurity(variant, objs, ss, c, env, ports, podLabels, nsName);
+
   // Variant specifics.
   const gpuLim = c.resources?.limits?.["nvidia.com/gpu"];
   if (variant === "gpu") {
@@ -422,6 +466,117 @@ function checkServer(variant, objs, envVars) {
     expect(!/cuda/.test(c.image), cw, `a CPU image (got ${c.image})`);
   }
   return { svcs, ns: nsName, replicas: ss.spec.replicas, env };
+}
+
+const SECURE = (variant) => variant !== "insecure-dev";
+const TLS_DIR = "/etc/tqkv/tls";
+
+// The volume (and its mount) that holds file path in container c, or {}.
+function mountOf(pod, c, file) {
+  const m = (c.volumeMounts || []).find((v) => file.startsWith(v.mountPath.replace(/\/$/, "") + "/"));
+  const v = m && (pod.volumes || []).find((x) => x.name === m.name);
+  return { m, v };
+}
+
+// A Secret-backed file: the mount is read-only, not a subPath (subPath mounts never see a
+// Secret update, so a rotation would not reach the server), and the key exists.
+function checkSecretFile(where, pod, c, file, secretName, key) {
+  const { m, v } = mountOf(pod, c, file);
+  if (!expect(m && v, where, `${file} is on a mounted volume`)) return;
+  expect(v.secret?.secretName === secretName, where, `${file} comes from the Secret ${secretName}`);
+  expect(m.readOnly === true, where, `${m.mountPath} mounted readOnly`);
+  expect(!m.subPath && !m.subPathExpr, where, `${m.mountPath} not a subPath mount (Secret updates must reach the file)`);
+  const name = file.slice(m.mountPath.replace(/\/$/, "").length + 1);
+  const items = v.secret?.items;
+  expect(!items || items.some((i) => i.key === key && i.path === name), where, `${file} is the Secret's key ${key}`);
+  if (!items) expect(name === key, where, `${file} is the Secret's key ${key}`);
+  const mode = v.secret?.defaultMode;
+  expect(mode === undefined || (mode & 0o007) === 0, where, `${v.name}: no access for others (defaultMode ${mode?.toString(8)})`);
+}
+
+function checkNetworkPolicy(W, objs, ports, podLabels) {
+  const nps = objs.filter((o) => o.kind === "NetworkPolicy" && selects(o.spec.podSelector?.matchLabels, podLabels));
+  if (!expect(nps.length === 1, W, `one NetworkPolicy selecting the server pods, got ${nps.length}`)) return;
+  const np = nps[0];
+  const nw = `${W} NetworkPolicy/${np.metadata.name}`;
+  expect((np.spec.policyTypes || []).includes("Ingress"), nw, "policyTypes includes Ingress");
+  const clientPorts = [50051, 50052];
+  const covered = new Set();
+  for (const [i, r] of (np.spec.ingress || []).entries()) {
+    const rw = `${nw} ingress[${i}]`;
+    const from = r.from || [];
+    const rports = (r.ports || []).map((p) => (typeof p.port === "string" ? ports[p.port] : p.port));
+    if (!expect(from.length > 0, rw, "names its sources (a rule without 'from' admits everyone)")) continue;
+    if (!expect(rports.length > 0, rw, "names its ports (a rule without 'ports' opens every port)")) continue;
+    for (const p of rports) covered.add(p);
+    expect(!from.some((f) => f.ipBlock), rw, "no ipBlock sources");
+    const toClients = rports.some((p) => clientPorts.includes(p));
+    const toMetrics = rports.includes(ports.metrics);
+    expect(!(toClients && toMetrics), rw, "client ports and the metrics port in separate rules");
+    if (toClients) {
+      expect(rports.every((p) => clientPorts.includes(p)), rw, `client rule opens only gRPC/data ports, got ${rports}`);
+      for (const f of from)
+        expect(f.podSelector?.matchLabels?.["tqkv.io/client"] === "true", rw,
+          "every source is a pod labelled tqkv.io/client=true");
+    }
+    if (toMetrics) {
+      expect(rports.every((p) => p === ports.metrics), rw, "metrics rule opens only the metrics port");
+      for (const f of from)
+        expect(f.namespaceSelector?.matchLabels?.["kubernetes.io/metadata.name"] === "monitoring", rw,
+          "metrics sources are the monitoring namespace only");
+    }
+  }
+  for (const [name, p] of Object.entries(ports))
+    expect(covered.has(p), nw, `container port ${name} (${p}) is admitted by a rule (else clients or Prometheus are cut off)`);
+  return np;
+}
+
+function checkSecurity(variant, objs, ss, c, env, ports, podLabels, nsName) {
+  const W = `overlays/${variant}`;
+  const cw = `${W} StatefulSet/${ss.metadata.name} container tqkv`;
+  const pod = ss.spec.template.spec;
+  checkNetworkPolicy(W, objs, ports, podLabels);
+  expect(!objs.some((o) => o.kind === "Secret"), W, "no Secret in the manifests (secrets are not committed)");
+  const note = ss.metadata.annotations?.["tqkv.io/insecure"];
+  if (SECURE(variant)) {
+    expect(!note, W, "no tqkv.io/insecure annotation on a secure overlay");
+    for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_AUTH_TOKENS"])
+      expect(env[k], cw, `${k} set (secure by default)`);
+    if (env.TQKV_TLS_CERT) checkSecretFile(cw, pod, c, env.TQKV_TLS_CERT, "tqkv-tls", "tls.crt");
+    if (env.TQKV_TLS_KEY) checkSecretFile(cw, pod, c, env.TQKV_TLS_KEY, "tqkv-tls", "tls.key");
+    if (env.TQKV_AUTH_TOKENS) checkSecretFile(cw, pod, c, env.TQKV_AUTH_TOKENS, "tqkv-auth", "tokens");
+    if (env.TQKV_TLS_CLIENT_CA) checkSecretFile(cw, pod, c, env.TQKV_TLS_CLIENT_CA, "tqkv-tls", "ca.crt");
+    expect(env.TQKV_DATA_LISTEN === undefined, cw, "no plaintext TCP data channels on a secure overlay");
+  } else {
+    for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_AUTH_TOKENS"])
+      expect(!env[k], cw, `${k} not set on insecure-dev (no Secret to mount)`);
+    expect(note && /TLS off/.test(note) && /tokens off/.test(note), W,
+      `the StatefulSet says what is off (annotation tqkv.io/insecure), got ${note}`);
+    expect(ss.spec.template.metadata?.annotations?.["tqkv.io/insecure"] === note, W, "... on the pods too");
+    const text = readFileSync(path.join(root, "deploy", "k8s", "overlays", variant, "kustomization.yaml"), "utf8");
+    expect(/turns off/i.test(text) && /TLS/.test(text) && /token/i.test(text), W,
+      "kustomization.yaml says what it turns off (TLS, tokens)");
+    expect(!(pod.volumes || []).some((v) => v.secret), W, "no Secret volumes (none needed)");
+  }
+  if (variant === "cert-manager") checkCertManager(W, objs, pod, c, env, nsName);
+}
+
+function checkCertManager(W, objs, pod, c, env, nsName) {
+  const tls = mountOf(pod, c, env.TQKV_TLS_CERT || TLS_DIR + "/tls.crt").v?.secret?.secretName;
+  const certs = objs.filter((o) => o.kind === "Certificate" && o.spec.secretName === tls);
+  if (!expect(certs.length === 1, W, `one cert-manager Certificate writing the Secret ${tls}`)) return;
+  const cert = certs[0].spec;
+  const cw = `${W} Certificate/${certs[0].metadata.name}`;
+  const names = cert.dnsNames || [];
+  for (const n of [`tqkv.${nsName}.svc`, `*.tqkv-headless.${nsName}.svc`, "*.tqkv-headless"])
+    expect(names.includes(n), cw, `dnsNames include ${n} (clients reach the Service and each pod)`);
+  expect((cert.usages || []).includes("server auth"), cw, "usages include server auth");
+  expect(cert.privateKey?.rotationPolicy === "Always", cw, "privateKey.rotationPolicy Always (a new key at each renewal)");
+  const hours = (d) => (/^(\d+)h$/.exec(d || "") || [])[1] * 1;
+  expect(hours(cert.renewBefore) > 0 && hours(cert.renewBefore) < hours(cert.duration), cw, "renewBefore < duration");
+  const ref = cert.issuerRef || {};
+  expect(ref.kind === "ClusterIssuer" || objs.some((o) => o.kind === "Issuer" && o.metadata.name === ref.name), cw,
+    `issuerRef ${ref.kind}/${ref.name} is rendered (or a ClusterIssuer)`);
 }
 
 function checkBench(objs, replicas) {
@@ -454,6 +609,22 @@ function checkBench(objs, replicas) {
   expect(Number(flag("--duration")) < job.spec.activeDeadlineSeconds, jw, "--duration shorter than the deadline");
   expect(flag("--json") === "-", jw, "--json -");
   expect(job.metadata.namespace === "tqkv", jw, "in namespace tqkv (same as the servers)");
+  // A client of the secure base: admitted by the NetworkPolicy, verifies TLS, sends a token
+  // from a Secret (not written in the manifest), and never sees the server's key.
+  expect(job.spec.template.metadata?.labels?.["tqkv.io/client"] === "true", jw,
+    "pod labelled tqkv.io/client=true (the NetworkPolicy admits only those)");
+  const ca = flag("--tls-ca");
+  if (expect(ca, jw, "--tls-ca (the servers speak TLS)")) {
+    const { m, v } = mountOf(pod, c, ca);
+    expect(m && v?.secret && v.secret.items?.length === 1 && v.secret.items[0].key === "ca.crt", jw,
+      `${ca} from a volume holding only ca.crt (not the server's tls.key)`);
+  }
+  const tok = flag("--token");
+  const ref = /^\$\(([A-Z_][A-Z0-9_]*)\)$/.exec(tok || "");
+  const ev = ref && (c.env || []).find((e) => e.name === ref[1]);
+  expect(ev?.valueFrom?.secretKeyRef?.name === "tqkv-auth", jw,
+    `--token from the Secret tqkv-auth through $(VAR) (got ${tok})`);
+  expect(!(c.env || []).some((e) => e.value && /token/i.test(e.name)), jw, "no literal token in the manifest");
 }
 
 function checkMonitoring(objs, serverSvcs, nsName) {
@@ -469,8 +640,8 @@ function checkMonitoring(objs, serverSvcs, nsName) {
   for (const ep of sm.spec.endpoints || []) {
     expect(ep.port === "metrics", mw, "endpoint port metrics");
     expect((ep.path ?? "/metrics") === "/metrics", mw, "path /metrics");
-    expect(ep.honorLabels === true, mw,
-      "honorLabels true (the tqkv 'namespace' label would become exported_namespace)");
+    expect(ep.honorLabels !== true, mw,
+      "no honorLabels: the tenant label is 'tenant', and honouring exported labels would let a scraped target overwrite namespace/pod");
     if (matched[0]) expect((matched[0].spec.ports || []).some((p) => p.name === ep.port), mw, `Service has port ${ep.port}`);
   }
   const known = knownMetrics();
@@ -483,6 +654,14 @@ function checkMonitoring(objs, serverSvcs, nsName) {
     expect(r.annotations?.summary, rw, "summary annotation");
     checkPromQL(rw, r.expr, known);
   }
+  const n = promtoolParse(`${W} PrometheusRule`, rules.map((r) => r.expr));
+  console.log(`monitoring: ${n} alert expressions parsed by promtool`);
+  for (const [what, re] of [
+    ["server errors", /tqkv_requests_total/],
+    ["credential reload rejected", /tqkv_credential_reloads_total\{[^}]*rejected/],
+    ["file descriptors", /process_open_fds/],
+  ])
+    expect(rules.some((r) => re.test(r.expr)), W, `an alert on ${what}`);
 }
 
 
@@ -526,8 +705,17 @@ function get(port, path) {
   });
 }
 
-async function serverAccepts(variant, env) {
+async function serverAccepts(variant, envIn, trial) {
   const W = `overlays/${variant} ConfigMap with ${process.env.TQKV_SERVER}`;
+  // The Secrets' files as trial-secrets.sh makes them, where the pod would mount them.
+  const env = { ...envIn };
+  if (env.TQKV_TLS_CERT || env.TQKV_AUTH_TOKENS) {
+    if (!expect(trial, W, "trial-secrets.sh output to stand in for the Secrets")) return;
+    if (env.TQKV_TLS_CERT) env.TQKV_TLS_CERT = trial.cert;
+    if (env.TQKV_TLS_KEY) env.TQKV_TLS_KEY = trial.key;
+    if (env.TQKV_AUTH_TOKENS) env.TQKV_AUTH_TOKENS = trial.tokens;
+    if (env.TQKV_TLS_CLIENT_CA) env.TQKV_TLS_CLIENT_CA = trial.ca;
+  }
   const args = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--dram-capacity", "64M",
     "--threads", "2", "--encoder-threads", "2"];
   if (env.TQKV_DATA_LISTEN) args.push("--data-listen", "127.0.0.1:0");
@@ -552,6 +740,18 @@ async function serverAccepts(variant, env) {
     "serves /metrics with the DRAM tier capacity");
   if (env.TQKV_HBM_CAPACITY)
     expect(/\ntqkv_tier_capacity_bytes\{tier="hbm"\} 33554432\n/.test(m.body), W, "HBM tier configured");
+  const live = await get(r.metricsPort, "/livez");
+  const ready = await get(r.metricsPort, "/readyz");
+  expect(live.status === 200 && ready.status === 200, W, `probes /livez ${live.status} /readyz ${ready.status}`);
+  expect(/\ntqkv_credential_reloads_total\{file="tokens",result="ok"\} (\d+)\n/.exec(m.body)?.[1] === (env.TQKV_AUTH_TOKENS ? "1" : "0"), W,
+    "token file loaded (tqkv_credential_reloads_total)");
+  if (env.TQKV_TLS_CERT) {
+    const port = Number(/listening on [^\s]*:(\d+)/.exec(r.out)?.[1]);
+    const t = await tlsVerifies(port, trial.ca, "tqkv-0.tqkv-headless.tqkv.svc");
+    expect(t.ok && t.alpn === "h2", W, `TLS as a client would see it (pod DNS name, trial CA, h2): ${JSON.stringify(t)}`);
+    const wrong = await tlsVerifies(port, trial.cert, "tqkv-0.tqkv-headless.tqkv.svc");
+    expect(!wrong.ok, W, "a client trusting another CA is refused");
+  }
   const code = await new Promise((resolve) => {
     const t = setTimeout(() => {
       r.proc.kill("SIGKILL");
@@ -587,15 +787,28 @@ async function runK8s() {
   let svcs = [];
   let nsName = "tqkv";
   let replicas = 3;
-  for (const variant of ["cpu", "gpu", "disk"]) {
+  const trial = trialSecrets();
+  const envs = {};
+  for (const variant of ["cpu", "gpu", "cert-manager", "insecure-dev", "disk"]) {
     const text = render(`overlays/${variant}`);
     if (!text) continue;
     const objs = await parseDocs(text);
     await validateSchema(`overlays/${variant}`, objs);
     const r = checkServer(variant, objs, envVars);
-    if (r && process.env.TQKV_SERVER && existsSync(process.env.TQKV_SERVER)) await serverAccepts(variant, r.env);
+    if (r && process.env.TQKV_SERVER && existsSync(process.env.TQKV_SERVER) && variant !== "cert-manager")
+      await serverAccepts(variant, r.env, trial);
     if (r && variant === "cpu") ({ svcs, ns: nsName, replicas } = r);
+    if (r) envs[variant] = r.env;
     console.log(`overlays/${variant}: ${objs.length} objects (${objs.map((o) => o.kind).join(", ")})`);
+  }
+  // insecure-dev repeats the cpu configuration (behavior: replace) minus TLS and tokens,
+  // plus the data channels: nothing else may drift.
+  if (envs.cpu && envs["insecure-dev"]) {
+    const want = { ...envs.cpu, TQKV_DATA_LISTEN: "0.0.0.0:50052" };
+    for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_TLS_CLIENT_CA", "TQKV_AUTH_TOKENS"]) delete want[k];
+    const got = envs["insecure-dev"];
+    for (const k of new Set([...Object.keys(want), ...Object.keys(got)]))
+      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS, tokens and TQKV_DATA_LISTEN may)`);
   }
   const bench = render("bench");
   if (bench) {
@@ -611,6 +824,61 @@ async function runK8s() {
   }
   // The base alone must render too (overlays build on it).
   render("base");
+  if (trial) rmSync(trial.dir, { recursive: true, force: true });
+}
+
+// Runs deploy/k8s/trial-secrets.sh into a temporary directory and checks what it made:
+// the certificate verifies against its CA and names the Services and the pods; the token
+// file has an admin and a bench token. Returns the paths (the server test uses them).
+function trialSecrets() {
+  const W = "deploy/k8s/trial-secrets.sh";
+  const dir = mkdtempSync(path.join(tmpdir(), "tqkv-trial-"));
+  const out = path.join(dir, "s");
+  try {
+    sh("bash", [path.join(root, "deploy", "k8s", "trial-secrets.sh"), "--out", out]);
+  } catch (e) {
+    fail(W, `failed: ${((e.stdout || "") + (e.stderr || "")).trim().split("\n").slice(-3).join(" | ")}`);
+    return null;
+  }
+  const f = (n) => path.join(out, n);
+  for (const n of ["ca.crt", "tls.crt", "tls.key", "tokens", "bench-token", "admin-token"])
+    expect(existsSync(f(n)), W, `writes ${n}`);
+  expect((statSync(f("tls.key")).mode & 0o077) === 0 && (statSync(out).mode & 0o077) === 0, W,
+    "key and directory readable by the owner only");
+  try {
+    sh("openssl", ["verify", "-CAfile", f("ca.crt"), f("tls.crt")]);
+    checks++;
+  } catch (e) {
+    fail(W, `tls.crt does not verify against ca.crt: ${(e.stdout || "") + (e.stderr || "")}`);
+  }
+  let san = "";
+  try {
+    san = sh("openssl", ["x509", "-in", f("tls.crt"), "-noout", "-ext", "subjectAltName"]);
+  } catch {}
+  for (const n of ["DNS:tqkv.tqkv.svc", "DNS:*.tqkv-headless.tqkv.svc", "DNS:*.tqkv-headless", "DNS:tqkv,"])
+    expect(san.includes(n), W, `certificate names ${n.replace(/,$/, "")}`);
+  const lines = readFileSync(f("tokens"), "utf8").split("\n").filter((l) => l && !l.startsWith("#"));
+  const bench = readFileSync(f("bench-token"), "utf8").trim();
+  expect(lines.length === 2 && lines.some((l) => l === `${bench} rw bench`), W,
+    "tokens: an admin token and the bench token (rw on bench)");
+  expect(/^[0-9a-f]{64}$/.test(bench), W, "tokens are 256-bit random hex");
+  console.log(`trial-secrets.sh: certificate, key and tokens made in ${out}`);
+  return { dir, cert: f("tls.crt"), key: f("tls.key"), ca: f("ca.crt"), tokens: f("tokens"), bench };
+}
+
+// A TLS handshake with the server as a client in the cluster makes it: the pod's DNS name
+// (tqkv-0.tqkv-headless.tqkv.svc) verified against the trial CA, ALPN h2.
+function tlsVerifies(port, ca, servername) {
+  return new Promise((resolve) => {
+    const sock = tls.connect({ host: "127.0.0.1", port, ca: readFileSync(ca), servername, ALPNProtocols: ["h2"] });
+    const done = (r) => {
+      sock.destroy();
+      resolve(r);
+    };
+    sock.setTimeout(10000, () => done({ ok: false, why: "timeout" }));
+    sock.on("secureConnect", () => done({ ok: sock.authorized, why: sock.authorizationError, alpn: sock.alpnProtocol }));
+    sock.on("error", (e) => done({ ok: false, why: String(e) }));
+  });
 }
 
 // ---------------------------------------------------------------- Dockerfile
@@ -756,7 +1024,7 @@ function runGrafana() {
   const all = exprs.join("\n");
   for (const [what, re] of [
     ["hit rate by tier", /tqkv_tier_hits_total/],
-    ["hit rate by namespace", /tqkv_namespace_hits_total/],
+    ["hit rate by tenant", /sum by \(tenant\) \(rate\(tqkv_tenant_hits_total/],
     ["GB/s", /tqkv_bytes_sent_total/],
     ["BF16-equivalent GB/s", /tqkv_bf16_equivalent_bytes_delivered_total/],
     ["latency p50", /histogram_quantile\(0\.5,/],
@@ -764,10 +1032,18 @@ function runGrafana() {
     ["evictions", /tqkv_tier_evictions_total/],
     ["demotions", /tqkv_tier_demotions_total/],
     ["tier usage", /tqkv_tier_bytes/],
-    ["compression ratio", /tqkv_compression_ratio/],
+    ["compression ratio of summed bytes held", /sum\(tqkv_store_bf16_bytes\{[^}]*\}\) \/ clamp_min\(sum\(tqkv_store_page_bytes/],
+    ["compression ratio of summed bytes delivered", /sum\(rate\(tqkv_bf16_equivalent_bytes_delivered_total\{[^}]*\}\[[^\]]*\]\)\) \/ clamp_min\(sum\(rate\(tqkv_bytes_sent_total/],
+    ["process CPU", /process_cpu_seconds_total/],
+    ["process memory", /process_resident_memory_bytes/],
+    ["credential reloads", /tqkv_credential_reloads_total/],
     ["errors by code", /tqkv_requests_total\{[^}]*code!="OK"/],
   ])
     expect(re.test(all), W, `a panel for ${what}`);
+  // Ratios are ratios of sums: no avg() over pods of a per-pod ratio.
+  for (const e of exprs) expect(!/\bavg\s*(by\s*\([^)]*\)\s*)?\(/.test(e), W, `no average of per-pod values: ${e}`);
+  const n = promtoolParse(W, exprs);
+  console.log(`grafana: ${n} panel queries parsed by promtool`);
 }
 
 // ---------------------------------------------------------------- main

@@ -17,10 +17,15 @@ server stays up and every block stored stays readable through all of it.
 """
 import os
 import secrets
+import shutil
+import signal
 import socket
 import ssl
 import struct
+import subprocess
 import sys
+import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tqkv_harness as H  # noqa: E402
@@ -214,12 +219,95 @@ def test_tls_channel_tokens(r, pki):
     r.stop(srv)
 
 
+def leaf_cert(pki, d, name, cn):
+    """A server certificate `name`.pem/.key in d, signed by pki's ca (SAN 127.0.0.1)."""
+    run = lambda *a: subprocess.run(["openssl"] + list(a), cwd=d, check=True,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out", name + ".csr",
+        "-subj", "/CN=" + cn)
+    with open(os.path.join(d, name + ".ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", name + ".csr", "-CA", os.path.join(pki, "ca.pem"), "-CAkey",
+        os.path.join(pki, "ca.key"), "-CAcreateserial", "-out", name + ".pem", "-days", "2",
+        "-extfile", name + ".ext")
+
+
+def peer_cn(s):
+    return dict(x[0] for x in s.getpeercert()["subject"]).get("commonName")
+
+
+def metric(port, name):
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+    for line in body.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return line
+    return None
+
+
+def test_tls_channel_reload_and_metrics(r, pki):
+    """A certificate rotated under the server (files replaced, SIGHUP) reaches new data
+    channel connections, while an attached channel keeps serving; the metrics say which
+    path protects the channels and count refused handshakes."""
+    d = H.tmpdir()
+    leaf_cert(pki, d, "one", "tqkv-one")
+    leaf_cert(pki, d, "two", "tqkv-two")
+    cert, key = os.path.join(d, "cur.pem"), os.path.join(d, "cur.key")
+    shutil.copy(os.path.join(d, "one.pem"), cert)
+    shutil.copy(os.path.join(d, "one.key"), key)
+    srv = H.Server("--tls-cert", cert, "--tls-key", key, "--data-listen", "127.0.0.1:0",
+                   "--metrics-listen", "127.0.0.1:0", "--dram-capacity", "64M")
+    mport = H.metrics_port(srv)
+    stub = secure_stub(srv, pki)
+    hashes = [H.make_hash(i, b"dcrot") for i in range(3)]
+    put(stub, "r", hashes)
+    ref = packed_pages(stub, "r", hashes)
+    line = metric(mport, "tqkv_data_channel_security_info")
+    r.check("metrics: tqkv_data_channel_security_info{path=\"openssl-tls1.3\"} 1",
+            line is not None and 'path="openssl-tls1.3"' in line and line.endswith(" 1"),
+            str(line))
+    chan = stub.OpenChannel(pb.OpenChannelRequest(transport=pb.TRANSPORT_TCP), timeout=10)
+    s1, st = attach(chan.data_port, chan, tls_context(pki))
+    r.check("before the rotation: ack OK, certificate tqkv-one", st == ACK_OK and
+            peer_cn(s1) == "tqkv-one", "ack %r, cn %r" % (st, peer_cn(s1) if st == 0 else None))
+    raw = socket.create_connection(("127.0.0.1", chan.data_port), timeout=10)
+    raw.sendall(b"\x16\x03\x01\x00\x05hello")  # not a TLS ClientHello
+    try:
+        raw.recv(100)
+    except OSError:
+        pass
+    raw.close()
+    shutil.copy(os.path.join(d, "two.pem"), cert + ".new")
+    shutil.copy(os.path.join(d, "two.key"), key + ".new")
+    os.rename(key + ".new", key)
+    os.rename(cert + ".new", cert)
+    srv.proc.send_signal(signal.SIGHUP)
+    cn2, deadline = None, time.time() + 20
+    while time.time() < deadline and cn2 != "tqkv-two":
+        chan2 = stub.OpenChannel(pb.OpenChannelRequest(transport=pb.TRANSPORT_TCP), timeout=10)
+        s2, st2 = attach(chan2.data_port, chan2, tls_context(pki))
+        cn2 = peer_cn(s2) if st2 == ACK_OK else None
+        s2.close()
+        if cn2 != "tqkv-two":
+            time.sleep(0.2)
+    r.check("after the rotation: a new data channel gets certificate tqkv-two", cn2 == "tqkv-two",
+            str(cn2))
+    pages, code = tcp_get(stub, s1, chan, "r", hashes)
+    r.check("the channel attached before the rotation still serves byte-identical pages",
+            code == SC.OK and pages == ref, str(code))
+    s1.close()
+    line = metric(mport, "tqkv_data_channel_handshake_failures_total")
+    r.check("metrics: the refused handshake is counted",
+            line is not None and int(float(line.split()[-1])) >= 1, str(line))
+    r.stop(srv)
+
+
 def main():
     r = H.Runner("test_dc_tls")
     pki = H.make_pki(os.path.join(H.tmpdir(), "pki"))
     r.run(test_tls_channel, pki)
     r.run(test_mtls_channel, pki)
     r.run(test_tls_channel_tokens, pki)
+    r.run(test_tls_channel_reload_and_metrics, pki)
     r.finish()
 
 

@@ -280,6 +280,18 @@ def rpc_code(fn, *a, **kw):
         return e.code()
 
 
+def metrics_port(srv, timeout=10):
+    """The port of --metrics-listen HOST:0, from the server's start-up lines."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for line in srv._lines:
+            m = re.search(r"metrics on port (\d+)", line)
+            if m:
+                return int(m.group(1))
+        time.sleep(0.05)
+    raise RuntimeError("no metrics port line")
+
+
 # ---- certificates ----
 
 def _openssl(*args, cwd):

@@ -94,7 +94,7 @@ recv_main(void *arg)
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    SSL *ssl = tqkv__dctls_handshake(p->cctx, fd, NULL, dl, err, sizeof err);
+    SSL *ssl = tqkv__dctls_handshake(p->cctx, fd, "127.0.0.1", dl, err, sizeof err);
     uint8_t *buf = malloc(p->msg);
     size_t got = 0;
     if (ssl && buf) {

@@ -14,7 +14,8 @@
  * layer), so the source of any page can be rebuilt. --transport tcp (the default) asks
  * for PACKED pages over TCP data channels (proto/DATA_CHANNEL.md).
  *
- * The same run measures raw TCP loopback in messages of tqkv's mean Get message size
+ * The same run measures raw TCP loopback (one connection per worker, in parallel) in
+ * messages of tqkv's mean Get message size
  * (and of the BF16 block size), and Redis GET of the BF16 blocks (a RESP client over a
  * socket, against a redis-server this process starts).
  */
@@ -38,6 +39,7 @@
 
 #include "kernels/page.h"
 #include "kernels/version.h"
+#include "transport/bench/tls_pair.h"
 #include "transport/client.h"
 
 /* jemalloc (linked into the executables) reads this at start-up: keep freed pages
@@ -887,9 +889,14 @@ recv_all(int fd, void *buf, size_t n)
 
 /* ---- baseline: raw TCP loopback ---- */
 
+/* One connection of the baseline: a receiver thread reading `total` bytes in msg-byte
+ * reads into one reused buffer, and a sender thread writing them from src (walked
+ * cyclically). */
 typedef struct tcpctx {
-    int lfd;
+    int lfd, port;
     size_t total, msg;
+    const uint8_t *src;
+    size_t src_len;
     int ok;
 } tcpctx_t;
 
@@ -915,40 +922,83 @@ tcp_recv_main(void *arg)
     return NULL;
 }
 
-/* Streams total bytes in msg-byte sends from src (src_len bytes, walked cyclically) to a
- * receiver thread that reads each message into one reused buffer. */
-static double
-baseline_tcp(size_t total, size_t msg, const uint8_t *src, size_t src_len)
+static void *
+tcp_send_main(void *arg)
 {
-    tcpctx_t t = {.total = total, .msg = msg};
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    pthread_t th;
-    t.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (t.lfd < 0 || bind(t.lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(t.lfd, 1) != 0 ||
-        getsockname(t.lfd, (struct sockaddr *)&a, &al) != 0)
-        return 0;
-    pthread_create(&th, NULL, tcp_recv_main, &t);
-    int fd = connect_port(ntohs(a.sin_port));
-    double t0 = now_s();
+    tcpctx_t *t = arg;
+    int fd = connect_port(t->port);
     size_t sent = 0, off = 0;
-    while (fd >= 0 && sent < total) {
-        size_t n = total - sent < msg ? total - sent : msg;
-        if (off + n > src_len)
+    while (fd >= 0 && sent < t->total) {
+        size_t n = t->total - sent < t->msg ? t->total - sent : t->msg;
+        if (off + n > t->src_len)
             off = 0;
-        if (send_all(fd, src + off, n) != 0)
+        if (send_all(fd, t->src + off, n) != 0)
             break;
         sent += n;
         off += n;
     }
-    if (fd >= 0)
+    if (fd >= 0) {
         shutdown(fd, SHUT_WR);
-    pthread_join(th, NULL);
-    double dt = now_s() - t0;
-    if (fd >= 0)
+        char c;
+        while (recv(fd, &c, 1, 0) > 0) /* until the receiver has read all and closed */
+            ;
         close(fd);
-    close(t.lfd);
-    return t.ok && dt > 0 ? (double)total / dt / 1e9 : 0;
+    }
+    return NULL;
+}
+
+/* Streams total bytes in msg-byte sends over conns connections at once (as many as the run
+ * has workers, so the ceiling is measured with the same parallelism), each with its own
+ * sender and receiver thread; returns the aggregate GB/s, or 0 when a connection failed. */
+static double
+baseline_tcp(size_t total, size_t msg, const uint8_t *src, size_t src_len, int conns)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (conns < 1)
+        conns = 1;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(lfd, conns) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &al) != 0) {
+        if (lfd >= 0)
+            close(lfd);
+        return 0;
+    }
+    tcpctx_t *t = calloc((size_t)conns, sizeof *t);
+    pthread_t *th = calloc((size_t)conns * 2, sizeof *th);
+    if (!t || !th) {
+        free(t);
+        free(th);
+        close(lfd);
+        return 0;
+    }
+    size_t per = total / (size_t)conns / msg * msg, sum = 0;
+    if (per == 0)
+        per = msg;
+    for (int i = 0; i < conns; i++)
+        t[i] = (tcpctx_t){.lfd = lfd,
+                          .port = ntohs(a.sin_port),
+                          .total = per,
+                          .msg = msg,
+                          .src = src,
+                          .src_len = src_len};
+    double t0 = now_s();
+    for (int i = 0; i < conns; i++) {
+        pthread_create(&th[2 * i], NULL, tcp_recv_main, &t[i]);
+        pthread_create(&th[2 * i + 1], NULL, tcp_send_main, &t[i]);
+    }
+    for (int i = 0; i < 2 * conns; i++)
+        pthread_join(th[i], NULL);
+    double dt = now_s() - t0;
+    int ok = 1;
+    for (int i = 0; i < conns; i++) {
+        ok &= t[i].ok;
+        sum += t[i].total;
+    }
+    close(lfd);
+    free(t);
+    free(th);
+    return ok && dt > 0 ? (double)sum / dt / 1e9 : 0;
 }
 
 /* ---- baseline: Redis GET over RESP ---- */
@@ -1631,6 +1681,11 @@ main(int argc, char **argv)
         pthread_create(&ws[i].th, NULL, worker_main, &ws[i]);
     uint64_t lp = 0, lg = 0, lw = 0, lpg = 0, la = 0, lh = 0;
     double lt = t0;
+    /* Not a terminal (a Kubernetes Job's log, a CI file): a whole progress line every
+     * PROGRESS_S seconds instead of the \r-rewritten one, so the log shows the run is alive. */
+    const double PROGRESS_S = 5.0;
+    uint64_t qp = 0, qg = 0, qw = 0, qpg = 0;
+    double qt = t0;
     int running = 1;
     while (running) {
         usleep(100000);
@@ -1666,6 +1721,24 @@ main(int argc, char **argv)
                 fflush(csv); /* a live time series: plot it while the run goes on */
             lp = p, lg = g, lw = w, lpg = pg, lt = t, la = asked, lh = hit;
         }
+        if (!tty && (t - qt >= PROGRESS_S || !running)) {
+            uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),
+                     w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
+            double dt = t - qt > 1e-9 ? t - qt : 1e-9;
+            uint64_t asked = atomic_load(&K.lookup_asked);
+            fprintf(stderr,
+                    "tqkv-bench: progress %.1fs%s put %.2f GB/s get %.2f GB/s bf16-eq (%.2f "
+                    "wire) %.0f pages/s hit %.1f%% ops %" PRIu64 " verify-fail %" PRIu64
+                    " err %" PRIu64 "\n",
+                    t - t0, running ? "" : " (end)", (double)(p - qp) / dt / 1e9,
+                    (double)(g - qg) / dt / 1e9, (double)(w - qw) / dt / 1e9,
+                    (double)(pg - qpg) / dt,
+                    asked ? 100.0 * (double)atomic_load(&K.lookup_hit) / (double)asked : 0.0,
+                    (uint64_t)atomic_load(&K.ops), atomic_load(&K.verify_failures),
+                    atomic_load(&K.errors));
+            fflush(stderr);
+            qp = p, qg = g, qw = w, qpg = pg, qt = t;
+        }
     }
     for (int i = 0; i < C.concurrency; i++)
         pthread_join(ws[i].th, NULL);
@@ -1691,7 +1764,8 @@ main(int argc, char **argv)
     pct_t pgt = percentiles(ws, C.concurrency, offsetof(worker_t, get));
     pct_t pf = percentiles(ws, C.concurrency, offsetof(worker_t, first));
 
-    double tcp = -1, tcp_block = -1, redis = -1;
+    double tcp = -1, tcp_block = -1, redis = -1, tls = -1, cipher_gbps = 0;
+    char tls_suite[64] = "";
     size_t msg = block_elems * 4, wmsg = msg;
     if (C.baselines) {
         size_t total = K.get_wire > K.put_wire ? K.get_wire : K.put_wire;
@@ -1709,11 +1783,13 @@ main(int argc, char **argv)
         size_t tw = total - total % wmsg, tb = total - total % msg;
         /* Best of three: the loopback ceiling on a machine that may be busy. */
         for (int rep = 0; rep < 3; rep++) {
-            double r = baseline_tcp(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2);
+            double r =
+                baseline_tcp(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2, C.concurrency);
             if (r > tcp)
                 tcp = r;
             if (wmsg != msg) {
-                r = baseline_tcp(tb, msg, (const uint8_t *)data_pool, data_elems * 2);
+                r = baseline_tcp(tb, msg, (const uint8_t *)data_pool, data_elems * 2,
+                                 C.concurrency);
                 if (r > tcp_block)
                     tcp_block = r;
             }
@@ -1722,6 +1798,20 @@ main(int argc, char **argv)
             tcp_block = tcp;
         if (have_redis())
             redis = baseline_redis(msg, C.concurrency, C.duration < 3 ? C.duration : 3);
+        if (C.tls_ca) {
+            /* A TLS run: the ceiling is a raw TLS pair with the data channels' settings
+             * (same suite, same record batching), and the cipher's own speed. */
+            for (int rep = 0; rep < 3; rep++) {
+                char suite[64];
+                double r = tqkv_bench_tls_pair(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2,
+                                               C.concurrency, suite, sizeof suite);
+                if (r > tls) {
+                    tls = r;
+                    snprintf(tls_suite, sizeof tls_suite, "%s", suite);
+                }
+            }
+            cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
+        }
     }
 
     FILE *o = stdout;
@@ -1766,7 +1856,10 @@ main(int argc, char **argv)
     if (C.baselines) {
         fprintf(o, "  baselines (same run; raw TCP in %.1f KiB messages, the mean Get message)\n",
                 (double)wmsg / 1024.0);
-        fprintf(o, "  %-34s %12.3f\n", "raw TCP loopback GB/s (best of 3)", tcp);
+        char lbl[64];
+        snprintf(lbl, sizeof lbl, "raw TCP loopback GB/s, %d conn%s", C.concurrency,
+                 C.concurrency == 1 ? "" : "s");
+        fprintf(o, "  %-34s %12.3f  (best of 3; one per worker)\n", lbl, tcp);
         if (wmsg != msg)
             fprintf(o, "  %-34s %12.3f\n", "raw TCP, BF16-block messages", tcp_block);
         if (redis >= 0)
@@ -1779,6 +1872,18 @@ main(int argc, char **argv)
             fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / raw TCP", bf16_gbps / tcp);
         if (redis > 0)
             fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / Redis", bf16_gbps / redis);
+        if (C.tls_ca) {
+            snprintf(lbl, sizeof lbl, "raw TLS loopback GB/s, %d conn%s", C.concurrency,
+                     C.concurrency == 1 ? "" : "s");
+            fprintf(o, "  %-34s %12.3f  (%s; best of 3)\n", lbl, tls,
+                    tls_suite[0] ? tls_suite : "TLS pair failed");
+            fprintf(o, "  %-34s %12.3f  (openssl speed -evp, 16 KiB, one core)\n",
+                    "AES-128-GCM cipher GB/s", cipher_gbps);
+            if (tls > 0)
+                fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS", wire_gbps / tls);
+            if (tcp > 0 && tls > 0)
+                fprintf(o, "  %-34s %12.2f\n", "raw TLS / raw TCP", tls / tcp);
+        }
     }
     fflush(o);
 
@@ -1812,8 +1917,8 @@ main(int argc, char **argv)
             if (C.baselines) {
                 fprintf(j,
                         "\"raw_tcp_gbps\": %.6f, \"raw_tcp_msg_bytes\": %zu, "
-                        "\"raw_tcp_bf16_block_gbps\": %.6f",
-                        tcp, wmsg, tcp_block);
+                        "\"raw_tcp_bf16_block_gbps\": %.6f, \"raw_tcp_connections\": %d",
+                        tcp, wmsg, tcp_block, C.concurrency);
                 if (redis >= 0)
                     fprintf(j, ", \"redis_get_gbps\": %.6f", redis);
                 fprintf(j,
@@ -1821,7 +1926,14 @@ main(int argc, char **argv)
                         tcp > 0 ? wire_gbps / tcp : 0, tcp > 0 ? bf16_gbps / tcp : 0);
                 if (redis > 0)
                     fprintf(j, ", \"bf16_equiv_vs_redis\": %.4f", bf16_gbps / redis);
+                if (C.tls_ca && tls > 0)
+                    fprintf(j, ", \"wire_vs_raw_tls\": %.4f", wire_gbps / tls);
                 fprintf(j, "}");
+                if (C.tls_ca)
+                    fprintf(j,
+                            ", \"raw_tls_gbps\": %.6f, \"raw_tls_suite\": \"%s\", "
+                            "\"aes_128_gcm_gbps\": %.6f",
+                            tls, tls_suite, cipher_gbps);
             }
             fprintf(j, "}}\n");
             if (report_close(j) != 0) {
