@@ -2007,6 +2007,82 @@ tqkv_store_disk_stats(tqkv_store_t *s, struct tqkv_disk_stats *out)
     return TQKV_OK;
 }
 
+/* ---- export (hand-off on drain) ---- */
+
+static int
+export_visit(const tqkv__evq_list_t *l, entry_t **v, size_t *n, size_t max)
+{
+    for (tqkv__evq_node_t *x = l->head; x && *n < max; x = x->next)
+        v[(*n)++] = (entry_t *)(void *)x;
+    return 0;
+}
+
+tqkv_status_t
+tqkv_store_export(tqkv_store_t *s, size_t max_pages, tqkv_store_key_out_t **out, size_t *n_out)
+{
+    if (s == NULL || out == NULL || n_out == NULL)
+        return TQKV_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    pthread_mutex_lock(&s->evict_lock);
+    size_t total = 0;
+    for (int t = TQKV_TIER_HBM; t < TQKV_TIER_COUNT; t++)
+        total += s->q[t].parked.count + s->q[t].main.count + s->q[t].small.count;
+    size_t max = max_pages && max_pages < total ? max_pages : total;
+    entry_t **v = malloc((max + 1) * sizeof *v);
+    size_t n = 0, bytes = 0;
+    if (v == NULL) {
+        pthread_mutex_unlock(&s->evict_lock);
+        return TQKV_ENOMEM;
+    }
+    for (int t = TQKV_TIER_HBM; t < TQKV_TIER_COUNT; t++) {
+        export_visit(&s->q[t].parked, v, &n, max); /* prefixes: every extension needs them */
+        export_visit(&s->q[t].main, v, &n, max);
+        export_visit(&s->q[t].small, v, &n, max);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const block_t *b = v[i]->blk;
+        const block_t *pb = v[i]->parent ? v[i]->parent->blk : NULL;
+        bytes += b->ns->len + 1 + b->hash_len + (pb ? pb->hash_len : 0);
+    }
+    tqkv_store_key_out_t *k = malloc(n * sizeof *k + bytes + 1);
+    if (k == NULL) {
+        pthread_mutex_unlock(&s->evict_lock);
+        free(v);
+        return TQKV_ENOMEM;
+    }
+    char *p = (char *)(k + n);
+    for (size_t i = 0; i < n; i++) {
+        const entry_t *e = v[i];
+        const block_t *b = e->blk;
+        const block_t *pb = e->parent ? e->parent->blk : NULL;
+        memcpy(p, b->ns->name, b->ns->len);
+        p[b->ns->len] = '\0';
+        k[i].ns = p;
+        k[i].ns_len = b->ns->len;
+        p += b->ns->len + 1;
+        memcpy(p, b->hash, b->hash_len);
+        k[i].hash = (const uint8_t *)p;
+        k[i].hash_len = b->hash_len;
+        p += b->hash_len;
+        k[i].parent = NULL;
+        k[i].parent_len = 0;
+        if (pb) {
+            memcpy(p, pb->hash, pb->hash_len);
+            k[i].parent = (const uint8_t *)p;
+            k[i].parent_len = pb->hash_len;
+            p += pb->hash_len;
+        }
+        k[i].layer = e->layer;
+        k[i].len = e->node.len;
+    }
+    pthread_mutex_unlock(&s->evict_lock);
+    free(v);
+    *out = k;
+    *n_out = n;
+    return TQKV_OK;
+}
+
 /* ---- test hooks ---- */
 
 tqkv_pool_t *

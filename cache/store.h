@@ -161,4 +161,24 @@ tqkv_status_t tqkv_store_foreach_namespace(tqkv_store_t *s,
                                                       const tqkv_store_stats_t *st),
                                            void *arg);
 
+/* One page key of tqkv_store_export: ns/hash/parent point into the export's memory. */
+typedef struct tqkv_store_key_out {
+    const char *ns;
+    size_t ns_len;
+    const uint8_t *hash;
+    size_t hash_len;
+    const uint8_t *parent; /* the previous block's hash, or NULL */
+    size_t parent_len;
+    uint32_t layer;
+    uint32_t len; /* page bytes */
+} tqkv_store_key_out_t;
+
+/* The keys of the pages stored now, hottest first (per tier, HBM then DRAM: prefix
+ * pages other pages extend, then the eviction queues from their hot end), at most
+ * max_pages (0 = all), as a snapshot: *out (n_out keys) is one malloc'ed block, freed
+ * with free(). Read the pages with tqkv_store_get (they may have gone meanwhile). For
+ * hand-off on drain. */
+tqkv_status_t tqkv_store_export(tqkv_store_t *s, size_t max_pages, tqkv_store_key_out_t **out,
+                                size_t *n_out);
+
 #endif

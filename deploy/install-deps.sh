@@ -9,6 +9,7 @@ PKGS=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler protobuf-compiler-grpc
   libprotobuf-dev libssl-dev liburing-dev grpc-proto libjemalloc-dev check libsubunit-dev libzstd-dev zstd
   libmicrohttpd-dev
+  libc-ares-dev dnsmasq-base gnuplot-nox
   python3 python3-numpy python3-grpcio python3-protobuf python3-prometheus-client
   python3-cffi python3-torch
   redis-server openssl clang libclang-rt-14-dev clang-format

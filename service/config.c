@@ -50,6 +50,7 @@ tqkv_config_default(tqkv_server_config_t *cfg)
     cfg->max_message_bytes = 64ull << 20;
     cfg->max_streams = 256;
     cfg->drain_seconds = 20;
+    cfg->handoff_seconds = TQKV_DEFAULT_HANDOFF_SECONDS;
     cfg->log_level = TQKV_LOG_INFO;
     cfg->log_format = TQKV_LOG_TEXT;
 }
@@ -209,6 +210,63 @@ threads_of(const char *v, unsigned *out)
     if (parse_uint(v, 1024, &u) != TQKV_OK || u == 0)
         return "expected an integer in 1..1024";
     *out = (unsigned)u;
+    return NULL;
+}
+
+/* A node id: printable ASCII without blanks (it goes into log lines and metric labels). */
+static int
+node_id_ok(const char *v)
+{
+    for (const char *p = v; *p; p++)
+        if (*p <= ' ' || *p > '~' || *p == '"' || *p == '\\')
+            return 0;
+    return 1;
+}
+
+static const char *
+set_node_id(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return !node_id_ok(v) || copy_str(cfg->node_id, sizeof cfg->node_id, v)
+               ? "expected 1..255 printable characters, no blanks"
+               : NULL;
+}
+
+static const char *
+set_peers(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->peers, sizeof cfg->peers, v) ? "too long" : NULL;
+}
+
+static const char *
+set_peers_dns(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->peers_dns, sizeof cfg->peers_dns, v) ? "too long" : NULL;
+}
+
+static const char *
+set_handoff_seconds(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    unsigned long long u;
+    if (parse_uint(v, 3600, &u) != TQKV_OK)
+        return "expected seconds in 0..3600";
+    cfg->handoff_seconds = (unsigned)u;
+    return NULL;
+}
+
+static const char *
+set_handoff_bytes(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    uint64_t bytes;
+    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
+        return WHY_BYTES;
+    cfg->handoff_bytes = bytes;
+    return NULL;
+}
+
+static const char *
+set_no_forward(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    cfg->no_forward = b;
     return NULL;
 }
 
@@ -528,6 +586,26 @@ set_version(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
 static const opt_t opts[] = {
     {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
      "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0, set_listen},
+    {"node-id", "TQKV_NODE_ID", OPT_VALUE, "NAME",
+     "stable identity clients rank this server by (default: HOSTNAME:PORT, e.g. "
+     "tqkv-0:50051 in a StatefulSet: stable across restarts, unique per host)",
+     0, set_node_id},
+    {"peers", "TQKV_PEERS", OPT_VALUE, "NAME[,NAME...]",
+     "the other servers (a headless Service NAME:PORT, or addresses): on SIGTERM, hand "
+     "pages off to them, hottest first, each to its block's next-ranked live peer; and "
+     "forward blocks a peer owns to it (default: none)",
+     0, set_peers},
+    {"peers-dns", "TQKV_PEERS_DNS", OPT_VALUE, "IP:PORT[,...]",
+     "DNS servers for --peers (default: the system's)", 0, set_peers_dns},
+    {"handoff-seconds", "TQKV_HANDOFF_SECONDS", OPT_VALUE, "S",
+     "time budget of the hand-off on SIGTERM (default 10; 0 = no hand-off); before the drain", 0,
+     set_handoff_seconds},
+    {"handoff-bytes", "TQKV_HANDOFF_BYTES", OPT_VALUE, "BYTES",
+     "byte budget of the hand-off (default 0: no limit)", 0, set_handoff_bytes},
+    {"no-forward", "TQKV_NO_FORWARD", OPT_BOOL, NULL,
+     "with --peers: do not forward Put/Lookup/Get of blocks a peer owns to it (one hop; "
+     "for clients that reach one pod, e.g. through the load-balanced Service)",
+     0, set_no_forward},
     {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0,
      set_threads},
     {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",

@@ -15,6 +15,7 @@
 
 /* Most --namespace-policy specs; the longest namespace a spec may name (as Put's). */
 #define TQKV_MAX_NS_POLICIES 256
+#define TQKV_DEFAULT_HANDOFF_SECONDS 10
 #define TQKV_NS_POLICY_MAX_NAME 256
 
 /* One --namespace-policy: the codec policy of a namespace, or of every namespace that
@@ -27,6 +28,12 @@ typedef struct tqkv_ns_policy {
 
 typedef struct tqkv_server_config {
     char listen[256];          /* HOST:PORT; port 0 picks a free port */
+    char peers[1024];          /* --peers: targets of the other servers ("" = none) */
+    char peers_dns[256];       /* DNS servers for peers ("" = the system's) */
+    unsigned handoff_seconds;  /* SIGTERM: time budget of the hand-off to peers (0 = none) */
+    uint64_t handoff_bytes;    /* and its byte budget (0 = no limit) */
+    int no_forward;            /* --no-forward: serve every block here (forward.h) */
+    char node_id[256];         /* stable identity for placement; "" = HOSTNAME:PORT (bound port) */
     unsigned threads;          /* gRPC worker threads (one completion queue each) */
     unsigned encoder_threads;  /* encode/decode pool */
     tqkv_store_config_t store; /* capacities, tiers, eviction, quota, verify_crc */

@@ -17,6 +17,7 @@
 
 #include "kernels/page.h"
 #include "kernels/policy.h"
+#include "service/forward.h"
 #include "service/log.h"
 #include "service/gpu_encode.h"
 #include "service/service_internal.h"
@@ -241,6 +242,26 @@ put_job(void *arg)
         tqkv_metrics_codec(s->metrics, 1, bf16_bytes, tqkv__now() - t0);
         data = page;
         j->bytes_in = bf16_bytes;
+    }
+    tqkv__fwd_t *fw = c->hop ? NULL : tqkv__fwd_get(s);
+    tqkv__fwd_rank_t rk;
+    if (fw && tqkv__fwd_rank(fw, &rk) == TQKV_OK) {
+        int owned = tqkv__fwd_owned(&rk, m->namespace_, m->hash.data, m->hash.len);
+        tqkv__fwd_rank_free(&rk);
+        if (!owned) { /* one hop to the owner, as the page encoded here */
+            tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
+            st = tqkv__fwd_put(fw, m->namespace_, m->hash.data, m->hash.len,
+                               m->parent_hash.len ? m->parent_hash.data : NULL, m->parent_hash.len,
+                               m->layer, &shape, data, plen, &j->duplicate, j->err, ERRLEN);
+            if (st != TQKV_OK) {
+                j->code = tqkv_status_to_grpc(st);
+                goto done;
+            }
+            atomic_fetch_add(&s->forwarded, 1);
+            if (!j->duplicate)
+                j->bytes_stored = plen;
+            goto done;
+        }
     }
     st = tqkv_store_put(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
                         m->parent_hash.len, data, plen, bf16_bytes, &j->duplicate);
@@ -478,6 +499,7 @@ typedef struct get_state {
     unsigned window;
     unsigned jobs; /* decode jobs in flight (worker thread only) */
     int sending;   /* a SEND_MESSAGE is in flight */
+    int prefetch;  /* copying blocks a peer owns (forward.h) before streaming */
     grpc_status_code fail;
     char err[ERRLEN];
     get_slot_t slots[GET_WINDOW_MAX];
@@ -848,6 +870,49 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
     return 0;
 }
 
+/* The hashes a peer owns: its pages copied into our store first (one hop), then the Get
+ * streams as usual. A failure leaves them missing (reported as such), never wrong. */
+static void get_begin(tqkv__call_t *c);
+
+static void
+get_forward(void *arg)
+{
+    tqkv__call_t *c = arg;
+    get_state_t *gs = c->h;
+    const Tqkv__V1__GetRequest *q = gs->req;
+    tqkv__fwd_t *fw = tqkv__fwd_get(c->srv);
+    tqkv__fwd_rank_t rk;
+    size_t n = q->n_hashes;
+    if (fw == NULL || n == 0 || tqkv__fwd_rank(fw, &rk) != TQKV_OK) {
+        tqkv__call_wake(c);
+        return;
+    }
+    uint8_t *want = calloc(n, 1);
+    const uint8_t **hp = malloc(n * sizeof *hp);
+    size_t *hl = malloc(n * sizeof *hl), nw = 0;
+    for (size_t i = 0; want && hp && hl && i < n; i++) {
+        hp[i] = q->hashes[i].data;
+        hl[i] = q->hashes[i].len;
+        nw += want[i] = !tqkv__fwd_owned(&rk, q->namespace_, hp[i], hl[i]);
+    }
+    tqkv__fwd_rank_free(&rk);
+    if (want && hp && hl && nw > 0) {
+        uint64_t copied = 0;
+        char err[ERRLEN];
+        if (tqkv__fwd_fill(fw, q->namespace_, hp, hl, want, n, q->layer_begin, q->layer_end,
+                           &copied, err, sizeof err) != TQKV_OK) {
+            char qe[ERRLEN];
+            tqkv_log_quote(qe, sizeof qe, err);
+            tqkv_log(TQKV_LOG_WARN, "get: forward failed", "error=\"%s\"", qe);
+        }
+        atomic_fetch_add(&c->srv->forwarded, 1);
+    }
+    free(want);
+    free(hp);
+    free(hl);
+    tqkv__call_wake(c);
+}
+
 static void
 get_start(tqkv__call_t *c)
 {
@@ -861,6 +926,21 @@ get_start(tqkv__call_t *c)
     c->h = h;
     if (tqkv__get_request(c, &h->req) != 0)
         return;
+    if (!c->hop && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0) {
+        /* blocks a peer owns: copied from it first, on the encoder pool (get_forward) */
+        h->prefetch = 1;
+        if (tqkv__call_work(c, get_forward) == TQKV_OK)
+            return;
+        h->prefetch = 0;
+    }
+    get_begin(c);
+}
+
+/* Streams the request's pages, from the store. */
+static void
+get_begin(tqkv__call_t *c)
+{
+    get_state_t *h = c->h;
     h->total = (size_t)(h->req->layer_end - h->req->layer_begin) * h->req->n_hashes;
     unsigned w = c->srv->cfg.encoder_threads + 1;
     h->window = w > GET_WINDOW_MAX ? GET_WINDOW_MAX : w;
@@ -887,6 +967,14 @@ static void
 get_wake(tqkv__call_t *c)
 {
     get_state_t *h = c->h;
+    if (h->prefetch) { /* the owners' pages are in the store now */
+        h->prefetch = 0;
+        if (c->closed)
+            tqkv__call_abort(c);
+        else
+            get_begin(c);
+        return;
+    }
     h->jobs--;
     if (c->state == TQKV__CS_STATUS)
         return; /* every block was sent already: nothing left to pump */
@@ -958,6 +1046,103 @@ auth_or_finish(tqkv__call_t *c, const char *ns, unsigned perm)
 }
 
 static void
+lookup_answer(tqkv__call_t *c, Tqkv__V1__LookupRequest *r, const uint8_t *tiers,
+              Tqkv__V1__BlockInfo *infos, Tqkv__V1__BlockInfo **iptr, size_t n, uint32_t prefix)
+{
+    uint64_t hits = 0;
+    for (size_t i = 0; i < n; i++) {
+        tqkv__v1__block_info__init(&infos[i]);
+        infos[i].hash = r->hashes[i];
+        infos[i].tier = (Tqkv__V1__Tier)tiers[i];
+        iptr[i] = &infos[i];
+        hits += tiers[i] != TQKV_TIER_NONE;
+    }
+    tqkv_metrics_ns_access(c->srv->metrics, r->namespace_, strlen(r->namespace_), hits, n - hits);
+    Tqkv__V1__LookupResponse resp = TQKV__V1__LOOKUP_RESPONSE__INIT;
+    resp.prefix_blocks = prefix;
+    resp.n_blocks = n;
+    resp.blocks = iptr;
+    tqkv__call_finish_msg(c, &resp.base);
+}
+
+/* A Lookup some of whose hashes a peer owns (forward.h): answered on the encoder pool. */
+typedef struct lookup_state {
+    Tqkv__V1__LookupRequest *r;
+    const uint8_t **hp;
+    size_t *hl;
+    uint8_t *tiers;
+    Tqkv__V1__BlockInfo *infos, **iptr;
+    tqkv__fwd_t *fw;
+    uint32_t prefix;
+    grpc_status_code code;
+    char err[ERRLEN];
+} lookup_state_t;
+
+static void
+lookup_job(void *arg)
+{
+    tqkv__call_t *c = arg;
+    lookup_state_t *ls = c->h;
+    Tqkv__V1__LookupRequest *r = ls->r;
+    size_t n = r->n_hashes;
+    tqkv_status_t st =
+        tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), ls->hp, ls->hl, n,
+                          r->num_layers, r->lease_ms, &ls->prefix, ls->tiers);
+    tqkv__fwd_rank_t rk;
+    uint8_t *want = calloc(n, 1);
+    if (st != TQKV_OK) {
+        ls->code = tqkv_status_to_grpc(st);
+        snprintf(ls->err, ERRLEN, "lookup: %s", tqkv_strerror(st));
+    } else if (want && tqkv__fwd_rank(ls->fw, &rk) == TQKV_OK) {
+        /* the hashes a peer owns: its answer, not ours */
+        size_t nw = 0;
+        for (size_t i = 0; i < n; i++)
+            nw += want[i] = !tqkv__fwd_owned(&rk, r->namespace_, ls->hp[i], ls->hl[i]);
+        tqkv__fwd_rank_free(&rk);
+        if (nw > 0) {
+            st = tqkv__fwd_lookup(ls->fw, r->namespace_, ls->hp, ls->hl, want, n, r->num_layers,
+                                  r->lease_ms, ls->tiers, ls->err, ERRLEN);
+            if (st != TQKV_OK)
+                ls->code = tqkv_status_to_grpc(st);
+            atomic_fetch_add(&c->srv->forwarded, 1);
+        }
+        ls->prefix = 0;
+        while (ls->prefix < n && ls->tiers[ls->prefix] != TQKV_TIER_NONE)
+            ls->prefix++;
+    }
+    free(want);
+    tqkv__call_wake(c);
+}
+
+static void
+lookup_wake(tqkv__call_t *c)
+{
+    lookup_state_t *ls = c->h;
+    if (c->closed)
+        tqkv__call_abort(c);
+    else if (ls->code != GRPC_STATUS_OK)
+        tqkv__call_finish(c, ls->code, ls->err, NULL);
+    else
+        lookup_answer(c, ls->r, ls->tiers, ls->infos, ls->iptr, ls->r->n_hashes, ls->prefix);
+}
+
+static void
+lookup_free(tqkv__call_t *c)
+{
+    lookup_state_t *ls = c->h;
+    if (ls == NULL)
+        return;
+    free(ls->hp);
+    free(ls->hl);
+    free(ls->tiers);
+    free(ls->infos);
+    free(ls->iptr);
+    tqkv__v1__lookup_request__free_unpacked(ls->r, NULL);
+    free(ls);
+    c->h = NULL;
+}
+
+static void
 lookup_start(tqkv__call_t *c)
 {
     Tqkv__V1__LookupRequest *r = NULL;
@@ -994,6 +1179,30 @@ lookup_start(tqkv__call_t *c)
         tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
         goto out;
     }
+    tqkv__fwd_t *fw = c->hop ? NULL : tqkv__fwd_get(c->srv);
+    if (fw && n > 0) { /* the answer needs the owners: ask them on the encoder pool */
+        lookup_state_t *ls = calloc(1, sizeof *ls);
+        if (ls == NULL) {
+            tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+            goto out;
+        }
+        *ls = (lookup_state_t){.r = r,
+                               .hp = hp,
+                               .hl = hl,
+                               .tiers = tiers,
+                               .infos = infos,
+                               .iptr = iptr,
+                               .fw = fw,
+                               .code = GRPC_STATUS_OK};
+        c->h = ls;
+        if (tqkv__call_work(c, lookup_job) != TQKV_OK) {
+            c->h = NULL;
+            free(ls);
+            tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "lookup: no encoder thread", NULL);
+            goto out;
+        }
+        return; /* ls owns r and the arrays (lookup_free) */
+    }
     uint32_t prefix = 0;
     tqkv_status_t st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp,
                                          hl, n, r->num_layers, r->lease_ms, &prefix, tiers);
@@ -1003,20 +1212,7 @@ lookup_start(tqkv__call_t *c)
         tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
         goto out;
     }
-    uint64_t hits = 0;
-    for (size_t i = 0; i < n; i++) {
-        tqkv__v1__block_info__init(&infos[i]);
-        infos[i].hash = r->hashes[i];
-        infos[i].tier = (Tqkv__V1__Tier)tiers[i];
-        iptr[i] = &infos[i];
-        hits += tiers[i] != TQKV_TIER_NONE;
-    }
-    tqkv_metrics_ns_access(c->srv->metrics, r->namespace_, strlen(r->namespace_), hits, n - hits);
-    Tqkv__V1__LookupResponse resp = TQKV__V1__LOOKUP_RESPONSE__INIT;
-    resp.prefix_blocks = prefix;
-    resp.n_blocks = n;
-    resp.blocks = iptr;
-    tqkv__call_finish_msg(c, &resp.base);
+    lookup_answer(c, r, tiers, infos, iptr, n, prefix);
 out:
     free(hp);
     free(hl);
@@ -1076,6 +1272,12 @@ stats_start(tqkv__call_t *c)
 {
     Tqkv__V1__StatsRequest *r = NULL;
     UNARY_DECODE(c, Tqkv__V1__StatsRequest, tqkv_validate_stats, r);
+    if (r->identity_only) { /* any valid token (checked before): every client ranks alike */
+        Tqkv__V1__StatsResponse id = TQKV__V1__STATS_RESPONSE__INIT;
+        id.node_id = c->srv->cfg.node_id;
+        tqkv__call_finish_msg(c, &id.base);
+        goto out;
+    }
     int scoped = r->namespace_ && r->namespace_[0];
     if (!auth_or_finish(c, scoped ? r->namespace_ : NULL, TQKV_AUTH_READ))
         goto out;
@@ -1121,6 +1323,9 @@ stats_start(tqkv__call_t *c)
     resp.page_bytes = st.page_bytes;
     resp.bf16_bytes = st.bf16_bytes;
     resp.quota_bytes = st.quota_bytes;
+    resp.node_id = c->srv->cfg.node_id;
+    resp.pages_handed_off = atomic_load(&c->srv->handed_off);
+    resp.forwarded = atomic_load(&c->srv->forwarded);
     resp.compression_ratio = st.page_bytes ? (double)st.bf16_bytes / (double)st.page_bytes : 0.0;
     tqkv__call_finish_msg(c, &resp.base);
 out:
@@ -1133,6 +1338,8 @@ const tqkv__handler_t tqkv__lookup_handler = {
     .payload_on_new = 1,
     .drain = 1,
     .on_start = lookup_start,
+    .on_wake = lookup_wake,
+    .on_free = lookup_free,
 };
 
 const tqkv__handler_t tqkv__delete_handler = {

@@ -83,8 +83,11 @@ typedef struct ns_entry {
 } ns_entry_t;
 
 struct tqkv_metrics {
+    char node_id[256]; /* set once before serving */
     _Atomic uint64_t bytes_in, bytes_out, bf16_out;
-    _Atomic uint64_t codec_bytes[2]; /* [0] decode, [1] encode */
+    _Atomic uint64_t handoff_pages, handoff_bytes;
+    _Atomic uint64_t fwd_calls[3], fwd_blocks[3]; /* TQKV_METRICS_FWD_* */
+    _Atomic uint64_t codec_bytes[2];              /* [0] decode, [1] encode */
     _Atomic uint64_t codec_ns[2];
     _Atomic int64_t streams;
     _Atomic int64_t data_channels;
@@ -112,6 +115,13 @@ struct tqkv_metrics {
 };
 
 /* ---- registry ---- */
+
+void
+tqkv_metrics_set_node_id(tqkv_metrics_t *m, const char *node_id)
+{
+    if (m && node_id)
+        snprintf(m->node_id, sizeof m->node_id, "%s", node_id);
+}
 
 tqkv_status_t
 tqkv_metrics_create(tqkv_metrics_t **out)
@@ -308,6 +318,24 @@ tqkv_metrics_data_channels(tqkv_metrics_t *m, int delta)
     if (!m)
         return;
     atomic_fetch_add_explicit(&m->data_channels, (int64_t)delta, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes)
+{
+    if (!m)
+        return;
+    atomic_fetch_add_explicit(&m->handoff_pages, pages, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->handoff_bytes, bytes, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks)
+{
+    if (!m || method < 0 || method > 2)
+        return;
+    atomic_fetch_add_explicit(&m->fwd_calls[method], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->fwd_blocks[method], blocks, memory_order_relaxed);
 }
 
 static uint64_t
@@ -901,6 +929,13 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
     SB_LIT(&b, "tqkv_build_info{version=\"");
     sb_label_value(&b, TQKV_VERSION, strlen(TQKV_VERSION));
     SB_LIT(&b, "\"} 1\n");
+    if (m->node_id[0]) {
+        sb_family(&b, "tqkv_node_info", "gauge",
+                  "The server's stable identity (--node-id); the value is always 1.");
+        SB_LIT(&b, "tqkv_node_info{node_id=\"");
+        sb_label_value(&b, m->node_id, strlen(m->node_id));
+        SB_LIT(&b, "\"} 1\n");
+    }
     render_process(&b, m->start_time);
 
     render_rpcs(&b, m);
@@ -966,6 +1001,26 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
                   (double)atomic_load_explicit(&m->reload_ok_ns[f], memory_order_relaxed) * 1e-9);
         SB_LIT(&b, "\n");
     }
+
+    sb_family(&b, "tqkv_handoff_pages_total", "counter",
+              "Pages handed off to peers on drain (--peers; stored or already there).");
+    sb_printf(&b, "tqkv_handoff_pages_total %" PRIu64 "\n",
+              atomic_load_explicit(&m->handoff_pages, memory_order_relaxed));
+    sb_family(&b, "tqkv_handoff_bytes_total", "counter",
+              "Page bytes handed off to peers on drain.");
+    sb_printf(&b, "tqkv_handoff_bytes_total %" PRIu64 "\n",
+              atomic_load_explicit(&m->handoff_bytes, memory_order_relaxed));
+    static const char *const fwd_names[3] = {"Put", "Lookup", "Get"};
+    sb_family(&b, "tqkv_forwarded_requests_total", "counter",
+              "Requests forwarded to the owners of blocks this server does not own (one hop).");
+    for (int i = 0; i < 3; i++)
+        sb_printf(&b, "tqkv_forwarded_requests_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                  atomic_load_explicit(&m->fwd_calls[i], memory_order_relaxed));
+    sb_family(&b, "tqkv_forwarded_blocks_total", "counter",
+              "Blocks (hashes, or Put messages) in forwarded requests.");
+    for (int i = 0; i < 3; i++)
+        sb_printf(&b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                  atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
 
     render_ns_access(&b, m);
     if (store)

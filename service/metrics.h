@@ -53,6 +53,15 @@ void tqkv_metrics_set_ready(tqkv_metrics_t *m, int (*ready)(void *arg), void *ar
 /* Why the last tqkv_metrics_serve failed (a line naming the address), or "no error". */
 const char *tqkv_metrics_error(const tqkv_metrics_t *m);
 
+/* Pages (and their bytes) handed off to peers on drain. */
+void tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes);
+/* Requests forwarded to the blocks' owners (one hop), by method ("Put", "Lookup", "Get"). */
+void tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks);
+enum { TQKV_METRICS_FWD_PUT = 0, TQKV_METRICS_FWD_LOOKUP = 1, TQKV_METRICS_FWD_GET = 2 };
+
+/* The server's --node-id, exported as tqkv_node_info{node_id="..."} 1 (copied). */
+void tqkv_metrics_set_node_id(tqkv_metrics_t *m, const char *node_id);
+
 /* Serves GET /metrics on listen ("HOST:PORT"; port 0 picks one, written to *bound_port
  * when non-NULL). store (borrowed, may be NULL) is read at each scrape. */
 tqkv_status_t tqkv_metrics_serve(tqkv_metrics_t *m, const char *listen, tqkv_store_t *store,

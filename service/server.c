@@ -29,6 +29,7 @@
 #include "kernels/version.h"
 #include "grpc/health/v1/health.pb-c.h"
 
+#include "service/forward.h"
 #include "service/log.h"
 #include "service/gpu_encode.h"
 #include "service/service_internal.h"
@@ -619,6 +620,9 @@ on_new(tqkv__call_t *c, int ok)
     tqkv_metrics_streams(s->metrics, 1);
     if (h->drain)
         atomic_fetch_add(&s->work_calls, 1);
+    for (size_t i = 0; i < c->md.count; i++)
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "tqkv-hop") == 0)
+            c->hop = 1;
     req_id_set(c);
     c->auth = tqkv__auth_acquire(s);
     for (size_t i = 0; i < c->md.count; i++) {
@@ -949,6 +953,13 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         st = TQKV_EIO;
         goto fail_bind;
     }
+    if (s->cfg.node_id[0] == '\0') { /* HOSTNAME:PORT: the pod name, unique on one host */
+        char host[200] = "";
+        if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0')
+            snprintf(host, sizeof host, "localhost");
+        snprintf(s->cfg.node_id, sizeof s->cfg.node_id, "%s:%d", host, s->port);
+    }
+    tqkv_metrics_set_node_id(s->metrics, s->cfg.node_id);
     if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
         goto fail_bind;
     if (cfg->metrics_listen[0]) {
@@ -1020,12 +1031,13 @@ tqkv_server_start(tqkv_server_t *s)
         }
     }
     s->started = 1;
+    tqkv__fwd_start(s); /* --peers: forwarding to blocks' owners, once they are known */
     atomic_store(&s->ready, 1);
     tqkv_log(TQKV_LOG_INFO, "serving",
-             "version=%s git=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
+             "version=%s git=%s node_id=%s port=%d threads=%u encoder_threads=%u auth=%s tls=%s "
              "max_message_bytes=%llu",
-             tqkv_version(), tqkv_version_git(), s->port, s->nworkers, s->cfg.encoder_threads,
-             s->auth ? "on" : "off", s->cfg.tls_cert[0] ? "on" : "off",
+             tqkv_version(), tqkv_version_git(), s->cfg.node_id, s->port, s->nworkers,
+             s->cfg.encoder_threads, s->auth ? "on" : "off", s->cfg.tls_cert[0] ? "on" : "off",
              (unsigned long long)s->cfg.max_message_bytes);
     log_policies(&s->cfg);
     if (s->tls) {
@@ -1056,6 +1068,12 @@ int
 tqkv_server_port(const tqkv_server_t *s)
 {
     return s->port;
+}
+
+const char *
+tqkv_server_node_id(const tqkv_server_t *s)
+{
+    return s->cfg.node_id;
 }
 
 int
@@ -1135,6 +1153,7 @@ tqkv_server_destroy(tqkv_server_t *s)
     if (s == NULL)
         return;
     tqkv_server_shutdown(s);
+    tqkv__fwd_stop(s); /* no call runs any more */
     if (s->started) {
         grpc_server_destroy(s->server);
         for (unsigned i = 0; i < s->nworkers; i++)

@@ -25,8 +25,16 @@ tqkv_status_t tqkv_server_start(tqkv_server_t *s);
 
 /* The bound gRPC port (the real one when the config asked for port 0). */
 int tqkv_server_port(const tqkv_server_t *s);
+/* The server's identity (--node-id, or HOSTNAME:PORT); valid while s is. */
+const char *tqkv_server_node_id(const tqkv_server_t *s);
 /* The bound metrics port, 0 when metrics are off. */
 int tqkv_server_metrics_port(const tqkv_server_t *s);
+
+/* Hand-off on drain (handoff.c): with --peers and --handoff-seconds > 0, sets health
+ * NOT_SERVING and puts the stored pages, hottest first, to each block's next-ranked
+ * live peer within the time and byte budgets (reads are still served meanwhile).
+ * Blocking; call before tqkv_server_shutdown. Returns the pages handed off. */
+uint64_t tqkv_server_handoff(tqkv_server_t *s);
 
 /* Reloads the token file and the TLS certificate/key/CA (SIGHUP; the server also does it
  * by itself when the files change). A file that is unchanged is skipped; one that does not

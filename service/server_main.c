@@ -104,10 +104,13 @@ main(int argc, char **argv)
                      tqkv_server_metrics_port(srv));
             tqkv_log_to(stdout, TQKV_LOG_INFO, msg, "port=%d", tqkv_server_metrics_port(srv));
         }
+        snprintf(msg, sizeof msg, "tqkv-server node id %s", tqkv_server_node_id(srv));
+        tqkv_log_to(stdout, TQKV_LOG_INFO, msg, "node_id=%s", tqkv_server_node_id(srv));
     } else {
         printf("tqkv-server listening on %s:%d\n", host, tqkv_server_port(srv));
         if (tqkv_server_metrics_port(srv) > 0)
             printf("tqkv-server metrics on port %d\n", tqkv_server_metrics_port(srv));
+        printf("tqkv-server node id %s\n", tqkv_server_node_id(srv));
         fflush(stdout);
     }
 
@@ -127,6 +130,8 @@ main(int argc, char **argv)
     }
     tqkv_log(TQKV_LOG_INFO, "signal received, stopping", "signal=%s",
              sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (sig == SIGTERM)
+        tqkv_server_handoff(srv); /* the pod's preStop: keep the working set in the cluster */
     tqkv_server_shutdown(srv);
     tqkv_server_destroy(srv);
     return 0;

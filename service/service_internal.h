@@ -110,6 +110,7 @@ struct tqkv__call {
     tqkv_auth_t *auth; /* the token table in force when the call started (a reference; NULL:
                           no auth): a reload never changes the verdict on a call in flight */
     char *authz;       /* copy of the `authorization` header or NULL */
+    int hop;           /* "tqkv-hop" header: routed by the caller, answered here (forward.h) */
     size_t authz_len;
     char req_id[68];         /* x-request-id: the client's (when well-formed) or generated */
     grpc_metadata trail_md;  /* x-request-id in the trailing metadata (slices owned) */
@@ -160,10 +161,17 @@ struct tqkv_server {
     int port;
     int metrics_port;
     int started;
-    atomic_int ready;         /* started and not draining: /readyz answers 200 */
-    atomic_int shutting_down; /* no re-arming after this */
-    atomic_long live_calls;   /* call objects allocated (incl. requested ones) */
-    atomic_long work_calls;   /* matched calls with handler->drain */
+    atomic_int ready;              /* started and not draining: /readyz answers 200 */
+    atomic_int shutting_down;      /* no re-arming after this */
+    _Atomic uint64_t handed_off;   /* pages handed off on drain (handoff.c) */
+    _Atomic uint64_t forwarded;    /* requests forwarded to owners (forward.c) */
+    struct tqkv__fwd *_Atomic fwd; /* the peers for forwarding (forward.c), or NULL */
+    pthread_mutex_t fwd_mu;        /* fwd_stop */
+    pthread_cond_t fwd_cv;
+    pthread_t fwd_thread;
+    int fwd_stop, fwd_thread_started, fwd_inited;
+    atomic_long live_calls; /* call objects allocated (incl. requested ones) */
+    atomic_long work_calls; /* matched calls with handler->drain */
     tqkv__tag_t shutdown_tag;
     pthread_mutex_t mu; /* shutdown handshake: shutdown_done, stopped */
     pthread_cond_t cv;

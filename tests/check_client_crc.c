@@ -667,8 +667,7 @@ pair_via_proxy(srv_t *A, srv_t *B, proxy_t *px, uint32_t replicas)
 static uint32_t
 primary_of(tqkv_client_t *c, const tqkv_hash_t *h)
 {
-    uint64_t ids[2] = {tqkv_shard_target_id(tqkv_client_target_name(c, 0)),
-                       tqkv_shard_target_id(tqkv_client_target_name(c, 1))};
+    uint64_t ids[2] = {tqkv_client_target_rank_id(c, 0), tqkv_client_target_rank_id(c, 1)};
     uint32_t order[2];
     tqkv_shard_rank(ids, 2, tqkv_shard_block_key("crc", h->bytes, h->len), order);
     return order[0];

@@ -275,6 +275,12 @@ END_TEST
 static const struct {
     const char *flag, *value;
 } every_flag[] = {
+    {"peers", "tqkv-headless:50051"},
+    {"peers-dns", "127.0.0.1:53"},
+    {"handoff-seconds", "5"},
+    {"handoff-bytes", "1M"},
+    {"no-forward", "1"},
+    {"node-id", "tqkv-test-9"},
     {"listen", "127.0.0.1:1"},
     {"threads", "777"},
     {"encoder-threads", "777"},

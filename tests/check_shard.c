@@ -306,7 +306,7 @@ START_TEST(test_put_resend_on_kill)
     /* Block 0 must rank server 0 first, so that the dying stream holds something. */
     uint64_t ids[NS_];
     for (int i = 0; i < NS_; i++)
-        ids[i] = tqkv_shard_target_id(S[i].addr);
+        ids[i] = tqkv_client_target_rank_id(c, (size_t)i); /* target i is S[i] */
     for (uint64_t salt = 1;; salt++) {
         uint32_t order[NS_];
         tqkv_shard_rank(ids, NS_, tqkv_shard_block_key("rs", hs[0].bytes, hs[0].len), order);

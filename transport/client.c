@@ -67,78 +67,266 @@ read_file(const char *path)
     return b;
 }
 
-static int
-add_target(tqkv_client_t *c, size_t *cap, const char *name)
+/* ---- targets from the membership (membership.h) ---- */
+
+/* opts.attach: the state of a new server address: its channels. */
+static void *
+target_attach(void *arg, const char *addr, const char *host)
 {
-    if (c->nt == *cap) {
-        size_t nc = *cap ? *cap * 2 : 4;
-        target_t *nt = realloc(c->t, nc * sizeof *nt);
-        if (nt == NULL)
-            return -1;
-        c->t = nt;
-        *cap = nc;
+    tqkv_client_t *c = arg;
+    target_t *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return NULL;
+    t->name = strdup(addr);
+    t->host = host ? strdup(host) : NULL;
+    t->ch = calloc(c->nch, sizeof *t->ch);
+    if (t->name == NULL || (host && t->host == NULL) || t->ch == NULL)
+        goto fail;
+    t->cargs = &c->cargs;
+    if (c->tls && c->tls_name == NULL && t->host && c->cargs.num_args < 12) {
+        /* an address resolved from a name: the certificate names the name */
+        memcpy(t->own_args, c->cargs.args, c->cargs.num_args * sizeof *t->own_args);
+        grpc_arg *a = &t->own_args[c->cargs.num_args];
+        a->type = GRPC_ARG_STRING;
+        a->key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        a->value.string = t->host;
+        t->own_cargs.num_args = c->cargs.num_args + 1;
+        t->own_cargs.args = t->own_args;
+        t->cargs = &t->own_cargs;
     }
-    target_t *t = &c->t[c->nt];
-    memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    if (t->name == NULL)
-        return -1;
-    t->id = tqkv_shard_target_id(name);
+    for (uint32_t k = 0; k < c->nch; k++) {
+        if ((t->ch[k] = grpc_channel_create(t->name, c->creds, t->cargs)) == NULL)
+            goto fail;
+        t->nch++;
+    }
     tqkv_shard_health_init(&t->health);
     pthread_rwlock_init(&t->lock, NULL);
     pthread_mutex_init(&t->dc_mu, NULL);
     atomic_init(&t->renewed_ns, 0);
-    c->nt++;
-    return 0;
+    return t;
+fail:
+    for (uint32_t k = 0; k < t->nch; k++)
+        grpc_channel_destroy(t->ch[k]);
+    free(t->ch);
+    free(t->name);
+    free(t->host);
+    free(t);
+    return NULL;
 }
 
-/* Adds name, expanded to one target per address when it is "host:port" with a DNS
- * host that resolves to several addresses. */
-static int
-add_resolved(tqkv_client_t *c, size_t *cap, const char *name)
+/* opts.detach: no table lists the target any more and no call uses it: its connections
+ * close; the struct (its name) stays on the retired list until the client goes. */
+static void
+target_detach(void *arg, void *user)
 {
-    const char *colon = strrchr(name, ':');
-    if (strstr(name, "://") || strchr(name, '[') || colon == NULL || colon == name)
-        return add_target(c, cap, name);
-    char host[256];
-    size_t hl = (size_t)(colon - name);
-    if (hl >= sizeof host)
-        return add_target(c, cap, name);
-    memcpy(host, name, hl);
-    host[hl] = '\0';
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || res == NULL)
-        return add_target(c, cap, name);
-    size_t before = c->nt;
-    char seen[64][96];
-    size_t nseen = 0;
-    for (struct addrinfo *a = res; a; a = a->ai_next) {
-        char ip[64], t[96];
-        if (a->ai_family == AF_INET) {
-            inet_ntop(AF_INET, &((struct sockaddr_in *)a->ai_addr)->sin_addr, ip, sizeof ip);
-            snprintf(t, sizeof t, "ipv4:%s:%s", ip, colon + 1);
-        } else if (a->ai_family == AF_INET6) {
-            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)a->ai_addr)->sin6_addr, ip, sizeof ip);
-            snprintf(t, sizeof t, "ipv6:[%s]:%s", ip, colon + 1);
-        } else {
-            continue;
-        }
-        int dup = 0;
-        for (size_t i = 0; i < nseen; i++)
-            dup |= strcmp(seen[i], t) == 0;
-        if (dup || nseen == 64)
-            continue;
-        snprintf(seen[nseen++], sizeof seen[0], "%s", t);
+    tqkv_client_t *c = arg;
+    target_t *t = user;
+    for (uint32_t k = 0; k < t->nch; k++)
+        grpc_channel_destroy(t->ch[k]);
+    t->nch = 0;
+    for (dconn_t *d = t->dc_idle, *nx; d; d = nx) {
+        nx = d->next;
+        close(d->fd); /* the server drops a channel whose connection closes */
+        free(d);
     }
-    freeaddrinfo(res);
-    if (nseen <= 1)
-        return add_target(c, cap, name);
-    for (size_t i = 0; i < nseen; i++)
-        if (add_target(c, cap, seen[i]) != 0)
-            return -1;
-    return c->nt > before ? 0 : -1;
+    t->dc_idle = NULL;
+    pthread_mutex_lock(&c->sh->mu);
+    t->retired_next = c->sh->retired;
+    c->sh->retired = t;
+    pthread_mutex_unlock(&c->sh->mu);
+}
+
+/* opts.identify: the server's node id (Stats identity_only). */
+static int
+target_identify(void *arg, const tqkv_member_t *m, char *node_id, size_t cap)
+{
+    tqkv_client_t *c = arg;
+    target_t *t = m->user;
+    char why[256];
+    pthread_rwlock_rdlock(&t->lock); /* a reconnect would swap ch[0] */
+    int rc = tqkv__node_id_query(t->ch[0], c->has_auth ? &c->auth_md : NULL, c->has_auth ? 1 : 0,
+                                 c->identify_ms, node_id, cap, why, sizeof why);
+    pthread_rwlock_unlock(&t->lock);
+    return rc;
+}
+
+static void
+target_free(target_t *t)
+{
+    free(t->ch);
+    free(t->name);
+    free(t->host);
+    pthread_rwlock_destroy(&t->lock);
+    pthread_mutex_destroy(&t->dc_mu);
+    free(t);
+}
+
+/* ---- read repair ---- */
+
+/* A page of block (ns, hash, layer) was found at rank position > 0 (its primaries
+ * missed it: a scale-out or a restart moved them): queue it to be put again, as the
+ * packed page, to the block's current primaries. Copies page; drops it when the queue
+ * is full. */
+void
+tqkv__repair_offer(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t layer,
+                   const tqkv_block_shape_t *shape, const void *page, size_t len)
+{
+    client_shared_t *sh = c->sh;
+    if (sh->rq_max == 0)
+        return;
+    pthread_mutex_lock(&sh->mu);
+    if (sh->rq_stop || sh->rq_bytes + len > sh->rq_max) {
+        sh->rs.dropped++;
+        pthread_mutex_unlock(&sh->mu);
+        return;
+    }
+    sh->rq_bytes += len;
+    pthread_mutex_unlock(&sh->mu);
+    repair_t *r = malloc(sizeof *r + len);
+    char *n = strdup(ns);
+    if (r == NULL || n == NULL) {
+        free(r);
+        free(n);
+        pthread_mutex_lock(&sh->mu);
+        sh->rq_bytes -= len;
+        sh->rs.dropped++;
+        pthread_mutex_unlock(&sh->mu);
+        return;
+    }
+    r->next = NULL;
+    r->ns = n;
+    r->hash = *h;
+    r->layer = layer;
+    r->shape = *shape;
+    r->len = len;
+    memcpy(r->page, page, len);
+    pthread_mutex_lock(&sh->mu);
+    if (sh->rq_tail)
+        sh->rq_tail->next = r;
+    else
+        sh->rq_head = r;
+    sh->rq_tail = r;
+    sh->rs.queued++;
+    pthread_cond_broadcast(&sh->rcv);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+/* Puts the queued pages again, a batch per put session (routed to each block's
+ * primaries in the current table; a primary that has it counts a duplicate). */
+static void *
+repair_main(void *arg)
+{
+    client_shared_t *sh = arg;
+    pthread_mutex_lock(&sh->mu);
+    for (;;) {
+        while (!sh->rq_stop && sh->rq_head == NULL)
+            pthread_cond_wait(&sh->rcv, &sh->mu);
+        if (sh->rq_stop)
+            break;
+        repair_t *batch = sh->rq_head;
+        sh->rq_head = sh->rq_tail = NULL;
+        sh->rq_busy = 1;
+        pthread_mutex_unlock(&sh->mu);
+        uint64_t sent = 0, stored = 0, failed = 0;
+        size_t bytes = 0;
+        tqkv_put_t *p = NULL;
+        tqkv_status_t st = tqkv_client_put_begin(sh->root, NULL, &p);
+        for (repair_t *r = batch; r; r = r->next) {
+            bytes += r->len;
+            tqkv_put_block_t b = {.ns = r->ns,
+                                  .hash = &r->hash,
+                                  .layer = r->layer,
+                                  .shape = r->shape,
+                                  .page = r->page,
+                                  .page_len = r->len};
+            if (st == TQKV_OK && tqkv_client_put_block(p, &b) == TQKV_OK)
+                sent++;
+            else
+                failed++;
+        }
+        if (p) {
+            tqkv_put_result_t res;
+            if (tqkv_client_put_end(p, &res) == TQKV_OK) {
+                stored = res.blocks_stored;
+            } else {
+                failed += sent;
+                sent = 0;
+            }
+        }
+        for (repair_t *r = batch, *nx; r; r = nx) {
+            nx = r->next;
+            free(r->ns);
+            free(r);
+        }
+        pthread_mutex_lock(&sh->mu);
+        sh->rq_bytes -= bytes;
+        sh->rs.repaired += sent;
+        sh->rs.stored += stored;
+        sh->rs.failed += failed;
+        sh->rq_busy = 0;
+        pthread_cond_broadcast(&sh->rcv);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return NULL;
+}
+
+void
+tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->sh->mu);
+    *out = c->sh->rs;
+    out->pending_bytes = c->sh->rq_bytes;
+    pthread_mutex_unlock(&c->sh->mu);
+}
+
+int
+tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms)
+{
+    if (c == NULL)
+        return -1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(timeout_ms % 1000) * 1000000ull;
+    ts.tv_sec += (time_t)(timeout_ms / 1000 + ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    client_shared_t *sh = c->sh;
+    int rc = 0;
+    pthread_mutex_lock(&sh->mu);
+    while ((sh->rq_head || sh->rq_busy) && rc == 0)
+        rc = pthread_cond_timedwait(&sh->rcv, &sh->mu, &ts);
+    int idle = sh->rq_head == NULL && !sh->rq_busy;
+    pthread_mutex_unlock(&sh->mu);
+    return idle ? 0 : -1;
+}
+
+/* A view of client c: a copy whose t/nt/tab are the current table (referenced). */
+tqkv_client_t *
+tqkv__view_enter(const tqkv_client_t *c, tqkv_client_t *v)
+{
+    *v = *c;
+    v->tab = tqkv_membership_acquire(c->ms);
+    v->t = (target_t **)v->tab->users;
+    v->nt = v->tab->n;
+    v->replicas = c->replicas_opt < v->nt ? c->replicas_opt : (uint32_t)v->nt;
+    return v;
+}
+
+void
+tqkv__view_leave(tqkv_client_t *v)
+{
+    tqkv_membership_release(v->tab);
+}
+
+size_t
+tqkv__view_find(const tqkv_client_t *c, const target_t *t)
+{
+    for (size_t i = 0; i < c->nt; i++)
+        if (c->t[i] == t)
+            return i;
+    return c->nt;
 }
 
 tqkv_status_t
@@ -147,7 +335,6 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     tqkv_status_t st = TQKV_OK;
     grpc_channel_credentials *creds = NULL;
     char *ca = NULL, *cert = NULL, *key = NULL;
-    size_t cap = 0;
 
     if (out == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "client_create: out is NULL");
@@ -158,7 +345,19 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     if (c == NULL)
         return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
     grpc_init();
-    c->replicas = o->replicas ? o->replicas : 1;
+    if ((c->sh = calloc(1, sizeof *c->sh)) == NULL) {
+        free(c);
+        return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+    }
+    pthread_mutex_init(&c->sh->mu, NULL);
+    pthread_cond_init(&c->sh->rcv, NULL);
+    c->sh->root = c;
+    c->sh->rq_max = o->no_read_repair      ? 0
+                    : o->read_repair_bytes ? o->read_repair_bytes
+                                           : TQKV_CLIENT_DEFAULT_REPAIR_BYTES;
+    c->replicas_opt = o->replicas ? o->replicas : 1;
+    if (c->replicas_opt > RANK_MAX - 1)
+        c->replicas_opt = RANK_MAX - 1;
     c->deadline_ms = o->deadline_ms ? o->deadline_ms : TQKV_CLIENT_DEFAULT_DEADLINE_MS;
     c->backoff_min = o->backoff_min_ms ? o->backoff_min_ms : 200;
     c->backoff_max = o->backoff_max_ms ? o->backoff_max_ms : 5000;
@@ -171,33 +370,22 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             st = tqkv__client_err(TQKV_EINVAL, 0, "empty target");
             goto fail;
         }
-        if ((o->resolve_targets ? add_resolved(c, &cap, o->targets[i])
-                                : add_target(c, &cap, o->targets[i])) != 0) {
-            st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-            goto fail;
-        }
-    }
-    if (c->nt > TQKV_CLIENT_MAX_TARGETS) {
-        st = tqkv__client_err(TQKV_EINVAL, 0, "%zu targets: at most %u", c->nt,
-                              TQKV_CLIENT_MAX_TARGETS);
-        goto fail;
-    }
-    /* A target named twice would rank twice: R replicas of a block could land on one
-     * server, and losing it would lose every copy. */
-    for (size_t i = 0; i < c->nt; i++)
+        /* A target named twice would rank twice: R replicas of a block could land on
+         * one server, and losing it would lose every copy. (Two spellings of one server
+         * are merged by its node id.) */
         for (size_t j = 0; j < i; j++)
-            if (strcmp(c->t[i].name, c->t[j].name) == 0) {
+            if (strcmp(o->targets[i], o->targets[j]) == 0) {
                 st =
                     tqkv__client_err(TQKV_EINVAL, 0,
                                      "duplicate target %s (each server once: replicas must land on "
                                      "different servers)",
-                                     c->t[i].name);
+                                     o->targets[i]);
                 goto fail;
             }
-    if (c->replicas > c->nt)
-        c->replicas = (uint32_t)c->nt;
+    }
 
-    if (o->tls || o->tls_ca_path || o->tls_cert_path) {
+    c->tls = o->tls || o->tls_ca_path || o->tls_cert_path;
+    if (c->tls) {
         if (o->tls_ca_path && (ca = read_file(o->tls_ca_path)) == NULL) {
             st = tqkv__client_err(TQKV_EINVAL, 0, "cannot read TLS CA %s: %s", o->tls_ca_path,
                                   strerror(errno));
@@ -273,23 +461,7 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
     }
     c->cargs.num_args = na;
     c->cargs.args = args;
-    uint32_t nch = o->channels_per_target ? o->channels_per_target : 1;
-    for (size_t i = 0; i < c->nt; i++) {
-        target_t *t = &c->t[i];
-        t->ch = calloc(nch, sizeof *t->ch);
-        if (t->ch == NULL) {
-            st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-            goto fail;
-        }
-        for (uint32_t k = 0; k < nch; k++) {
-            t->ch[k] = grpc_channel_create(t->name, creds, &c->cargs);
-            if (t->ch[k] == NULL) {
-                st = tqkv__client_err(TQKV_EINVAL, 0, "cannot create a channel to %s", t->name);
-                goto fail;
-            }
-            t->nch++;
-        }
-    }
+    c->nch = o->channels_per_target ? o->channels_per_target : 1;
     c->creds = creds;
     creds = NULL;
     if (c->transport == TQKV_CLIENT_TRANSPORT_TCP &&
@@ -317,6 +489,37 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
         c->auth_md.value = grpc_slice_from_copied_string(v);
         c->has_auth = 1;
         free(v);
+        c->md[0] = c->auth_md;
+    }
+    c->hop = o->hop;
+    c->md[1].key = grpc_slice_from_static_string("tqkv-hop");
+    c->md[1].value = grpc_slice_from_static_string("1");
+    /* The servers: resolved, identified (node ids) and followed by the membership. */
+    c->identify_ms = c->deadline_ms < 3000 ? c->deadline_ms : 3000;
+    {
+        tqkv_membership_opts_t mo = {.targets = o->targets,
+                                     .num_targets = o->num_targets,
+                                     .resolve = o->resolve_targets,
+                                     .dns_servers = o->dns_servers,
+                                     .interval_ms = o->resolve_interval_ms,
+                                     .min_kick_ms = c->backoff_min,
+                                     .arg = c,
+                                     .attach = target_attach,
+                                     .detach = target_detach,
+                                     .identify = target_identify,
+                                     .exclude_node_id = o->exclude_node_id};
+        char merr[256];
+        if ((st = tqkv_membership_create(&mo, &c->ms, merr, sizeof merr)) != TQKV_OK) {
+            tqkv__client_err(st, 0, "%s", merr);
+            goto fail;
+        }
+    }
+    if (c->sh->rq_max > 0) {
+        if (pthread_create(&c->sh->rq_thread, NULL, repair_main, c->sh) != 0) {
+            st = tqkv__client_err(TQKV_ENOMEM, 0, "cannot start the read repair thread");
+            goto fail;
+        }
+        c->sh->rq_started = 1;
     }
     free(ca);
     free(cert);
@@ -339,21 +542,29 @@ tqkv_client_destroy(tqkv_client_t *c)
 {
     if (c == NULL)
         return;
-    for (size_t i = 0; i < c->nt; i++) {
-        for (uint32_t k = 0; k < c->t[i].nch; k++)
-            grpc_channel_destroy(c->t[i].ch[k]);
-        free(c->t[i].ch);
-        free(c->t[i].name);
-        pthread_rwlock_destroy(&c->t[i].lock);
-        for (dconn_t *d = c->t[i].dc_idle, *nx; d; d = nx) {
-            nx = d->next;
-            SSL_free(d->ssl);
-            close(d->fd); /* the server drops a channel whose connection closes */
-            free(d);
-        }
-        pthread_mutex_destroy(&c->t[i].dc_mu);
+    if (c->sh && c->sh->rq_started) {
+        pthread_mutex_lock(&c->sh->mu);
+        c->sh->rq_stop = 1;
+        pthread_cond_broadcast(&c->sh->rcv);
+        pthread_mutex_unlock(&c->sh->mu);
+        pthread_join(c->sh->rq_thread, NULL);
     }
-    free(c->t);
+    if (c->sh)
+        for (repair_t *r = c->sh->rq_head, *nx; r; r = nx) {
+            nx = r->next;
+            free(r->ns);
+            free(r);
+        }
+    tqkv_membership_destroy(c->ms); /* detaches (retires) every target */
+    if (c->sh) {
+        for (target_t *t = c->sh->retired, *nx; t; t = nx) {
+            nx = t->retired_next;
+            target_free(t);
+        }
+        pthread_mutex_destroy(&c->sh->mu);
+        pthread_cond_destroy(&c->sh->rcv);
+        free(c->sh);
+    }
     SSL_CTX_free(c->dc_tls);
     if (c->has_auth)
         grpc_slice_unref(c->auth_md.value);
@@ -367,22 +578,74 @@ tqkv_client_destroy(tqkv_client_t *c)
 size_t
 tqkv_client_num_targets(const tqkv_client_t *c)
 {
-    return c ? c->nt : 0;
+    if (c == NULL)
+        return 0;
+    tqkv_client_t v;
+    size_t n = tqkv__view_enter(c, &v)->nt;
+    tqkv__view_leave(&v);
+    return n;
 }
 
 const char *
 tqkv_client_target_name(const tqkv_client_t *c, size_t i)
 {
-    return c && i < c->nt ? c->t[i].name : NULL;
+    if (c == NULL)
+        return NULL;
+    tqkv_client_t v;
+    tqkv__view_enter(c, &v);
+    const char *name = i < v.nt ? v.t[i]->name : NULL; /* kept until the client goes */
+    tqkv__view_leave(&v);
+    return name;
+}
+
+int
+tqkv_client_target_node_id(const tqkv_client_t *c, size_t i, char *buf, size_t cap)
+{
+    if (c == NULL || buf == NULL || cap == 0)
+        return -1;
+    tqkv_client_t v;
+    tqkv__view_enter(c, &v);
+    int rc = -1;
+    if (i < v.nt) {
+        const char *id = v.tab->s[i].node_id;
+        snprintf(buf, cap, "%s", id ? id : "");
+        rc = id ? 0 : 1;
+    }
+    tqkv__view_leave(&v);
+    return rc;
+}
+
+uint64_t
+tqkv_client_target_rank_id(const tqkv_client_t *c, size_t i)
+{
+    if (c == NULL)
+        return 0;
+    tqkv_client_t v;
+    tqkv__view_enter(c, &v);
+    uint64_t id = i < v.nt ? v.tab->s[i].rank_id : 0;
+    tqkv__view_leave(&v);
+    return id;
+}
+
+uint64_t
+tqkv_client_refresh(tqkv_client_t *c)
+{
+    return c ? tqkv_membership_refresh(c->ms) : 0;
 }
 
 uint32_t
 tqkv__client_replicas(const tqkv_client_t *c)
 {
-    return c ? c->replicas : 0;
+    if (c == NULL)
+        return 0;
+    tqkv_client_t v; /* as asked, clamped to the targets of the current table */
+    uint32_t r = tqkv__view_enter(c, &v)->replicas;
+    tqkv__view_leave(&v);
+    return r;
 }
 
-/* Candidate targets of a block, best first: cand[0..nc). */
+/* Candidate targets of a block, best first: cand[0..nc), nc <= RANK_MAX (the best
+ * RANK_MAX of any number of targets). Ranked by the servers' node ids. */
 size_t
 tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t *cand)
 {
@@ -390,12 +653,9 @@ tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_
         cand[0] = 0;
         return 1;
     }
-    uint64_t ids[64];
-    size_t n = c->nt < 64 ? c->nt : 64;
-    for (size_t i = 0; i < n; i++)
-        ids[i] = c->t[i].id;
-    tqkv_shard_rank(ids, n, tqkv_shard_block_key(ns, h->bytes, h->len), cand);
-    return n;
+    uint64_t key = tqkv_shard_block_key(ns, h->bytes, h->len);
+    size_t k = c->nt < RANK_MAX ? c->nt : RANK_MAX;
+    return tqkv_shard_top(&c->tab->s[0].rank_id, sizeof c->tab->s[0], c->nt, key, k, cand);
 }
 
 /* How many rank positions Get and Lookup ask: the R replicas plus one more, where a

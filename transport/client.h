@@ -36,15 +36,17 @@ typedef struct tqkv_put tqkv_put_t;
 #define TQKV_CLIENT_DEFAULT_MAX_MESSAGE (64u << 20)
 #define TQKV_CLIENT_DEFAULT_DEADLINE_MS 30000u
 #define TQKV_HASH_MAX 64u
-#define TQKV_CLIENT_MAX_TARGETS 64u /* after DNS expansion */
 
 /* Client options. Zero-initialise, then set what you need. Strings are borrowed
  * for the duration of tqkv_client_create only. */
 typedef struct tqkv_client_opts {
     const char *const *targets; /* "host:port" (or any gRPC target URI), num_targets of them */
     size_t num_targets;
-    int resolve_targets;       /* 1: a DNS name that resolves to several addresses becomes one
-                                  target per address (a headless Service); 0: one channel */
+    int resolve_targets;       /* 1: a DNS name stands for the set of servers it resolves to
+                                  (a headless Service: A/AAAA records, or SRV records
+                                  _grpc._tcp.NAME where present), one target per address,
+                                  re-resolved every resolve_interval_ms and at once when a
+                                  server fails (membership.h); 0: each name one channel */
     int tls;                   /* 1: TLS (implied by tls_ca_path) */
     const char *tls_ca_path;   /* PEM roots; NULL with tls = the system roots */
     const char *tls_cert_path; /* client certificate (mutual TLS), with tls_key_path */
@@ -64,7 +66,24 @@ typedef struct tqkv_client_opts {
      * its data port) is asked over gRPC instead, and the reason is kept
      * (tqkv_client_data_channel_status). BF16 Gets always use gRPC. */
     int transport;
+    const char *dns_servers;      /* resolve_targets: DNS servers "IP:PORT,..." (tests, a
+                                     private resolver); NULL = the system's */
+    uint32_t resolve_interval_ms; /* resolve_targets: re-resolve period; 0 = 10000 */
+    /* Read repair: a packed page a Get found below its block's primaries (after a
+     * scale-out or a restart) is put again, as the page, to the primaries by a
+     * background thread; its queue holds at most read_repair_bytes (0 = 64 MiB; more is
+     * dropped and counted). no_read_repair = 1 turns it off. */
+    size_t read_repair_bytes;
+    int no_read_repair;
+    const char *exclude_node_id; /* leave out the server with this node id (a server that
+                                    talks to its peers: itself) */
+    int hop; /* 1: every call carries "tqkv-hop: 1": the caller routed it (a server
+                forwarding a request), the server answers it itself. A client with
+                several targets always sends it (it shards itself); with one target it
+                does not, so a server with --peers forwards for it (forward.h) */
 } tqkv_client_opts_t;
+
+#define TQKV_CLIENT_DEFAULT_REPAIR_BYTES (64u << 20)
 
 #define TQKV_CLIENT_TRANSPORT_GRPC 0
 #define TQKV_CLIENT_TRANSPORT_TCP 1
@@ -91,8 +110,10 @@ typedef struct tqkv_client_error {
 /* Returns borrowed, thread-local, valid until the thread's next client call. */
 const tqkv_client_error_t *tqkv_client_last_error(void);
 
-/* Creates a client. Returns TQKV_EINVAL (no target, more than TQKV_CLIENT_MAX_TARGETS,
- * a target named twice, unreadable TLS file, out NULL), TQKV_ENOMEM. Every function
+/* Creates a client: resolves the targets and asks each server for its node id (it
+ * ranks servers by it: a server keeps its rank on a new address, and two spellings of
+ * one server are one target). Returns TQKV_EINVAL (no target, a target named twice,
+ * unreadable TLS file, bad dns_servers, out NULL), TQKV_ENOMEM. Every function
  * below returns TQKV_EINVAL for a NULL client, request or result pointer.
  * Connections are made lazily. Returns new in *out (tqkv_client_destroy). */
 tqkv_status_t tqkv_client_create(const tqkv_client_opts_t *opts, tqkv_client_t **out);
@@ -100,9 +121,33 @@ tqkv_status_t tqkv_client_create(const tqkv_client_opts_t *opts, tqkv_client_t *
 /* Destroys c (NULL is a no-op). No call of c may be running. */
 void tqkv_client_destroy(tqkv_client_t *c);
 
-/* Number of targets (after DNS expansion) and the name of one (borrowed). */
+/* Number of targets now (after DNS expansion; the membership may change it between two
+ * calls) and the address of one (borrowed, valid until the client is destroyed). */
 size_t tqkv_client_num_targets(const tqkv_client_t *c);
 const char *tqkv_client_target_name(const tqkv_client_t *c, size_t i);
+/* The node id target i reported into buf: 0, or 1 when it has none known (it then ranks
+ * by its address), -1 for no such target. */
+int tqkv_client_target_node_id(const tqkv_client_t *c, size_t i, char *buf, size_t cap);
+/* The rendezvous id target i ranks by (tqkv_shard_target_id of its node id, or of its
+ * address); 0 for no such target. */
+uint64_t tqkv_client_target_rank_id(const tqkv_client_t *c, size_t i);
+/* Resolves and identifies the targets now, on the calling thread (normally a background
+ * thread does it every resolve_interval_ms and when a server fails). Returns the version
+ * of the target table (1 for the first, +1 per change). */
+uint64_t tqkv_client_refresh(tqkv_client_t *c);
+
+/* Read repair counters (pages, since the client was created). */
+typedef struct tqkv_client_repair_stats {
+    uint64_t queued;        /* pages found below their primaries and queued */
+    uint64_t repaired;      /* put again (sent to the primaries) */
+    uint64_t stored;        /* of those, stored by a primary that lacked them */
+    uint64_t dropped;       /* queue full */
+    uint64_t failed;        /* the put failed */
+    uint64_t pending_bytes; /* queued now */
+} tqkv_client_repair_stats_t;
+void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out);
+/* Waits up to timeout_ms until the repair queue is empty and idle: 0, or -1 (tests). */
+int tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms);
 
 /* ---- Put ---- */
 

@@ -47,7 +47,7 @@ tqkv_status_t
 tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti,
                 const char *method, gpr_timespec deadline, grpc_byte_buffer *req)
 {
-    target_t *t = &c->t[ti];
+    target_t *t = c->t[ti];
     uint32_t k = atomic_fetch_add_explicit(&t->rr, 1, memory_order_relaxed) % t->nch;
     grpc_op ops[4];
     grpc_call_error e;
@@ -82,8 +82,11 @@ tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[n].data.send_initial_metadata.count = c->has_auth ? 1 : 0;
-    ops[n].data.send_initial_metadata.metadata = c->has_auth ? &c->auth_md : NULL;
+    /* "tqkv-hop": the caller routed this itself (it shards over several servers, or is
+     * a server forwarding): the server answers it, never forwards it (forward.h) */
+    int hop = c->hop || c->nt > 1;
+    ops[n].data.send_initial_metadata.count = (size_t)c->has_auth + (size_t)hop;
+    ops[n].data.send_initial_metadata.metadata = c->has_auth ? c->md : hop ? &c->md[1] : NULL;
     ops[n].flags = c->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     n++;
     ops[n++].op = GRPC_OP_RECV_INITIAL_METADATA;
@@ -243,7 +246,7 @@ tqkv__cq_destroy(grpc_completion_queue *cq)
 static void
 renew_channels(tqkv_client_t *c, size_t ti)
 {
-    target_t *t = &c->t[ti];
+    target_t *t = c->t[ti];
     uint64_t now = tqkv_shard_now_ns(), last = atomic_load(&t->renewed_ns);
     if (now - last < (uint64_t)c->backoff_min * 1000000ull ||
         !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
@@ -254,7 +257,7 @@ renew_channels(tqkv_client_t *c, size_t ti)
         pthread_rwlock_unlock(&t->lock);
         if (s == GRPC_CHANNEL_READY)
             continue;
-        grpc_channel *nc = grpc_channel_create(t->name, c->creds, &c->cargs);
+        grpc_channel *nc = grpc_channel_create(t->name, c->creds, t->cargs);
         if (nc == NULL)
             continue;
         pthread_rwlock_wrlock(&t->lock);
@@ -270,7 +273,7 @@ renew_channels(tqkv_client_t *c, size_t ti)
 tqkv_status_t
 tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
 {
-    target_t *t = &c->t[r->target];
+    target_t *t = c->t[r->target];
     if (r->status == GRPC_STATUS_OK) {
         tqkv_shard_health_ok(&t->health, c->backoff_min);
         return TQKV_OK;
@@ -278,6 +281,8 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
     if (r->status == GRPC_STATUS_UNAVAILABLE) {
         tqkv_shard_health_fail(&t->health, tqkv_shard_now_ns(), c->backoff_min, c->backoff_max);
         renew_channels(c, r->target);
+        if (c->tab) /* re-resolve soon: the server may have moved */
+            tqkv_membership_kick(c->ms, c->tab->s[r->target].m);
     } else
         tqkv_shard_health_ok(&t->health, c->backoff_min);
     char *d = grpc_slice_to_c_string(r->details);
@@ -295,11 +300,11 @@ tqkv__target_usable(tqkv_client_t *c, size_t ti, uint64_t now)
 {
     if (c->nt == 1)
         return 1;
-    if (!tqkv_shard_health_usable(&c->t[ti].health, now))
+    if (!tqkv_shard_health_usable(&c->t[ti]->health, now))
         return 0;
-    pthread_rwlock_rdlock(&c->t[ti].lock);
-    grpc_connectivity_state s = grpc_channel_check_connectivity_state(c->t[ti].ch[0], 1);
-    pthread_rwlock_unlock(&c->t[ti].lock);
+    pthread_rwlock_rdlock(&c->t[ti]->lock);
+    grpc_connectivity_state s = grpc_channel_check_connectivity_state(c->t[ti]->ch[0], 1);
+    pthread_rwlock_unlock(&c->t[ti]->lock);
     return s != GRPC_CHANNEL_TRANSIENT_FAILURE && s != GRPC_CHANNEL_SHUTDOWN;
 }
 
@@ -353,7 +358,7 @@ tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *me
             sts[i] = tqkv__rpc_result(c, &rs[i]);
             if (sts[i] == TQKV_OK && resps[i] == NULL)
                 sts[i] = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: malformed response",
-                                          c->t[tis[i]].name);
+                                          c->t[tis[i]]->name);
         }
         if (sts[i] != TQKV_OK && resps[i]) {
             protobuf_c_message_free_unpacked(resps[i], NULL);

@@ -60,7 +60,7 @@ dc_pop_live(target_t *t)
 dconn_t *
 tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms)
 {
-    target_t *t = &c->t[ti];
+    target_t *t = c->t[ti];
     if (t->dc_off) {
         if (tqkv_shard_now_ns() < atomic_load(&t->dc_retry_ns))
             return NULL;
@@ -141,22 +141,35 @@ tqkv__dcc_release(tqkv_client_t *c, size_t ti, dconn_t *d, int reuse)
         free(d);
         return;
     }
-    target_t *t = &c->t[ti];
+    target_t *t = c->t[ti];
     pthread_mutex_lock(&t->dc_mu);
     d->next = t->dc_idle;
     t->dc_idle = d;
     pthread_mutex_unlock(&t->dc_mu);
 }
 
+static const char *data_channel_status_v(tqkv_client_t *c, size_t target);
+
 const char *
 tqkv_client_data_channel_status(tqkv_client_t *c, size_t target)
+{
+    if (c == NULL)
+        return data_channel_status_v(NULL, target);
+    tqkv_client_t v;
+    const char *s = data_channel_status_v(tqkv__view_enter(c, &v), target);
+    tqkv__view_leave(&v);
+    return s;
+}
+
+static const char *
+data_channel_status_v(tqkv_client_t *c, size_t target)
 {
     static _Thread_local char buf[256];
     if (c == NULL || target >= c->nt)
         return "no such target";
     if (c->transport != TQKV_CLIENT_TRANSPORT_TCP)
         return "the client uses gRPC (transport TQKV_CLIENT_TRANSPORT_GRPC)";
-    target_t *t = &c->t[target];
+    target_t *t = c->t[target];
     pthread_mutex_lock(&t->dc_mu);
     snprintf(buf, sizeof buf, "%s", t->dc_off ? t->dc_why : "");
     pthread_mutex_unlock(&t->dc_mu);

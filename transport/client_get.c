@@ -143,8 +143,8 @@ typedef struct getop {
     tqkv_get_cb_t cb;
     void *arg;
     size_t n, L, nc, round;
-    uint8_t *done;    /* n * L: reported */
-    uint8_t *corrupt; /* n * L: 1 + the target whose copy failed its CRC (0: none); a later
+    uint8_t *done;     /* n * L: reported */
+    uint32_t *corrupt; /* n * L (at the first): 1 + the target whose copy failed its CRC; a later
                          miss is then no miss */
     int canceled;
     scratch_t sc, sv;
@@ -339,7 +339,9 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
         return 0;
     if (bad_crc) {
         /* never handed out: another replica may hold a good copy */
-        g->corrupt[slot] = (uint8_t)(r->target + 1);
+        if (g->corrupt == NULL && (g->corrupt = calloc(g->n * g->L, sizeof *g->corrupt)) == NULL)
+            return -1; /* out of memory: treated as a malformed answer */
+        g->corrupt[slot] = (uint32_t)(r->target + 1);
         if (g->round + 1 < g->nc)
             return 0;
         g->bad_hash = gi, g->bad_layer = m.layer, g->bad_target = r->target;
@@ -347,7 +349,7 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
     }
     if (!m.found && g->round + 1 < g->nc)
         return 0; /* ask the next candidate */
-    if (!m.found && g->corrupt[slot]) {
+    if (!m.found && g->corrupt && g->corrupt[slot]) {
         /* the only copies found were corrupt: an error, not a miss to recompute */
         g->bad_hash = gi, g->bad_layer = m.layer, g->bad_target = g->corrupt[slot] - 1u;
         return 1;
@@ -372,6 +374,9 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
     pg.target = (int)r->target;
     pg.crc_checked = crc_checked;
     pg.data_channel = via_dc;
+    if (m.found && m.page && g->round > 0 && g->c->nt > 1 && crc_checked >= 0)
+        tqkv__repair_offer(g->c, g->q->ns, &g->q->hashes[gi], m.layer, &pg.shape, m.page,
+                           m.page_len);
     deliver(g, &pg);
     return 0;
 }
@@ -485,10 +490,10 @@ get_event(tqkv_client_t *c, getop_t *g, rpc_t *rs, const int *started, rpc_t *r,
                 *st = tqkv__client_err(TQKV_ECORRUPT, 0,
                                        "%s: page of hash %zu layer %u failed its CRC32C check "
                                        "(not delivered; no replica left with a good copy)",
-                                       c->t[g->bad_target].name, g->bad_hash, g->bad_layer);
+                                       c->t[g->bad_target]->name, g->bad_hash, g->bad_layer);
             else if (*st == TQKV_OK)
                 *st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: malformed GetResponse",
-                                       c->t[r->target].name);
+                                       c->t[r->target]->name);
             grpc_call_cancel(r->call, NULL);
             if (r->dc)
                 r->dc_bad = 1, r->frames_left = 0;
@@ -503,8 +508,21 @@ get_event(tqkv_client_t *c, getop_t *g, rpc_t *rs, const int *started, rpc_t *r,
         r->dc_bad = 1, r->frames_left = 0;
 }
 
+static tqkv_status_t get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg);
+
 tqkv_status_t
 tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
+{
+    if (c == NULL)
+        return get_v(NULL, q, cb, arg);
+    tqkv_client_t v;
+    tqkv_status_t st = get_v(tqkv__view_enter(c, &v), q, cb, arg);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
 {
     getop_t g;
     tqkv_status_t st = TQKV_OK;
@@ -536,17 +554,21 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     size_t *gidx = malloc(n * sizeof *gidx);
     size_t *start = malloc((c->nt + 1) * sizeof *start);
     rpc_t *rs = calloc(c->nt, sizeof *rs);
+    size_t *fill = malloc((c->nt + 1) * sizeof *fill), *who = malloc(c->nt * sizeof *who);
+    int *started = calloc(c->nt, sizeof *started);
+    struct pollfd *pf = malloc(c->nt * sizeof *pf);
+    int *buffered = malloc(c->nt * sizeof *buffered);
     g.done = calloc(n * g.L, 1);
-    g.corrupt = calloc(n * g.L, 1);
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
     gpr_timespec dl = tqkv__deadline_after(op_ms);
     uint64_t dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull; /* the same instant */
-    if (!cand || !hb || !gidx || !start || !rs || !g.done || !g.corrupt) {
+    if (!cand || !hb || !gidx || !start || !rs || !g.done || !fill || !who || !started || !pf ||
+        !buffered) {
         st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        uint32_t all[64];
+        uint32_t all[RANK_MAX];
         tqkv__candidates(c, q->ns, &q->hashes[i], all);
         memcpy(&cand[i * nc], all, nc * sizeof *cand);
     }
@@ -564,8 +586,7 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
         }
         for (size_t t = 0; t < c->nt; t++)
             start[t + 1] += start[t];
-        size_t fill[64];
-        memcpy(fill, start, (c->nt < 64 ? c->nt : 64) * sizeof *fill);
+        memcpy(fill, start, c->nt * sizeof *fill);
         for (size_t i = 0; i < n; i++) {
             int need = 0;
             for (size_t l = 0; l < g.L && !need; l++)
@@ -581,7 +602,7 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
         grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
         size_t live = 0;
         memset(rs, 0, c->nt * sizeof *rs);
-        int started[64] = {0};
+        memset(started, 0, c->nt * sizeof *started);
         for (size_t t = 0; t < c->nt; t++) {
             if (start[t + 1] == start[t])
                 continue;
@@ -623,10 +644,9 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
         for (;;) {
             /* Data channels with frames due are read as they become readable; between
              * reads the completion queue is polled without waiting (statuses). */
-            struct pollfd pf[64];
-            size_t who[64], nfd = 0;
-            int buffered[64], nbuf = 0; /* TLS records already read: poll cannot see them */
-            for (size_t t = 0; t < c->nt && t < 64; t++)
+            size_t nfd = 0;
+            int nbuf = 0; /* TLS records already read: poll cannot see them (buffered[]) */
+            for (size_t t = 0; t < c->nt; t++)
                 if (started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
                     tqkv__dcio_t io = {rs[t].dc->fd, rs[t].dc->ssl};
                     pf[nfd].fd = rs[t].dc->fd;
@@ -649,7 +669,7 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                     live--;
                 continue;
             }
-            int pr = poll(pf, nfd, nbuf ? 0 : live > 0 ? 1 : 50);
+            int pr = poll(pf, (nfds_t)nfd, nbuf ? 0 : live > 0 ? 1 : 50);
             for (size_t i = 0; i < nfd && nbuf; i++)
                 if (buffered[i]) {
                     pr += pf[i].revents == 0;
@@ -676,13 +696,13 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                             TQKV_ECORRUPT, 0,
                             "%s: page of hash %zu layer %u failed its CRC32C check "
                             "(not delivered; no replica left with a good copy)",
-                            c->t[g.bad_target].name, g.bad_hash, g.bad_layer);
+                            c->t[g.bad_target]->name, g.bad_hash, g.bad_layer);
                     else if (st == TQKV_OK && bad == -3)
                         st = tqkv__client_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
-                                              "%s: data channel: %s", c->t[r->target].name, why);
+                                              "%s: data channel: %s", c->t[r->target]->name, why);
                     else if (st == TQKV_OK)
                         st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
-                                              "%s: data channel: %s", c->t[r->target].name, why);
+                                              "%s: data channel: %s", c->t[r->target]->name, why);
                 } else if (g.canceled) {
                     get_cancel_all(c, rs, started);
                 }
@@ -693,7 +713,7 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                 if (st == TQKV_OK)
                     st = tqkv__client_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
                                           "%s: data channel: deadline passed with frames still due",
-                                          c->t[rs[who[0]].target].name);
+                                          c->t[rs[who[0]].target]->name);
             }
             while (live > 0) {
                 grpc_event ev =
@@ -732,11 +752,11 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
                     rs[t].dc_bad = 1;
                 if (s2 == TQKV_OK && rs[t].dc_eof[0] && st == TQKV_OK)
                     st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
-                                          "%s: data channel: %s", c->t[t].name, rs[t].dc_eof);
+                                          "%s: data channel: %s", c->t[t]->name, rs[t].dc_eof);
             }
             if (rs[t].dc && rs[t].frames_left > 0 && st == TQKV_OK && !g.canceled)
                 st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: data channel: %zu frames missing",
-                                      c->t[t].name, rs[t].frames_left);
+                                      c->t[t]->name, rs[t].frames_left);
             tqkv__dcc_release(c, t, rs[t].dc,
                               !rs[t].dc_bad && rs[t].frames_left == 0 && !g.canceled &&
                                   rs[t].status_done && rs[t].status == GRPC_STATUS_OK);
@@ -751,11 +771,11 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     } else if (st == TQKV_OK) {
         /* A page whose copies failed their CRC and whose later candidates were down. */
         for (size_t i = 0; i < n * g.L && st == TQKV_OK; i++)
-            if (!g.done[i] && g.corrupt[i])
+            if (!g.done[i] && g.corrupt && g.corrupt[i])
                 st = tqkv__client_err(TQKV_ECORRUPT, 0,
                                       "%s: page of hash %zu layer %u failed its CRC32C check (not "
                                       "delivered; no replica left with a good copy)",
-                                      c->t[g.corrupt[i] - 1u].name, i / g.L,
+                                      c->t[g.corrupt[i] - 1u]->name, i / g.L,
                                       q->layer_begin + (uint32_t)(i % g.L));
     }
     if (st == TQKV_OK && !g.canceled) {
@@ -783,6 +803,11 @@ out:
     free(gidx);
     free(start);
     free(rs);
+    free(fill);
+    free(who);
+    free(started);
+    free(pf);
+    free(buffered);
     free(g.done);
     free(g.corrupt);
     free(g.sc.mem);

@@ -23,6 +23,8 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "transport/client.h"
+#include "transport/membership.h"
+#include "transport/node_id.h"
 #include "transport/shard.h"
 
 #define M_PUT "/tqkv.v1.KVCache/Put"
@@ -31,6 +33,7 @@
 #define M_DELETE "/tqkv.v1.KVCache/Delete"
 #define M_STATS "/tqkv.v1.KVCache/Stats"
 #define M_HEALTH "/grpc.health.v1.Health/Check"
+#define RANK_MAX 64 /* rank positions a block is offered to (of any number of targets) */
 #define M_OPEN_CHANNEL "/tqkv.v1.KVCache/OpenChannel"
 #define M_CLOSE_CHANNEL "/tqkv.v1.KVCache/CloseChannel"
 
@@ -38,13 +41,17 @@
  * state; a reconnect swaps a channel under lock (exclusive) and destroys the old one
  * after unlocking (calls started on it hold their own references). */
 typedef struct target {
-    char *name;
-    grpc_channel **ch; /* nch channels, each its own connection */
+    char *name;                     /* the address dialed (membership.h: tqkv_member_t.addr) */
+    char *host;                     /* the DNS name it came from (TLS authority), or NULL */
+    grpc_channel **ch;              /* nch channels, each its own connection */
+    const grpc_channel_args *cargs; /* the client's, or own_cargs (TLS name of host) */
+    grpc_channel_args own_cargs;
+    grpc_arg own_args[12];
+    struct target *retired_next; /* on the client's retired list once no table lists it */
     uint32_t nch;
     pthread_rwlock_t lock;
     _Atomic uint64_t renewed_ns; /* last reconnect (monotonic ns) */
     _Atomic uint32_t rr;
-    uint64_t id; /* rendezvous id of name */
     tqkv_shard_health_t health;
     /* TCP data channels (TQKV_CLIENT_TRANSPORT_TCP), under dc_mu: idle connected
      * channels, and why the target has none (then its Gets use gRPC) */
@@ -63,15 +70,54 @@ typedef struct dconn {
     struct dconn *next;
 } dconn_t;
 
+/* What every view of one client shares (the client owns it). */
+/* A page found below its primaries, to be put again (read repair). */
+typedef struct repair {
+    struct repair *next;
+    char *ns;
+    tqkv_hash_t hash;
+    uint32_t layer;
+    tqkv_block_shape_t shape;
+    size_t len;
+    uint8_t page[];
+} repair_t;
+
+typedef struct client_shared {
+    pthread_mutex_t mu;
+    target_t *retired; /* targets no table lists any more: channels closed, name kept (it was
+                          handed out by tqkv_client_target_name) until the client goes */
+    /* read repair: a bounded queue (bytes) and the thread that re-puts it, under mu */
+    struct tqkv_client *root;
+    pthread_cond_t rcv;
+    repair_t *rq_head, *rq_tail;
+    size_t rq_bytes, rq_max; /* rq_max 0: read repair off */
+    int rq_stop, rq_busy, rq_started;
+    pthread_t rq_thread;
+    tqkv_client_repair_stats_t rs;
+} client_shared_t;
+
+/* The client, and the view one call works on (tqkv__view_enter): a copy of the client whose
+ * t/nt/tab are the membership table the call started with, referenced until
+ * tqkv__view_leave, so that a call in flight finishes on its table while a newer one is
+ * published. The client itself has no table (t NULL, nt 0). */
 struct tqkv_client {
-    target_t *t;
+    target_t **t; /* tab->users: target i is slot i of tab */
     size_t nt;
-    uint32_t replicas;
+    tqkv_member_table_t *tab; /* view: referenced; client: NULL */
+    tqkv_membership_t *ms;
+    client_shared_t *sh;
+    uint32_t replicas;     /* view: min(replicas_opt, nt) */
+    uint32_t replicas_opt; /* as asked (opts.replicas) */
+    uint32_t nch;          /* channels per target */
+    uint32_t identify_ms;  /* node id question at connect time */
+    int tls;
     uint32_t deadline_ms;
     uint32_t backoff_min, backoff_max;
     int wait_for_ready;
     int has_auth;
     grpc_metadata auth_md;           /* "authorization: Bearer <token>" (slices owned) */
+    grpc_metadata md[2];             /* sent with calls: auth_md, and "tqkv-hop" */
+    int hop;                         /* opts.hop */
     grpc_channel_credentials *creds; /* kept to rebuild channels */
     grpc_arg args[10];
     grpc_channel_args cargs;
@@ -181,6 +227,16 @@ void tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const cha
 size_t tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t *cand);
 /* How many rank positions Get and Lookup ask. */
 size_t tqkv__read_candidates(tqkv_client_t *c);
+
+/* Views (client.c): a copy of client c whose t/nt/tab are the current membership table,
+ * referenced until tqkv__view_leave; every entry point runs on one. */
+tqkv_client_t *tqkv__view_enter(const tqkv_client_t *c, tqkv_client_t *v);
+void tqkv__view_leave(tqkv_client_t *v);
+/* Index of target t in view c, or c->nt when its table no longer lists it. */
+size_t tqkv__view_find(const tqkv_client_t *c, const target_t *t);
+/* Read repair (client.c): queues a page found below its block's primaries. */
+void tqkv__repair_offer(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t layer,
+                        const tqkv_block_shape_t *shape, const void *page, size_t len);
 int tqkv__hash_ok(const tqkv_hash_t *h);
 
 /* ---- TCP data channels (client_dc.c) ---- */

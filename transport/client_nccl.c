@@ -17,18 +17,36 @@
 #endif
 
 struct tqkv_channel {
-    size_t target;
-    int nccl;    /* 0: fallback */
-    uint64_t id; /* server channel id (nccl) */
+    size_t target;      /* index in the table of the call that opened it */
+    target_t *target_t; /* the target itself (kept until the client goes) */
+    int nccl;           /* 0: fallback */
+    uint64_t id;        /* server channel id (nccl) */
     int device;
     void *comm; /* tqkv_nccl_comm_t * (nccl) */
     int broken; /* pages no longer in step with the server: unusable */
     char reason[320];
 };
 
+static tqkv_status_t open_channel_rpc_v(tqkv_client_t *c, size_t target, int device,
+                                        uint32_t timeout_ms, uint64_t *id, uint8_t uid[128],
+                                        size_t *uid_len);
+
 tqkv_status_t
 tqkv__client_open_channel_rpc(tqkv_client_t *c, size_t target, int device, uint32_t timeout_ms,
                               uint64_t *id, uint8_t uid[128], size_t *uid_len)
+{
+    if (c == NULL)
+        return tqkv__client_err(TQKV_EINVAL, 0, "open channel: client is NULL");
+    tqkv_client_t v;
+    tqkv_status_t st =
+        open_channel_rpc_v(tqkv__view_enter(c, &v), target, device, timeout_ms, id, uid, uid_len);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+open_channel_rpc_v(tqkv_client_t *c, size_t target, int device, uint32_t timeout_ms, uint64_t *id,
+                   uint8_t uid[128], size_t *uid_len)
 {
     Tqkv__V1__OpenChannelRequest m;
     ProtobufCMessage *rq, *rs = NULL;
@@ -65,6 +83,8 @@ close_channel_rpc(tqkv_client_t *c, const tqkv_channel_t *ch)
     ProtobufCMessage *rq, *rs = NULL;
     tqkv_status_t st;
     size_t target = ch->target;
+    if (c == NULL || target >= c->nt)
+        return; /* the server left the membership: nothing to tell */
     tqkv__v1__close_channel_request__init(&m);
     m.channel_id = ch->id;
     rq = &m.base;
@@ -75,9 +95,24 @@ close_channel_rpc(tqkv_client_t *c, const tqkv_channel_t *ch)
 }
 #endif
 
+static tqkv_status_t open_channel_v(tqkv_client_t *c, size_t target, int device,
+                                    uint32_t timeout_ms, tqkv_channel_t **out);
+
 tqkv_status_t
 tqkv_client_open_channel(tqkv_client_t *c, size_t target, int device, uint32_t timeout_ms,
                          tqkv_channel_t **out)
+{
+    if (c == NULL)
+        return open_channel_v(NULL, target, device, timeout_ms, out);
+    tqkv_client_t v;
+    tqkv_status_t st = open_channel_v(tqkv__view_enter(c, &v), target, device, timeout_ms, out);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+open_channel_v(tqkv_client_t *c, size_t target, int device, uint32_t timeout_ms,
+               tqkv_channel_t **out)
 {
     if (out == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "open channel: out is NULL");
@@ -88,6 +123,7 @@ tqkv_client_open_channel(tqkv_client_t *c, size_t target, int device, uint32_t t
     if (ch == NULL)
         return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
     ch->target = target;
+    ch->target_t = c->t[target];
     ch->device = device;
 #ifdef TQKV_HAVE_NCCL
     int ndev = tqkv_nccl_device_count();
@@ -99,8 +135,7 @@ tqkv_client_open_channel(tqkv_client_t *c, size_t target, int device, uint32_t t
     }
     uint8_t uid[128];
     size_t uid_len = 0;
-    tqkv_status_t st =
-        tqkv__client_open_channel_rpc(c, target, device, timeout_ms, &ch->id, uid, &uid_len);
+    tqkv_status_t st = open_channel_rpc_v(c, target, device, timeout_ms, &ch->id, uid, &uid_len);
     if (st != TQKV_OK) {
         const tqkv_client_error_t *e = tqkv_client_last_error();
         if (e->grpc_code != GRPC_STATUS_FAILED_PRECONDITION &&
@@ -144,8 +179,24 @@ tqkv_channel_fallback_reason(const tqkv_channel_t *ch)
     return ch == NULL ? "no channel" : ch->reason;
 }
 
+static void close_channel_v(tqkv_client_t *c, tqkv_channel_t *ch);
+
 void
 tqkv_client_close_channel(tqkv_client_t *c, tqkv_channel_t *ch)
+{
+    if (c == NULL || ch == NULL) {
+        close_channel_v(NULL, ch);
+        return;
+    }
+    tqkv_client_t v;
+    tqkv__view_enter(c, &v);
+    ch->target = tqkv__view_find(&v, ch->target_t);
+    close_channel_v(&v, ch);
+    tqkv__view_leave(&v);
+}
+
+static void
+close_channel_v(tqkv_client_t *c, tqkv_channel_t *ch)
 {
     if (ch == NULL)
         return;
@@ -314,10 +365,32 @@ get_over_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *q, voi
 }
 #endif
 
+static tqkv_status_t get_nccl_v(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *req,
+                                void *const *dev_bufs, size_t n_bufs, size_t buf_len,
+                                tqkv_nccl_cb_t cb, void *arg);
+
 tqkv_status_t
 tqkv_client_get_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *req,
                      void *const *dev_bufs, size_t n_bufs, size_t buf_len, tqkv_nccl_cb_t cb,
                      void *arg)
+{
+    if (c == NULL)
+        return get_nccl_v(NULL, ch, req, dev_bufs, n_bufs, buf_len, cb, arg);
+    tqkv_client_t v;
+    tqkv__view_enter(c, &v);
+    tqkv_status_t st;
+    if (ch && ch->nccl && (ch->target = tqkv__view_find(&v, ch->target_t)) == v.nt)
+        st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
+                              "get (nccl): the channel's server left the membership; close it");
+    else
+        st = get_nccl_v(&v, ch, req, dev_bufs, n_bufs, buf_len, cb, arg);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+get_nccl_v(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *req, void *const *dev_bufs,
+           size_t n_bufs, size_t buf_len, tqkv_nccl_cb_t cb, void *arg)
 {
     if (c == NULL || req == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "get (nccl): client and request required");
@@ -325,7 +398,7 @@ tqkv_client_get_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t 
         return tqkv__client_err(TQKV_EINVAL, 0, "get (nccl): PACKED encoding only");
     if (ch == NULL || !ch->nccl) {
         nccl_fb_t f = {cb, arg};
-        return tqkv_client_get(c, req, nccl_fb_cb, &f);
+        return tqkv_client_get(c, req, nccl_fb_cb, &f); /* a view of its own */
     }
 #ifdef TQKV_HAVE_NCCL
     if (req->ns == NULL || cb == NULL || req->layer_end <= req->layer_begin)

@@ -14,9 +14,9 @@
  * several targets the blocks of a stream that fails can go to the next in rank. */
 typedef struct kept {
     grpc_byte_buffer *bb;
-    uint64_t holders; /* targets this block was sent to */
+    uint64_t holders; /* rank positions this block was sent to */
     uint8_t nrank;
-    uint8_t rank[TQKV_CLIENT_MAX_TARGETS];
+    uint32_t rank[RANK_MAX];
 } kept_t;
 
 typedef struct keptvec {
@@ -49,7 +49,8 @@ kept_clear(keptvec_t *kv)
 }
 
 struct tqkv_put {
-    tqkv_client_t *c;
+    tqkv_client_t *c; /* &cv */
+    tqkv_client_t cv; /* the view (target table) of the whole session */
     grpc_completion_queue *cq;
     rpc_t **rpc;      /* per target, started lazily */
     keptvec_t *kept;  /* per target: messages sent on its current stream (several targets) */
@@ -70,10 +71,13 @@ tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *o, tqkv_put_t **o
     if (c == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "put_begin: client is NULL");
     tqkv_put_t *p = calloc(1, sizeof *p);
-    if (p == NULL || (p->rpc = calloc(c->nt, sizeof *p->rpc)) == NULL ||
+    if (p == NULL)
+        return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+    c = tqkv__view_enter(c, &p->cv);
+    if ((p->rpc = calloc(c->nt, sizeof *p->rpc)) == NULL ||
         (p->kept = calloc(c->nt, sizeof *p->kept)) == NULL) {
-        if (p)
-            free(p->rpc);
+        free(p->rpc);
+        tqkv__view_leave(&p->cv);
         free(p);
         return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
     }
@@ -138,7 +142,7 @@ put_drop(tqkv_put_t *p, size_t ti)
         put_step(p);
     tqkv_status_t st = tqkv__rpc_result(p->c, r);
     if (st == TQKV_OK)
-        st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: Put stream ended early", p->c->t[ti].name);
+        st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: Put stream ended early", p->c->t[ti]->name);
     put_release(p, ti, st == TQKV_EUNAVAILABLE);
     return st;
 }
@@ -172,7 +176,7 @@ put_stream(tqkv_put_t *p, size_t ti, rpc_t **out)
  * skipping the holders. Writes the targets used into *holders. Returns how many
  * took it; *st is the first error that is not a down target. */
 static size_t
-put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint8_t *rank, size_t nrank, size_t want,
+put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint32_t *rank, size_t nrank, size_t want,
           uint64_t *holders, tqkv_status_t *st)
 {
     tqkv_client_t *c = p->c;
@@ -183,7 +187,7 @@ put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint8_t *rank, size_t nrank
     for (size_t i = 0; i < nrank && sent < want; i++) {
         size_t ti = rank[i];
         rpc_t *r = NULL;
-        if ((*holders >> ti) & 1 || !tqkv__target_usable(c, ti, now))
+        if ((*holders >> i) & 1 || !tqkv__target_usable(c, ti, now))
             continue;
         tqkv_status_t s = put_stream(p, ti, &r);
         if (s == TQKV_OK && tqkv__rpc_send(r, grpc_byte_buffer_copy(bb)) != 0)
@@ -194,20 +198,20 @@ put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint8_t *rank, size_t nrank
             *st = s;
             break;
         }
-        used |= 1ull << ti;
+        used |= 1ull << i;
         p->res.blocks_sent++;
         sent++;
     }
     *holders |= used;
     if (c->nt > 1) {
         /* Keep the message on each stream it went to, with the ranking. */
-        for (size_t ti = 0; ti < c->nt; ti++) {
-            if (!((used >> ti) & 1))
+        for (size_t i = 0; i < nrank; i++) {
+            if (!((used >> i) & 1))
                 continue;
             kept_t k = {
                 .bb = grpc_byte_buffer_copy(bb), .holders = *holders, .nrank = (uint8_t)nrank};
-            memcpy(k.rank, rank, nrank);
-            if (kept_push(&p->kept[ti], &k) != 0)
+            memcpy(k.rank, rank, nrank * sizeof *rank);
+            if (kept_push(&p->kept[rank[i]], &k) != 0)
                 grpc_byte_buffer_destroy(k.bb);
         }
     }
@@ -265,14 +269,11 @@ tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b)
     if (bb == NULL)
         return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
 
-    uint32_t cand[TQKV_CLIENT_MAX_TARGETS];
-    uint8_t rank[TQKV_CLIENT_MAX_TARGETS];
+    uint32_t cand[RANK_MAX];
     size_t nc = tqkv__candidates(c, b->ns, b->hash, cand);
-    for (size_t i = 0; i < nc; i++)
-        rank[i] = (uint8_t)cand[i];
     uint64_t holders = 0;
     tqkv_status_t st;
-    size_t sent = put_route(p, bb, rank, nc, c->replicas, &holders, &st);
+    size_t sent = put_route(p, bb, cand, nc, c->replicas, &holders, &st);
     grpc_byte_buffer_destroy(bb);
     if (sent == 0 && st == TQKV_OK)
         st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
@@ -292,6 +293,7 @@ put_free(tqkv_put_t *p)
     free(p->kept);
     free(p->rpc);
     tqkv__cq_destroy(p->cq);
+    tqkv__view_leave(&p->cv);
     free(p);
 }
 
@@ -332,7 +334,7 @@ put_collect(tqkv_put_t *p, tqkv_client_error_t *saved)
             resp = (Tqkv__V1__PutResponse *)tqkv_wire_decode(&tqkv__v1__put_response__descriptor,
                                                              r->recv_bb);
         if (st == TQKV_OK && resp == NULL)
-            st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: malformed PutResponse", c->t[i].name);
+            st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: malformed PutResponse", c->t[i]->name);
         if (resp) {
             p->res.blocks_stored += resp->blocks_stored;
             p->res.blocks_duplicate += resp->blocks_duplicate;

@@ -10,9 +10,23 @@
 
 /* ---- Lookup ---- */
 
+static tqkv_status_t lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks,
+                              uint8_t *tiers);
+
 tqkv_status_t
 tqkv_client_lookup(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks,
                    uint8_t *tiers)
+{
+    if (c == NULL)
+        return lookup_v(NULL, q, prefix_blocks, tiers);
+    tqkv_client_t v;
+    tqkv_status_t st = lookup_v(tqkv__view_enter(c, &v), q, prefix_blocks, tiers);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, uint8_t *tiers)
 {
     if (prefix_blocks)
         *prefix_blocks = 0;
@@ -44,15 +58,16 @@ tqkv_client_lookup(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefi
     ProtobufCMessage **rs = malloc(c->nt * sizeof *rs);
     tqkv_status_t *sts = malloc(c->nt * sizeof *sts);
     size_t *start = malloc((c->nt + 1) * sizeof *start);
+    size_t *fill = malloc((c->nt + 1) * sizeof *fill);
     uint32_t server_prefix = 0;
     int single_ok = 0;
     if (!present || !tier || !cand || !hb || !gidx || !tis || !reqs || !rq || !rs || !sts ||
-        !start) {
+        !start || !fill) {
         st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        uint32_t all[64];
+        uint32_t all[RANK_MAX];
         tqkv__candidates(c, q->ns, &q->hashes[i], all);
         memcpy(&cand[i * nc], all, nc * sizeof *cand);
     }
@@ -65,8 +80,7 @@ tqkv_client_lookup(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefi
                 start[cand[i * nc + round] + 1]++;
         for (size_t t = 0; t < c->nt; t++)
             start[t + 1] += start[t];
-        size_t fill[64];
-        memcpy(fill, start, (c->nt < 64 ? c->nt : 64) * sizeof *fill);
+        memcpy(fill, start, c->nt * sizeof *fill);
         for (size_t i = 0; i < n; i++) {
             if (!present[i] && tqkv__target_usable(c, cand[i * nc + round], now)) {
                 size_t t = cand[i * nc + round];
@@ -140,14 +154,31 @@ out:
     free(rs);
     free(sts);
     free(start);
+    free(fill);
     return st;
 }
 
 /* ---- Delete, Stats, Health ---- */
 
+static tqkv_status_t delete_v(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, size_t n,
+                              int all, uint64_t *pages_deleted, uint64_t *bytes_freed);
+
 tqkv_status_t
 tqkv_client_delete(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, size_t n, int all,
                    uint64_t *pages_deleted, uint64_t *bytes_freed)
+{
+    if (c == NULL)
+        return delete_v(NULL, ns, hashes, n, all, pages_deleted, bytes_freed);
+    tqkv_client_t v;
+    tqkv_status_t st =
+        delete_v(tqkv__view_enter(c, &v), ns, hashes, n, all, pages_deleted, bytes_freed);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+delete_v(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, size_t n, int all,
+         uint64_t *pages_deleted, uint64_t *bytes_freed)
 {
     tqkv_status_t st = TQKV_OK;
     uint64_t pd = 0, bf = 0;
@@ -229,8 +260,21 @@ out:
     return st;
 }
 
+static tqkv_status_t stats_v(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out);
+
 tqkv_status_t
 tqkv_client_stats(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out)
+{
+    if (c == NULL)
+        return stats_v(NULL, ns, out);
+    tqkv_client_t v;
+    tqkv_status_t st = stats_v(tqkv__view_enter(c, &v), ns, out);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+stats_v(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out)
 {
     tqkv_status_t st = TQKV_OK;
     if (c == NULL || out == NULL)
@@ -318,8 +362,22 @@ out:
     return st;
 }
 
+static tqkv_status_t health_v(tqkv_client_t *c, size_t target, const char *service,
+                              int *serving_status);
+
 tqkv_status_t
 tqkv_client_health(tqkv_client_t *c, size_t target, const char *service, int *serving_status)
+{
+    if (c == NULL)
+        return health_v(NULL, target, service, serving_status);
+    tqkv_client_t v;
+    tqkv_status_t st = health_v(tqkv__view_enter(c, &v), target, service, serving_status);
+    tqkv__view_leave(&v);
+    return st;
+}
+
+static tqkv_status_t
+health_v(tqkv_client_t *c, size_t target, const char *service, int *serving_status)
 {
     Grpc__Health__V1__HealthCheckRequest m;
     ProtobufCMessage *rq, *rs;

@@ -66,6 +66,34 @@ tqkv_shard_rank(const uint64_t *ids, size_t n, uint64_t block_key, uint32_t *ord
     }
 }
 
+size_t
+tqkv_shard_top(const uint64_t *ids_base, size_t stride, size_t n, uint64_t block_key, size_t k,
+               uint32_t *order)
+{
+    uint64_t best[256];
+    if (k > n)
+        k = n;
+    if (k > sizeof best / sizeof best[0])
+        k = sizeof best / sizeof best[0];
+    size_t have = 0;
+    uint64_t mk = mix64(block_key);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t id = *(const uint64_t *)(const void *)((const char *)ids_base + i * stride);
+        uint64_t s = mix64(id ^ mk);
+        if (have == k && s <= best[k - 1])
+            continue; /* ties keep the lower index, as tqkv_shard_rank */
+        size_t j = have < k ? have++ : k - 1;
+        while (j > 0 && best[j - 1] < s) {
+            best[j] = best[j - 1];
+            order[j] = order[j - 1];
+            j--;
+        }
+        best[j] = s;
+        order[j] = (uint32_t)i;
+    }
+    return have;
+}
+
 void
 tqkv_shard_health_init(tqkv_shard_health_t *h)
 {

@@ -29,6 +29,13 @@ uint64_t tqkv_shard_score(uint64_t target_id, uint64_t block_key);
  * 0..n-1 into order[n]. Ties (equal ids) break by index. Borrows everything. */
 void tqkv_shard_rank(const uint64_t *ids, size_t n, uint64_t block_key, uint32_t *order);
 
+/* The best k of n targets for block_key, best first, into order[k] (k <= n): ids are
+ * read at ids_base + i * stride (bytes), so they may sit in an array of structs. One
+ * score per target and a partial insertion: O(n * k), for hundreds of targets. The
+ * order equals the first k of tqkv_shard_rank. Returns k. Borrows everything. */
+size_t tqkv_shard_top(const uint64_t *ids_base, size_t stride, size_t n, uint64_t block_key,
+                      size_t k, uint32_t *order);
+
 /* Back-off health of one target. Initialise with tqkv_shard_health_init. */
 typedef struct tqkv_shard_health {
     _Atomic uint64_t down_until_ns; /* 0 = healthy; else skip until this monotonic time */

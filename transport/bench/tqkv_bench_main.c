@@ -74,6 +74,8 @@ typedef struct cfg {
     const char *ns;
     const char *json, *csv;
     const char *tls_ca, *tls_name, *token;
+    const char *dns;     /* --dns-server: resolver for the targets (tests) */
+    uint32_t resolve_ms; /* --resolve-interval-ms: membership re-resolve period */
     int baselines;
     const char *spawn;
     const char *server_args[MAX_SERVER_ARGS];
@@ -1205,8 +1207,12 @@ usage(void)
         "  --lease-ms N (Lookup pins the prefix this long for the Get, 100)\n"
         "  --client-encode (encode pages in the bench and Put pages; bits from\n"
         "                   --key-bits/--value-bits, default 3.5/3)\n"
-        "  --json FILE|-  --csv FILE  --tls-ca FILE [--tls-target-name N]  --token T  "
-        "--no-baselines  --seed N\n"
+        "  --json FILE|-  --csv FILE (a time series, one row a second: throughput, hit rate\n"
+        "               cumulative and of the second, servers followed)\n"
+        "  --tls-ca FILE [--tls-target-name N]  --token T  --no-baselines  --seed N\n"
+        "  a --target DNS name stands for every server it resolves to (a headless Service;\n"
+        "  SRV _grpc._tcp.NAME where present), followed as servers come and go:\n"
+        "  --resolve-interval-ms N (10000)  --dns-server IP:PORT (default: the system's)\n"
         "  --version (print the version and build, exit)\n"
         "exit status: 0 ok, 1 cannot run or write a report, 2 bad flags, 3 verify failures,\n"
         "             4 RPC errors (see \"errors\")\n");
@@ -1431,6 +1437,11 @@ main(int argc, char **argv)
             C.json = v;
         } else if (ARG("--csv")) {
             C.csv = v;
+        } else if (ARG("--dns-server")) {
+            C.dns = v;
+        } else if (ARG("--resolve-interval-ms")) {
+            if (arg_u32("--resolve-interval-ms", v, 1, 3600000, &C.resolve_ms) != 0)
+                return 2;
         } else if (ARG("--tls-ca")) {
             C.tls_ca = v;
         } else if (ARG("--tls-target-name")) {
@@ -1559,6 +1570,9 @@ main(int argc, char **argv)
     tqkv_client_opts_t co = {
         .targets = C.targets,
         .num_targets = C.ntargets,
+        .resolve_targets = 1, /* a Service name: every server behind it, followed */
+        .dns_servers = C.dns,
+        .resolve_interval_ms = C.resolve_ms,
         .tls_ca_path = C.tls_ca,
         .tls_target_name = C.tls_name,
         .token = C.token,
@@ -1660,12 +1674,12 @@ main(int argc, char **argv)
     }
     if (csv)
         fprintf(csv, "t_s,put_gbps,get_bf16_gbps,get_wire_gbps,pages_per_s,hit_rate,"
-                     "verify_failures,errors\n");
+                     "verify_failures,errors,hit_rate_interval,targets\n");
     int tty = isatty(2);
     double t0 = now_s();
     for (int i = 0; i < C.concurrency; i++)
         pthread_create(&ws[i].th, NULL, worker_main, &ws[i]);
-    uint64_t lp = 0, lg = 0, lw = 0, lpg = 0;
+    uint64_t lp = 0, lg = 0, lw = 0, lpg = 0, la = 0, lh = 0;
     double lt = t0;
     /* Not a terminal (a Kubernetes Job's log, a CI file): a whole progress line every
      * PROGRESS_S seconds instead of the \r-rewritten one, so the log shows the run is alive. */
@@ -1687,7 +1701,9 @@ main(int argc, char **argv)
                      w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
             double dt = t - lt;
             uint64_t asked = atomic_load(&K.lookup_asked);
-            double hr = asked ? (double)atomic_load(&K.lookup_hit) / (double)asked : 0;
+            uint64_t hit = atomic_load(&K.lookup_hit);
+            double hr = asked ? (double)hit / (double)asked : 0;
+            double hri = asked > la ? (double)(hit - lh) / (double)(asked - la) : 0;
             if (tty)
                 fprintf(stderr,
                         "\r[%5.1fs] put %6.2f GB/s  get %6.2f GB/s bf16-eq (%5.2f wire)  %8.0f "
@@ -1696,11 +1712,14 @@ main(int argc, char **argv)
                         (double)(w - lw) / dt / 1e9, (double)(pg - lpg) / dt, hr * 100,
                         atomic_load(&K.verify_failures), atomic_load(&K.errors));
             if (csv)
-                fprintf(csv, "%.2f,%.4f,%.4f,%.4f,%.1f,%.4f,%" PRIu64 ",%" PRIu64 "\n", t - t0,
-                        (double)(p - lp) / dt / 1e9, (double)(g - lg) / dt / 1e9,
+                fprintf(csv, "%.2f,%.4f,%.4f,%.4f,%.1f,%.4f,%" PRIu64 ",%" PRIu64 ",%.4f,%zu\n",
+                        t - t0, (double)(p - lp) / dt / 1e9, (double)(g - lg) / dt / 1e9,
                         (double)(w - lw) / dt / 1e9, (double)(pg - lpg) / dt, hr,
-                        atomic_load(&K.verify_failures), atomic_load(&K.errors));
-            lp = p, lg = g, lw = w, lpg = pg, lt = t;
+                        atomic_load(&K.verify_failures), atomic_load(&K.errors), hri,
+                        tqkv_client_num_targets(cl));
+            if (csv)
+                fflush(csv); /* a live time series: plot it while the run goes on */
+            lp = p, lg = g, lw = w, lpg = pg, lt = t, la = asked, lh = hit;
         }
         if (!tty && (t - qt >= PROGRESS_S || !running)) {
             uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),

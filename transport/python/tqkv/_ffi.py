@@ -49,6 +49,12 @@ typedef struct tqkv_client_opts {
     uint32_t backoff_min_ms;
     uint32_t backoff_max_ms;
     int transport;
+    const char *dns_servers;
+    uint32_t resolve_interval_ms;
+    size_t read_repair_bytes;
+    int no_read_repair;
+    const char *exclude_node_id;
+    int hop;
 } tqkv_client_opts_t;
 
 typedef struct tqkv_hash {

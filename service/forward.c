@@ -1,0 +1,345 @@
+/* forward.c - one-hop forwarding to the owners of blocks (see forward.h).
+ *
+ * The peers' client (libtqkv, R = 1, this server left out by its node id) is created
+ * by a thread of its own once the server serves (never on a call's thread: asking
+ * ourselves for our node id there could wait on ourselves) and kept until the server
+ * goes; until then every block is served here; libtqkv is thread-safe, so
+ * every encoder job shares it. Ranking: this server's rank id against the peers'
+ * (tqkv_client_target_rank_id), per block: the highest score owns it. A block not
+ * owned here ranks a peer first among all, which is also the first of the peers alone:
+ * libtqkv's own routing (R = 1) sends it there.
+ */
+#include "service/forward.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/store.h"
+#include "service/log.h"
+#include "service/metrics.h"
+#include "service/service_internal.h"
+#include "transport/client.h"
+#include "transport/shard.h"
+
+#define MAX_PEER_TARGETS 64
+
+struct tqkv__fwd {
+    tqkv_server_t *srv;
+    tqkv_client_t *cl;
+    uint64_t self;
+};
+
+tqkv__fwd_t *
+tqkv__fwd_get(tqkv_server_t *s)
+{
+    return atomic_load(&s->fwd);
+}
+
+/* Makes the peers' client, from a thread of its own once the server serves (it asks
+ * every peer, and itself, for a node id), again every 2 s until it has one. */
+static void *
+fwd_main(void *arg)
+{
+    tqkv_server_t *s = arg;
+    char list[sizeof s->cfg.peers], *save = NULL;
+    const char *targets[MAX_PEER_TARGETS];
+    size_t nt = 0;
+    snprintf(list, sizeof list, "%s", s->cfg.peers);
+    for (char *tok = strtok_r(list, ",", &save); tok && nt < MAX_PEER_TARGETS;
+         tok = strtok_r(NULL, ",", &save))
+        if (*tok)
+            targets[nt++] = tok;
+    tqkv_client_opts_t o = {.targets = targets,
+                            .num_targets = nt,
+                            .resolve_targets = 1,
+                            .dns_servers = s->cfg.peers_dns[0] ? s->cfg.peers_dns : NULL,
+                            .replicas = 1,
+                            .deadline_ms = 10000,
+                            .max_message_bytes = (size_t)s->cfg.max_message_bytes,
+                            .resolve_interval_ms = 1000, /* pods come and go */
+                            .backoff_min_ms = 100,
+                            .backoff_max_ms = 2000,
+                            .no_read_repair = 1,
+                            .exclude_node_id = s->cfg.node_id,
+                            .hop = 1};
+    pthread_mutex_lock(&s->fwd_mu);
+    while (!s->fwd_stop && nt > 0) {
+        pthread_mutex_unlock(&s->fwd_mu);
+        tqkv_client_t *cl = NULL;
+        tqkv__fwd_t *f = NULL;
+        if (tqkv_client_create(&o, &cl) == TQKV_OK && (f = calloc(1, sizeof *f)) != NULL) {
+            f->srv = s;
+            f->cl = cl;
+            f->self = tqkv_shard_target_id(s->cfg.node_id);
+            atomic_store(&s->fwd, f);
+            tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu",
+                     tqkv_client_num_targets(cl));
+            return NULL;
+        }
+        tqkv_client_destroy(cl);
+        pthread_mutex_lock(&s->fwd_mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 2;
+        if (!s->fwd_stop)
+            pthread_cond_timedwait(&s->fwd_cv, &s->fwd_mu, &ts);
+    }
+    pthread_mutex_unlock(&s->fwd_mu);
+    return NULL;
+}
+
+void
+tqkv__fwd_start(tqkv_server_t *s)
+{
+    pthread_mutex_init(&s->fwd_mu, NULL);
+    pthread_cond_init(&s->fwd_cv, NULL);
+    s->fwd_inited = 1;
+    if (s->cfg.no_forward || s->cfg.peers[0] == '\0')
+        return;
+    if (s->auth != NULL) {
+        tqkv_log(TQKV_LOG_INFO, "forwarding off: auth is on (the caller's token would travel)",
+                 "peers=\"%s\"", s->cfg.peers);
+        return;
+    }
+    s->fwd_thread_started = pthread_create(&s->fwd_thread, NULL, fwd_main, s) == 0;
+}
+
+void
+tqkv__fwd_stop(tqkv_server_t *s)
+{
+    if (!s->fwd_inited)
+        return;
+    if (s->fwd_thread_started) {
+        pthread_mutex_lock(&s->fwd_mu);
+        s->fwd_stop = 1;
+        pthread_cond_broadcast(&s->fwd_cv);
+        pthread_mutex_unlock(&s->fwd_mu);
+        pthread_join(s->fwd_thread, NULL);
+        s->fwd_thread_started = 0;
+    }
+    tqkv__fwd_destroy(atomic_exchange(&s->fwd, NULL));
+    pthread_mutex_destroy(&s->fwd_mu);
+    pthread_cond_destroy(&s->fwd_cv);
+    s->fwd_inited = 0;
+}
+
+void
+tqkv__fwd_destroy(tqkv__fwd_t *f)
+{
+    if (f == NULL)
+        return;
+    tqkv_client_destroy(f->cl);
+    free(f);
+}
+
+tqkv_status_t
+tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
+{
+    r->self = f->self;
+    r->n = tqkv_client_num_targets(f->cl);
+    r->ids = calloc(r->n ? r->n : 1, sizeof *r->ids);
+    r->known = calloc(r->n ? r->n : 1, 1);
+    if (r->ids == NULL || r->known == NULL) {
+        free(r->ids);
+        free(r->known);
+        return TQKV_ENOMEM;
+    }
+    for (size_t i = 0; i < r->n; i++) {
+        char id[8];
+        r->ids[i] = tqkv_client_target_rank_id(f->cl, i);
+        r->known[i] = tqkv_client_target_node_id(f->cl, i, id, sizeof id) == 0;
+    }
+    return TQKV_OK;
+}
+
+void
+tqkv__fwd_rank_free(tqkv__fwd_rank_t *r)
+{
+    free(r->ids);
+    free(r->known);
+    r->ids = NULL;
+    r->known = NULL;
+}
+
+int
+tqkv__fwd_owned(const tqkv__fwd_rank_t *r, const char *ns, const uint8_t *hash, size_t len)
+{
+    uint64_t key = tqkv_shard_block_key(ns, hash, len);
+    uint64_t best = tqkv_shard_score(r->self, key);
+    size_t top = r->n; /* ourselves */
+    for (size_t i = 0; i < r->n; i++) {
+        uint64_t sc = tqkv_shard_score(r->ids[i], key);
+        if (sc > best)
+            best = sc, top = i;
+    }
+    /* A peer that has not told its node id (not up yet, an address that does not
+     * answer) is nobody's owner: the block stays here rather than go nowhere. */
+    return top == r->n || !r->known[top];
+}
+
+static void
+copy_hash(tqkv_hash_t *h, const uint8_t *p, size_t len)
+{
+    h->len = (uint8_t)(len > TQKV_HASH_MAX ? TQKV_HASH_MAX : len);
+    memcpy(h->bytes, p, h->len);
+}
+
+tqkv_status_t
+tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_len,
+              const uint8_t *parent, size_t parent_len, uint32_t layer,
+              const tqkv_block_shape_t *shape, const void *page, size_t len, int *duplicate,
+              char *err, size_t errlen)
+{
+    tqkv_hash_t h, ph;
+    copy_hash(&h, hash, hash_len);
+    if (parent)
+        copy_hash(&ph, parent, parent_len);
+    tqkv_put_t *p = NULL;
+    tqkv_status_t st = tqkv_client_put_begin(f->cl, NULL, &p);
+    if (st == TQKV_OK) {
+        tqkv_put_block_t b = {.ns = ns,
+                              .hash = &h,
+                              .parent = parent ? &ph : NULL,
+                              .layer = layer,
+                              .shape = *shape,
+                              .page = page,
+                              .page_len = len};
+        st = tqkv_client_put_block(p, &b);
+        tqkv_put_result_t res;
+        tqkv_status_t st2 = tqkv_client_put_end(p, &res);
+        if (st == TQKV_OK)
+            st = st2;
+        if (st == TQKV_OK && res.blocks_lost)
+            st = TQKV_EUNAVAILABLE;
+        *duplicate = res.blocks_duplicate > 0;
+    }
+    if (st != TQKV_OK)
+        snprintf(err, errlen, "forward to the block's owner: %s",
+                 tqkv_client_last_error()->message);
+    else
+        tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_PUT, 1);
+    return st;
+}
+
+/* The wanted hashes as a new array (*out, *nout, and their indexes in *idx). */
+static tqkv_status_t
+gather(const uint8_t *const *hashes, const size_t *lens, const uint8_t *want, size_t n,
+       tqkv_hash_t **out, size_t **idx, size_t *nout)
+{
+    *nout = 0;
+    *out = malloc((n ? n : 1) * sizeof **out);
+    *idx = malloc((n ? n : 1) * sizeof **idx);
+    if (*out == NULL || *idx == NULL) {
+        free(*out);
+        free(*idx);
+        return TQKV_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (want[i]) {
+            copy_hash(&(*out)[*nout], hashes[i], lens[i]);
+            (*idx)[(*nout)++] = i;
+        }
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, const size_t *lens,
+                 const uint8_t *want, size_t n, uint32_t num_layers, uint32_t lease_ms,
+                 uint8_t *tiers, char *err, size_t errlen)
+{
+    tqkv_hash_t *hs;
+    size_t *idx, m;
+    if (gather(hashes, lens, want, n, &hs, &idx, &m) != TQKV_OK) {
+        snprintf(err, errlen, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    tqkv_status_t st = TQKV_OK;
+    uint8_t *t = calloc(m ? m : 1, 1);
+    if (m > 0 && t) {
+        tqkv_lookup_req_t q = {.ns = ns,
+                               .hashes = hs,
+                               .num_hashes = m,
+                               .num_layers = num_layers,
+                               .lease_ms = lease_ms};
+        uint32_t prefix = 0;
+        st = tqkv_client_lookup(f->cl, &q, &prefix, t);
+        if (st == TQKV_OK) {
+            for (size_t k = 0; k < m; k++)
+                tiers[idx[k]] = t[k];
+            tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_LOOKUP, m);
+        } else {
+            snprintf(err, errlen, "forward to the blocks' owners: %s",
+                     tqkv_client_last_error()->message);
+        }
+    } else if (t == NULL) {
+        st = TQKV_ENOMEM;
+        snprintf(err, errlen, "out of memory");
+    }
+    free(t);
+    free(hs);
+    free(idx);
+    return st;
+}
+
+typedef struct fill {
+    tqkv_store_t *store;
+    const char *ns;
+    const tqkv_hash_t *hs;
+    uint64_t copied;
+} fill_t;
+
+static int
+fill_cb(void *arg, const tqkv_get_page_t *pg)
+{
+    fill_t *x = arg;
+    if (!pg->found || pg->page == NULL)
+        return 0;
+    tqkv_page_info_t info;
+    if (tqkv_page_validate(pg->page, pg->page_len, 0, &info, NULL, 0) != TQKV_OK)
+        return 0;
+    const tqkv_hash_t *h = &x->hs[pg->hash_index];
+    tqkv_block_key_t key = {x->ns, strlen(x->ns), h->bytes, h->len, pg->layer};
+    int dup = 0;
+    if (tqkv_store_put(x->store, &key, NULL, 0, pg->page, pg->page_len, info.bf16_bytes, &dup) ==
+        TQKV_OK)
+        x->copied++;
+    return 0;
+}
+
+tqkv_status_t
+tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, const size_t *lens,
+               const uint8_t *want, size_t n, uint32_t begin, uint32_t end, uint64_t *copied,
+               char *err, size_t errlen)
+{
+    tqkv_hash_t *hs;
+    size_t *idx, m;
+    *copied = 0;
+    if (gather(hashes, lens, want, n, &hs, &idx, &m) != TQKV_OK) {
+        snprintf(err, errlen, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    tqkv_status_t st = TQKV_OK;
+    if (m > 0) {
+        fill_t x = {.store = f->srv->store, .ns = ns, .hs = hs};
+        tqkv_get_req_t q = {.ns = ns,
+                            .hashes = hs,
+                            .num_hashes = m,
+                            .layer_begin = begin,
+                            .layer_end = end,
+                            .encoding = TQKV_CLIENT_PACKED};
+        st = tqkv_client_get(f->cl, &q, fill_cb, &x);
+        *copied = x.copied;
+        if (st == TQKV_OK)
+            tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_GET, m);
+        else
+            snprintf(err, errlen, "forward to the blocks' owners: %s",
+                     tqkv_client_last_error()->message);
+    }
+    free(hs);
+    free(idx);
+    return st;
+}

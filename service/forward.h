@@ -1,0 +1,69 @@
+/* forward.h - one-hop forwarding of blocks this server does not own (thin clients).
+ *
+ * A client that reaches the cluster through one address (the load-balanced Service,
+ * grpcio) sends every block to whichever pod it is connected to. With --peers (and
+ * without --no-forward), a server ranks each block over itself and its peers by node
+ * id, as libtqkv does, and sends what another server owns (ranks first) to that owner:
+ * Put messages are stored there (the page, encoded here), Lookup asks the owner for its
+ * hashes, and a Get first copies the owner's pages of its hashes into this server's
+ * store, then streams as usual. Forwarded calls carry the "tqkv-hop" header: the owner
+ * answers them itself, never forwarding again (one hop); so does every call of a client
+ * that shards itself (libtqkv with several targets). Off where auth is on (the caller's
+ * token would have to travel). Blocking: called from encoder-pool jobs.
+ */
+#ifndef TQKV_SERVICE_FORWARD_H
+#define TQKV_SERVICE_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/page.h"
+#include "kernels/status.h"
+
+struct tqkv_server;
+typedef struct tqkv__fwd tqkv__fwd_t;
+
+/* Starts the thread that makes the peers' client (with --peers, unless --no-forward or
+ * auth is on); tqkv__fwd_stop joins it and frees the client (no call may run). */
+void tqkv__fwd_start(struct tqkv_server *s);
+void tqkv__fwd_stop(struct tqkv_server *s);
+
+/* The peers, or NULL when forwarding is off or no peer is known yet. Borrowed until
+ * tqkv__fwd_stop. */
+tqkv__fwd_t *tqkv__fwd_get(struct tqkv_server *s);
+
+/* A snapshot of the ranking for one request (the peers' rank ids and ours). */
+typedef struct tqkv__fwd_rank {
+    uint64_t self;
+    uint64_t *ids;  /* peers */
+    uint8_t *known; /* the peer's node id is known */
+    size_t n;
+} tqkv__fwd_rank_t;
+tqkv_status_t tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r);
+void tqkv__fwd_rank_free(tqkv__fwd_rank_t *r);
+/* 1 when this server ranks first for block (ns, hash) among itself and the peers, or
+ * the peer that does has no known node id. */
+int tqkv__fwd_owned(const tqkv__fwd_rank_t *r, const char *ns, const uint8_t *hash, size_t len);
+
+/* Puts one page to its owner (a peer). *duplicate set as the owner reports. */
+tqkv_status_t tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_len,
+                            const uint8_t *parent, size_t parent_len, uint32_t layer,
+                            const tqkv_block_shape_t *shape, const void *page, size_t len,
+                            int *duplicate, char *err, size_t errlen);
+
+/* Per hash of hashes[n], the tier the owners report (0 = absent), for the hashes with
+ * want[i] set; lease_ms as in Lookup. */
+tqkv_status_t tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes,
+                               const size_t *lens, const uint8_t *want, size_t n,
+                               uint32_t num_layers, uint32_t lease_ms, uint8_t *tiers, char *err,
+                               size_t errlen);
+
+/* Copies the owners' pages of the hashes with want[i] set, layers [begin, end), into
+ * the store. Returns the pages copied in *copied. */
+tqkv_status_t tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes,
+                             const size_t *lens, const uint8_t *want, size_t n, uint32_t begin,
+                             uint32_t end, uint64_t *copied, char *err, size_t errlen);
+
+void tqkv__fwd_destroy(tqkv__fwd_t *f);
+
+#endif

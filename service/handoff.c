@@ -1,0 +1,141 @@
+/* handoff.c - hand-off on drain: a stopping server gives its pages to its peers.
+ *
+ * On SIGTERM (a pod's preStop, a rolling restart) a server started with --peers finds
+ * the other servers as a client does (libtqkv's membership: DNS, node ids), leaving
+ * itself out by its own node id. With itself out of the ranking, a block's rank-0 peer
+ * is its next-ranked live server: the one every client asks first once this server is
+ * gone. So the pages are simply put, as packed pages (no re-encode), through a
+ * client with R = 1 over the peers: hottest first (tqkv_store_export), until the time
+ * (--handoff-seconds) or byte (--handoff-bytes) budget runs out. Health reads
+ * NOT_SERVING meanwhile, reads are still served; the drain follows.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/store.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "kernels/page.h"
+#include "service/log.h"
+#include "service/metrics.h"
+#include "service/service_internal.h"
+#include "transport/client.h"
+
+#define MAX_PEER_TARGETS 64
+
+uint64_t
+tqkv_server_handoff(tqkv_server_t *s)
+{
+    const tqkv_server_config_t *cfg = &s->cfg;
+    if (cfg->peers[0] == '\0' || cfg->handoff_seconds == 0 || !s->started)
+        return 0;
+    double t0 = tqkv__now(), deadline = t0 + cfg->handoff_seconds;
+    tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
+
+    char list[sizeof cfg->peers], *save = NULL;
+    const char *targets[MAX_PEER_TARGETS];
+    size_t nt = 0;
+    snprintf(list, sizeof list, "%s", cfg->peers);
+    for (char *tok = strtok_r(list, ",", &save); tok && nt < MAX_PEER_TARGETS;
+         tok = strtok_r(NULL, ",", &save))
+        if (*tok)
+            targets[nt++] = tok;
+    tqkv_client_opts_t o = {.targets = targets,
+                            .num_targets = nt,
+                            .resolve_targets = 1,
+                            .dns_servers = cfg->peers_dns[0] ? cfg->peers_dns : NULL,
+                            .resolve_interval_ms = UINT32_MAX,
+                            .replicas = 1,
+                            .deadline_ms = cfg->handoff_seconds * 1000u,
+                            .max_message_bytes = (size_t)cfg->max_message_bytes,
+                            .backoff_min_ms = 100,
+                            .backoff_max_ms = 1000,
+                            .no_read_repair = 1,
+                            .exclude_node_id = cfg->node_id,
+                            .hop = 1}; /* the next-ranked peer keeps it, even while it still
+                                          ranks us first */
+    tqkv_client_t *c = NULL;
+    if (nt == 0 || tqkv_client_create(&o, &c) != TQKV_OK) {
+        char q[512];
+        tqkv_log_quote(q, sizeof q, nt ? tqkv_client_last_error()->message : "empty --peers");
+        tqkv_log(TQKV_LOG_WARN, "hand-off: no peer", "peers=\"%s\" error=\"%s\"", cfg->peers, q);
+        return 0;
+    }
+    tqkv_store_key_out_t *keys = NULL;
+    size_t n = 0;
+    if (tqkv_store_export(s->store, 0, &keys, &n) != TQKV_OK) {
+        tqkv_log(TQKV_LOG_WARN, "hand-off: cannot list the pages (out of memory)", "pages=0");
+        tqkv_client_destroy(c);
+        return 0;
+    }
+    tqkv_put_t *p = NULL;
+    tqkv_put_opts_t po = {.deadline_ms = cfg->handoff_seconds * 1000u};
+    const char *stop = "done";
+    uint64_t sent = 0, bytes = 0;
+    if (tqkv_client_put_begin(c, &po, &p) != TQKV_OK) {
+        stop = "put failed";
+        n = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const tqkv_store_key_out_t *k = &keys[i];
+        if (tqkv__now() >= deadline) {
+            stop = "time budget";
+            break;
+        }
+        if (cfg->handoff_bytes && bytes + k->len > cfg->handoff_bytes) {
+            stop = "byte budget";
+            break;
+        }
+        if (k->hash_len < 8 || k->hash_len > TQKV_HASH_MAX ||
+            (k->parent && (k->parent_len < 8 || k->parent_len > TQKV_HASH_MAX)))
+            continue;
+        tqkv_block_key_t key = {k->ns, k->ns_len, k->hash, k->hash_len, k->layer};
+        tqkv_page_ref_t *ref = NULL;
+        if (tqkv_store_get(s->store, &key, &ref) != TQKV_OK)
+            continue; /* evicted or deleted meanwhile */
+        const void *page = tqkv_page_ref_data(ref);
+        size_t len = tqkv_page_ref_len(ref);
+        tqkv_page_info_t info;
+        char why[128];
+        if (tqkv_page_validate(page, len, 0, &info, why, sizeof why) != TQKV_OK) {
+            tqkv_page_ref_release(ref);
+            continue;
+        }
+        tqkv_hash_t h = {.len = (uint8_t)k->hash_len}, ph = {.len = (uint8_t)k->parent_len};
+        memcpy(h.bytes, k->hash, k->hash_len);
+        if (k->parent)
+            memcpy(ph.bytes, k->parent, k->parent_len);
+        tqkv_put_block_t b = {.ns = k->ns,
+                              .hash = &h,
+                              .parent = k->parent ? &ph : NULL,
+                              .layer = k->layer,
+                              .shape = info.shape,
+                              .page = page,
+                              .page_len = len};
+        tqkv_status_t st = tqkv_client_put_block(p, &b);
+        tqkv_page_ref_release(ref);
+        if (st != TQKV_OK) {
+            stop = "no live peer";
+            break;
+        }
+        sent++;
+        bytes += len;
+    }
+    tqkv_put_result_t res;
+    memset(&res, 0, sizeof res);
+    if (p && tqkv_client_put_end(p, &res) != TQKV_OK && !strcmp(stop, "done"))
+        stop = "put failed";
+    uint64_t handed = res.blocks_stored + res.blocks_duplicate;
+    atomic_fetch_add(&s->handed_off, handed);
+    tqkv_metrics_handoff(s->metrics, handed, res.bytes_in);
+    tqkv_log(TQKV_LOG_INFO, "hand-off",
+             "pages=%zu sent=%llu stored=%llu duplicate=%llu lost=%llu bytes=%llu seconds=%.2f "
+             "peers=%zu stopped_by=\"%s\"",
+             n, (unsigned long long)sent, (unsigned long long)res.blocks_stored,
+             (unsigned long long)res.blocks_duplicate, (unsigned long long)res.blocks_lost,
+             (unsigned long long)bytes, tqkv__now() - t0, tqkv_client_num_targets(c), stop);
+    free(keys);
+    tqkv_client_destroy(c);
+    return handed;
+}

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""thin_grpcio.py - plain grpcio clients, each through one pod, see one cache.
+
+Three tqkv-servers with --peers (found through dnsmasq SRV records). A grpcio client
+connected to server 0 Puts blocks; another connected to server 1 Lookups and Gets
+them: every block is found (the servers forward to each block's owner, one hop), and
+its page is byte-identical to the one a client of server 2 gets. With --no-forward the
+second client misses most of them.
+
+usage: thin_grpcio.py TQKV_SERVER PROTO_DIR
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import numpy as np
+
+SERVER, PROTO_DIR = sys.argv[1], sys.argv[2]
+DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
+
+
+def free_port():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    p = u.getsockname()[1]
+    u.close()
+    return p
+
+
+def stubs(tmp):
+    out = os.path.join(tmp, "py")
+    os.makedirs(out)
+    plugin = shutil.which("grpc_python_plugin") or "/usr/bin/grpc_python_plugin"
+    subprocess.check_call(["protoc", "-I" + PROTO_DIR, "--python_out=" + out,
+                           "--grpc_python_out=" + out, "--plugin=protoc-gen-grpc_python=" + plugin,
+                           "tqkv/v1/kvcache.proto"])
+    sys.path.insert(0, out)
+    import tqkv.v1.kvcache_pb2 as pb
+    import tqkv.v1.kvcache_pb2_grpc as pbg
+    return pb, pbg
+
+
+def cluster(tmp, no_forward):
+    dport = free_port()
+    hosts = os.path.join(tmp, "hosts")
+    with open(hosts, "w") as f:
+        f.write("127.0.0.1 h.test\n")
+    procs, ports = [], []
+    for i in range(3):
+        args = [SERVER, "--listen", "127.0.0.1:0", "--node-id", "tqkv-%d" % i,
+                "--dram-capacity", "256M", "--drain-seconds", "1", "--peers", "svc.test:1",
+                "--peers-dns", "127.0.0.1:%d" % dport, "--log-level", "warn"]
+        if no_forward:
+            args.append("--no-forward")
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        while True:
+            line = p.stdout.readline()
+            if "listening on" in line:
+                ports.append(int(line.rsplit(":", 1)[1]))
+                break
+            if not line:
+                raise RuntimeError("server did not start")
+        procs.append(p)
+    args = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+            "--no-poll", "--listen-address=127.0.0.1", "--bind-interfaces", "--pid-file=",
+            "--cache-size=0", "--user=root", "--port=%d" % dport, "--addn-hosts=" + hosts]
+    args += ["--srv-host=_grpc._tcp.svc.test,h.test,%d" % p for p in ports]
+    dns = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    time.sleep(3)  # the servers find each other within their re-resolve period (1 s)
+    return procs, ports, dns
+
+
+def run(pb, pbg, tmp, no_forward):
+    procs, ports, dns = cluster(tmp, no_forward)
+    try:
+        chans = [grpc.insecure_channel("127.0.0.1:%d" % p) for p in ports]
+        kv = [pbg.KVCacheStub(c) for c in chans]
+        rng = np.random.default_rng(int(time.time()))
+        T, H, D, N = 16, 2, 64, 40
+        hashes = [rng.bytes(16) for _ in range(N)]
+
+        def msgs():
+            for i, h in enumerate(hashes):
+                k = rng.standard_normal(T * H * D).astype(np.float32)
+                v = rng.standard_normal(T * H * D).astype(np.float32)
+                bf = lambda a: (a.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+                yield pb.PutRequest(namespace="thin", hash=h,
+                                    parent_hash=hashes[i - 1] if i else b"", layer=0,
+                                    num_layers=1, num_tokens=T, num_kv_heads=H, head_dim=D,
+                                    key=bf(k), value=bf(v))
+
+        r = kv[0].Put(msgs(), timeout=30)
+        assert r.blocks_stored + r.blocks_duplicate == N, r
+        lk = kv[1].Lookup(pb.LookupRequest(namespace="thin", hashes=hashes, num_layers=1),
+                          timeout=30)
+
+        def pages(stub):
+            out = {}
+            for m in stub.Get(pb.GetRequest(namespace="thin", hashes=hashes, layer_begin=0,
+                                            layer_end=1), timeout=30):
+                if m.found:
+                    out[bytes(m.hash)] = bytes(m.page)
+            return out
+
+        p1, p2 = pages(kv[1]), pages(kv[2])
+        same = sum(1 for h in p1 if h in p2 and p1[h] == p2[h])
+        print("grpcio thin clients (%s): Lookup through pod 1 prefix %d of %d, Get through "
+              "pod 1 found %d, through pod 2 %d, identical %d" %
+              ("--no-forward" if no_forward else "forwarding", lk.prefix_blocks, N, len(p1),
+               len(p2), same))
+        return lk.prefix_blocks, len(p1), same, N
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
+        dns.terminate()
+        dns.wait()
+
+
+def main():
+    if not os.path.exists(DNSMASQ):
+        print("SKIP: dnsmasq not installed")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        pb, pbg = stubs(tmp)
+        prefix, found, same, n = run(pb, pbg, tmp, False)
+        if not (prefix == n and found == n and same == n):
+            print("FAIL: a thin client through another pod must see every block")
+            return 1
+        prefix0, found0, _, _ = run(pb, pbg, tmp, True)
+        if not found0 < n:
+            print("FAIL: --no-forward still found everything through another pod")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+# membership.cmake - live membership (transport/membership.c) against a real DNS server:
+# dnsmasq on 127.0.0.1 at a free port, records rewritten + SIGHUP (skipped, exit 77,
+# where dnsmasq is not installed: apt-get install dnsmasq-base).
+tqkv_check_suite(check_membership
+  SOURCES ${PROJECT_SOURCE_DIR}/tests/check_membership.c
+  LIBS tqkv
+  LABELS unit
+  TIMEOUT 300)
+
+if(TARGET tqkv-server)
+  # --node-id: what a client learns at connect time (Stats identity_only, no token),
+  # the default (host name), TQKV_NODE_ID, the tqkv_node_info metric, a bad value.
+  tqkv_check_suite(check_node_id
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_node_id.c
+    LIBS tqkv
+    LABELS server
+    TIMEOUT 300)
+  set_tests_properties(check_node_id PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+endif()
+
+if(TARGET tqkv-server)
+  # A long-lived client follows servers added, removed (SIGTERM), killed (SIGKILL) and
+  # restarted on a new port with the same --node-id, through dnsmasq SRV records.
+  tqkv_check_suite(check_member_cluster
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/check_member_cluster.c
+    LIBS tqkv
+    LABELS shard
+    TIMEOUT 300)
+  set_tests_properties(check_member_cluster PROPERTIES
+    ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
+endif()
+
+if(TARGET tqkv-server AND TARGET tqkv-bench)
+  # A rolling restart of 3 servers under a steady tqkv-bench (--target a DNS name it
+  # follows), with and without hand-off on drain; gnuplot draws both hit-rate series
+  # (deploy/bench/hit-rate.gp) into the build tree.
+  if(EXISTS /usr/bin/python3)
+    add_test(NAME member_rolling_restart_bench
+      COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/member/rolling_restart_bench.py
+              $<TARGET_FILE:tqkv-server> $<TARGET_FILE:tqkv-bench>
+              ${CMAKE_CURRENT_BINARY_DIR}/member-bench)
+    set_tests_properties(member_rolling_restart_bench PROPERTIES LABELS "shard;bench"
+      TIMEOUT 300 SKIP_RETURN_CODE 77)
+  endif()
+endif()
+
+if(TARGET tqkv-server AND EXISTS /usr/bin/python3)
+  # grpcio clients through single pods (the load-balanced Service) see one cache: the
+  # servers forward blocks they do not own to their owners (one hop); not with
+  # --no-forward.
+  add_test(NAME member_thin_grpcio
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/member/thin_grpcio.py
+            $<TARGET_FILE:tqkv-server> ${PROJECT_SOURCE_DIR}/proto)
+  set_tests_properties(member_thin_grpcio PROPERTIES LABELS "server;interop" TIMEOUT 180
+    SKIP_RETURN_CODE 77)
+endif()
