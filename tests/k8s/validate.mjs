@@ -829,9 +829,16 @@ async function runK8s() {
   if (envs.cpu && envs["insecure-dev"]) {
     const want = { ...envs.cpu };
     for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_TLS_CLIENT_CA", "TQKV_AUTH_TOKENS"]) delete want[k];
-    const got = envs["insecure-dev"];
+    const got = { ...envs["insecure-dev"] };
+    // Hand-off and forwarding talk to peers in clear (docs/cluster.md, "Limits"): only
+    // the insecure overlay turns them on, and it must.
+    for (const k of ["TQKV_PEERS", "TQKV_HANDOFF_SECONDS"]) {
+      expect(got[k] !== undefined, "overlays/insecure-dev", `${k} is not set (hand-off on drain)`);
+      expect(want[k] === undefined, "overlays/cpu", `${k} is set: hand-off runs in clear, not in a TLS overlay`);
+      delete got[k];
+    }
     for (const k of new Set([...Object.keys(want), ...Object.keys(got)]))
-      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS and tokens may)`);
+      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS, tokens and hand-off may)`);
   }
   // disk is the secure base (behavior: merge) plus the disk tier: nothing else may drift.
   if (envs.cpu && envs.disk) {
