@@ -20,6 +20,12 @@
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <dirent.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1101,6 +1107,49 @@ wait_until(tqkv_server_t *s, double deadline, int (*cond)(tqkv_server_t *))
     pthread_mutex_unlock(&s->mu);
 }
 
+#define LINGER_S 2.0       /* after a drain: the longest wait for clients to take the bytes */
+#define LINGER_QUIET_S 0.3 /* ... ended once the sockets stayed flushed this long */
+
+/* Bytes this process's TCP sockets hold that their peers have not acknowledged. */
+static long
+unacked_bytes(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    long total = 0;
+    struct dirent *e;
+    if (d == NULL)
+        return 0;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        struct stat st;
+        int type = 0, q = 0;
+        socklen_t len = sizeof type;
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode))
+            continue;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM &&
+            ioctl(fd, SIOCOUTQ, &q) == 0 && q > 0)
+            total += q;
+    }
+    closedir(d);
+    return total;
+}
+
+/* Waits (10 ms steps) until deadline, or until no TCP socket has held unacknowledged
+ * bytes for LINGER_QUIET_S in a row: gRPC completes a call once its last messages are
+ * queued in its own transport, which writes them to the socket afterwards. */
+static void
+wait_sockets_flushed(double deadline)
+{
+    double quiet_since = tqkv__now();
+    while (tqkv__now() < deadline) {
+        if (unacked_bytes() > 0)
+            quiet_since = tqkv__now();
+        else if (tqkv__now() - quiet_since >= LINGER_QUIET_S)
+            return;
+        usleep(10000);
+    }
+}
+
 static int
 no_work(tqkv_server_t *s)
 {
@@ -1131,10 +1180,20 @@ tqkv_server_shutdown(tqkv_server_t *s)
     tqkv__dc_stop_accepting(s); /* channels already attached serve out the drain */
     s->shutdown_tag.call = NULL;
     grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
-    wait_until(s, tqkv__now() + s->cfg.drain_seconds, no_work);
+    double drain_end = tqkv__now() + s->cfg.drain_seconds;
+    wait_until(s, drain_end, no_work);
     long left = atomic_load(&s->work_calls);
     if (left)
         tqkv_log(TQKV_LOG_WARN, "drain time over, cancelling calls", "in_flight=%ld", left);
+    else if (inflight > 0) {
+        /* A drained call is complete once its last bytes are in the kernel's socket
+         * buffer, not once the client has them: closing a connection that holds unread
+         * bytes from the client (window updates) resets it, and the reset throws away
+         * what the client has not acknowledged yet. Wait until every TCP socket of the
+         * process has nothing left unacknowledged (bounded by LINGER_S and the drain). */
+        double linger = tqkv__now() + LINGER_S;
+        wait_sockets_flushed(linger < drain_end ? linger : drain_end);
+    }
     grpc_server_cancel_all_calls(s->server);
     wait_until(s, 0, all_gone);
     unsigned dc_left = tqkv__dc_destroy(s, 5000);

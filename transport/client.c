@@ -126,7 +126,8 @@ target_detach(void *arg, void *user)
     t->nch = 0;
     for (dconn_t *d = t->dc_idle, *nx; d; d = nx) {
         nx = d->next;
-        close(d->fd); /* the server drops a channel whose connection closes */
+        SSL_free(d->ssl); /* TLS channels: the session (the merge had lost this free) */
+        close(d->fd);     /* the server drops a channel whose connection closes */
         free(d);
     }
     t->dc_idle = NULL;

@@ -320,9 +320,11 @@ ares_run(ares_channel ch)
         int n = 0;
         for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
             short ev = 0;
-            if (ARES_GETSOCK_READABLE(bm, i))
+            /* c-ares' ARES_GETSOCK_* macros shift a signed 1 into bit 31 (undefined
+             * behaviour for i = 15): the same bits, unsigned. */
+            if ((unsigned)bm & (1u << i))
                 ev |= POLLIN;
-            if (ARES_GETSOCK_WRITABLE(bm, i))
+            if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
                 ev |= POLLOUT;
             if (!ev)
                 continue;
