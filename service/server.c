@@ -1176,24 +1176,27 @@ tqkv_server_shutdown(tqkv_server_t *s)
     tqkv_log(TQKV_LOG_INFO, "draining", "in_flight=%ld drain_seconds=%u", inflight,
              s->cfg.drain_seconds);
     tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
-    atomic_store(&s->shutting_down, 1);
-    tqkv__dc_stop_accepting(s); /* channels already attached serve out the drain */
-    s->shutdown_tag.call = NULL;
-    grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
+    atomic_store(&s->shutting_down, 1); /* no call is armed any more */
+    tqkv__dc_stop_accepting(s);         /* channels already attached serve out the drain */
+    /* The drain runs before gRPC's own shutdown: with grpc_server_shutdown_and_notify
+     * first, gRPC 1.51 closed a connection as soon as its last call completed, while the
+     * call's last messages could still be on their way, and the client, whose window
+     * updates were unread, got a reset instead of them (interop_server's SIGTERM test,
+     * ~3% of runs). */
     double drain_end = tqkv__now() + s->cfg.drain_seconds;
     wait_until(s, drain_end, no_work);
     long left = atomic_load(&s->work_calls);
     if (left)
         tqkv_log(TQKV_LOG_WARN, "drain time over, cancelling calls", "in_flight=%ld", left);
     else if (inflight > 0) {
-        /* A drained call is complete once its last bytes are in the kernel's socket
-         * buffer, not once the client has them: closing a connection that holds unread
-         * bytes from the client (window updates) resets it, and the reset throws away
-         * what the client has not acknowledged yet. Wait until every TCP socket of the
-         * process has nothing left unacknowledged (bounded by LINGER_S and the drain). */
+        /* A drained call is complete once its last bytes are queued, not once the client
+         * has them: wait until every TCP socket of the process has nothing left
+         * unacknowledged (bounded by LINGER_S and the drain). */
         double linger = tqkv__now() + LINGER_S;
         wait_sockets_flushed(linger < drain_end ? linger : drain_end);
     }
+    s->shutdown_tag.call = NULL;
+    grpc_server_shutdown_and_notify(s->server, s->workers[0].cq, &s->shutdown_tag);
     grpc_server_cancel_all_calls(s->server);
     wait_until(s, 0, all_gone);
     unsigned dc_left = tqkv__dc_destroy(s, 5000);
