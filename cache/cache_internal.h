@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cache/pool.h"
 #include "cache/store.h"
@@ -110,5 +111,36 @@ void tqkv__store_maintain(tqkv_store_t *s);
 /* Checks internal invariants (accounting vs. index contents); TQKV_EINTERNAL on a
  * mismatch, with a reason on stderr. For tests, with no other thread using the store. */
 tqkv_status_t tqkv__store_check(tqkv_store_t *s);
+
+/* The store's and the disk index's hashes (one definition: disk digests depend on it).
+ * A 64-bit finalizer (murmur3's fmix64) and a word-at-a-time hash of n bytes from h. */
+static inline uint64_t
+tqkv__mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static inline uint64_t
+tqkv__hash_bytes(uint64_t h, const uint8_t *p, size_t n)
+{
+    uint64_t v;
+    while (n >= 8) {
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    v = 0;
+    if (n)
+        memcpy(&v, p, n);
+    h = (h ^ v ^ ((uint64_t)n << 56)) * 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 31);
+}
 
 #endif

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache_internal.h"
 #include "cache/disk.h"
 #include "cache/disk_format.h"
 #include "cache/disk_io.h"
@@ -144,45 +145,16 @@ cnt(_Atomic uint64_t *c, uint64_t v)
 }
 
 static uint64_t
-mix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
-static uint64_t
-hash_bytes(uint64_t h, const uint8_t *p, size_t n)
-{
-    uint64_t v;
-    while (n >= 8) {
-        memcpy(&v, p, 8);
-        h = (h ^ v) * 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    v = 0;
-    if (n)
-        memcpy(&v, p, n);
-    h = (h ^ v ^ ((uint64_t)n << 56)) * 0x9E3779B97F4A7C15ULL;
-    return h ^ (h >> 31);
-}
-
-static uint64_t
 ns_hv(const char *ns, size_t len)
 {
-    return mix64(hash_bytes(0x6e73u ^ len, (const uint8_t *)ns, len));
+    return tqkv__mix64(tqkv__hash_bytes(0x6e73u ^ len, (const uint8_t *)ns, len));
 }
 
 static uint64_t
 digest(const char *ns, size_t nl, const uint8_t *h, size_t hl, uint32_t layer)
 {
-    uint64_t x = hash_bytes(ns_hv(ns, nl) ^ (hl * 0x100000001b3ULL), h, hl);
-    x = mix64(x ^ ((uint64_t)(layer + 1) * 0xD6E8FEB86659FD93ULL));
+    uint64_t x = tqkv__hash_bytes(ns_hv(ns, nl) ^ (hl * 0x100000001b3ULL), h, hl);
+    x = tqkv__mix64(x ^ ((uint64_t)(layer + 1) * 0xD6E8FEB86659FD93ULL));
     if (g_digest_bits < 64)
         x &= (1ULL << g_digest_bits) - 1;
     return x ? x : 1;
@@ -363,7 +335,7 @@ seg_remove(tqkv_disk_t *d, seg_t *s)
 static uint64_t
 do_pos(const tqkv_disk_t *d, uint64_t dg)
 {
-    return mix64(dg) & d->mask;
+    return tqkv__mix64(dg) & d->mask;
 }
 
 static int
@@ -1312,7 +1284,7 @@ super_load(tqkv_disk_t *d, char *err, size_t errlen)
         sb.align = ALIGN;
         sb.segment_bytes = d->cfg.segment_bytes;
         if (getrandom(&sb.store_id, sizeof(sb.store_id), 0) != sizeof(sb.store_id))
-            sb.store_id = mix64((uint64_t)t.tv_nsec ^ ((uint64_t)getpid() << 32));
+            sb.store_id = tqkv__mix64((uint64_t)t.tv_nsec ^ ((uint64_t)getpid() << 32));
         sb.created_ns = (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
         sb.crc32c = tqkv_crc32c(0, &sb, 60);
         memset(b, 0, ALIGN);

@@ -190,44 +190,15 @@ struct tqkv_store {
 /* ---- small helpers ---- */
 
 static uint64_t
-mix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
-static uint64_t
-hash_bytes(uint64_t h, const uint8_t *p, size_t n)
-{
-    uint64_t v;
-    while (n >= 8) {
-        memcpy(&v, p, 8);
-        h = (h ^ v) * 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    v = 0;
-    if (n)
-        memcpy(&v, p, n);
-    h = (h ^ v ^ ((uint64_t)n << 56)) * 0x9E3779B97F4A7C15ULL;
-    return h ^ (h >> 31);
-}
-
-static uint64_t
 ns_hash(const char *ns, size_t len)
 {
-    return mix64(hash_bytes(0x7171u ^ len, (const uint8_t *)ns, len));
+    return tqkv__mix64(tqkv__hash_bytes(0x7171u ^ len, (const uint8_t *)ns, len));
 }
 
 static uint64_t
 key_hash(uint64_t nsh, const uint8_t *hash, size_t len)
 {
-    return mix64(hash_bytes(nsh ^ (len * 0x100000001b3ULL), hash, len));
+    return tqkv__mix64(tqkv__hash_bytes(nsh ^ (len * 0x100000001b3ULL), hash, len));
 }
 
 static stripe_t *
@@ -476,7 +447,7 @@ do_account(tqkv_store_t *s, entry_t *e, int tier, int add)
 static size_t
 orph_slot(const tqkv_store_t *s, uint64_t hv, uint32_t layer)
 {
-    return (size_t)(mix64(hv ^ ((uint64_t)layer * 0x9E3779B97F4A7C15ULL)) & (s->orph_nb - 1));
+    return (size_t)(tqkv__mix64(hv ^ ((uint64_t)layer * 0x9E3779B97F4A7C15ULL)) & (s->orph_nb - 1));
 }
 
 static orphan_t *
