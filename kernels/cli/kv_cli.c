@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "kernels/attention.h"
+#include "kernels/cli/kv_synth.h"
 #include "kernels/cli/io_cli.h"
 #include "kernels/kivi.h"
 #include "kernels/page.h"
@@ -713,72 +714,32 @@ rng_normal(rng_t *r)
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
-/* Keys: per-channel offsets (N(0, 0.5^2)), 4 outlier channels per head with 5x amplitude
- * and a large offset, plus a slow per-channel drift along tokens (like RoPE'd keys);
- * values: N(0, 1) with no structure. */
+static double
+rng_unif_cb(void *r)
+{
+    return rng_u01(r);
+}
+
+static double
+rng_normal_cb(void *r)
+{
+    return rng_normal(r);
+}
+
+/* The synthetic data of kv_synth.h, drawn from the tool's generator. */
 static void
 synth_kv(rng_t *r, uint32_t T, uint32_t H, uint32_t D, uint16_t *k, uint16_t *v)
 {
-    size_t HD = (size_t)H * D;
-    float *off = malloc(sizeof(float) * HD), *amp = malloc(sizeof(float) * HD);
-    float *freq = malloc(sizeof(float) * HD);
-    for (size_t i = 0; i < HD; i++) {
-        off[i] = (float)(0.5 * rng_normal(r));
-        amp[i] = 1.0f;
-        freq[i] = (float)(rng_u01(r) * 0.05);
-    }
-    for (uint32_t h = 0; h < H; h++)
-        for (int o = 0; o < 4; o++) {
-            uint32_t c = (uint32_t)(rng_u01(r) * D) % D;
-            amp[(size_t)h * D + c] = 5.0f;
-            off[(size_t)h * D + c] = (float)(4.0 * rng_normal(r));
-        }
-    for (uint64_t t = 0; t < T; t++)
-        for (size_t i = 0; i < HD; i++) {
-            float drift = 0.5f * sinf(freq[i] * (float)t);
-            k[t * HD + i] = tqkv_f32_to_bf16(off[i] + drift + amp[i] * (float)rng_normal(r));
-            v[t * HD + i] = tqkv_f32_to_bf16((float)rng_normal(r));
-        }
-    free(off);
-    free(amp);
-    free(freq);
+    tqkv_synth_rng_t sr = {rng_unif_cb, rng_normal_cb, r};
+    tqkv_synth_kv(&sr, T, H, D, k, v);
 }
 
-/* Queries: each query head aims at 4 random keys of its KV head (centered by the head's
- * key mean) with weights that make attention peaked but not one-hot, plus noise. */
 static void
 synth_q(rng_t *r, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T, const uint16_t *k, float peak,
         float *q)
 {
-    uint32_t G = HQ / H;
-    double *mean = calloc((size_t)H * D, sizeof(double));
-    for (uint64_t t = 0; t < T; t++)
-        for (size_t i = 0; i < (size_t)H * D; i++)
-            mean[i] += tqkv_bf16_to_f32(k[t * H * D + i]);
-    for (size_t i = 0; i < (size_t)H * D; i++)
-        mean[i] /= T;
-    for (uint32_t hq = 0; hq < HQ; hq++) {
-        uint32_t h = hq / G;
-        float *qh = q + (size_t)hq * D;
-        for (uint32_t d = 0; d < D; d++)
-            qh[d] = (float)(0.3 * rng_normal(r));
-        for (int j = 0; j < 4; j++) {
-            uint32_t t = (uint32_t)(rng_u01(r) * T) % T;
-            double nrm = 0.0, w = peak * (1.0 - 0.15 * j);
-            for (uint32_t d = 0; d < D; d++) {
-                double x =
-                    tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) - mean[(size_t)h * D + d];
-                nrm += x * x;
-            }
-            nrm = sqrt(nrm) + 1e-12;
-            for (uint32_t d = 0; d < D; d++) {
-                double x =
-                    tqkv_bf16_to_f32(k[((size_t)t * H + h) * D + d]) - mean[(size_t)h * D + d];
-                qh[d] += (float)(w * sqrt((double)D) * x / nrm);
-            }
-        }
-    }
-    free(mean);
+    tqkv_synth_rng_t sr = {rng_unif_cb, rng_normal_cb, r};
+    tqkv_synth_q(&sr, HQ, H, D, T, k, peak, q);
 }
 
 /* ---- attn-eval ---- */

@@ -23,7 +23,7 @@ struct tqkv_hash;
 void tqkv_test_kv_loud(uint64_t *rng, uint16_t *x, uint64_t T, uint32_t H, uint32_t D,
                        double offset);
 
-/* The harness data of `tqkv-codec attn-eval` (the distributions of its kv_cli.c), so the
+/* The harness data of `tqkv-codec attn-eval` (kernels/cli/kv_synth.h, one definition), so the
  * suites measure on the data the tool reports on. Keys: per-channel offsets
  * N(0, 0.5^2), 4 outlier channels per head with 5x amplitude and an N(0, 4^2) offset,
  * and a slow per-channel drift along tokens (like RoPE'd keys); values N(0, 1).
