@@ -72,8 +72,37 @@ def cluster(tmp, no_forward):
             "--cache-size=0", "--user=root", "--port=%d" % dport, "--addn-hosts=" + hosts]
     args += ["--srv-host=_grpc._tcp.svc.test,h.test,%d" % p for p in ports]
     dns = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    time.sleep(3)  # the servers find each other within their re-resolve period (1 s)
     return procs, ports, dns
+
+
+def bf16(rng, n):
+    return (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(
+        np.uint16).tobytes()
+
+
+def wait_converged(pb, kv, rng, deadline_s=60.0):
+    """Waits (by event, bounded) until the servers have found each other through the DNS
+    server (re-resolve period 1 s): probe blocks Put through each server in turn are
+    found through every server. Returns the seconds it took."""
+    t0 = time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < deadline_s:
+        hashes = [rng.bytes(16) for _ in range(12)]
+        msgs = [pb.PutRequest(namespace="probe", hash=h, layer=0, num_layers=1, num_tokens=16,
+                              num_kv_heads=2, head_dim=64, key=bf16(rng, 2048),
+                              value=bf16(rng, 2048)) for h in hashes]
+        try:
+            kv[n % len(kv)].Put(iter(msgs), timeout=10)
+            ok = all(sum(m.found for m in stub.Get(pb.GetRequest(
+                namespace="probe", hashes=hashes, layer_begin=0, layer_end=1), timeout=10))
+                == len(hashes) for stub in kv)
+        except grpc.RpcError:
+            ok = False
+        if ok:
+            return time.monotonic() - t0
+        n += 1
+        time.sleep(0.2)
+    raise RuntimeError("the servers did not find each other within %.0f s" % deadline_s)
 
 
 def run(pb, pbg, tmp, no_forward):
@@ -82,6 +111,8 @@ def run(pb, pbg, tmp, no_forward):
         chans = [grpc.insecure_channel("127.0.0.1:%d" % p) for p in ports]
         kv = [pbg.KVCacheStub(c) for c in chans]
         rng = np.random.default_rng(int(time.time()))
+        if not no_forward:
+            print("servers found each other in %.1f s" % wait_converged(pb, kv, rng))
         T, H, D, N = 16, 2, 64, 40
         hashes = [rng.bytes(16) for _ in range(N)]
 
