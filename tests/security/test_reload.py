@@ -149,6 +149,9 @@ def test_token_swap_under_load(r):
     old_load = Load(srv.addr, OLD, hashes)
     new_load = Load(srv.addr, NEW, hashes)
     time.sleep(1.0)  # load running, the two streams started on the server
+    # and both loads have finished calls before the swap (bounded by an event, not a
+    # sleep: a loaded machine may be slow to start the threads)
+    wait_for(lambda: len(old_load.results) >= 10 and len(new_load.results) >= 10, timeout=60)
 
     t_swap = time.monotonic()
     write_atomic(tok, "# rotated\n%s rw %s\n" % (NEW, NS))
@@ -156,7 +159,9 @@ def test_token_swap_under_load(r):
             wait_for(lambda: stats(stub, NEW) == SC.OK, timeout=15))
     t_reload = time.monotonic()
     r.check("old token refused after the reload", stats(stub, OLD) == SC.UNAUTHENTICATED)
-    time.sleep(1.5)
+    # both loads make calls after the reload (event-bound, as above)
+    wait_for(lambda: sum(1 for t0, _, _ in list(old_load.results) if t0 > t_reload) >= 10 and
+             sum(1 for t0, _, _ in list(new_load.results) if t0 > t_reload) >= 10, timeout=60)
     go_on.set()
     olds, news = old_load.stop(), new_load.stop()
     pt.join(120)
