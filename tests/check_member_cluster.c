@@ -495,6 +495,61 @@ thin_client(int i)
     return c;
 }
 
+static int
+count_found(void *arg, const tqkv_get_page_t *pg)
+{
+    *(size_t *)arg += pg->found != 0;
+    return 0;
+}
+
+/* Waits (bounded, 60 s) until the n servers up have found each other through the DNS
+ * server: 12 probe blocks (namespace "probe") Put through each thin client in turn are
+ * found through every one. Returns the seconds it took. */
+static double
+wait_peers_converged(tqkv_client_t **thin, size_t n)
+{
+    size_t e = (size_t)SH.num_tokens * SH.num_kv_heads * SH.head_dim;
+    uint16_t *k = calloc(e, 2), *v = calloc(e, 2);
+    double t0 = proc_now();
+    for (unsigned round = 0; proc_now() - t0 < 60; round++) {
+        tqkv_hash_t ph[12];
+        for (size_t i = 0; i < 12; i++)
+            tqkv_test_hash(&ph[i], SEED ^ 0x70726f6265ull, round * 12u + i, 16);
+        tqkv_put_t *p;
+        tqkv_put_opts_t po = {.key_bits = 4, .value_bits = 4};
+        int ok = tqkv_client_put_begin(thin[round % n], &po, &p) == TQKV_OK;
+        if (ok) {
+            for (size_t i = 0; ok && i < 12; i++) {
+                tqkv_put_block_t pb = {.ns = "probe",
+                                       .hash = &ph[i],
+                                       .num_layers = 1,
+                                       .shape = SH,
+                                       .key = k,
+                                       .value = v};
+                ok = tqkv_client_put_block(p, &pb) == TQKV_OK;
+            }
+            ok = tqkv_client_put_end(p, NULL) == TQKV_OK && ok; /* always frees p */
+        }
+        for (size_t c = 0; ok && c < n; c++) {
+            size_t found = 0;
+            tqkv_get_req_t q = {.ns = "probe",
+                                .hashes = ph,
+                                .num_hashes = 12,
+                                .layer_end = 1,
+                                .encoding = TQKV_CLIENT_PACKED};
+            ok = tqkv_client_get(thin[c], &q, count_found, &found) == TQKV_OK && found == 12;
+        }
+        if (ok) {
+            free(k);
+            free(v);
+            return proc_now() - t0;
+        }
+        usleep(100000);
+    }
+    ck_abort_msg("the servers did not find each other within 60 s");
+    return -1;
+}
+
 /* Thin clients through different pods see one cache: Puts through pod 0 are forwarded
  * to each block's owner, Gets and Lookups through pod 1 and pod 2 ask the owners. A
  * sharded client then finds every block at its primary. With --no-forward the blocks
@@ -505,8 +560,12 @@ thin_clients(int no_forward)
     HANDOFF_S = "0";
     NO_FORWARD = no_forward;
     cluster_up(3);
-    sleep(3); /* the servers find each other within their re-resolve period (1 s) */
     tqkv_client_t *a = thin_client(0), *b = thin_client(1), *c2 = thin_client(2);
+    if (!no_forward) {
+        tqkv_client_t *all[] = {a, b, c2};
+        fprintf(stderr, "member thin clients: the servers found each other in %.1f s\n",
+                wait_peers_converged(all, 3));
+    }
     add_blocks(a, 120);
     tally_t t = get_all(b);
     ck_assert_uint_eq(t.wrong, 0);
