@@ -11,6 +11,12 @@ if(TARGET tqkv-server AND TARGET tqkv_shared AND NOT TQKV_SANITIZE)
     COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_client.py)
   set_tests_properties(python_client PROPERTIES LABELS "interop" TIMEOUT 300
     ENVIRONMENT "${_py_env}")
+  # Live membership from Python: one client follows servers added and removed in a
+  # dnsmasq SRV set (node ids, read repair to the new server, no wrong page).
+  add_test(NAME python_membership
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_membership.py)
+  set_tests_properties(python_membership PROPERTIES LABELS "interop" TIMEOUT 180
+    ENVIRONMENT "${_py_env}")
   # The vLLM KV connector between two engine processes (llama3-8b shape, a 645-token
   # prompt; the 32K-token run is a benchmark, see docs/integration.md).
   add_test(NAME python_vllm_connector
@@ -19,6 +25,13 @@ if(TARGET tqkv-server AND TARGET tqkv_shared AND NOT TQKV_SANITIZE)
     ENVIRONMENT "${_py_env}")
 endif()
 if(TARGET tqkv_shared AND NOT TQKV_SANITIZE)
+  # The package's copy of the C declarations (tqkv/_ffi.py) against the headers: struct
+  # sizes, field offsets and sizes, function types (-Werror), exports of libtqkv.so.
+  add_test(NAME python_cdef_layout
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cdef_layout.py
+            ${PROJECT_SOURCE_DIR} ${CMAKE_C_COMPILER})
+  set_tests_properties(python_cdef_layout PROPERTIES LABELS "unit" TIMEOUT 120
+    ENVIRONMENT "TQKV_LIBRARY=$<TARGET_FILE:tqkv_shared>")
   # The C side of bench_get.py (same library code as libtqkv.so, linked statically).
   add_executable(bench_get_decode ${CMAKE_CURRENT_SOURCE_DIR}/python/bench_get_decode.c)
   target_link_libraries(bench_get_decode PRIVATE tqkv)

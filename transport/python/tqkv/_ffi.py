@@ -73,6 +73,19 @@ tqkv_status_t tqkv_client_create(const tqkv_client_opts_t *opts, tqkv_client_t *
 void tqkv_client_destroy(tqkv_client_t *c);
 size_t tqkv_client_num_targets(const tqkv_client_t *c);
 const char *tqkv_client_target_name(const tqkv_client_t *c, size_t i);
+int tqkv_client_target_node_id(const tqkv_client_t *c, size_t i, char *buf, size_t cap);
+uint64_t tqkv_client_refresh(tqkv_client_t *c);
+
+typedef struct tqkv_client_repair_stats {
+    uint64_t queued;
+    uint64_t repaired;
+    uint64_t stored;
+    uint64_t dropped;
+    uint64_t failed;
+    uint64_t pending_bytes;
+} tqkv_client_repair_stats_t;
+void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out);
+int tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms);
 
 typedef struct tqkv_put_opts {
     float key_bits, value_bits;

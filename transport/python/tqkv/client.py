@@ -157,12 +157,20 @@ class Client:
     else gRPC) or "grpc". token: bearer token. tls_ca / tls_cert / tls_key /
     tls_target_name: TLS (tls_ca implies TLS; tls=True alone uses the system roots).
     deadline_ms: per call (0 = 30 s). The client is thread-safe.
+
+    Live membership (docs/cluster.md): resolve_targets=True makes a DNS name stand for
+    the servers it resolves to (a headless Service: SRV _grpc._tcp.NAME, else A/AAAA),
+    re-resolved every resolve_interval_ms (0 = 10 s) and at once when a server fails;
+    dns_servers ("IP:PORT,...") replaces the system's resolvers. read_repair (default
+    on) puts a page found below its block's primaries back to them in the background,
+    queueing at most read_repair_bytes (0 = 64 MiB).
     """
 
     def __init__(self, targets, replicas=1, token=None, tls=False, tls_ca=None, tls_cert=None,
                  tls_key=None, tls_target_name=None, transport="tcp", deadline_ms=0,
                  channels_per_target=0, wait_for_ready=True, resolve_targets=False,
-                 max_message_bytes=0, backoff_min_ms=0, backoff_max_ms=0):
+                 max_message_bytes=0, backoff_min_ms=0, backoff_max_ms=0, dns_servers=None,
+                 resolve_interval_ms=0, read_repair=True, read_repair_bytes=0):
         if isinstance(targets, str):
             targets = [targets]
         if transport not in ("tcp", "grpc"):
@@ -176,8 +184,12 @@ class Client:
         o.resolve_targets = int(bool(resolve_targets))
         o.tls = int(bool(tls or tls_ca))
         strs = [_cstr(tls_ca), _cstr(tls_cert), _cstr(tls_key), _cstr(tls_target_name),
-                _cstr(token)]
-        o.tls_ca_path, o.tls_cert_path, o.tls_key_path, o.tls_target_name, o.token = strs
+                _cstr(token), _cstr(dns_servers)]
+        (o.tls_ca_path, o.tls_cert_path, o.tls_key_path, o.tls_target_name, o.token,
+         o.dns_servers) = strs
+        o.resolve_interval_ms = resolve_interval_ms
+        o.no_read_repair = int(not read_repair)
+        o.read_repair_bytes = read_repair_bytes
         o.deadline_ms = deadline_ms
         o.max_message_bytes = max_message_bytes
         o.replicas = replicas
@@ -219,6 +231,35 @@ class Client:
         c = self._h()
         return [ffi.string(lib.tqkv_client_target_name(c, i)).decode()
                 for i in range(lib.tqkv_client_num_targets(c))]
+
+    @property
+    def node_ids(self):
+        """The node id each target reported (--node-id), None where none is known yet;
+        in the order of `targets`."""
+        c = self._h()
+        buf = ffi.new("char[]", 256)
+        out = []
+        for i in range(lib.tqkv_client_num_targets(c)):
+            rc = lib.tqkv_client_target_node_id(c, i, buf, 256)
+            out.append(ffi.string(buf).decode() if rc == 0 else None)
+        return out
+
+    def refresh(self):
+        """Resolves and identifies the targets now (a background thread does it every
+        resolve_interval_ms). Returns the target table's version (+1 per change)."""
+        return int(lib.tqkv_client_refresh(self._h()))
+
+    def repair_stats(self):
+        """Read repair counters since the client was created: a dict of queued, repaired,
+        stored, dropped, failed (pages) and pending_bytes."""
+        st = ffi.new("tqkv_client_repair_stats_t *")
+        lib.tqkv_client_repair_stats(self._h(), st)
+        return {f: int(getattr(st, f)) for f in
+                ("queued", "repaired", "stored", "dropped", "failed", "pending_bytes")}
+
+    def repair_wait(self, timeout_ms=10000):
+        """Waits until the read-repair queue is empty and idle: True, or False on timeout."""
+        return lib.tqkv_client_repair_wait(self._h(), timeout_ms) == 0
 
     # -- Put --
     def put(self, ns, hashes, keys, values, layer_begin=0, parent=None, num_layers=0,
