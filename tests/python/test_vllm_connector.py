@@ -249,6 +249,41 @@ class SchedulerSide(unittest.TestCase):
         self.assertTrue(type(c).requires_piecewise_for_cudagraph({}))
         c.shutdown()
 
+    def test_token_file_with_auth(self):
+        """tqkv_token_file (a mounted Secret): its token authenticates the connector's
+        calls; a token the server does not know makes Lookups fail, counted (a miss)."""
+        import tempfile
+        import tqkv
+        from tqkv.vllm_connector import token_block_hashes
+        NS = self.NS
+        with tempfile.TemporaryDirectory() as d:
+            tokens, good, bad = (os.path.join(d, n) for n in ("tokens", "good", "bad"))
+            with open(tokens, "w") as f:
+                f.write("connector-token-1 rw m\n")
+            with open(good, "w") as f:
+                f.write("connector-token-1\n")
+            with open(bad, "w") as f:
+                f.write("someone-elses-token\n")
+            srv = Server("--auth-tokens", tokens, data_channel=False)
+            try:
+                toks = prompt(40)
+                req = NS(request_id="a", prompt_token_ids=toks, cache_salt=None,
+                         lora_request=None, mm_features=[])
+                c = self.connector(tqkv_targets=[srv.addr], tqkv_token_file=good)
+                want = token_block_hashes(toks, BS, 2, c._seed(req))
+                z = np.zeros((2, 2, BS, 8, 128), np.uint16)
+                with tqkv.Client([srv.addr], token="connector-token-1") as cl:
+                    cl.put("m", want, z, z, num_layers=2)
+                self.assertEqual(c.get_num_new_matched_tokens(req, 0), (32, False))
+                self.assertEqual(c._counters["lookup_errors"], 0)
+                c.shutdown()
+                c = self.connector(tqkv_targets=[srv.addr], tqkv_token_file=bad)
+                self.assertEqual(c.get_num_new_matched_tokens(req, 0), (0, False))
+                self.assertEqual(c._counters["lookup_errors"], 1)
+                c.shutdown()
+            finally:
+                srv.stop()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

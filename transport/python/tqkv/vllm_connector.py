@@ -170,10 +170,16 @@ class TqkvConnector(KVConnectorBase_V1):
         targets = extra.get("tqkv_targets", ["127.0.0.1:7000"])
         if isinstance(targets, str):
             targets = [t.strip() for t in targets.split(",") if t.strip()]
+        token = extra.get("tqkv_token")
+        if token is None and extra.get("tqkv_token_file"):
+            # a mounted Secret: the token is the file's first line
+            with open(extra["tqkv_token_file"]) as f:
+                token = f.readline().strip() or None
         self._client = _client.Client(
-            targets, replicas=int(extra.get("tqkv_replicas", 1)), token=extra.get("tqkv_token"),
-            tls_ca=extra.get("tqkv_tls_ca"), transport=extra.get("tqkv_transport", "tcp"),
-            deadline_ms=self._deadline_ms, wait_for_ready=False)
+            targets, replicas=int(extra.get("tqkv_replicas", 1)), token=token,
+            tls_ca=extra.get("tqkv_tls_ca"), tls_target_name=extra.get("tqkv_tls_target_name"),
+            transport=extra.get("tqkv_transport", "tcp"), deadline_ms=self._deadline_ms,
+            wait_for_ready=False, resolve_targets=bool(extra.get("tqkv_resolve_targets", False)))
         self._lock = threading.Lock()
         self._counters = dict(lookups=0, lookup_errors=0, lookup_hit_tokens=0,
                               lookup_query_tokens=0, load_blocks=0, load_failed_blocks=0,
