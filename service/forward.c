@@ -11,6 +11,7 @@
  */
 #include "service/forward.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include "service/log.h"
 #include "service/metrics.h"
 #include "service/service_internal.h"
+#include "service/tls.h"
 #include "transport/client.h"
 #include "transport/shard.h"
 
@@ -32,6 +34,105 @@ struct tqkv__fwd {
     tqkv_client_t *cl;
     uint64_t self;
 };
+
+tqkv_status_t
+tqkv__peer_token(const char *path, char *tok, size_t cap, char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    tok[0] = '\0';
+    if (tqkv_read_file(path, &text, &len) != TQKV_OK) {
+        snprintf(err, errlen, "--peer-token-file %s: cannot read the file", path);
+        return TQKV_EIO;
+    }
+    const char *b = text, *e = text + len;
+    while (b < e && isspace((unsigned char)*b))
+        b++;
+    while (e > b && isspace((unsigned char)e[-1]))
+        e--;
+    tqkv_status_t st = TQKV_OK;
+    if (b == e) {
+        snprintf(err, errlen, "--peer-token-file %s: the file holds no token", path);
+        st = TQKV_EINVAL;
+    } else if ((size_t)(e - b) >= cap) {
+        snprintf(err, errlen, "--peer-token-file %s: the token is over %zu bytes", path, cap - 1);
+        st = TQKV_EINVAL;
+    } else {
+        for (const char *q = b; q < e && st == TQKV_OK; q++)
+            if (!isgraph((unsigned char)*q)) {
+                snprintf(err, errlen,
+                         "--peer-token-file %s: expected one token (no blanks or control "
+                         "characters inside it)",
+                         path);
+                st = TQKV_EINVAL;
+            }
+        if (st == TQKV_OK) {
+            memcpy(tok, b, (size_t)(e - b));
+            tok[e - b] = '\0';
+        }
+    }
+    memset(text, 0, len); /* a secret */
+    free(text);
+    return st;
+}
+
+tqkv_status_t
+tqkv__peer_check(const tqkv_server_config_t *cfg, const tqkv_auth_t *auth, char *err, size_t errlen)
+{
+    if (!cfg->peer_token_file[0] || auth == NULL)
+        return TQKV_OK;
+    char tok[TQKV__PEER_TOKEN_MAX], hdr[TQKV__PEER_TOKEN_MAX + 8];
+    tqkv_status_t st = tqkv__peer_token(cfg->peer_token_file, tok, sizeof tok, err, errlen);
+    if (st != TQKV_OK)
+        return st;
+    int n = snprintf(hdr, sizeof hdr, "Bearer %s", tok);
+    st = tqkv_auth_check(auth, hdr, (size_t)n, NULL, 0, TQKV_AUTH_READ | TQKV_AUTH_WRITE);
+    memset(tok, 0, sizeof tok);
+    memset(hdr, 0, sizeof hdr);
+    if (st == TQKV_EAUTH) {
+        snprintf(err, errlen,
+                 "--peer-token-file %s: the token is not in --auth-tokens (the peers load the "
+                 "same file: add a line 'TOKEN rw *')",
+                 cfg->peer_token_file);
+        return TQKV_EINVAL;
+    }
+    if (st != TQKV_OK) {
+        snprintf(err, errlen,
+                 "--peer-token-file %s: the token must have rw on * in --auth-tokens (the "
+                 "hand-off puts pages of every namespace)",
+                 cfg->peer_token_file);
+        return TQKV_EINVAL;
+    }
+    return TQKV_OK;
+}
+
+void
+tqkv__peer_opts(const tqkv_server_config_t *cfg, char *list, const char **targets, size_t cap,
+                const char *tok, tqkv_client_opts_t *o)
+{
+    char *save = NULL;
+    size_t nt = 0;
+    for (char *t = strtok_r(list, ",", &save); t && nt < cap; t = strtok_r(NULL, ",", &save))
+        if (*t)
+            targets[nt++] = t;
+    memset(o, 0, sizeof *o);
+    o->targets = targets;
+    o->num_targets = nt;
+    o->resolve_targets = 1;
+    o->dns_servers = cfg->peers_dns[0] ? cfg->peers_dns : NULL;
+    o->max_message_bytes = (size_t)cfg->max_message_bytes;
+    o->no_read_repair = 1;
+    o->exclude_node_id = cfg->node_id;
+    o->hop = 1;
+    o->token = tok && tok[0] ? tok : NULL;
+    if (cfg->tls_cert[0]) { /* verified, never skipped: config.c demands a CA */
+        o->tls = 1;
+        o->tls_ca_path = cfg->peer_ca[0] ? cfg->peer_ca : cfg->tls_client_ca;
+        o->tls_cert_path = cfg->tls_cert; /* our own certificate: peers with mutual TLS */
+        o->tls_key_path = cfg->tls_key;
+        o->tls_target_name = cfg->peer_tls_name[0] ? cfg->peer_tls_name : NULL;
+    }
+}
 
 tqkv__fwd_t *
 tqkv__fwd_get(tqkv_server_t *s)
@@ -45,27 +146,20 @@ static void *
 fwd_main(void *arg)
 {
     tqkv_server_t *s = arg;
-    char list[sizeof s->cfg.peers], *save = NULL;
+    char list[sizeof s->cfg.peers], tok[TQKV__PEER_TOKEN_MAX] = "", err[512];
     const char *targets[MAX_PEER_TARGETS];
-    size_t nt = 0;
     snprintf(list, sizeof list, "%s", s->cfg.peers);
-    for (char *tok = strtok_r(list, ",", &save); tok && nt < MAX_PEER_TARGETS;
-         tok = strtok_r(NULL, ",", &save))
-        if (*tok)
-            targets[nt++] = tok;
-    tqkv_client_opts_t o = {.targets = targets,
-                            .num_targets = nt,
-                            .resolve_targets = 1,
-                            .dns_servers = s->cfg.peers_dns[0] ? s->cfg.peers_dns : NULL,
-                            .replicas = 1,
-                            .deadline_ms = 10000,
-                            .max_message_bytes = (size_t)s->cfg.max_message_bytes,
-                            .resolve_interval_ms = 1000, /* pods come and go */
-                            .backoff_min_ms = 100,
-                            .backoff_max_ms = 2000,
-                            .no_read_repair = 1,
-                            .exclude_node_id = s->cfg.node_id,
-                            .hop = 1};
+    if (s->cfg.peer_token_file[0] &&
+        tqkv__peer_token(s->cfg.peer_token_file, tok, sizeof tok, err, sizeof err) != TQKV_OK)
+        tqkv_log(TQKV_LOG_WARN, "forwarding: no peer token", "error=\"%s\"", err);
+    tqkv_client_opts_t o;
+    tqkv__peer_opts(&s->cfg, list, targets, MAX_PEER_TARGETS, tok, &o);
+    size_t nt = o.num_targets;
+    int warned = 0;
+    o.deadline_ms = 10000;
+    o.resolve_interval_ms = 1000; /* pods come and go */
+    o.backoff_min_ms = 100;
+    o.backoff_max_ms = 2000;
     pthread_mutex_lock(&s->fwd_mu);
     while (!s->fwd_stop && nt > 0) {
         pthread_mutex_unlock(&s->fwd_mu);
@@ -76,9 +170,16 @@ fwd_main(void *arg)
             f->cl = cl;
             f->self = tqkv_shard_target_id(s->cfg.node_id);
             atomic_store(&s->fwd, f);
-            tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu",
-                     tqkv_client_num_targets(cl));
+            tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu tls=%s",
+                     tqkv_client_num_targets(cl), o.tls ? "on" : "off");
+            memset(tok, 0, sizeof tok);
             return NULL;
+        }
+        if (!warned++) {
+            char q[300];
+            tqkv_log_quote(q, sizeof q, tqkv_client_last_error()->message);
+            tqkv_log(TQKV_LOG_WARN, "forwarding: cannot make the peers' client (again every 2 s)",
+                     "error=\"%s\"", q);
         }
         tqkv_client_destroy(cl);
         pthread_mutex_lock(&s->fwd_mu);
@@ -89,6 +190,7 @@ fwd_main(void *arg)
             pthread_cond_timedwait(&s->fwd_cv, &s->fwd_mu, &ts);
     }
     pthread_mutex_unlock(&s->fwd_mu);
+    memset(tok, 0, sizeof tok);
     return NULL;
 }
 
@@ -100,8 +202,10 @@ tqkv__fwd_start(tqkv_server_t *s)
     s->fwd_inited = 1;
     if (s->cfg.no_forward || s->cfg.peers[0] == '\0')
         return;
-    if (s->auth != NULL) {
-        tqkv_log(TQKV_LOG_INFO, "forwarding off: auth is on (the caller's token would travel)",
+    if (s->auth != NULL && !s->cfg.tls_cert[0]) {
+        tqkv_log(TQKV_LOG_WARN,
+                 "forwarding off: auth is on without TLS (the callers' tokens would travel "
+                 "to the peers in clear; set --tls-cert and --peer-ca)",
                  "peers=\"%s\"", s->cfg.peers);
         return;
     }
@@ -189,8 +293,8 @@ copy_hash(tqkv_hash_t *h, const uint8_t *p, size_t len)
 }
 
 tqkv_status_t
-tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_len,
-              const uint8_t *parent, size_t parent_len, uint32_t layer,
+tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *hash,
+              size_t hash_len, const uint8_t *parent, size_t parent_len, uint32_t layer,
               const tqkv_block_shape_t *shape, const void *page, size_t len, int *duplicate,
               char *err, size_t errlen)
 {
@@ -199,6 +303,7 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_l
     if (parent)
         copy_hash(&ph, parent, parent_len);
     tqkv_put_t *p = NULL;
+    tqkv_client_thread_authz(authz);
     tqkv_status_t st = tqkv_client_put_begin(f->cl, NULL, &p);
     if (st == TQKV_OK) {
         tqkv_put_block_t b = {.ns = ns,
@@ -217,6 +322,7 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_l
             st = TQKV_EUNAVAILABLE;
         *duplicate = res.blocks_duplicate > 0;
     }
+    tqkv_client_thread_authz(NULL);
     if (st != TQKV_OK)
         snprintf(err, errlen, "forward to the block's owner: %s",
                  tqkv_client_last_error()->message);
@@ -247,9 +353,9 @@ gather(const uint8_t *const *hashes, const size_t *lens, const uint8_t *want, si
 }
 
 tqkv_status_t
-tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, const size_t *lens,
-                 const uint8_t *want, size_t n, uint32_t num_layers, uint32_t lease_ms,
-                 uint8_t *tiers, char *err, size_t errlen)
+tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *const *hashes,
+                 const size_t *lens, const uint8_t *want, size_t n, uint32_t num_layers,
+                 uint32_t lease_ms, uint8_t *tiers, char *err, size_t errlen)
 {
     tqkv_hash_t *hs;
     size_t *idx, m;
@@ -266,7 +372,9 @@ tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, c
                                .num_layers = num_layers,
                                .lease_ms = lease_ms};
         uint32_t prefix = 0;
+        tqkv_client_thread_authz(authz);
         st = tqkv_client_lookup(f->cl, &q, &prefix, t);
+        tqkv_client_thread_authz(NULL);
         if (st == TQKV_OK) {
             for (size_t k = 0; k < m; k++)
                 tiers[idx[k]] = t[k];
@@ -311,9 +419,9 @@ fill_cb(void *arg, const tqkv_get_page_t *pg)
 }
 
 tqkv_status_t
-tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, const size_t *lens,
-               const uint8_t *want, size_t n, uint32_t begin, uint32_t end, uint64_t *copied,
-               char *err, size_t errlen)
+tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *const *hashes,
+               const size_t *lens, const uint8_t *want, size_t n, uint32_t begin, uint32_t end,
+               uint64_t *copied, char *err, size_t errlen)
 {
     tqkv_hash_t *hs;
     size_t *idx, m;
@@ -331,7 +439,9 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, con
                             .layer_begin = begin,
                             .layer_end = end,
                             .encoding = TQKV_CLIENT_PACKED};
+        tqkv_client_thread_authz(authz);
         st = tqkv_client_get(f->cl, &q, fill_cb, &x);
+        tqkv_client_thread_authz(NULL);
         *copied = x.copied;
         if (st == TQKV_OK)
             tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_GET, m);

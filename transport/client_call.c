@@ -13,6 +13,15 @@
 
 _Thread_local tqkv_client_error_t tqkv__client_last_err;
 
+/* tqkv_client_thread_authz: the calling thread's `authorization` value, or NULL. */
+static _Thread_local const char *thread_authz;
+
+void
+tqkv_client_thread_authz(const char *authz)
+{
+    thread_authz = authz;
+}
+
 const tqkv_client_error_t *
 tqkv_client_last_error(void)
 {
@@ -87,6 +96,17 @@ tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti
     int hop = c->hop || c->nt > 1;
     ops[n].data.send_initial_metadata.count = (size_t)c->has_auth + (size_t)hop;
     ops[n].data.send_initial_metadata.metadata = c->has_auth ? c->md : hop ? &c->md[1] : NULL;
+    /* A server forwarding a caller's request sends the caller's header, not its own token
+     * (gRPC takes its own references to the slices in start_batch: ours go after it). */
+    grpc_metadata own[2];
+    int own_md = thread_authz != NULL;
+    if (own_md) {
+        own[0].key = grpc_slice_from_static_string("authorization");
+        own[0].value = grpc_slice_from_copied_string(thread_authz);
+        own[1] = c->md[1];
+        ops[n].data.send_initial_metadata.count = 1 + (size_t)hop;
+        ops[n].data.send_initial_metadata.metadata = own;
+    }
     ops[n].flags = c->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     n++;
     ops[n++].op = GRPC_OP_RECV_INITIAL_METADATA;
@@ -98,6 +118,8 @@ tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti
         r->closed = 1;
     }
     e = grpc_call_start_batch(r->call, ops, n, &r->t_init, NULL);
+    if (own_md)
+        grpc_slice_unref(own[0].value);
     if (e != GRPC_CALL_OK) {
         grpc_call_cancel(r->call, NULL);
         return tqkv__client_err(TQKV_EINTERNAL, 0, "start_batch(init): %d", (int)e);
