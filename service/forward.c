@@ -9,6 +9,7 @@
  * owned here ranks a peer first among all, which is also the first of the peers alone:
  * libtqkv's own routing (R = 1) sends it there.
  */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include "service/forward.h"
 
 #include <ctype.h>
@@ -31,6 +32,7 @@
 
 struct tqkv__fwd {
     tqkv_server_t *srv;
+    pthread_rwlock_t lk; /* read: a forwarded call uses cl; write: a reload replaces it */
     tqkv_client_t *cl;
     uint64_t self;
 };
@@ -140,58 +142,112 @@ tqkv__fwd_get(tqkv_server_t *s)
     return atomic_load(&s->fwd);
 }
 
-/* Makes the peers' client, from a thread of its own once the server serves (it asks
- * every peer, and itself, for a node id), again every 2 s until it has one. */
-static void *
-fwd_main(void *arg)
+/* A new peers' client with the credentials read now (peer token, CA, certificate), or
+ * NULL, the reason logged once per *warned. Asks every peer, and itself, for a node id:
+ * only ever on the forwarding thread. */
+static tqkv_client_t *
+peers_client(tqkv_server_t *s, int *warned)
 {
-    tqkv_server_t *s = arg;
     char list[sizeof s->cfg.peers], tok[TQKV__PEER_TOKEN_MAX] = "", err[512];
     const char *targets[MAX_PEER_TARGETS];
     snprintf(list, sizeof list, "%s", s->cfg.peers);
     if (s->cfg.peer_token_file[0] &&
-        tqkv__peer_token(s->cfg.peer_token_file, tok, sizeof tok, err, sizeof err) != TQKV_OK)
+        tqkv__peer_token(s->cfg.peer_token_file, tok, sizeof tok, err, sizeof err) != TQKV_OK &&
+        !*warned)
         tqkv_log(TQKV_LOG_WARN, "forwarding: no peer token", "error=\"%s\"", err);
     tqkv_client_opts_t o;
     tqkv__peer_opts(&s->cfg, list, targets, MAX_PEER_TARGETS, tok, &o);
-    size_t nt = o.num_targets;
-    int warned = 0;
     o.deadline_ms = 10000;
     o.resolve_interval_ms = 1000; /* pods come and go */
     o.backoff_min_ms = 100;
     o.backoff_max_ms = 2000;
-    pthread_mutex_lock(&s->fwd_mu);
-    while (!s->fwd_stop && nt > 0) {
-        pthread_mutex_unlock(&s->fwd_mu);
-        tqkv_client_t *cl = NULL;
-        tqkv__fwd_t *f = NULL;
-        if (tqkv_client_create(&o, &cl) == TQKV_OK && (f = calloc(1, sizeof *f)) != NULL) {
-            f->srv = s;
-            f->cl = cl;
-            f->self = tqkv_shard_target_id(s->cfg.node_id);
-            atomic_store(&s->fwd, f);
-            tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu tls=%s",
-                     tqkv_client_num_targets(cl), o.tls ? "on" : "off");
-            memset(tok, 0, sizeof tok);
-            return NULL;
-        }
-        if (!warned++) {
+    tqkv_client_t *cl = NULL;
+    tqkv_status_t st = o.num_targets ? tqkv_client_create(&o, &cl) : TQKV_EINVAL;
+    memset(tok, 0, sizeof tok); /* the client keeps its own copy */
+    if (st != TQKV_OK) {
+        if (!(*warned)++) {
             char q[300];
-            tqkv_log_quote(q, sizeof q, tqkv_client_last_error()->message);
+            tqkv_log_quote(q, sizeof q,
+                           o.num_targets ? tqkv_client_last_error()->message : "empty --peers");
             tqkv_log(TQKV_LOG_WARN, "forwarding: cannot make the peers' client (again every 2 s)",
                      "error=\"%s\"", q);
         }
         tqkv_client_destroy(cl);
+        return NULL;
+    }
+    *warned = 0;
+    return cl;
+}
+
+/* The forwarding thread: makes the peers' client once the server serves, again every 2 s
+ * until it has one, and again at each tqkv__fwd_reload (credentials rotated): the new
+ * client replaces the old under f->lk, once no forwarded call uses the old one. */
+static void *
+fwd_main(void *arg)
+{
+    tqkv_server_t *s = arg;
+    tqkv__fwd_t *f = NULL;
+    int warned = 0;
+    pthread_mutex_lock(&s->fwd_mu);
+    while (!s->fwd_stop) {
+        if (f != NULL && !s->fwd_rebuild) {
+            pthread_cond_wait(&s->fwd_cv, &s->fwd_mu);
+            continue;
+        }
+        int rebuild = s->fwd_rebuild;
+        s->fwd_rebuild = 0;
+        pthread_mutex_unlock(&s->fwd_mu);
+        tqkv_client_t *cl = peers_client(s, &warned);
+        if (cl && f == NULL) {
+            if ((f = calloc(1, sizeof *f)) == NULL) {
+                tqkv_client_destroy(cl);
+            } else {
+                pthread_rwlockattr_t ra;
+                pthread_rwlockattr_init(&ra);
+                /* a reload must not wait behind an endless stream of forwarded calls */
+                pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+                pthread_rwlock_init(&f->lk, &ra);
+                pthread_rwlockattr_destroy(&ra);
+                f->srv = s;
+                f->cl = cl;
+                f->self = tqkv_shard_target_id(s->cfg.node_id);
+                atomic_store(&s->fwd, f);
+                tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu tls=%s",
+                         tqkv_client_num_targets(cl), s->cfg.tls_cert[0] ? "on" : "off");
+            }
+        } else if (cl) {
+            pthread_rwlock_wrlock(&f->lk);
+            tqkv_client_t *old = f->cl;
+            f->cl = cl;
+            pthread_rwlock_unlock(&f->lk);
+            tqkv_client_destroy(old);
+            tqkv_log(TQKV_LOG_INFO, "forwarding: peers' client made again (credentials read now)",
+                     "peers=%zu", tqkv_client_num_targets(cl));
+        } else if (rebuild && f != NULL) {
+            tqkv_log(TQKV_LOG_WARN, "forwarding: reload failed, the previous peers' client stays",
+                     "peers=\"%s\"", s->cfg.peers);
+        }
         pthread_mutex_lock(&s->fwd_mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 2;
-        if (!s->fwd_stop)
+        if (f == NULL && !s->fwd_stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 2;
             pthread_cond_timedwait(&s->fwd_cv, &s->fwd_mu, &ts);
+        }
     }
     pthread_mutex_unlock(&s->fwd_mu);
-    memset(tok, 0, sizeof tok);
     return NULL;
+}
+
+void
+tqkv__fwd_reload(tqkv_server_t *s)
+{
+    if (!s->fwd_inited || !s->fwd_thread_started)
+        return;
+    pthread_mutex_lock(&s->fwd_mu);
+    s->fwd_rebuild = 1;
+    pthread_cond_broadcast(&s->fwd_cv);
+    pthread_mutex_unlock(&s->fwd_mu);
 }
 
 void
@@ -237,6 +293,7 @@ tqkv__fwd_destroy(tqkv__fwd_t *f)
     if (f == NULL)
         return;
     tqkv_client_destroy(f->cl);
+    pthread_rwlock_destroy(&f->lk);
     free(f);
 }
 
@@ -244,10 +301,12 @@ tqkv_status_t
 tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
 {
     r->self = f->self;
+    pthread_rwlock_rdlock(&f->lk);
     r->n = tqkv_client_num_targets(f->cl);
     r->ids = calloc(r->n ? r->n : 1, sizeof *r->ids);
     r->known = calloc(r->n ? r->n : 1, 1);
     if (r->ids == NULL || r->known == NULL) {
+        pthread_rwlock_unlock(&f->lk);
         free(r->ids);
         free(r->known);
         return TQKV_ENOMEM;
@@ -257,6 +316,7 @@ tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
         r->ids[i] = tqkv_client_target_rank_id(f->cl, i);
         r->known[i] = tqkv_client_target_node_id(f->cl, i, id, sizeof id) == 0;
     }
+    pthread_rwlock_unlock(&f->lk);
     return TQKV_OK;
 }
 
@@ -304,6 +364,7 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *
         copy_hash(&ph, parent, parent_len);
     tqkv_put_t *p = NULL;
     tqkv_client_thread_authz(authz);
+    pthread_rwlock_rdlock(&f->lk);
     tqkv_status_t st = tqkv_client_put_begin(f->cl, NULL, &p);
     if (st == TQKV_OK) {
         tqkv_put_block_t b = {.ns = ns,
@@ -322,6 +383,7 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *
             st = TQKV_EUNAVAILABLE;
         *duplicate = res.blocks_duplicate > 0;
     }
+    pthread_rwlock_unlock(&f->lk);
     tqkv_client_thread_authz(NULL);
     if (st != TQKV_OK)
         snprintf(err, errlen, "forward to the block's owner: %s",
@@ -373,7 +435,9 @@ tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_
                                .lease_ms = lease_ms};
         uint32_t prefix = 0;
         tqkv_client_thread_authz(authz);
+        pthread_rwlock_rdlock(&f->lk);
         st = tqkv_client_lookup(f->cl, &q, &prefix, t);
+        pthread_rwlock_unlock(&f->lk);
         tqkv_client_thread_authz(NULL);
         if (st == TQKV_OK) {
             for (size_t k = 0; k < m; k++)
@@ -440,7 +504,9 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t 
                             .layer_end = end,
                             .encoding = TQKV_CLIENT_PACKED};
         tqkv_client_thread_authz(authz);
+        pthread_rwlock_rdlock(&f->lk);
         st = tqkv_client_get(f->cl, &q, fill_cb, &x);
+        pthread_rwlock_unlock(&f->lk);
         tqkv_client_thread_authz(NULL);
         *copied = x.copied;
         if (st == TQKV_OK)

@@ -53,6 +53,12 @@ void tqkv__peer_opts(const tqkv_server_config_t *cfg, char *list, const char **t
 void tqkv__fwd_start(struct tqkv_server *s);
 void tqkv__fwd_stop(struct tqkv_server *s);
 
+/* Credentials rotated (SIGHUP, a changed certificate or token file): the forwarding
+ * thread makes the peers' client again, reading the peer CA, the certificate and the peer
+ * token anew, and swaps it in once no forwarded call uses the old one; on failure the old
+ * one stays (logged). No-op where forwarding is off. */
+void tqkv__fwd_reload(struct tqkv_server *s);
+
 /* The peers, or NULL when forwarding is off or no peer is known yet. Borrowed until
  * tqkv__fwd_stop. */
 tqkv__fwd_t *tqkv__fwd_get(struct tqkv_server *s);

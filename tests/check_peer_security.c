@@ -403,17 +403,46 @@ START_TEST(t_handoff_tls_tokens)
 }
 END_TEST
 
-/* Starts A (forwarding, token file "tokens") and B (the owner, "tokens-owner") with TLS
- * verified against --peer-ca, and waits until A forwards to B: a probe block B owns,
- * put through A, is found at B. */
+/* Puts probe blocks B owns through A until B has one (A forwards to B), at most timeout s.
+ * Returns 1 when it did. */
+static int
+wait_forwarding(int pa, int pb, double timeout)
+{
+    static uint64_t probe;
+    tqkv_client_t *ca = client_to(pa, "good-ca.pem", TOK_A, 0);
+    tqkv_client_t *cb = client_to(pb, "good-ca.pem", TOK_A, 0);
+    double t0 = proc_now();
+    int ready = 0;
+    do {
+        tqkv_hash_t h;
+        hashes_owned(&h, 1, "m", "tqkv-a", "tqkv-b", "tqkv-b", 0xBEEF0000ull + ++probe);
+        int code;
+        ck_assert_msg(put_blocks(ca, "m", &h, 1, &code, NULL) == TQKV_OK, "probe put: %s",
+                      tqkv_client_last_error()->message);
+        uint8_t tier = 0;
+        uint32_t prefix = 0;
+        tqkv_lookup_req_t q = {.ns = "m", .hashes = &h, .num_hashes = 1, .num_layers = L};
+        ck_assert_int_eq(tqkv_client_lookup(cb, &q, &prefix, &tier), TQKV_OK);
+        ready = tier != 0;
+        if (!ready)
+            usleep(100000);
+    } while (!ready && proc_now() - t0 < timeout);
+    tqkv_client_destroy(ca);
+    tqkv_client_destroy(cb);
+    return ready;
+}
+
+/* Starts A (forwarding, token file "tokens", the peers' CA peer_ca_a) and B (the owner,
+ * "tokens-owner") with TLS, and waits until A has made its peers' client. */
 static void
-forward_pair(srv_t *A, srv_t *B, int *pa, int *pb)
+forward_pair(srv_t *A, srv_t *B, int *pa, int *pb, const char *peer_ca_a)
 {
     *pa = free_port(), *pb = free_port();
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d,127.0.0.1:%d", *pa, *pb);
     const char *ids[2] = {"tqkv-a", "tqkv-b"};
     const char *tok[2] = {path("tokens"), path("tokens-owner")};
+    const char *pca[2] = {path(peer_ca_a), path("good-ca.pem")};
     srv_t *S[2] = {A, B};
     for (int i = 0; i < 2; i++) {
         const char *extra[] = {"--node-id",
@@ -429,7 +458,7 @@ forward_pair(srv_t *A, srv_t *B, int *pa, int *pb)
                                "--tls-key",
                                path("good.key"),
                                "--peer-ca",
-                               path("good-ca.pem"),
+                               pca[i],
                                "--auth-tokens",
                                tok[i],
                                "--peer-token-file",
@@ -440,27 +469,6 @@ forward_pair(srv_t *A, srv_t *B, int *pa, int *pb)
     }
     ck_assert_msg(wait_log(path("a.log"), "forwarding to peers", 30),
                   "A did not start forwarding within 30 s");
-    tqkv_client_t *ca = client_to(*pa, "good-ca.pem", TOK_A, 0);
-    tqkv_client_t *cb = client_to(*pb, "good-ca.pem", TOK_A, 0);
-    double t0 = proc_now();
-    int ready = 0;
-    for (uint64_t probe = 1; !ready && proc_now() - t0 < 30; probe++) {
-        tqkv_hash_t h;
-        hashes_owned(&h, 1, "m", "tqkv-a", "tqkv-b", "tqkv-b", 0xBEEF0000ull + probe);
-        int code;
-        ck_assert_msg(put_blocks(ca, "m", &h, 1, &code, NULL) == TQKV_OK, "probe put: %s",
-                      tqkv_client_last_error()->message);
-        uint8_t tier = 0;
-        uint32_t prefix = 0;
-        tqkv_lookup_req_t q = {.ns = "m", .hashes = &h, .num_hashes = 1, .num_layers = L};
-        ck_assert_int_eq(tqkv_client_lookup(cb, &q, &prefix, &tier), TQKV_OK);
-        ready = tier != 0;
-        if (!ready)
-            usleep(100000);
-    }
-    ck_assert_msg(ready, "A did not forward to B within 30 s");
-    tqkv_client_destroy(ca);
-    tqkv_client_destroy(cb);
 }
 
 /* (b) forwarding with auth on: the caller's token travels, the owner checks it. */
@@ -468,7 +476,8 @@ START_TEST(t_forward_caller_token)
 {
     srv_t A, B;
     int pa, pb, code;
-    forward_pair(&A, &B, &pa, &pb);
+    forward_pair(&A, &B, &pa, &pb, "good-ca.pem");
+    ck_assert_msg(wait_forwarding(pa, pb, 30), "A did not forward to B within 30 s");
     tqkv_hash_t hs[NB], hs2[NB], own_a;
     hashes_owned(hs, NB, "m", "tqkv-a", "tqkv-b", "tqkv-b", 1);
     hashes_owned(hs2, NB, "m", "tqkv-a", "tqkv-b", "tqkv-b", 2);
@@ -539,6 +548,31 @@ START_TEST(t_forward_caller_token)
     srv_stop(&B);
     assert_no_tokens(path("a.log"));
     assert_no_tokens(path("b.log"));
+}
+END_TEST
+
+/* Reload: A starts trusting the wrong CA for its peers (nothing is forwarded: B cannot
+ * be verified); the right CA written over the file and SIGHUP make A's forwarding client
+ * again, and A forwards. */
+START_TEST(t_forward_reload)
+{
+    sh("cp '%s' '%s'", path("rogue-ca.pem"), path("peer-ca.pem"));
+    srv_t A, B;
+    int pa, pb;
+    forward_pair(&A, &B, &pa, &pb, "peer-ca.pem");
+    ck_assert_msg(!wait_forwarding(pa, pb, 2), "A forwarded to a peer it cannot verify");
+    sh("cp '%s' '%s.tmp' && mv '%s.tmp' '%s'", path("good-ca.pem"), path("peer-ca.pem"),
+       path("peer-ca.pem"), path("peer-ca.pem"));
+    double t0 = proc_now();
+    srv_kill(&A, SIGHUP);
+    ck_assert_msg(wait_log(path("a.log"), "peers' client made again", 30),
+                  "A did not make its peers' client again within 30 s of SIGHUP");
+    ck_assert_msg(wait_forwarding(pa, pb, 30), "A did not forward to B within 30 s after reload");
+    fprintf(stderr, "peer security: forwarding after the peer CA was fixed and SIGHUP: %.2f s\n",
+            proc_now() - t0);
+    srv_stop(&A);
+    srv_stop(&B);
+    assert_no_tokens(path("a.log"));
 }
 END_TEST
 
@@ -670,6 +704,7 @@ peer_security_suite(void)
     tcase_add_test(tc, t_handoff_tls_tokens);
     tcase_add_test(tc, t_forward_caller_token);
     tcase_add_test(tc, t_handoff_wrong_ca);
+    tcase_add_test(tc, t_forward_reload);
     tcase_add_test(tc, t_startup_checks);
     suite_add_tcase(s, tc);
     return s;
