@@ -133,10 +133,11 @@ tqkv_server_handoff(tqkv_server_t *s)
     /* failed: pages tried that no peer took (a refused TLS handshake or token, a peer
      * gone) */
     uint64_t failed = sent + refused > handed ? sent + refused - handed : 0;
-    char q[300] = "";
-    if (failed || strcmp(stop, "done"))
+    int bad = failed > 0 || !strcmp(stop, "no live peer") || !strcmp(stop, "put failed");
+    char q[300] = ""; /* the budgets are no failure: no reason then */
+    if (bad)
         tqkv_log_quote(q, sizeof q, tqkv_client_last_error()->message);
-    tqkv_log(failed || strcmp(stop, "done") ? TQKV_LOG_WARN : TQKV_LOG_INFO, "hand-off",
+    tqkv_log(bad ? TQKV_LOG_WARN : TQKV_LOG_INFO, "hand-off",
              "pages=%zu sent=%llu stored=%llu duplicate=%llu lost=%llu failed=%llu bytes=%llu "
              "seconds=%.2f peers=%zu tls=%s stopped_by=\"%s\" error=\"%s\"",
              n, (unsigned long long)sent, (unsigned long long)res.blocks_stored,
