@@ -271,6 +271,26 @@ set_no_forward(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int
 }
 
 static const char *
+set_peer_ca(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->peer_ca, sizeof cfg->peer_ca, v) ? WHY_PATH : NULL;
+}
+
+static const char *
+set_peer_tls_name(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return !node_id_ok(v) || copy_str(cfg->peer_tls_name, sizeof cfg->peer_tls_name, v)
+               ? "expected a DNS name (1..255 printable characters, no blanks)"
+               : NULL;
+}
+
+static const char *
+set_peer_token_file(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    return copy_str(cfg->peer_token_file, sizeof cfg->peer_token_file, v) ? WHY_PATH : NULL;
+}
+
+static const char *
 set_threads(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
 {
     return threads_of(v, &cfg->threads);
@@ -606,6 +626,19 @@ static const opt_t opts[] = {
      "with --peers: do not forward Put/Lookup/Get of blocks a peer owns to it (one hop; "
      "for clients that reach one pod, e.g. through the load-balanced Service)",
      0, set_no_forward},
+    {"peer-ca", "TQKV_PEER_CA", OPT_VALUE, "FILE",
+     "with --peers and --tls-cert: the CA (PEM) that signed the peers' certificates; peers "
+     "are dialed with TLS and verified against it (default: --tls-client-ca; one of the two "
+     "is needed)",
+     0, set_peer_ca},
+    {"peer-tls-name", "TQKV_PEER_TLS_NAME", OPT_VALUE, "NAME",
+     "the name the peers' certificates must hold (default: the --peers name dialed, e.g. "
+     "tqkv-headless)",
+     0, set_peer_tls_name},
+    {"peer-token-file", "TQKV_PEER_TOKEN_FILE", OPT_VALUE, "FILE",
+     "with --peers and --auth-tokens: the bearer token the hand-off sends (one token; it "
+     "must have rw on * in --auth-tokens); read at start and at each hand-off",
+     0, set_peer_token_file},
     {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0,
      set_threads},
     {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
@@ -1052,6 +1085,32 @@ check_combinations(tqkv_server_config_t *cfg, char *err, size_t errlen)
     }
     if (cfg->tls_client_ca[0] && !cfg->tls_cert[0]) {
         snprintf(err, errlen, "--tls-client-ca needs --tls-cert and --tls-key");
+        return TQKV_EINVAL;
+    }
+    if ((cfg->peer_ca[0] || cfg->peer_tls_name[0]) && !cfg->tls_cert[0]) {
+        snprintf(err, errlen,
+                 "--%s needs --tls-cert and --tls-key (peers are dialed with TLS only by a "
+                 "server that serves TLS)",
+                 cfg->peer_ca[0] ? "peer-ca" : "peer-tls-name");
+        return TQKV_EINVAL;
+    }
+    if (cfg->peer_token_file[0] && !cfg->auth_tokens[0]) {
+        snprintf(err, errlen, "--peer-token-file needs --auth-tokens");
+        return TQKV_EINVAL;
+    }
+    /* --peers in use: hand-off on SIGTERM, or forwarding */
+    int peers_used = cfg->peers[0] && (cfg->handoff_seconds > 0 || !cfg->no_forward);
+    if (peers_used && cfg->tls_cert[0] && !cfg->peer_ca[0] && !cfg->tls_client_ca[0]) {
+        snprintf(err, errlen,
+                 "--peers with --tls-cert needs --peer-ca FILE (the CA that signed the peers' "
+                 "certificates; --tls-client-ca serves when given), or --handoff-seconds 0 "
+                 "with --no-forward");
+        return TQKV_EINVAL;
+    }
+    if (peers_used && cfg->auth_tokens[0] && !cfg->peer_token_file[0]) {
+        snprintf(err, errlen,
+                 "--peers with --auth-tokens needs --peer-token-file FILE (a token with rw on "
+                 "* in the peers' --auth-tokens), or --handoff-seconds 0 with --no-forward");
         return TQKV_EINVAL;
     }
     if (cfg->store.device >= 0) {

@@ -9,8 +9,10 @@
  * owned here ranks a peer first among all, which is also the first of the peers alone:
  * libtqkv's own routing (R = 1) sends it there.
  */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include "service/forward.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "service/log.h"
 #include "service/metrics.h"
 #include "service/service_internal.h"
+#include "service/tls.h"
 #include "transport/client.h"
 #include "transport/shard.h"
 
@@ -29,9 +32,109 @@
 
 struct tqkv__fwd {
     tqkv_server_t *srv;
+    pthread_rwlock_t lk; /* read: a forwarded call uses cl; write: a reload replaces it */
     tqkv_client_t *cl;
     uint64_t self;
 };
+
+tqkv_status_t
+tqkv__peer_token(const char *path, char *tok, size_t cap, char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    tok[0] = '\0';
+    if (tqkv_read_file(path, &text, &len) != TQKV_OK) {
+        snprintf(err, errlen, "--peer-token-file %s: cannot read the file", path);
+        return TQKV_EIO;
+    }
+    const char *b = text, *e = text + len;
+    while (b < e && isspace((unsigned char)*b))
+        b++;
+    while (e > b && isspace((unsigned char)e[-1]))
+        e--;
+    tqkv_status_t st = TQKV_OK;
+    if (b == e) {
+        snprintf(err, errlen, "--peer-token-file %s: the file holds no token", path);
+        st = TQKV_EINVAL;
+    } else if ((size_t)(e - b) >= cap) {
+        snprintf(err, errlen, "--peer-token-file %s: the token is over %zu bytes", path, cap - 1);
+        st = TQKV_EINVAL;
+    } else {
+        for (const char *q = b; q < e && st == TQKV_OK; q++)
+            if (!isgraph((unsigned char)*q)) {
+                snprintf(err, errlen,
+                         "--peer-token-file %s: expected one token (no blanks or control "
+                         "characters inside it)",
+                         path);
+                st = TQKV_EINVAL;
+            }
+        if (st == TQKV_OK) {
+            memcpy(tok, b, (size_t)(e - b));
+            tok[e - b] = '\0';
+        }
+    }
+    memset(text, 0, len); /* a secret */
+    free(text);
+    return st;
+}
+
+tqkv_status_t
+tqkv__peer_check(const tqkv_server_config_t *cfg, const tqkv_auth_t *auth, char *err, size_t errlen)
+{
+    if (!cfg->peer_token_file[0] || auth == NULL)
+        return TQKV_OK;
+    char tok[TQKV__PEER_TOKEN_MAX], hdr[TQKV__PEER_TOKEN_MAX + 8];
+    tqkv_status_t st = tqkv__peer_token(cfg->peer_token_file, tok, sizeof tok, err, errlen);
+    if (st != TQKV_OK)
+        return st;
+    int n = snprintf(hdr, sizeof hdr, "Bearer %s", tok);
+    st = tqkv_auth_check(auth, hdr, (size_t)n, NULL, 0, TQKV_AUTH_READ | TQKV_AUTH_WRITE);
+    memset(tok, 0, sizeof tok);
+    memset(hdr, 0, sizeof hdr);
+    if (st == TQKV_EAUTH) {
+        snprintf(err, errlen,
+                 "--peer-token-file %s: the token is not in --auth-tokens (the peers load the "
+                 "same file: add a line 'TOKEN rw *')",
+                 cfg->peer_token_file);
+        return TQKV_EINVAL;
+    }
+    if (st != TQKV_OK) {
+        snprintf(err, errlen,
+                 "--peer-token-file %s: the token must have rw on * in --auth-tokens (the "
+                 "hand-off puts pages of every namespace)",
+                 cfg->peer_token_file);
+        return TQKV_EINVAL;
+    }
+    return TQKV_OK;
+}
+
+void
+tqkv__peer_opts(const tqkv_server_config_t *cfg, char *list, const char **targets, size_t cap,
+                const char *tok, tqkv_client_opts_t *o)
+{
+    char *save = NULL;
+    size_t nt = 0;
+    for (char *t = strtok_r(list, ",", &save); t && nt < cap; t = strtok_r(NULL, ",", &save))
+        if (*t)
+            targets[nt++] = t;
+    memset(o, 0, sizeof *o);
+    o->targets = targets;
+    o->num_targets = nt;
+    o->resolve_targets = 1;
+    o->dns_servers = cfg->peers_dns[0] ? cfg->peers_dns : NULL;
+    o->max_message_bytes = (size_t)cfg->max_message_bytes;
+    o->no_read_repair = 1;
+    o->exclude_node_id = cfg->node_id;
+    o->hop = 1;
+    o->token = tok && tok[0] ? tok : NULL;
+    if (cfg->tls_cert[0]) { /* verified, never skipped: config.c demands a CA */
+        o->tls = 1;
+        o->tls_ca_path = cfg->peer_ca[0] ? cfg->peer_ca : cfg->tls_client_ca;
+        o->tls_cert_path = cfg->tls_cert; /* our own certificate: peers with mutual TLS */
+        o->tls_key_path = cfg->tls_key;
+        o->tls_target_name = cfg->peer_tls_name[0] ? cfg->peer_tls_name : NULL;
+    }
+}
 
 tqkv__fwd_t *
 tqkv__fwd_get(tqkv_server_t *s)
@@ -39,57 +142,112 @@ tqkv__fwd_get(tqkv_server_t *s)
     return atomic_load(&s->fwd);
 }
 
-/* Makes the peers' client, from a thread of its own once the server serves (it asks
- * every peer, and itself, for a node id), again every 2 s until it has one. */
+/* A new peers' client with the credentials read now (peer token, CA, certificate), or
+ * NULL, the reason logged once per *warned. Asks every peer, and itself, for a node id:
+ * only ever on the forwarding thread. */
+static tqkv_client_t *
+peers_client(tqkv_server_t *s, int *warned)
+{
+    char list[sizeof s->cfg.peers], tok[TQKV__PEER_TOKEN_MAX] = "", err[512];
+    const char *targets[MAX_PEER_TARGETS];
+    snprintf(list, sizeof list, "%s", s->cfg.peers);
+    if (s->cfg.peer_token_file[0] &&
+        tqkv__peer_token(s->cfg.peer_token_file, tok, sizeof tok, err, sizeof err) != TQKV_OK &&
+        !*warned)
+        tqkv_log(TQKV_LOG_WARN, "forwarding: no peer token", "error=\"%s\"", err);
+    tqkv_client_opts_t o;
+    tqkv__peer_opts(&s->cfg, list, targets, MAX_PEER_TARGETS, tok, &o);
+    o.deadline_ms = 10000;
+    o.resolve_interval_ms = 1000; /* pods come and go */
+    o.backoff_min_ms = 100;
+    o.backoff_max_ms = 2000;
+    tqkv_client_t *cl = NULL;
+    tqkv_status_t st = o.num_targets ? tqkv_client_create(&o, &cl) : TQKV_EINVAL;
+    memset(tok, 0, sizeof tok); /* the client keeps its own copy */
+    if (st != TQKV_OK) {
+        if (!(*warned)++) {
+            char q[300];
+            tqkv_log_quote(q, sizeof q,
+                           o.num_targets ? tqkv_client_last_error()->message : "empty --peers");
+            tqkv_log(TQKV_LOG_WARN, "forwarding: cannot make the peers' client (again every 2 s)",
+                     "error=\"%s\"", q);
+        }
+        tqkv_client_destroy(cl);
+        return NULL;
+    }
+    *warned = 0;
+    return cl;
+}
+
+/* The forwarding thread: makes the peers' client once the server serves, again every 2 s
+ * until it has one, and again at each tqkv__fwd_reload (credentials rotated): the new
+ * client replaces the old under f->lk, once no forwarded call uses the old one. */
 static void *
 fwd_main(void *arg)
 {
     tqkv_server_t *s = arg;
-    char list[sizeof s->cfg.peers], *save = NULL;
-    const char *targets[MAX_PEER_TARGETS];
-    size_t nt = 0;
-    snprintf(list, sizeof list, "%s", s->cfg.peers);
-    for (char *tok = strtok_r(list, ",", &save); tok && nt < MAX_PEER_TARGETS;
-         tok = strtok_r(NULL, ",", &save))
-        if (*tok)
-            targets[nt++] = tok;
-    tqkv_client_opts_t o = {.targets = targets,
-                            .num_targets = nt,
-                            .resolve_targets = 1,
-                            .dns_servers = s->cfg.peers_dns[0] ? s->cfg.peers_dns : NULL,
-                            .replicas = 1,
-                            .deadline_ms = 10000,
-                            .max_message_bytes = (size_t)s->cfg.max_message_bytes,
-                            .resolve_interval_ms = 1000, /* pods come and go */
-                            .backoff_min_ms = 100,
-                            .backoff_max_ms = 2000,
-                            .no_read_repair = 1,
-                            .exclude_node_id = s->cfg.node_id,
-                            .hop = 1};
+    tqkv__fwd_t *f = NULL;
+    int warned = 0;
     pthread_mutex_lock(&s->fwd_mu);
-    while (!s->fwd_stop && nt > 0) {
-        pthread_mutex_unlock(&s->fwd_mu);
-        tqkv_client_t *cl = NULL;
-        tqkv__fwd_t *f = NULL;
-        if (tqkv_client_create(&o, &cl) == TQKV_OK && (f = calloc(1, sizeof *f)) != NULL) {
-            f->srv = s;
-            f->cl = cl;
-            f->self = tqkv_shard_target_id(s->cfg.node_id);
-            atomic_store(&s->fwd, f);
-            tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu",
-                     tqkv_client_num_targets(cl));
-            return NULL;
+    while (!s->fwd_stop) {
+        if (f != NULL && !s->fwd_rebuild) {
+            pthread_cond_wait(&s->fwd_cv, &s->fwd_mu);
+            continue;
         }
-        tqkv_client_destroy(cl);
+        int rebuild = s->fwd_rebuild;
+        s->fwd_rebuild = 0;
+        pthread_mutex_unlock(&s->fwd_mu);
+        tqkv_client_t *cl = peers_client(s, &warned);
+        if (cl && f == NULL) {
+            if ((f = calloc(1, sizeof *f)) == NULL) {
+                tqkv_client_destroy(cl);
+            } else {
+                pthread_rwlockattr_t ra;
+                pthread_rwlockattr_init(&ra);
+                /* a reload must not wait behind an endless stream of forwarded calls */
+                pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+                pthread_rwlock_init(&f->lk, &ra);
+                pthread_rwlockattr_destroy(&ra);
+                f->srv = s;
+                f->cl = cl;
+                f->self = tqkv_shard_target_id(s->cfg.node_id);
+                atomic_store(&s->fwd, f);
+                tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu tls=%s",
+                         tqkv_client_num_targets(cl), s->cfg.tls_cert[0] ? "on" : "off");
+            }
+        } else if (cl) {
+            pthread_rwlock_wrlock(&f->lk);
+            tqkv_client_t *old = f->cl;
+            f->cl = cl;
+            pthread_rwlock_unlock(&f->lk);
+            tqkv_client_destroy(old);
+            tqkv_log(TQKV_LOG_INFO, "forwarding: peers' client made again (credentials read now)",
+                     "peers=%zu", tqkv_client_num_targets(cl));
+        } else if (rebuild && f != NULL) {
+            tqkv_log(TQKV_LOG_WARN, "forwarding: reload failed, the previous peers' client stays",
+                     "peers=\"%s\"", s->cfg.peers);
+        }
         pthread_mutex_lock(&s->fwd_mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 2;
-        if (!s->fwd_stop)
+        if (f == NULL && !s->fwd_stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 2;
             pthread_cond_timedwait(&s->fwd_cv, &s->fwd_mu, &ts);
+        }
     }
     pthread_mutex_unlock(&s->fwd_mu);
     return NULL;
+}
+
+void
+tqkv__fwd_reload(tqkv_server_t *s)
+{
+    if (!s->fwd_inited || !s->fwd_thread_started)
+        return;
+    pthread_mutex_lock(&s->fwd_mu);
+    s->fwd_rebuild = 1;
+    pthread_cond_broadcast(&s->fwd_cv);
+    pthread_mutex_unlock(&s->fwd_mu);
 }
 
 void
@@ -100,8 +258,10 @@ tqkv__fwd_start(tqkv_server_t *s)
     s->fwd_inited = 1;
     if (s->cfg.no_forward || s->cfg.peers[0] == '\0')
         return;
-    if (s->auth != NULL) {
-        tqkv_log(TQKV_LOG_INFO, "forwarding off: auth is on (the caller's token would travel)",
+    if (s->auth != NULL && !s->cfg.tls_cert[0]) {
+        tqkv_log(TQKV_LOG_WARN,
+                 "forwarding off: auth is on without TLS (the callers' tokens would travel "
+                 "to the peers in clear; set --tls-cert and --peer-ca)",
                  "peers=\"%s\"", s->cfg.peers);
         return;
     }
@@ -133,6 +293,7 @@ tqkv__fwd_destroy(tqkv__fwd_t *f)
     if (f == NULL)
         return;
     tqkv_client_destroy(f->cl);
+    pthread_rwlock_destroy(&f->lk);
     free(f);
 }
 
@@ -140,10 +301,12 @@ tqkv_status_t
 tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
 {
     r->self = f->self;
+    pthread_rwlock_rdlock(&f->lk);
     r->n = tqkv_client_num_targets(f->cl);
     r->ids = calloc(r->n ? r->n : 1, sizeof *r->ids);
     r->known = calloc(r->n ? r->n : 1, 1);
     if (r->ids == NULL || r->known == NULL) {
+        pthread_rwlock_unlock(&f->lk);
         free(r->ids);
         free(r->known);
         return TQKV_ENOMEM;
@@ -153,6 +316,7 @@ tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
         r->ids[i] = tqkv_client_target_rank_id(f->cl, i);
         r->known[i] = tqkv_client_target_node_id(f->cl, i, id, sizeof id) == 0;
     }
+    pthread_rwlock_unlock(&f->lk);
     return TQKV_OK;
 }
 
@@ -189,8 +353,8 @@ copy_hash(tqkv_hash_t *h, const uint8_t *p, size_t len)
 }
 
 tqkv_status_t
-tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_len,
-              const uint8_t *parent, size_t parent_len, uint32_t layer,
+tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *hash,
+              size_t hash_len, const uint8_t *parent, size_t parent_len, uint32_t layer,
               const tqkv_block_shape_t *shape, const void *page, size_t len, int *duplicate,
               char *err, size_t errlen)
 {
@@ -199,6 +363,8 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_l
     if (parent)
         copy_hash(&ph, parent, parent_len);
     tqkv_put_t *p = NULL;
+    tqkv_client_thread_authz(authz);
+    pthread_rwlock_rdlock(&f->lk);
     tqkv_status_t st = tqkv_client_put_begin(f->cl, NULL, &p);
     if (st == TQKV_OK) {
         tqkv_put_block_t b = {.ns = ns,
@@ -217,6 +383,8 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_l
             st = TQKV_EUNAVAILABLE;
         *duplicate = res.blocks_duplicate > 0;
     }
+    pthread_rwlock_unlock(&f->lk);
+    tqkv_client_thread_authz(NULL);
     if (st != TQKV_OK)
         snprintf(err, errlen, "forward to the block's owner: %s",
                  tqkv_client_last_error()->message);
@@ -247,9 +415,9 @@ gather(const uint8_t *const *hashes, const size_t *lens, const uint8_t *want, si
 }
 
 tqkv_status_t
-tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, const size_t *lens,
-                 const uint8_t *want, size_t n, uint32_t num_layers, uint32_t lease_ms,
-                 uint8_t *tiers, char *err, size_t errlen)
+tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *const *hashes,
+                 const size_t *lens, const uint8_t *want, size_t n, uint32_t num_layers,
+                 uint32_t lease_ms, uint8_t *tiers, char *err, size_t errlen)
 {
     tqkv_hash_t *hs;
     size_t *idx, m;
@@ -266,7 +434,11 @@ tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, c
                                .num_layers = num_layers,
                                .lease_ms = lease_ms};
         uint32_t prefix = 0;
+        tqkv_client_thread_authz(authz);
+        pthread_rwlock_rdlock(&f->lk);
         st = tqkv_client_lookup(f->cl, &q, &prefix, t);
+        pthread_rwlock_unlock(&f->lk);
+        tqkv_client_thread_authz(NULL);
         if (st == TQKV_OK) {
             for (size_t k = 0; k < m; k++)
                 tiers[idx[k]] = t[k];
@@ -311,9 +483,9 @@ fill_cb(void *arg, const tqkv_get_page_t *pg)
 }
 
 tqkv_status_t
-tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, const size_t *lens,
-               const uint8_t *want, size_t n, uint32_t begin, uint32_t end, uint64_t *copied,
-               char *err, size_t errlen)
+tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *const *hashes,
+               const size_t *lens, const uint8_t *want, size_t n, uint32_t begin, uint32_t end,
+               uint64_t *copied, char *err, size_t errlen)
 {
     tqkv_hash_t *hs;
     size_t *idx, m;
@@ -331,7 +503,11 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes, con
                             .layer_begin = begin,
                             .layer_end = end,
                             .encoding = TQKV_CLIENT_PACKED};
+        tqkv_client_thread_authz(authz);
+        pthread_rwlock_rdlock(&f->lk);
         st = tqkv_client_get(f->cl, &q, fill_cb, &x);
+        pthread_rwlock_unlock(&f->lk);
+        tqkv_client_thread_authz(NULL);
         *copied = x.copied;
         if (st == TQKV_OK)
             tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_GET, m);

@@ -8,8 +8,15 @@
  * hashes, and a Get first copies the owner's pages of its hashes into this server's
  * store, then streams as usual. Forwarded calls carry the "tqkv-hop" header: the owner
  * answers them itself, never forwarding again (one hop); so does every call of a client
- * that shards itself (libtqkv with several targets). Off where auth is on (the caller's
- * token would have to travel). Blocking: called from encoder-pool jobs.
+ * that shards itself (libtqkv with several targets). Where auth is on, a forwarded call
+ * carries the caller's own `authorization` header (the owner checks it again, so a token
+ * reaches only what it may reach anywhere); this needs TLS to the peers (--tls-cert):
+ * auth on without TLS leaves forwarding off. Blocking: called from encoder-pool jobs.
+ *
+ * Peers' connections (here and in the hand-off): TLS when this server serves TLS,
+ * verified against --peer-ca (or --tls-client-ca), with this server's certificate as the
+ * client certificate (mutual TLS), the name of --peer-tls-name or the one dialed; where
+ * auth is on, the hand-off and the node-id questions send --peer-token-file's token.
  */
 #ifndef TQKV_SERVICE_FORWARD_H
 #define TQKV_SERVICE_FORWARD_H
@@ -19,14 +26,38 @@
 
 #include "kernels/page.h"
 #include "kernels/status.h"
+#include "service/auth.h"
+#include "service/config.h"
+#include "transport/client.h"
 
 struct tqkv_server;
 typedef struct tqkv__fwd tqkv__fwd_t;
 
-/* Starts the thread that makes the peers' client (with --peers, unless --no-forward or
- * auth is on); tqkv__fwd_stop joins it and frees the client (no call may run). */
+#define TQKV__PEER_TOKEN_MAX 4096
+
+/* Reads the peer token (one token, blanks around it allowed) from path into tok.
+ * TQKV_EINVAL / TQKV_EIO with a reason naming the file (never the token) in err. */
+tqkv_status_t tqkv__peer_token(const char *path, char *tok, size_t cap, char *err, size_t errlen);
+/* At start, where --peers is in use with auth: the peer token must be readable and hold
+ * rw on every namespace in auth (the peers load the same file). Error in err. */
+tqkv_status_t tqkv__peer_check(const tqkv_server_config_t *cfg, const tqkv_auth_t *auth, char *err,
+                               size_t errlen);
+/* The peers' client options (TLS as above, the peer token tok or NULL, the peers'
+ * targets parsed into targets[cap] from list, a copy of --peers); every string
+ * borrowed from cfg, list and tok. The caller sets deadlines and the rest. */
+void tqkv__peer_opts(const tqkv_server_config_t *cfg, char *list, const char **targets, size_t cap,
+                     const char *tok, tqkv_client_opts_t *o);
+
+/* Starts the thread that makes the peers' client (with --peers, unless --no-forward, or
+ * auth is on without TLS); tqkv__fwd_stop joins it and frees the client (no call may run). */
 void tqkv__fwd_start(struct tqkv_server *s);
 void tqkv__fwd_stop(struct tqkv_server *s);
+
+/* Credentials rotated (SIGHUP, a changed certificate or token file): the forwarding
+ * thread makes the peers' client again, reading the peer CA, the certificate and the peer
+ * token anew, and swaps it in once no forwarded call uses the old one; on failure the old
+ * one stays (logged). No-op where forwarding is off. */
+void tqkv__fwd_reload(struct tqkv_server *s);
 
 /* The peers, or NULL when forwarding is off or no peer is known yet. Borrowed until
  * tqkv__fwd_stop. */
@@ -45,24 +76,28 @@ void tqkv__fwd_rank_free(tqkv__fwd_rank_t *r);
  * the peer that does has no known node id. */
 int tqkv__fwd_owned(const tqkv__fwd_rank_t *r, const char *ns, const uint8_t *hash, size_t len);
 
+/* authz (every call below): the caller's `authorization` header value (borrowed, NULL
+ * when it sent none), sent to the owner in place of the peer token. */
+
 /* Puts one page to its owner (a peer). *duplicate set as the owner reports. */
-tqkv_status_t tqkv__fwd_put(tqkv__fwd_t *f, const char *ns, const uint8_t *hash, size_t hash_len,
-                            const uint8_t *parent, size_t parent_len, uint32_t layer,
-                            const tqkv_block_shape_t *shape, const void *page, size_t len,
-                            int *duplicate, char *err, size_t errlen);
+tqkv_status_t tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *hash,
+                            size_t hash_len, const uint8_t *parent, size_t parent_len,
+                            uint32_t layer, const tqkv_block_shape_t *shape, const void *page,
+                            size_t len, int *duplicate, char *err, size_t errlen);
 
 /* Per hash of hashes[n], the tier the owners report (0 = absent), for the hashes with
  * want[i] set; lease_ms as in Lookup. */
-tqkv_status_t tqkv__fwd_lookup(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes,
-                               const size_t *lens, const uint8_t *want, size_t n,
-                               uint32_t num_layers, uint32_t lease_ms, uint8_t *tiers, char *err,
-                               size_t errlen);
+tqkv_status_t tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns,
+                               const uint8_t *const *hashes, const size_t *lens,
+                               const uint8_t *want, size_t n, uint32_t num_layers,
+                               uint32_t lease_ms, uint8_t *tiers, char *err, size_t errlen);
 
 /* Copies the owners' pages of the hashes with want[i] set, layers [begin, end), into
  * the store. Returns the pages copied in *copied. */
-tqkv_status_t tqkv__fwd_fill(tqkv__fwd_t *f, const char *ns, const uint8_t *const *hashes,
-                             const size_t *lens, const uint8_t *want, size_t n, uint32_t begin,
-                             uint32_t end, uint64_t *copied, char *err, size_t errlen);
+tqkv_status_t tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns,
+                             const uint8_t *const *hashes, const size_t *lens, const uint8_t *want,
+                             size_t n, uint32_t begin, uint32_t end, uint64_t *copied, char *err,
+                             size_t errlen);
 
 void tqkv__fwd_destroy(tqkv__fwd_t *f);
 

@@ -250,7 +250,7 @@ put_job(void *arg)
         tqkv__fwd_rank_free(&rk);
         if (!owned) { /* one hop to the owner, as the page encoded here */
             tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
-            st = tqkv__fwd_put(fw, m->namespace_, m->hash.data, m->hash.len,
+            st = tqkv__fwd_put(fw, c->authz, m->namespace_, m->hash.data, m->hash.len,
                                m->parent_hash.len ? m->parent_hash.data : NULL, m->parent_hash.len,
                                m->layer, &shape, data, plen, &j->duplicate, j->err, ERRLEN);
             if (st != TQKV_OK) {
@@ -899,8 +899,8 @@ get_forward(void *arg)
     if (want && hp && hl && nw > 0) {
         uint64_t copied = 0;
         char err[ERRLEN];
-        if (tqkv__fwd_fill(fw, q->namespace_, hp, hl, want, n, q->layer_begin, q->layer_end,
-                           &copied, err, sizeof err) != TQKV_OK) {
+        if (tqkv__fwd_fill(fw, c->authz, q->namespace_, hp, hl, want, n, q->layer_begin,
+                           q->layer_end, &copied, err, sizeof err) != TQKV_OK) {
             char qe[ERRLEN];
             tqkv_log_quote(qe, sizeof qe, err);
             tqkv_log(TQKV_LOG_WARN, "get: forward failed", "error=\"%s\"", qe);
@@ -1100,8 +1100,8 @@ lookup_job(void *arg)
             nw += want[i] = !tqkv__fwd_owned(&rk, r->namespace_, ls->hp[i], ls->hl[i]);
         tqkv__fwd_rank_free(&rk);
         if (nw > 0) {
-            st = tqkv__fwd_lookup(ls->fw, r->namespace_, ls->hp, ls->hl, want, n, r->num_layers,
-                                  r->lease_ms, ls->tiers, ls->err, ERRLEN);
+            st = tqkv__fwd_lookup(ls->fw, c->authz, r->namespace_, ls->hp, ls->hl, want, n,
+                                  r->num_layers, r->lease_ms, ls->tiers, ls->err, ERRLEN);
             if (st != TQKV_OK)
                 ls->code = tqkv_status_to_grpc(st);
             atomic_fetch_add(&c->srv->forwarded, 1);

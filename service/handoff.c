@@ -7,7 +7,9 @@
  * gone. So the pages are simply put, as packed pages (no re-encode), through a
  * client with R = 1 over the peers: hottest first (tqkv_store_export), until the time
  * (--handoff-seconds) or byte (--handoff-bytes) budget runs out. Health reads
- * NOT_SERVING meanwhile, reads are still served; the drain follows.
+ * NOT_SERVING meanwhile, reads are still served; the drain follows. The peers are dialed
+ * as forward.h says (TLS verified against --peer-ca, the peer token where auth is on); the
+ * token and certificates are read here, at SIGTERM, so a rotation since start applies.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include "cache/store.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kernels/page.h"
+#include "service/forward.h"
 #include "service/log.h"
 #include "service/metrics.h"
 #include "service/service_internal.h"
@@ -33,30 +36,27 @@ tqkv_server_handoff(tqkv_server_t *s)
     double t0 = tqkv__now(), deadline = t0 + cfg->handoff_seconds;
     tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
 
-    char list[sizeof cfg->peers], *save = NULL;
+    char list[sizeof cfg->peers], tok[TQKV__PEER_TOKEN_MAX] = "", err[512];
     const char *targets[MAX_PEER_TARGETS];
-    size_t nt = 0;
     snprintf(list, sizeof list, "%s", cfg->peers);
-    for (char *tok = strtok_r(list, ",", &save); tok && nt < MAX_PEER_TARGETS;
-         tok = strtok_r(NULL, ",", &save))
-        if (*tok)
-            targets[nt++] = tok;
-    tqkv_client_opts_t o = {.targets = targets,
-                            .num_targets = nt,
-                            .resolve_targets = 1,
-                            .dns_servers = cfg->peers_dns[0] ? cfg->peers_dns : NULL,
-                            .resolve_interval_ms = UINT32_MAX,
-                            .replicas = 1,
-                            .deadline_ms = cfg->handoff_seconds * 1000u,
-                            .max_message_bytes = (size_t)cfg->max_message_bytes,
-                            .backoff_min_ms = 100,
-                            .backoff_max_ms = 1000,
-                            .no_read_repair = 1,
-                            .exclude_node_id = cfg->node_id,
-                            .hop = 1}; /* the next-ranked peer keeps it, even while it still
-                                          ranks us first */
+    if (cfg->peer_token_file[0] && /* read again: it may have been rotated */
+        tqkv__peer_token(cfg->peer_token_file, tok, sizeof tok, err, sizeof err) != TQKV_OK) {
+        tqkv_log(TQKV_LOG_WARN, "hand-off: no peer token", "error=\"%s\"", err);
+        return 0;
+    }
+    tqkv_client_opts_t o;
+    tqkv__peer_opts(cfg, list, targets, MAX_PEER_TARGETS, tok, &o);
+    size_t nt = o.num_targets;
+    o.resolve_interval_ms = UINT32_MAX;
+    o.replicas = 1;
+    o.deadline_ms = cfg->handoff_seconds * 1000u;
+    o.backoff_min_ms = 100;
+    o.backoff_max_ms = 1000;
+    /* o.hop: the next-ranked peer keeps it, even while it still ranks us first */
     tqkv_client_t *c = NULL;
-    if (nt == 0 || tqkv_client_create(&o, &c) != TQKV_OK) {
+    tqkv_status_t cst = nt ? tqkv_client_create(&o, &c) : TQKV_EINVAL;
+    memset(tok, 0, sizeof tok); /* the client keeps its own copy */
+    if (cst != TQKV_OK) {
         char q[512];
         tqkv_log_quote(q, sizeof q, nt ? tqkv_client_last_error()->message : "empty --peers");
         tqkv_log(TQKV_LOG_WARN, "hand-off: no peer", "peers=\"%s\" error=\"%s\"", cfg->peers, q);
@@ -72,7 +72,7 @@ tqkv_server_handoff(tqkv_server_t *s)
     tqkv_put_t *p = NULL;
     tqkv_put_opts_t po = {.deadline_ms = cfg->handoff_seconds * 1000u};
     const char *stop = "done";
-    uint64_t sent = 0, bytes = 0;
+    uint64_t sent = 0, bytes = 0, refused = 0;
     if (tqkv_client_put_begin(c, &po, &p) != TQKV_OK) {
         stop = "put failed";
         n = 0;
@@ -117,6 +117,7 @@ tqkv_server_handoff(tqkv_server_t *s)
         tqkv_page_ref_release(ref);
         if (st != TQKV_OK) {
             stop = "no live peer";
+            refused = 1; /* this page too: counted as failed below */
             break;
         }
         sent++;
@@ -129,12 +130,20 @@ tqkv_server_handoff(tqkv_server_t *s)
     uint64_t handed = res.blocks_stored + res.blocks_duplicate;
     atomic_fetch_add(&s->handed_off, handed);
     tqkv_metrics_handoff(s->metrics, handed, res.bytes_in);
-    tqkv_log(TQKV_LOG_INFO, "hand-off",
-             "pages=%zu sent=%llu stored=%llu duplicate=%llu lost=%llu bytes=%llu seconds=%.2f "
-             "peers=%zu stopped_by=\"%s\"",
+    /* failed: pages tried that no peer took (a refused TLS handshake or token, a peer
+     * gone) */
+    uint64_t failed = sent + refused > handed ? sent + refused - handed : 0;
+    int bad = failed > 0 || !strcmp(stop, "no live peer") || !strcmp(stop, "put failed");
+    char q[300] = ""; /* the budgets are no failure: no reason then */
+    if (bad)
+        tqkv_log_quote(q, sizeof q, tqkv_client_last_error()->message);
+    tqkv_log(bad ? TQKV_LOG_WARN : TQKV_LOG_INFO, "hand-off",
+             "pages=%zu sent=%llu stored=%llu duplicate=%llu lost=%llu failed=%llu bytes=%llu "
+             "seconds=%.2f peers=%zu tls=%s stopped_by=\"%s\" error=\"%s\"",
              n, (unsigned long long)sent, (unsigned long long)res.blocks_stored,
              (unsigned long long)res.blocks_duplicate, (unsigned long long)res.blocks_lost,
-             (unsigned long long)bytes, tqkv__now() - t0, tqkv_client_num_targets(c), stop);
+             (unsigned long long)failed, (unsigned long long)bytes, tqkv__now() - t0,
+             tqkv_client_num_targets(c), o.tls ? "on" : "off", stop, q);
     free(keys);
     tqkv_client_destroy(c);
     return handed;

@@ -9,6 +9,10 @@
  *
  * TLS: tqkv_tls_reload (tls.c) parks the new configuration for the next handshake.
  *
+ * Peers: after a reload that changed something, and at every SIGHUP, the forwarding client
+ * is made again with the peer CA, certificate and peer token read anew (tqkv__fwd_reload);
+ * the hand-off reads them at SIGTERM.
+ *
  * Watching: inotify on the directories holding the files, not on the files, because
  * Kubernetes updates a mounted Secret by renaming a "..data" symlink in the directory, and
  * editors and `mv` replace a file by renaming over it (a watch on the old inode would see
@@ -31,6 +35,7 @@
 #include <unistd.h>
 
 #include "service/dc_server.h"
+#include "service/forward.h"
 #include "service/log.h"
 #include "service/service_internal.h"
 #include "service/tls.h"
@@ -59,7 +64,8 @@ log_rejected(const char *file, const char *path, const char *trigger, const char
              "file=%s path=\"%s\" trigger=%s error=\"%s\"", file, qp, trigger, qe);
 }
 
-static void
+/* Returns 1 when a new table is in force. */
+static int
 reload_tokens(tqkv_server_t *s, const char *trigger, int quiet)
 {
     char err[1024];
@@ -67,7 +73,7 @@ reload_tokens(tqkv_server_t *s, const char *trigger, int quiet)
     if (tqkv_auth_load(s->cfg.auth_tokens, &n, err, sizeof err) != TQKV_OK) {
         log_rejected("tokens", s->cfg.auth_tokens, trigger, err);
         tqkv_metrics_reload(s->metrics, 0, 0);
-        return;
+        return 0;
     }
     tqkv_auth_t *cur = tqkv__auth_acquire(s);
     int same = tqkv_auth_same_file(cur, n);
@@ -76,7 +82,7 @@ reload_tokens(tqkv_server_t *s, const char *trigger, int quiet)
         tqkv_auth_destroy(n);
         tqkv_log(quiet ? TQKV_LOG_DEBUG : TQKV_LOG_INFO, "reload: file unchanged",
                  "file=tokens trigger=%s", trigger);
-        return;
+        return 0;
     }
     size_t count = tqkv_auth_count(n);
     pthread_rwlock_wrlock(&s->auth_lk);
@@ -85,9 +91,11 @@ reload_tokens(tqkv_server_t *s, const char *trigger, int quiet)
     tqkv_auth_destroy(old); /* freed when the last call that started with it ends */
     tqkv_metrics_reload(s->metrics, 0, 1);
     tqkv_log(TQKV_LOG_INFO, "reloaded", "file=tokens tokens=%zu trigger=%s", count, trigger);
+    return 1;
 }
 
-static void
+/* Returns 1 when new certificates are in force. */
+static int
 reload_tls(tqkv_server_t *s, const char *trigger, int quiet)
 {
     char err[1024];
@@ -97,12 +105,12 @@ reload_tls(tqkv_server_t *s, const char *trigger, int quiet)
     if (tqkv_tls_reload(s->tls, &changed, err, sizeof err) != TQKV_OK) {
         log_rejected("tls", cert, trigger, err);
         tqkv_metrics_reload(s->metrics, 1, 0);
-        return;
+        return 0;
     }
     if (!changed) {
         tqkv_log(quiet ? TQKV_LOG_DEBUG : TQKV_LOG_INFO, "reload: file unchanged",
                  "file=tls trigger=%s", trigger);
-        return;
+        return 0;
     }
     tqkv_metrics_reload(s->metrics, 1, 1);
     if (tqkv__dc_tls_reload(s, err, sizeof err) != TQKV_OK)
@@ -114,17 +122,24 @@ reload_tls(tqkv_server_t *s, const char *trigger, int quiet)
     if (gmtime_r(&na, &tm))
         strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
     tqkv_log(TQKV_LOG_INFO, "reloaded", "file=tls not_after=%s trigger=%s", when, trigger);
+    return 1;
 }
 
 static void
 do_reload(tqkv_server_t *s, const char *trigger, int quiet)
 {
     pthread_mutex_lock(&s->reload_mu);
+    int changed = 0;
     if (s->cfg.auth_tokens[0])
-        reload_tokens(s, trigger, quiet);
+        changed |= reload_tokens(s, trigger, quiet);
     if (s->tls)
-        reload_tls(s, trigger, quiet);
+        changed |= reload_tls(s, trigger, quiet);
     pthread_mutex_unlock(&s->reload_mu);
+    /* Peers: the forwarding client reads the peer CA, its certificate and the peer token
+     * again (the hand-off reads them at SIGTERM anyway); at SIGHUP always, since the peer
+     * CA or token may have changed alone. */
+    if (changed || !quiet)
+        tqkv__fwd_reload(s);
 }
 
 void

@@ -902,6 +902,9 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     s->auth = auth;
     if (auth)
         tqkv_metrics_reload(s->metrics, 0, 1);
+    if ((cfg->handoff_seconds > 0 || !cfg->no_forward) && cfg->peers[0] &&
+        (st = tqkv__peer_check(cfg, auth, err, errlen)) != TQKV_OK)
+        goto fail_refl;
     if ((st = tqkv__reflection_create(&s->refl, err, errlen)) != TQKV_OK)
         goto fail_refl;
     if (cfg->tls_cert[0]) {

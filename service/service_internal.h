@@ -170,6 +170,7 @@ struct tqkv_server {
     pthread_cond_t fwd_cv;
     pthread_t fwd_thread;
     int fwd_stop, fwd_thread_started, fwd_inited;
+    int fwd_rebuild;        /* under fwd_mu: make the peers' client again (tqkv__fwd_reload) */
     atomic_long live_calls; /* call objects allocated (incl. requested ones) */
     atomic_long work_calls; /* matched calls with handler->drain */
     tqkv__tag_t shutdown_tag;

@@ -110,6 +110,12 @@ typedef struct tqkv_client_error {
 /* Returns borrowed, thread-local, valid until the thread's next client call. */
 const tqkv_client_error_t *tqkv_client_last_error(void);
 
+/* For a server that forwards a caller's request with the caller's credentials: until the
+ * next call with NULL, the calls the calling thread starts (through any client) send
+ * "authorization: <authz>" (the caller's header value, borrowed until then) instead of
+ * the client's token. Background threads (membership, read repair) keep the client's. */
+void tqkv_client_thread_authz(const char *authz);
+
 /* Creates a client: resolves the targets and asks each server for its node id (it
  * ranks servers by it: a server keeps its rank on a new address, and two spellings of
  * one server are one target). Returns TQKV_EINVAL (no target, a target named twice,

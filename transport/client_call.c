@@ -13,6 +13,15 @@
 
 _Thread_local tqkv_client_error_t tqkv__client_last_err;
 
+/* tqkv_client_thread_authz: the calling thread's `authorization` value, or NULL. */
+static _Thread_local const char *thread_authz;
+
+void
+tqkv_client_thread_authz(const char *authz)
+{
+    thread_authz = authz;
+}
+
 const tqkv_client_error_t *
 tqkv_client_last_error(void)
 {
@@ -53,6 +62,7 @@ tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti
     grpc_call_error e;
 
     r->target = ti;
+    r->cancelled = 0;
     r->t_status = (rtag_t){r, TAG_STATUS};
     r->t_init = (rtag_t){r, TAG_INIT};
     r->t_send = (rtag_t){r, TAG_SEND};
@@ -87,6 +97,17 @@ tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti
     int hop = c->hop || c->nt > 1;
     ops[n].data.send_initial_metadata.count = (size_t)c->has_auth + (size_t)hop;
     ops[n].data.send_initial_metadata.metadata = c->has_auth ? c->md : hop ? &c->md[1] : NULL;
+    /* A server forwarding a caller's request sends the caller's header, not its own token
+     * (gRPC takes its own references to the slices in start_batch: ours go after it). */
+    grpc_metadata own[2];
+    int own_md = thread_authz != NULL;
+    if (own_md) {
+        own[0].key = grpc_slice_from_static_string("authorization");
+        own[0].value = grpc_slice_from_copied_string(thread_authz);
+        own[1] = c->md[1];
+        ops[n].data.send_initial_metadata.count = 1 + (size_t)hop;
+        ops[n].data.send_initial_metadata.metadata = own;
+    }
     ops[n].flags = c->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0;
     n++;
     ops[n++].op = GRPC_OP_RECV_INITIAL_METADATA;
@@ -98,8 +119,10 @@ tqkv__rpc_start(tqkv_client_t *c, rpc_t *r, grpc_completion_queue *cq, size_t ti
         r->closed = 1;
     }
     e = grpc_call_start_batch(r->call, ops, n, &r->t_init, NULL);
+    if (own_md)
+        grpc_slice_unref(own[0].value);
     if (e != GRPC_CALL_OK) {
-        grpc_call_cancel(r->call, NULL);
+        tqkv__rpc_cancel(r);
         return tqkv__client_err(TQKV_EINTERNAL, 0, "start_batch(init): %d", (int)e);
     }
     r->inflight++;
@@ -158,7 +181,7 @@ tqkv__rpc_close_and_recv(rpc_t *r)
         r->inflight++;
         r->recv_busy = 1;
     } else {
-        grpc_call_cancel(r->call, NULL);
+        tqkv__rpc_cancel(r);
     }
 }
 
@@ -268,8 +291,20 @@ renew_channels(tqkv_client_t *c, size_t ti)
     }
 }
 
+void
+tqkv__rpc_cancel(rpc_t *r)
+{
+    r->cancelled = 1;
+    grpc_call_cancel(r->call, NULL);
+}
+
 /* Status of a finished call as a tqkv status (sets the thread's error) and updates
- * the target's health: UNAVAILABLE backs the target off, OK clears it. */
+ * the target's health: UNAVAILABLE backs the target off, OK clears it. A call that this
+ * client did not cancel but that ended CANCELLED (a stopping server cancels the calls
+ * still open when its drain ends) or "Channel Destroyed" (its channel went while it
+ * waited for a connection: a server restarting in a rolling update) is a transport
+ * failure: UNAVAILABLE, so reads ask the block's next-ranked server and a Put stream is
+ * re-sent, as for a server that refused the connection. */
 tqkv_status_t
 tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
 {
@@ -277,6 +312,19 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
     if (r->status == GRPC_STATUS_OK) {
         tqkv_shard_health_ok(&t->health, c->backoff_min);
         return TQKV_OK;
+    }
+    if (!r->cancelled && r->status != GRPC_STATUS_UNAVAILABLE &&
+        (r->status == GRPC_STATUS_CANCELLED ||
+         grpc_slice_str_cmp(r->details, "Channel Destroyed") == 0)) {
+        char *d0 = grpc_slice_to_c_string(r->details);
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s (%s)", d0 && d0[0] ? d0 : "cancelled",
+                 r->status == GRPC_STATUS_CANCELLED ? "the server ended the call"
+                                                    : "the channel went away");
+        gpr_free(d0);
+        grpc_slice_unref(r->details);
+        r->details = grpc_slice_from_copied_string(msg);
+        r->status = GRPC_STATUS_UNAVAILABLE;
     }
     if (r->status == GRPC_STATUS_UNAVAILABLE) {
         tqkv_shard_health_fail(&t->health, tqkv_shard_now_ns(), c->backoff_min, c->backoff_max);

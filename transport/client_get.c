@@ -470,7 +470,7 @@ get_cancel_all(tqkv_client_t *c, rpc_t *rs, const int *started)
         if (!started[t])
             continue;
         if (rs[t].call && rs[t].inflight > 0)
-            grpc_call_cancel(rs[t].call, NULL);
+            tqkv__rpc_cancel(&rs[t]);
         if (rs[t].dc && rs[t].frames_left > 0)
             rs[t].dc_bad = 1, rs[t].frames_left = 0;
     }
@@ -494,7 +494,7 @@ get_event(tqkv_client_t *c, getop_t *g, rpc_t *rs, const int *started, rpc_t *r,
             else if (*st == TQKV_OK)
                 *st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: malformed GetResponse",
                                        c->t[r->target]->name);
-            grpc_call_cancel(r->call, NULL);
+            tqkv__rpc_cancel(r);
             if (r->dc)
                 r->dc_bad = 1, r->frames_left = 0;
         } else if (g->canceled) {
@@ -690,7 +690,7 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
                     r->dc_bad = 1;
                     r->frames_left = 0;
                     if (r->inflight > 0)
-                        grpc_call_cancel(r->call, NULL);
+                        tqkv__rpc_cancel(r);
                     if (st == TQKV_OK && bad > 0)
                         st = tqkv__client_err(
                             TQKV_ECORRUPT, 0,

@@ -147,6 +147,7 @@ struct rpc {
     int inflight; /* tags not yet back */
     int send_busy, recv_busy;
     int status_done, recv_eof, send_failed, closed;
+    int cancelled; /* this client cancelled the call (tqkv__rpc_cancel) */
     uint64_t sent; /* messages sent (put) */
     rtag_t t_status, t_init, t_send, t_recv;
     /* operation state */
@@ -213,6 +214,9 @@ void tqkv__cq_destroy(grpc_completion_queue *cq);
 /* Status of a finished call as a tqkv status (sets the thread's error) and updates
  * the target's health: UNAVAILABLE backs the target off, OK clears it. */
 tqkv_status_t tqkv__rpc_result(tqkv_client_t *c, rpc_t *r);
+/* Cancels r's call and remembers that this client did (rpc_result tells it apart from a
+ * call that the server or the channel ended). */
+void tqkv__rpc_cancel(rpc_t *r);
 /* Whether target ti takes calls now (always, with a single target). */
 int tqkv__target_usable(tqkv_client_t *c, size_t ti, uint64_t now);
 /* Runs n unary calls in parallel: call i to target tis[i] with reqs[i]; writes

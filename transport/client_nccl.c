@@ -296,7 +296,7 @@ get_over_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *q, voi
         if (st == TQKV_OK && (g == NULL || k >= total)) {
             st = tqkv__client_err(TQKV_EINTERNAL, 0, "get (nccl): malformed or extra response");
             ch->broken = 1;
-            grpc_call_cancel(r.call, NULL);
+            tqkv__rpc_cancel(&r);
         }
         if (st == TQKV_OK && !canceled) {
             tqkv_nccl_page_t p;
@@ -323,7 +323,7 @@ get_over_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *q, voi
                 }
                 if (st != TQKV_OK) {
                     ch->broken = 1;
-                    grpc_call_cancel(r.call, NULL);
+                    tqkv__rpc_cancel(&r);
                 } else {
                     p.data = dst;
                     p.len = (size_t)g->nccl_bytes;
@@ -337,7 +337,7 @@ get_over_nccl(tqkv_client_t *c, tqkv_channel_t *ch, const tqkv_get_req_t *q, voi
             if (st == TQKV_OK && cb(arg, &p) != 0) {
                 canceled = 1;
                 ch->broken = 1;
-                grpc_call_cancel(r.call, NULL);
+                tqkv__rpc_cancel(&r);
             }
         }
         if (g)

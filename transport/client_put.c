@@ -137,7 +137,7 @@ put_drop(tqkv_put_t *p, size_t ti)
 {
     rpc_t *r = p->rpc[ti];
     if (!r->status_done)
-        grpc_call_cancel(r->call, NULL);
+        tqkv__rpc_cancel(r);
     while (r->inflight > 0)
         put_step(p);
     tqkv_status_t st = tqkv__rpc_result(p->c, r);
@@ -314,7 +314,7 @@ put_collect(tqkv_put_t *p, tqkv_client_error_t *saved)
         if (!r->status_done && !r->send_failed)
             tqkv__rpc_close_and_recv(r);
         else
-            grpc_call_cancel(r->call, NULL);
+            tqkv__rpc_cancel(r);
     }
     for (;;) {
         int busy = 0;
@@ -397,7 +397,7 @@ tqkv_client_put_abort(tqkv_put_t *p)
         return;
     for (size_t i = 0; i < p->c->nt; i++)
         if (p->rpc[i])
-            grpc_call_cancel(p->rpc[i]->call, NULL);
+            tqkv__rpc_cancel(p->rpc[i]);
     for (;;) {
         int busy = 0;
         for (size_t i = 0; i < p->c->nt; i++)

@@ -11,11 +11,14 @@
 #   tls.crt, tls.key    the server certificate (ECDSA P-256, 90 days) for tqkv,
 #                       tqkv-headless and *.tqkv-headless in NS (short and FQDN forms),
 #                       localhost and 127.0.0.1
-#   tokens              the server's token file: an admin token (rw on every namespace)
-#                       and a bench token (rw on the namespace "bench")
+#                       (server and client use: peers present it to each other)
+#   tokens              the server's token file: an admin token (rw on every namespace),
+#                       a bench token (rw on the namespace "bench") and the peer token
+#                       (rw on every namespace: the hand-off puts every namespace's pages)
 #   admin-token, bench-token   the tokens alone, for clients
+#   peer-token          the peer token alone, for the servers (TQKV_PEER_TOKEN_FILE)
 # --apply creates or updates, in NS, the Secret tqkv-tls (type kubernetes.io/tls, with
-# ca.crt) and the Secret tqkv-auth (tokens, bench-token) with kubectl; running it again
+# ca.crt) and the Secret tqkv-auth (tokens, bench-token, peer-token) with kubectl; running it again
 # rotates everything, and the servers reload without a restart. --tokens-only skips the
 # certificate (cert-manager makes it). Needs openssl (and kubectl for --apply).
 set -euo pipefail
@@ -30,7 +33,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --apply) apply=1; shift ;;
     --tokens-only) tokens_only=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "trial-secrets.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,7 +63,7 @@ if [ "$tokens_only" = 0 ]; then
   san="$san,DNS:tqkv-headless,DNS:tqkv-headless.$ns.svc"
   san="$san,DNS:*.tqkv-headless,DNS:*.tqkv-headless.$ns,DNS:*.tqkv-headless.$ns.svc"
   san="$san,DNS:*.tqkv-headless.$ns.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
-  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\nbasicConstraints=CA:FALSE\n' \
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\nbasicConstraints=CA:FALSE\n' \
     "$san" > tls.ext
   openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt \
     -days 90 -extfile tls.ext 2>/dev/null
@@ -70,12 +73,16 @@ fi
 
 admin=$(openssl rand -hex 32)
 bench=$(openssl rand -hex 32)
+peer=$(openssl rand -hex 32)
 printf '%s\n' "$admin" > admin-token
 printf '%s\n' "$bench" > bench-token
+printf '%s\n' "$peer" > peer-token
 {
   echo "# tqkv bearer tokens: TOKEN r|w|rw NAMESPACE[,NAMESPACE...] ('*' = every namespace)"
   echo "$admin rw *"
   echo "$bench rw bench"
+  echo "# the servers' own token (hand-off to peers on drain; TQKV_PEER_TOKEN_FILE)"
+  echo "$peer rw *"
 } > tokens
 
 if [ "$apply" = 1 ]; then
@@ -85,7 +92,8 @@ if [ "$apply" = 1 ]; then
       --dry-run=client -o yaml | kubectl apply -f -
   fi
   kubectl -n "$ns" create secret generic tqkv-auth --from-file=tokens \
-    --from-file=bench-token=bench-token --dry-run=client -o yaml | kubectl apply -f -
+    --from-file=bench-token=bench-token --from-file=peer-token=peer-token \
+    --dry-run=client -o yaml | kubectl apply -f -
 fi
-echo "trial-secrets.sh: wrote $out ($( [ "$tokens_only" = 0 ] && echo 'ca.crt tls.crt tls.key ' )tokens admin-token bench-token)"
+echo "trial-secrets.sh: wrote $out ($( [ "$tokens_only" = 0 ] && echo 'ca.crt tls.crt tls.key ' )tokens admin-token bench-token peer-token)"
 echo "trial-secrets.sh: clients verify with ca.crt and send 'authorization: Bearer <token>'"

@@ -9,7 +9,9 @@
 //                                 so that rotation reaches the server; a NetworkPolicy
 //                                 admitting only labelled clients to gRPC/data and only the
 //                                 monitoring namespace to metrics; insecure-dev says what it
-//                                 turns off), and deploy/k8s/trial-secrets.sh's output
+//                                 turns off; hand-off and forwarding on, to peers over
+//                                 TLS with the peer token, in clear only on insecure-dev),
+//                                 and deploy/k8s/trial-secrets.sh's output
 //                                 accepted by the real server (TLS on gRPC and, where on,
 //                                 on the TCP data channels)
 //   node validate.mjs dockerfile  deploy/Dockerfile and .dockerignore
@@ -394,8 +396,9 @@ function checkServer(variant, objs, envVars) {
     preSecs = /sleep$/.test(cmd[0]) ? Number(cmd[1]) : 0;
   } else if (pre?.sleep) preSecs = pre.sleep.seconds;
   const grace = pod.terminationGracePeriodSeconds ?? 30;
-  expect(grace >= drain + preSecs + 5, ws,
-    `terminationGracePeriodSeconds ${grace} < preStop ${preSecs} + TQKV_DRAIN_SECONDS ${drain} + 5 s margin`);
+  const handoff = env.TQKV_PEERS ? Number(env.TQKV_HANDOFF_SECONDS ?? 10) : 0;
+  expect(grace >= drain + preSecs + handoff + 5, ws,
+    `terminationGracePeriodSeconds ${grace} < preStop ${preSecs} + TQKV_HANDOFF_SECONDS ${handoff} + TQKV_DRAIN_SECONDS ${drain} + 5 s margin`);
   expect((c.volumeMounts || []).some((m) => m.mountPath === "/tmp"), cw, "writable /tmp (root fs is read-only)");
 
   // Services.
@@ -495,7 +498,7 @@ function checkSecretFile(where, pod, c, file, secretName, key) {
   expect(mode === undefined || (mode & 0o007) === 0, where, `${v.name}: no access for others (defaultMode ${mode?.toString(8)})`);
 }
 
-function checkNetworkPolicy(W, objs, ports, podLabels) {
+function checkNetworkPolicy(W, objs, ports, podLabels, env) {
   const nps = objs.filter((o) => o.kind === "NetworkPolicy" && selects(o.spec.podSelector?.matchLabels, podLabels));
   if (!expect(nps.length === 1, W, `one NetworkPolicy selecting the server pods, got ${nps.length}`)) return;
   const np = nps[0];
@@ -503,6 +506,7 @@ function checkNetworkPolicy(W, objs, ports, podLabels) {
   expect((np.spec.policyTypes || []).includes("Ingress"), nw, "policyTypes includes Ingress");
   const clientPorts = [50051, 50052];
   const covered = new Set();
+  let peersAdmitted = false;
   for (const [i, r] of (np.spec.ingress || []).entries()) {
     const rw = `${nw} ingress[${i}]`;
     const from = r.from || [];
@@ -514,7 +518,13 @@ function checkNetworkPolicy(W, objs, ports, podLabels) {
     const toClients = rports.some((p) => clientPorts.includes(p));
     const toMetrics = rports.includes(ports.metrics);
     expect(!(toClients && toMetrics), rw, "client ports and the metrics port in separate rules");
-    if (toClients) {
+    // The servers' own pods, as peers (hand-off, forwarding): this namespace, gRPC only.
+    const peerRule = from.every((f) => !f.namespaceSelector && f.podSelector &&
+      !f.podSelector.matchLabels?.["tqkv.io/client"] && selects(f.podSelector.matchLabels, podLabels));
+    if (peerRule) {
+      expect(rports.length === 1 && rports[0] === ports.grpc, rw, `the peers' rule opens only the gRPC port, got ${rports}`);
+      peersAdmitted = true;
+    } else if (toClients) {
       expect(rports.every((p) => clientPorts.includes(p)), rw, `client rule opens only gRPC/data ports, got ${rports}`);
       for (const f of from)
         expect(f.podSelector?.matchLabels?.["tqkv.io/client"] === "true", rw,
@@ -529,6 +539,8 @@ function checkNetworkPolicy(W, objs, ports, podLabels) {
   }
   for (const [name, p] of Object.entries(ports))
     expect(covered.has(p), nw, `container port ${name} (${p}) is admitted by a rule (else clients or Prometheus are cut off)`);
+  if (env.TQKV_PEERS)
+    expect(peersAdmitted, nw, "a rule admits the server pods to gRPC (TQKV_PEERS: hand-off and forwarding)");
   return np;
 }
 
@@ -536,7 +548,7 @@ function checkSecurity(variant, objs, ss, c, env, ports, podLabels, nsName) {
   const W = `overlays/${variant}`;
   const cw = `${W} StatefulSet/${ss.metadata.name} container tqkv`;
   const pod = ss.spec.template.spec;
-  checkNetworkPolicy(W, objs, ports, podLabels);
+  checkNetworkPolicy(W, objs, ports, podLabels, env);
   expect(!objs.some((o) => o.kind === "Secret"), W, "no Secret in the manifests (secrets are not committed)");
   const note = ss.metadata.annotations?.["tqkv.io/insecure"];
   if (SECURE(variant)) {
@@ -549,8 +561,19 @@ function checkSecurity(variant, objs, ss, c, env, ports, podLabels, nsName) {
     if (env.TQKV_TLS_CLIENT_CA) checkSecretFile(cw, pod, c, env.TQKV_TLS_CLIENT_CA, "tqkv-tls", "ca.crt");
     // With TLS the data channels are TLS 1.3 too (same certificate and client CA).
     expect(env.TQKV_DATA_LISTEN !== undefined, cw, "TCP data channels on (TLS with the gRPC certificate)");
+    // Hand-off on drain and forwarding, over TLS with the peer token (docs/cluster.md).
+    const peers = hostPort(env.TQKV_PEERS);
+    expect(peers && peers.host === "tqkv-headless" && peers.port === ports.grpc, cw,
+      `TQKV_PEERS is the headless Service at the grpc port (hand-off on drain), got ${env.TQKV_PEERS}`);
+    expect(Number(env.TQKV_HANDOFF_SECONDS) > 0, cw, `TQKV_HANDOFF_SECONDS > 0, got ${env.TQKV_HANDOFF_SECONDS}`);
+    const peerCa = env.TQKV_PEER_CA || env.TQKV_TLS_CLIENT_CA;
+    if (expect(peerCa, cw, "TQKV_PEER_CA set: peers are verified against the CA (TLS to peers)"))
+      checkSecretFile(cw, pod, c, peerCa, "tqkv-tls", "ca.crt");
+    if (expect(env.TQKV_PEER_TOKEN_FILE, cw, "TQKV_PEER_TOKEN_FILE set (the hand-off's token where auth is on)"))
+      checkSecretFile(cw, pod, c, env.TQKV_PEER_TOKEN_FILE, "tqkv-auth", "peer-token");
+    expect(!env.TQKV_NO_FORWARD || env.TQKV_NO_FORWARD === "false", cw, "forwarding on (TLS carries the callers' tokens)");
   } else {
-    for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_AUTH_TOKENS"])
+    for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_AUTH_TOKENS", "TQKV_PEER_CA", "TQKV_PEER_TOKEN_FILE"])
       expect(!env[k], cw, `${k} not set on insecure-dev (no Secret to mount)`);
     expect(note && /TLS off/.test(note) && /tokens off/.test(note), W,
       `the StatefulSet says what is off (annotation tqkv.io/insecure), got ${note}`);
@@ -560,6 +583,9 @@ function checkSecurity(variant, objs, ss, c, env, ports, podLabels, nsName) {
       "kustomization.yaml says what it turns off (TLS, tokens)");
     expect(!(pod.volumes || []).some((v) => v.secret), W, "no Secret volumes (none needed)");
   }
+  // Peers in clear only where everything is in clear.
+  expect(!env.TQKV_PEERS || env.TQKV_TLS_CERT || variant === "insecure-dev", cw,
+    "TQKV_PEERS without TQKV_TLS_CERT: hand-off and forwarding would talk to peers in clear (only overlays/insecure-dev may)");
   if (variant === "cert-manager") checkCertManager(W, objs, pod, c, env, nsName);
 }
 
@@ -573,6 +599,11 @@ function checkCertManager(W, objs, pod, c, env, nsName) {
   for (const n of [`tqkv.${nsName}.svc`, `*.tqkv-headless.${nsName}.svc`, "*.tqkv-headless"])
     expect(names.includes(n), cw, `dnsNames include ${n} (clients reach the Service and each pod)`);
   expect((cert.usages || []).includes("server auth"), cw, "usages include server auth");
+  expect((cert.usages || []).includes("client auth"), cw,
+    "usages include client auth (peers present the certificate to each other)");
+  const peerName = env.TQKV_PEER_TLS_NAME || hostPort(env.TQKV_PEERS)?.host;
+  if (peerName)
+    expect(names.includes(peerName), cw, `dnsNames include ${peerName} (the name peers check: TQKV_PEERS)`);
   expect(cert.privateKey?.rotationPolicy === "Always", cw, "privateKey.rotationPolicy Always (a new key at each renewal)");
   const hours = (d) => (/^(\d+)h$/.exec(d || "") || [])[1] * 1;
   expect(hours(cert.renewBefore) > 0 && hours(cert.renewBefore) < hours(cert.duration), cw, "renewBefore < duration");
@@ -728,6 +759,8 @@ async function serverAccepts(variant, envIn, trial) {
     if (env.TQKV_TLS_KEY) env.TQKV_TLS_KEY = trial.key;
     if (env.TQKV_AUTH_TOKENS) env.TQKV_AUTH_TOKENS = trial.tokens;
     if (env.TQKV_TLS_CLIENT_CA) env.TQKV_TLS_CLIENT_CA = trial.ca;
+    if (env.TQKV_PEER_CA) env.TQKV_PEER_CA = trial.ca;
+    if (env.TQKV_PEER_TOKEN_FILE) env.TQKV_PEER_TOKEN_FILE = trial.peerToken;
   }
   const args = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--dram-capacity", "64M",
     "--threads", "2", "--encoder-threads", "2"];
@@ -764,6 +797,12 @@ async function serverAccepts(variant, envIn, trial) {
     expect(t.ok && t.alpn === "h2", W, `TLS as a client would see it (pod DNS name, trial CA, h2): ${JSON.stringify(t)}`);
     const wrong = await tlsVerifies(port, trial.cert, "tqkv-0.tqkv-headless.tqkv.svc");
     expect(!wrong.ok, W, "a client trusting another CA is refused");
+    const peerName = env.TQKV_PEER_TLS_NAME || hostPort(env.TQKV_PEERS)?.host;
+    if (peerName) {
+      // A peer dials the headless Service's pods and checks this name.
+      const p = await tlsVerifies(port, env.TQKV_PEER_CA || trial.ca, peerName);
+      expect(p.ok, W, `TLS as a peer would see it (${peerName}, TQKV_PEER_CA): ${JSON.stringify(p)}`);
+    }
     if (env.TQKV_DATA_LISTEN) {
       // The data channel listener speaks TLS 1.3 with the same certificate.
       const dataPort = await dataChannelPort(r);
@@ -829,16 +868,10 @@ async function runK8s() {
   if (envs.cpu && envs["insecure-dev"]) {
     const want = { ...envs.cpu };
     for (const k of ["TQKV_TLS_CERT", "TQKV_TLS_KEY", "TQKV_TLS_CLIENT_CA", "TQKV_AUTH_TOKENS"]) delete want[k];
+    for (const k of ["TQKV_PEER_CA", "TQKV_PEER_TOKEN_FILE", "TQKV_PEER_TLS_NAME"]) delete want[k];
     const got = { ...envs["insecure-dev"] };
-    // Hand-off and forwarding talk to peers in clear (docs/cluster.md, "Limits"): only
-    // the insecure overlay turns them on, and it must.
-    for (const k of ["TQKV_PEERS", "TQKV_HANDOFF_SECONDS"]) {
-      expect(got[k] !== undefined, "overlays/insecure-dev", `${k} is not set (hand-off on drain)`);
-      expect(want[k] === undefined, "overlays/cpu", `${k} is set: hand-off runs in clear, not in a TLS overlay`);
-      delete got[k];
-    }
     for (const k of new Set([...Object.keys(want), ...Object.keys(got)]))
-      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS, tokens and hand-off may)`);
+      expect(want[k] === got[k], "overlays/insecure-dev", `${k}=${got[k]} differs from the cpu overlay's ${want[k]} (only TLS and tokens may, for clients and peers)`);
   }
   // disk is the secure base (behavior: merge) plus the disk tier: nothing else may drift.
   if (envs.cpu && envs.disk) {
@@ -879,7 +912,7 @@ function trialSecrets() {
     return null;
   }
   const f = (n) => path.join(out, n);
-  for (const n of ["ca.crt", "tls.crt", "tls.key", "tokens", "bench-token", "admin-token"])
+  for (const n of ["ca.crt", "tls.crt", "tls.key", "tokens", "bench-token", "admin-token", "peer-token"])
     expect(existsSync(f(n)), W, `writes ${n}`);
   expect((statSync(f("tls.key")).mode & 0o077) === 0 && (statSync(out).mode & 0o077) === 0, W,
     "key and directory readable by the owner only");
@@ -893,15 +926,25 @@ function trialSecrets() {
   try {
     san = sh("openssl", ["x509", "-in", f("tls.crt"), "-noout", "-ext", "subjectAltName"]);
   } catch {}
-  for (const n of ["DNS:tqkv.tqkv.svc", "DNS:*.tqkv-headless.tqkv.svc", "DNS:*.tqkv-headless", "DNS:tqkv,"])
+  for (const n of ["DNS:tqkv.tqkv.svc", "DNS:*.tqkv-headless.tqkv.svc", "DNS:*.tqkv-headless", "DNS:tqkv,",
+    "DNS:tqkv-headless,"])
     expect(san.includes(n), W, `certificate names ${n.replace(/,$/, "")}`);
+  let eku = "";
+  try {
+    eku = sh("openssl", ["x509", "-in", f("tls.crt"), "-noout", "-ext", "extendedKeyUsage"]);
+  } catch {}
+  expect(/Server Authentication/.test(eku) && /Client Authentication/.test(eku), W,
+    `certificate for server and client use (peers present it to each other): ${eku.trim()}`);
   const lines = readFileSync(f("tokens"), "utf8").split("\n").filter((l) => l && !l.startsWith("#"));
   const bench = readFileSync(f("bench-token"), "utf8").trim();
-  expect(lines.length === 2 && lines.some((l) => l === `${bench} rw bench`), W,
-    "tokens: an admin token and the bench token (rw on bench)");
+  const peer = readFileSync(f("peer-token"), "utf8").trim();
+  expect(lines.length === 3 && lines.some((l) => l === `${bench} rw bench`) && lines.some((l) => l === `${peer} rw *`),
+    W, "tokens: an admin token, the bench token (rw on bench) and the peer token (rw on *)");
+  expect(/^[0-9a-f]{64}$/.test(peer) && peer !== bench, W, "the peer token is its own 256-bit random hex");
   expect(/^[0-9a-f]{64}$/.test(bench), W, "tokens are 256-bit random hex");
   console.log(`trial-secrets.sh: certificate, key and tokens made in ${out}`);
-  return { dir, cert: f("tls.crt"), key: f("tls.key"), ca: f("ca.crt"), tokens: f("tokens"), bench };
+  return { dir, cert: f("tls.crt"), key: f("tls.key"), ca: f("ca.crt"), tokens: f("tokens"), bench,
+    peerToken: f("peer-token") };
 }
 
 // A TLS handshake with the server as a client in the cluster makes it: the pod's DNS name

@@ -30,7 +30,12 @@ proc_drain(void *arg)
     while ((n = read(s->fd, buf, sizeof buf)) > 0) {
         if (echo)
             fwrite(buf, 1, (size_t)n, stderr);
+        if (s->log_fd >= 0 && write(s->log_fd, buf, (size_t)n) != n)
+            fprintf(stderr, "server_proc: log copy: short write\n");
     }
+    if (s->log_fd >= 0)
+        close(s->log_fd);
+    s->log_fd = -1;
     return NULL;
 }
 
@@ -44,13 +49,26 @@ srv_path(void)
 int
 srv_start(srv_t *s, int port, const char *const *extra)
 {
+    return srv_start_log(s, port, extra, NULL);
+}
+
+int
+srv_start_log(srv_t *s, int port, const char *const *extra, const char *log_path)
+{
     const char *path = srv_path();
     char listen[64];
     const char *argv[40];
     int n = 0, pfd[2];
     memset(s, 0, sizeof *s);
+    s->log_fd = -1;
     if (path == NULL || pipe(pfd) != 0)
         return -1;
+    if (log_path &&
+        (s->log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)) < 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return -1;
+    }
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     argv[n++] = path;
     argv[n++] = "--listen";
@@ -61,8 +79,11 @@ srv_start(srv_t *s, int port, const char *const *extra)
         argv[n++] = extra[i];
     argv[n] = NULL;
     s->pid = fork();
-    if (s->pid < 0)
+    if (s->pid < 0) {
+        if (s->log_fd >= 0)
+            close(s->log_fd);
         return -1;
+    }
     if (s->pid == 0) {
         dup2(pfd[1], 1);
         dup2(pfd[1], 2);
@@ -87,6 +108,8 @@ srv_start(srv_t *s, int port, const char *const *extra)
             usleep(5000);
             continue;
         }
+        if (s->log_fd >= 0 && write(s->log_fd, line + len, (size_t)r) != r)
+            fprintf(stderr, "server_proc: log copy: short write\n");
         len += (size_t)r;
         line[len] = '\0';
         char *p = strstr(line, "listening on ");
@@ -114,6 +137,9 @@ srv_start(srv_t *s, int port, const char *const *extra)
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
     close(s->fd);
+    if (s->log_fd >= 0)
+        close(s->log_fd);
+    s->log_fd = -1;
     s->pid = 0;
     return -1;
 }

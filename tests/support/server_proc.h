@@ -25,6 +25,7 @@ typedef struct srv {
     char addr[64]; /* "127.0.0.1:PORT", as it reported */
     pthread_t drain;
     int draining;
+    int log_fd; /* srv_start_log: the output is also appended here (-1: not) */
 } srv_t;
 
 /* Monotonic seconds (for deadlines and timings). */
@@ -37,6 +38,10 @@ const char *srv_path(void);
  * args (NULL-ended, may be NULL; at most 33). Returns 0 once it reported "listening
  * on", else -1 (no server left running; the reason on stderr). */
 int srv_start(srv_t *s, int port, const char *const *extra);
+
+/* srv_start, with the server's output (after "listening on") also appended to the file
+ * log_path (created; NULL = as srv_start), for tests that check its log lines. */
+int srv_start_log(srv_t *s, int port, const char *const *extra, const char *log_path);
 
 /* Waits up to timeout seconds for the server to exit. Returns 0 when it did. */
 int srv_wait(srv_t *s, double timeout);
