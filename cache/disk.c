@@ -898,6 +898,9 @@ do_relocate(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t
             d->slots[j].kids = 0; /* now after its children in the log */
             do_account(d, &d->slots[j], 1);
         }
+        /* and its parent, if kept, before it again */
+        do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len, h->parent_len,
+                       h->layer);
     }
     pthread_rwlock_unlock(&d->ilock);
     cnt(&d->reloc_recs, 1);
@@ -2419,6 +2422,8 @@ compact_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
             d->slots[j].blk = nblk;
             d->slots[j].kids = 0; /* now after its children in the log */
             do_account(d, &d->slots[j], 1);
+            do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len,
+                           h->parent_len, h->layer);
         }
         pthread_rwlock_unlock(&d->ilock);
     }
