@@ -1358,8 +1358,18 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
     /* Written through; with a full DRAM (ENOSPC: everything pinned or leased) the disk
      * copy alone holds the page. */
     dst = tqkv_disk_put(s->disk, key, parent_hash, parent_len, page, len, bf16_bytes);
-    if (dst == TQKV_OK)
+    if (dst == TQKV_OK) {
+        /* Concurrent Puts of the namespace may all have passed the check above: trim
+         * what they put over the quota (oldest first, so not this record). */
+        ns_rec_t *ns = ns_find(s, key->ns, key->ns_len);
+        uint64_t q = ns ? atomic_load(&ns->quota) : 0, used = 0, freed = 0;
+        if (q != 0) {
+            tqkv_disk_ns_usage(s->disk, key->ns, key->ns_len, NULL, &used, NULL, NULL);
+            if (used > q)
+                tqkv_disk_evict_namespace(s->disk, key->ns, key->ns_len, used - q, &freed);
+        }
         return TQKV_OK;
+    }
     if (st == TQKV_ENOSPC || s->cfg.disk_sync == TQKV_DISK_SYNC_ALWAYS)
         return dst; /* not stored (or not durable, as --disk-sync always promises) */
     return TQKV_OK; /* in DRAM; the disk error is counted (io_errors) and logged */

@@ -179,7 +179,10 @@ class DiskTierTest(unittest.TestCase):
                 text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port,
                                               timeout=10).read().decode()
                 for fam in ("tqkv_tier_pages", "tqkv_tier_hits_total", "tqkv_tier_reads_total",
-                            "tqkv_tier_writes_total", "tqkv_tier_io_errors_total"):
+                            "tqkv_tier_writes_total", "tqkv_tier_io_errors_total",
+                            "tqkv_tier_relocations_total", "tqkv_tier_lease_skips_total",
+                            "tqkv_tier_refused_writes_total", "tqkv_tier_quota_drops_total",
+                            "tqkv_tier_leases"):
                     self.assertRegex(text, r'\n%s\{tier="disk"\} \d+' % fam)
             self.assertIsNotNone(srv.metrics_port)
         finally:
