@@ -1025,9 +1025,11 @@ do_evict_oldest(tqkv_disk_t *d)
             continue;
         }
         if (ea.copied > 0) {
-            /* The copies are written (and synced, unless SYNC_NONE) before the originals
-             * go. A failure is counted and logged by do_flush; the copies are then lost. */
-            if (do_flush(d) == TQKV_OK && d->active != NULL && d->cfg.sync != TQKV_DISK_SYNC_NONE)
+            /* The copies are written before the originals go (a kill -9 loses neither),
+             * and with SYNC_ALWAYS synced (they were acknowledged). With SYNC_BATCH the
+             * flusher syncs them within batch_ms, the window a Put has. A failure is
+             * counted and logged by do_flush; the copies are then lost. */
+            if (do_flush(d) == TQKV_OK && d->active != NULL && d->cfg.sync == TQKV_DISK_SYNC_ALWAYS)
                 do_fdatasync(d, d->active->fd);
         }
         cnt(&d->ev_segs, 1);

@@ -582,14 +582,22 @@ main(int argc, char **argv)
         close(g_fd[i]);
 
     printf("\nLeaf-first reclaim: %u sequences of 8 linked %zu-byte blocks through a tier of a "
-           "third of their bytes (segments of 1/8 of it; one thread, tqkv_disk_put)\n",
+           "third of their bytes (segments of 1/8 of it; one thread, tqkv_disk_put; best of 3, "
+           "alternated)\n",
            g_pages / 8, g_page_bytes);
     printf("| relocate | GB/s of pages put | write amplification | segments dropped | pages "
            "kept | sequences with block 0 | blocks in leading runs |\n|---|---|---|---|---|---|"
            "---|\n");
     static const double fr[] = {0, 0.25, 0.5};
+    lf_result_t res[3];
+    for (int rep = 0; rep < 3; rep++) /* alternated, best Put rate of 3 */
+        for (int i = 0; i < 3; i++) {
+            lf_result_t r = leaf_first_run(fr[i]);
+            if (rep == 0 || r.gbs > res[i].gbs)
+                res[i] = r;
+        }
     for (int i = 0; i < 3; i++) {
-        lf_result_t r = leaf_first_run(fr[i]);
+        lf_result_t r = res[i];
         printf("| %.2f%s | %.2f | %.3f | %llu | %llu | %llu of %llu | %llu |\n", fr[i],
                fr[i] == 0      ? " (FIFO)"
                : fr[i] == 0.25 ? " (default)"
