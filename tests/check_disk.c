@@ -1031,7 +1031,7 @@ END_TEST
 
 START_TEST(test_lease_holds_on_capacity)
 {
-    /* Records leased for 60 s stay readable through several capacity cycles (the
+    /* Records leased for 10 min stay readable through several capacity cycles (the
      * reclaimer copies them forward); the unleased records of their segment go; once the
      * lease expires they go too. */
     tqkv_disk_config_t cfg;
@@ -1043,7 +1043,7 @@ START_TEST(test_lease_holds_on_capacity)
     for (uint64_t i = 0; i < 20; i++) {
         tkey_t t;
         mk(&t, g_run, i);
-        ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 60000), TQKV_OK);
+        ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 600000), TQKV_OK);
     }
     tkey_t none;
     mk(&none, g_run, 5000);
@@ -1061,7 +1061,7 @@ START_TEST(test_lease_holds_on_capacity)
         gone += get_i(d, i) == TQKV_ENOTFOUND;
     ck_assert_uint_eq(gone, 80);
     /* Expired: dropped like the others at the next cycles. */
-    tqkv__disk_debug_advance_clock(d, 61000);
+    tqkv__disk_debug_advance_clock(d, 601000);
     put_n(d, 1100, 2100);
     for (uint64_t i = 0; i < 20; i++)
         ck_assert_int_eq(get_i(d, i), TQKV_ENOTFOUND);
@@ -1091,7 +1091,7 @@ START_TEST(test_lease_full_refuses)
             break;
         }
         ck_assert_int_eq(st, TQKV_OK);
-        ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 60000), TQKV_OK);
+        ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 600000), TQKV_OK);
         n = i + 1;
     }
     ck_assert_uint_eq(refused, 1);
@@ -1108,7 +1108,7 @@ START_TEST(test_lease_full_refuses)
         tqkv_disk_page_free(&p);
     }
     /* The leases expire: the same Put goes in. */
-    tqkv__disk_debug_advance_clock(d, 60001);
+    tqkv__disk_debug_advance_clock(d, 600001);
     tkey_t t;
     mk(&t, g_run, n);
     size_t len = page_len(g_run, n);
@@ -1273,7 +1273,7 @@ START_TEST(test_quota_tombstones)
     ck_assert_int_eq(tqkv_disk_contains(d, &ka, NULL), 1);
     ck_assert_int_eq(tqkv_disk_contains(d, &kb, NULL), 0);
     ck_assert_int_eq(tqkv_disk_contains(d, &kc, NULL), 1);
-    ck_assert_int_eq(tqkv_disk_lease(d, &kc, 60000), TQKV_OK);
+    ck_assert_int_eq(tqkv_disk_lease(d, &kc, 600000), TQKV_OK);
     ck_assert_int_eq(tqkv_disk_evict_namespace(d, ns2, 2, 1u << 20, &freed), TQKV_OK);
     ck_assert_uint_eq(freed, ALIGN_BYTES);
     ck_assert_int_eq(tqkv_disk_contains(d, &ka, NULL), 0);
@@ -1509,7 +1509,7 @@ START_TEST(test_store_disk_lease)
     }
     uint32_t prefix = 0;
     uint8_t tiers[10];
-    ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 10, 7, 60000, &prefix, tiers),
+    ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 10, 7, 600000, &prefix, tiers),
                      TQKV_OK);
     ck_assert_uint_eq(prefix, 10);
     ck_assert_int_eq(tiers[0], TQKV_TIER_DISK);
@@ -1547,7 +1547,7 @@ START_TEST(test_store_disk_lease)
         tqkv_page_ref_release(pin);
     }
     ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
-    tqkv__store_debug_advance_clock(s, 61000);
+    tqkv__store_debug_advance_clock(s, 601000);
     store_put_n(s, 1680, 3080);
     gone = 0;
     for (uint64_t i = 0; i < 70; i++)
