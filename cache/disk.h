@@ -151,10 +151,10 @@ typedef struct tqkv_disk_stats {
     uint64_t evicted_segments, evicted_records;  /* dropped for capacity */
     uint64_t relocated_records, relocated_bytes; /* copied forward by the capacity reclaimer
                                                     (leased records, prefix records) */
-    uint64_t lease_skips;              /* segments passed over: their leased records did not fit */
-    uint64_t refused_writes;           /* records refused (TQKV_ENOSPC): nothing could be dropped */
-    uint64_t quota_drops;              /* records dropped (and tombstoned) for namespace quotas */
-    uint64_t leases;                   /* lease entries held now (expired ones until purged) */
+    uint64_t lease_skips;    /* times a segment was passed over (its leased records did not fit) */
+    uint64_t refused_writes; /* records refused (TQKV_ENOSPC): nothing could be dropped */
+    uint64_t quota_drops;    /* records dropped (and tombstoned) for namespace quotas */
+    uint64_t leases;         /* lease entries held now (expired ones until purged) */
     uint64_t index_bytes, index_slots; /* the index's RAM */
     uint64_t rebuild_bytes;            /* bytes scanned at open */
     double rebuild_seconds;

@@ -705,7 +705,7 @@ render_store(sbuf_t *b, tqkv_store_t *store)
              "Bytes copied forward by the capacity reclaimer (leaf-first write amplification).",
              offsetof(tqkv_disk_stats_t, relocated_bytes)},
             {"tqkv_tier_lease_skips_total", "counter",
-             "Segments the capacity reclaimer passed over: their leased records did not fit.",
+             "Times the capacity reclaimer passed a segment over: its leased records did not fit.",
              offsetof(tqkv_disk_stats_t, lease_skips)},
             {"tqkv_tier_refused_writes_total", "counter",
              "Records refused: the tier was full and everything droppable was leased.",
