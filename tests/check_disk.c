@@ -1557,6 +1557,59 @@ START_TEST(test_store_disk_lease)
 }
 END_TEST
 
+START_TEST(test_store_all_leased_refuses)
+{
+    /* --disk-sync always, a 2 MB disk tier, every block leased by a Lookup right after
+     * its Put: once the tier is full of leased records a Put fails with TQKV_ENOSPC
+     * (RESOURCE_EXHAUSTED at the service), counted, and every leased block is still
+     * served byte-identical. */
+    tqkv_store_t *s = open_store_ex(64u << 10, TQKV_DISK_SYNC_ALWAYS, 2u << 20, 0);
+    uint8_t *buf = malloc(20001);
+    uint64_t blocks = 0, refused = 0;
+    for (uint64_t blk = 0; blk < 100 && refused == 0; blk++) {
+        for (uint64_t i = blk * 7; i < blk * 7 + 7; i++) {
+            tkey_t t;
+            mk(&t, g_run, i);
+            size_t len = page_len(g_run, i);
+            fill(buf, len, g_run, i);
+            tqkv_status_t st = tqkv_store_put(s, &t.k, NULL, 0, buf, len, 4 * len, NULL);
+            if (st == TQKV_ENOSPC) {
+                refused++;
+                break;
+            }
+            ck_assert_msg(st == TQKV_OK, "put %llu: %s", (unsigned long long)i, tqkv_strerror(st));
+        }
+        if (refused)
+            break;
+        tkey_t t;
+        mk(&t, g_run, blk * 7);
+        const uint8_t *hp[1] = {t.hash};
+        size_t hl[1] = {32};
+        uint32_t prefix = 0;
+        ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 1, 7, 600000, &prefix, NULL),
+                         TQKV_OK);
+        ck_assert_uint_eq(prefix, 1);
+        blocks = blk + 1;
+    }
+    ck_assert_uint_eq(refused, 1);
+    ck_assert_uint_gt(blocks, 10);
+    tqkv_disk_stats_t ds;
+    ck_assert_int_eq(tqkv_store_disk_stats(s, &ds), TQKV_OK);
+    fprintf(stderr,
+            "all leased: %llu blocks leased, then refused; %llu records relocated, %llu "
+            "segments passed over, %llu evicted\n",
+            (unsigned long long)blocks, (unsigned long long)ds.relocated_records,
+            (unsigned long long)ds.lease_skips, (unsigned long long)ds.evicted_segments);
+    ck_assert_uint_ge(ds.refused_writes, 1);
+    ck_assert_uint_le(ds.bytes_used, 2u << 20);
+    for (uint64_t i = 0; i < blocks * 7; i++)
+        ck_assert_msg(store_get_i(s, i, NULL) == TQKV_OK, "leased key %llu lost",
+                      (unsigned long long)i);
+    free(buf);
+    tqkv_store_destroy(s);
+}
+END_TEST
+
 START_TEST(test_store_hbm_demotion_to_disk)
 {
     /* HBM pages that DRAM cannot take (pages larger than DRAM) leave HBM while their disk
@@ -1620,6 +1673,7 @@ disk_suite(void)
     tcase_add_test(tc, test_store_disk_quota_restart);
     tcase_add_test(tc, test_store_disk_lease);
     tcase_add_test(tc, test_store_hbm_demotion_to_disk);
+    tcase_add_test(tc, test_store_all_leased_refuses);
     suite_add_tcase(s, tc);
     return s;
 }
