@@ -46,11 +46,13 @@
 /* ---- types ---- */
 
 typedef struct slot {
-    uint64_t dg;   /* digest, 0 = empty */
-    uint32_t seg;  /* segment id */
-    uint32_t blk;  /* record offset / ALIGN */
-    uint32_t nblk; /* record bytes / ALIGN */
-    uint32_t ns;   /* namespace id */
+    uint64_t dg;        /* digest, 0 = empty */
+    uint32_t seg;       /* segment id */
+    uint32_t blk;       /* record offset / ALIGN */
+    uint32_t nblk : 31; /* record bytes / ALIGN */
+    uint32_t kids : 1;  /* a record naming this one as its parent was written after this
+                           copy of it (leaf-first: a prefix record); cleared when it moves */
+    uint32_t ns;        /* namespace id */
 } slot_t;
 _Static_assert(sizeof(slot_t) == 24, "index slot is 24 bytes");
 
@@ -122,8 +124,17 @@ struct tqkv_disk {
     int bg_stop, bg_running;
     pthread_t bg;
 
+    /* Leases (tqkv_disk_lease): digest -> until (ms of now_ms), open addressing; a leaf
+     * lock (nothing else is taken while it is held). */
+    pthread_mutex_t lease_lock;
+    uint64_t *lease_dg, *lease_until;
+    uint64_t lease_cap, lease_n;
+    _Atomic int64_t clock_skew_ms;
+    uint64_t reserve; /* bytes kept free for the reclaimer's copies (wlock) */
+
     _Atomic uint64_t hits, misses, reads, read_bytes, writes, write_bytes, records, syncs,
-        io_errors, corrupt, torn, compactions, compacted, ev_segs, ev_recs;
+        io_errors, corrupt, torn, compactions, compacted, ev_segs, ev_recs, reloc_recs, reloc_bytes,
+        lease_skips, refused, quota_drops;
     uint64_t rebuild_bytes;
     double rebuild_seconds;
 };
@@ -181,6 +192,71 @@ static tqkv_status_t
 errno_status(int e)
 {
     return e == ENOSPC || e == EFBIG || e == EDQUOT ? TQKV_ENOSPC : TQKV_EIO;
+}
+
+/* ---- leases (lease_lock: a leaf, taken alone or innermost) ---- */
+
+static uint64_t
+now_ms(tqkv_disk_t *d)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u +
+           (uint64_t)atomic_load_explicit(&d->clock_skew_ms, memory_order_relaxed);
+}
+
+/* Position of dg in the lease table, or of the empty slot where it would go (lease_cap >
+ * 0, lease_lock held). */
+static uint64_t
+do_lease_pos(const tqkv_disk_t *d, uint64_t dg)
+{
+    uint64_t m = d->lease_cap - 1, i = tqkv__mix64(dg ^ 0x6c65617365ULL) & m;
+    while (d->lease_dg[i] != 0 && d->lease_dg[i] != dg)
+        i = (i + 1) & m;
+    return i;
+}
+
+/* Rebuilds the lease table with cap slots, leaving out the leases expired by now. 0 when
+ * out of memory (the table is then unchanged). */
+static int
+do_lease_rehash(tqkv_disk_t *d, uint64_t cap, uint64_t now)
+{
+    uint64_t *ndg = calloc(cap, sizeof(*ndg)), *nun = calloc(cap, sizeof(*nun));
+    if (ndg == NULL || nun == NULL) {
+        free(ndg);
+        free(nun);
+        return 0;
+    }
+    uint64_t *odg = d->lease_dg, *oun = d->lease_until, ocap = d->lease_cap;
+    d->lease_dg = ndg;
+    d->lease_until = nun;
+    d->lease_cap = cap;
+    d->lease_n = 0;
+    for (uint64_t i = 0; i < ocap; i++) {
+        if (odg[i] == 0 || oun[i] <= now)
+            continue;
+        uint64_t j = do_lease_pos(d, odg[i]);
+        ndg[j] = odg[i];
+        nun[j] = oun[i];
+        d->lease_n++;
+    }
+    free(odg);
+    free(oun);
+    return 1;
+}
+
+/* 1 when records of digest dg are leased at now. */
+static int
+leased(tqkv_disk_t *d, uint64_t dg, uint64_t now)
+{
+    int held = 0;
+    pthread_mutex_lock(&d->lease_lock);
+    if (d->lease_n > 0) {
+        uint64_t i = do_lease_pos(d, dg);
+        held = d->lease_dg[i] == dg && d->lease_until[i] > now;
+    }
+    pthread_mutex_unlock(&d->lease_lock);
+    return held;
 }
 
 /* ---- namespaces (ilock held) ---- */
@@ -458,6 +534,42 @@ do_idx_cands(const tqkv_disk_t *d, uint64_t dg, slot_t *out, int max)
     return n;
 }
 
+/* Marks the records of (ns, parent, layer) as prefix records: a record naming them as
+ * its parent was just written after them (ilock held for writing). Digest collisions
+ * mark other records too: the mark only orders eviction. */
+static void
+do_mark_parent(tqkv_disk_t *d, const char *ns, size_t nl, const uint8_t *parent, size_t pl,
+               uint32_t layer)
+{
+    if (pl == 0 || d->slots == NULL)
+        return;
+    uint64_t pdg = digest(ns, nl, parent, pl, layer);
+    for (uint64_t j = do_pos(d, pdg); d->slots[j].dg != 0; j = (j + 1) & d->mask)
+        if (d->slots[j].dg == pdg)
+            d->slots[j].kids = 1;
+}
+
+/* Bytes of the records of segment id that are leased at now (ilock not held). */
+static uint64_t
+leased_bytes_in(tqkv_disk_t *d, uint32_t id, uint64_t now)
+{
+    uint64_t sum = 0;
+    pthread_rwlock_rdlock(&d->ilock);
+    pthread_mutex_lock(&d->lease_lock);
+    for (uint64_t i = 0; i < d->lease_cap && d->lease_n > 0; i++) {
+        if (d->lease_dg[i] == 0 || d->lease_until[i] <= now)
+            continue;
+        slot_t c[MAX_CANDS];
+        int nc = do_idx_cands(d, d->lease_dg[i], c, MAX_CANDS);
+        for (int k = 0; k < nc; k++)
+            if (c[k].seg == id)
+                sum += (uint64_t)c[k].nblk * ALIGN;
+    }
+    pthread_mutex_unlock(&d->lease_lock);
+    pthread_rwlock_unlock(&d->ilock);
+    return sum;
+}
+
 /* ---- records ---- */
 
 static uint32_t
@@ -717,48 +829,217 @@ do_new_segment(tqkv_disk_t *d)
 typedef int (*scan_fn)(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg);
 static tqkv_status_t scan_segment(tqkv_disk_t *d, seg_t *s, scan_fn fn, void *arg, int count);
 
+static uint32_t do_commit_append(tqkv_disk_t *d, uint64_t rb, uint64_t seq);
+
+/* Opens a segment when none is active and makes room in the write buffer for rb bytes
+ * (wlock held; the capacity check is the caller's). */
+static tqkv_status_t
+do_prepare(tqkv_disk_t *d, uint64_t rb)
+{
+    tqkv_status_t st;
+    if (d->active == NULL && (st = do_new_segment(d)) != TQKV_OK)
+        return st;
+    if (d->fill + rb > d->buf_cap) {
+        if ((st = do_flush(d)) != TQKV_OK)
+            return st;
+        if (rb > d->buf_cap) {
+            uint8_t *nb = abuf(rb);
+            if (nb == NULL)
+                return TQKV_ENOMEM;
+            free(d->buf);
+            d->buf = nb;
+            d->buf_cap = rb;
+        }
+    }
+    return TQKV_OK;
+}
+
+/* Room for a copy of rb bytes made while a segment is being dropped (wlock held): within
+ * the whole capacity (the reserve is kept for these copies), never evicting. */
+static tqkv_status_t
+do_room_reloc(tqkv_disk_t *d, uint64_t rb)
+{
+    tqkv_status_t st;
+    if (d->active != NULL && d->active->size + rb > d->cfg.segment_bytes)
+        if ((st = do_seal(d)) != TQKV_OK)
+            return st;
+    pthread_rwlock_rdlock(&d->ilock);
+    int fits = d->used + rb + (d->active == NULL ? ALIGN : 0) <= d->cfg.capacity;
+    pthread_rwlock_unlock(&d->ilock);
+    return fits ? do_prepare(d, rb) : TQKV_ENOSPC;
+}
+
+/* Copies the record rec (at off of s) to the head, keeping its seq, and moves its index
+ * slot there, clearing its prefix mark (wlock held). dg: its digest (0 for a tombstone). */
+static tqkv_status_t
+do_relocate(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t dg)
+{
+    const tqkv_disk_rec_t *h = (const void *)rec;
+    const uint8_t *k = rec + TQKV_DISK_REC_HEADER;
+    uint64_t rb = h->record_bytes;
+    tqkv_status_t st = do_room_reloc(d, rb);
+    if (st != TQKV_OK)
+        return st;
+    uint32_t kb = key_bytes(h), crc = h->page_crc32c;
+    rec_build(d->buf + d->fill, d->active->id, h->seq, h->flags, (const char *)k, h->ns_len,
+              k + h->ns_len, h->hash_len, k + h->ns_len + h->hash_len, h->parent_len, h->layer,
+              rec + tqkv_disk_page_offset(kb), h->page_len, h->bf16_bytes, &crc);
+    uint32_t nseg = d->active->id;
+    uint32_t nblk = do_commit_append(d, rb, h->seq);
+    pthread_rwlock_wrlock(&d->ilock);
+    if (h->flags & TQKV_DISK_REC_TOMBSTONE) {
+        d->active->ntomb++;
+    } else {
+        uint64_t j = do_idx_find_loc(d, dg, s->id, (uint32_t)(off / ALIGN));
+        if (j != UINT64_MAX) {
+            do_account(d, &d->slots[j], 0);
+            d->slots[j].seg = nseg;
+            d->slots[j].blk = nblk;
+            d->slots[j].kids = 0; /* now after its children in the log */
+            do_account(d, &d->slots[j], 1);
+        }
+        /* and its parent, if kept, before it again */
+        do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len, h->parent_len,
+                       h->layer);
+    }
+    pthread_rwlock_unlock(&d->ilock);
+    cnt(&d->reloc_recs, 1);
+    cnt(&d->reloc_bytes, rb);
+    return TQKV_OK;
+}
+
+typedef struct evict_arg {
+    uint64_t now;
+    uint64_t budget; /* bytes of prefix records that may still be copied forward */
+    uint64_t copied; /* records copied forward */
+    int older;       /* a segment older than the victim exists: its tombstones must stay */
+    int failed;      /* a record that must stay (leased, tombstone) could not be copied */
+} evict_arg_t;
+
 static int
 evict_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg)
 {
+    evict_arg_t *ea = arg;
     const tqkv_disk_rec_t *h = (const void *)rec;
-    if (h->flags & TQKV_DISK_REC_TOMBSTONE)
+    const uint8_t *k = rec + TQKV_DISK_REC_HEADER;
+    uint64_t rb = h->record_bytes;
+    if (h->flags & TQKV_DISK_REC_TOMBSTONE) {
+        /* What it deletes can only be in this segment or older ones (copies go forward
+         * only while live): needed while an older segment exists. */
+        if (!ea->older)
+            return 0;
+        if (do_relocate(d, s, off, rec, 0) != TQKV_OK) {
+            ea->failed = 1;
+            return 1;
+        }
+        ea->copied++;
         return 0;
+    }
+    uint64_t dg = rec_digest(rec);
+    pthread_rwlock_rdlock(&d->ilock);
+    uint64_t j = do_idx_find_loc(d, dg, s->id, (uint32_t)(off / ALIGN));
+    int prefix = j != UINT64_MAX && d->slots[j].kids;
+    if (prefix && h->parent_len > 0) {
+        /* A prefix record is worth keeping only while its own parent is kept. */
+        slot_t c[MAX_CANDS];
+        uint64_t pdg = digest((const char *)k, h->ns_len, k + h->ns_len + h->hash_len,
+                              h->parent_len, h->layer);
+        int nc = do_idx_cands(d, pdg, c, MAX_CANDS);
+        prefix = 0;
+        for (int i = 0; i < nc; i++)
+            prefix |= c[i].seg != s->id;
+    }
+    pthread_rwlock_unlock(&d->ilock);
+    if (j == UINT64_MAX)
+        return 0; /* dead */
+    int must = leased(d, dg, ea->now);
+    if (must || (prefix && ea->budget >= rb)) {
+        if (do_relocate(d, s, off, rec, dg) == TQKV_OK) {
+            if (!must)
+                ea->budget -= rb;
+            ea->copied++;
+            return 0;
+        }
+        if (must) {
+            ea->failed = 1;
+            return 1;
+        }
+        ea->budget = 0; /* no room: the other prefix records go too */
+    }
     pthread_rwlock_wrlock(&d->ilock);
-    uint64_t i = do_idx_find_loc(d, rec_digest(rec), s->id, (uint32_t)(off / ALIGN));
-    if (i != UINT64_MAX) {
-        do_idx_remove_at(d, i);
+    j = do_idx_find_loc(d, dg, s->id, (uint32_t)(off / ALIGN));
+    if (j != UINT64_MAX) {
+        do_idx_remove_at(d, j);
         cnt(&d->ev_recs, 1);
     }
     pthread_rwlock_unlock(&d->ilock);
     return 0;
 }
 
-/* Drops the oldest sealed segment (wlock held). 0 when there is none. */
+/* Drops one sealed segment to make room (wlock held): the oldest whose leased records
+ * (and tombstones, when older segments exist) fit in the free space; those are copied to
+ * the head first, and so are its prefix records whose parent is kept, up to the reserve.
+ * 1 when a segment went, 0 when none could. */
 static int
 do_evict_oldest(tqkv_disk_t *d)
 {
-    seg_t *victim = NULL;
-    pthread_rwlock_wrlock(&d->ilock);
-    for (uint32_t id = do_seg_lo(d); id <= d->seg_hi && id < d->seg_cap; id++) {
-        seg_t *s = d->segs[id];
-        if (s != NULL && s->sealed && !s->busy && s != d->active) {
-            victim = s;
-            s->busy = 1;
-            break;
+    uint64_t now = now_ms(d);
+    uint32_t from = 0;
+    for (;;) {
+        seg_t *victim = NULL;
+        uint64_t live = 0, ntomb = 0, room = 0;
+        int older = 0;
+        pthread_rwlock_wrlock(&d->ilock);
+        uint32_t lo = do_seg_lo(d);
+        for (uint32_t id = from > lo ? from : lo; id <= d->seg_hi && id < d->seg_cap; id++) {
+            seg_t *s = d->segs[id];
+            if (s != NULL && s->sealed && !s->busy && s != d->active) {
+                victim = s;
+                s->busy = 1;
+                break;
+            }
         }
+        if (victim != NULL) {
+            older = victim->id > lo;
+            live = victim->live;
+            ntomb = victim->ntomb;
+            room = d->cfg.capacity > d->used ? d->cfg.capacity - d->used : 0;
+        }
+        pthread_rwlock_unlock(&d->ilock);
+        if (victim == NULL)
+            return 0;
+        uint64_t must = (live > 0 ? leased_bytes_in(d, victim->id, now) : 0) +
+                        (older ? ntomb * (uint64_t)ALIGN : 0);
+        evict_arg_t ea = {now, d->reserve, 0, older, 0};
+        if (must > 0 && must + ALIGN > room) {
+            ea.failed = 1; /* passed over: what must stay does not fit */
+        } else if (live > 0 || (older && ntomb > 0)) {
+            scan_segment(d, victim, evict_fn, &ea, 0);
+        }
+        if (ea.failed) {
+            cnt(&d->lease_skips, 1);
+            pthread_rwlock_wrlock(&d->ilock);
+            victim->busy = 0;
+            pthread_rwlock_unlock(&d->ilock);
+            from = victim->id + 1;
+            continue;
+        }
+        if (ea.copied > 0) {
+            /* The copies are written before the originals go (a kill -9 loses neither),
+             * and with SYNC_ALWAYS synced (they were acknowledged). With SYNC_BATCH the
+             * flusher syncs them within batch_ms, the window a Put has. A failure is
+             * counted and logged by do_flush; the copies are then lost. */
+            if (do_flush(d) == TQKV_OK && d->active != NULL && d->cfg.sync == TQKV_DISK_SYNC_ALWAYS)
+                do_fdatasync(d, d->active->fd);
+        }
+        cnt(&d->ev_segs, 1);
+        seg_remove(d, victim);
+        return 1;
     }
-    uint64_t live = victim ? victim->live : 0;
-    pthread_rwlock_unlock(&d->ilock);
-    if (victim == NULL)
-        return 0;
-    if (live > 0)
-        scan_segment(d, victim, evict_fn, NULL, 0);
-    cnt(&d->ev_segs, 1);
-    seg_remove(d, victim);
-    return 1;
 }
 
-/* Makes room for a record of rb bytes at the end of the buffer. */
+/* Makes room for a record of rb bytes at the end of the buffer. Puts and compaction copies
+ * leave the reserve free (for the reclaimer's copies). */
 static tqkv_status_t
 do_reserve(tqkv_disk_t *d, uint64_t rb)
 {
@@ -771,7 +1052,7 @@ do_reserve(tqkv_disk_t *d, uint64_t rb)
     for (;;) {
         uint64_t need = rb + (d->active == NULL ? ALIGN : 0);
         pthread_rwlock_rdlock(&d->ilock);
-        int fits = d->used + need <= d->cfg.capacity;
+        int fits = d->used + need + d->reserve <= d->cfg.capacity;
         pthread_rwlock_unlock(&d->ilock);
         if (fits)
             break;
@@ -783,23 +1064,7 @@ do_reserve(tqkv_disk_t *d, uint64_t rb)
                 return st;
         }
     }
-    if (d->active == NULL && (st = do_new_segment(d)) != TQKV_OK)
-        return st;
-    if (d->fill + rb > d->buf_cap) {
-        if ((st = do_flush(d)) != TQKV_OK)
-            return st;
-        if (d->active == NULL)
-            return do_reserve(d, rb);
-        if (rb > d->buf_cap) {
-            uint8_t *nb = abuf(rb);
-            if (nb == NULL)
-                return TQKV_ENOMEM;
-            free(d->buf);
-            d->buf = nb;
-            d->buf_cap = rb;
-        }
-    }
-    return TQKV_OK;
+    return do_prepare(d, rb);
 }
 
 /* Appends a built record (rec_build into the buffer by the caller through fill):
@@ -1018,7 +1283,8 @@ rebuild_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
         return 0;
     }
     uint64_t dg = rec_digest(rec);
-    slot_t sl = {dg, s->id, (uint32_t)(off / ALIGN), h->record_bytes / ALIGN, 0};
+    slot_t sl = {
+        .dg = dg, .seg = s->id, .blk = (uint32_t)(off / ALIGN), .nblk = h->record_bytes / ALIGN};
     slot_t cands[MAX_CANDS];
     pthread_rwlock_wrlock(&d->ilock);
     uint32_t ns = do_ns_get(d, (const char *)k, h->ns_len);
@@ -1049,6 +1315,8 @@ rebuild_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
     uint64_t j = do_idx_insert(d, &sl);
     if (j != UINT64_MAX)
         d->rseq[j] = h->seq;
+    do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len, h->parent_len,
+                   h->layer); /* leaf-first marks, in log order as at run time */
     pthread_rwlock_unlock(&d->ilock);
     return j == UINT64_MAX;
 }
@@ -1414,6 +1682,7 @@ tqkv_disk_config_default(tqkv_disk_config_t *cfg)
     cfg->io_threads = 4;
     cfg->compact_dead = 0.5;
     cfg->compact_thread = 1;
+    cfg->relocate = 0.25;
 }
 
 tqkv_status_t
@@ -1452,6 +1721,11 @@ tqkv_disk_open(const tqkv_disk_config_t *cfg, tqkv_disk_t **out, char *err, size
         d->cfg.batch_ms = 10;
     if (d->cfg.compact_dead <= 0 || d->cfg.compact_dead > 1)
         d->cfg.compact_dead = 0.5;
+    if (!(d->cfg.relocate >= 0)) /* NaN too */
+        d->cfg.relocate = 0;
+    if (d->cfg.relocate > 1)
+        d->cfg.relocate = 1;
+    d->reserve = (uint64_t)(d->cfg.relocate * (double)d->cfg.segment_bytes) / ALIGN * ALIGN;
     d->path = strdup(cfg->path);
     d->direct = cfg->direct;
     if (!d->direct)
@@ -1460,6 +1734,7 @@ tqkv_disk_open(const tqkv_disk_config_t *cfg, tqkv_disk_t **out, char *err, size
     pthread_mutex_init(&d->wlock, NULL);
     pthread_mutex_init(&d->slock, NULL);
     pthread_mutex_init(&d->compact_lock, NULL);
+    pthread_mutex_init(&d->lease_lock, NULL);
     pthread_mutex_init(&d->bg_lock, NULL);
     pthread_cond_init(&d->bg_cond, NULL);
     d->dirfd = -1;
@@ -1553,12 +1828,15 @@ tqkv_disk_close(tqkv_disk_t *d)
     free(d->slots);
     free(d->rseq);
     free(d->buf);
+    free(d->lease_dg);
+    free(d->lease_until);
     tqkv__io_destroy(d->io);
     if (d->dirfd >= 0)
         close(d->dirfd);
     pthread_cond_destroy(&d->bg_cond);
     pthread_mutex_destroy(&d->bg_lock);
     pthread_mutex_destroy(&d->compact_lock);
+    pthread_mutex_destroy(&d->lease_lock);
     pthread_mutex_destroy(&d->slock);
     pthread_mutex_destroy(&d->wlock);
     pthread_rwlock_destroy(&d->ilock);
@@ -1634,6 +1912,8 @@ tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent
     pthread_mutex_lock(&d->wlock);
     if ((st = do_reserve(d, rb)) != TQKV_OK) {
         pthread_mutex_unlock(&d->wlock);
+        if (st == TQKV_ENOSPC)
+            cnt(&d->refused, 1);
         return st;
     }
     seq = ++d->seq;
@@ -1641,10 +1921,12 @@ tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent
               key->hash_len, parent, parent_len, key->layer, page, len, bf16_bytes, NULL);
     uint32_t seg = d->active->id;
     uint32_t blk = do_commit_append(d, rb, seq);
-    slot_t sl = {dg, seg, blk, (uint32_t)(rb / ALIGN), 0};
+    slot_t sl = {.dg = dg, .seg = seg, .blk = blk, .nblk = (uint32_t)(rb / ALIGN)};
     pthread_rwlock_wrlock(&d->ilock);
     sl.ns = do_ns_get(d, key->ns, key->ns_len);
     uint64_t at = sl.ns == UINT32_MAX ? UINT64_MAX : do_idx_insert(d, &sl);
+    if (at != UINT64_MAX)
+        do_mark_parent(d, key->ns, key->ns_len, parent, parent_len, key->layer);
     if (key->layer > d->max_layer)
         d->max_layer = key->layer;
     pthread_rwlock_unlock(&d->ilock);
@@ -1954,38 +2236,126 @@ tqkv_disk_evict_namespace(tqkv_disk_t *d, const char *ns, size_t ns_len, uint64_
                           uint64_t *freed)
 {
     uint64_t got = 0;
+    tqkv_status_t st = TQKV_OK;
     if (freed)
         *freed = 0;
-    if (d == NULL || (ns == NULL && ns_len > 0))
+    if (d == NULL || (ns == NULL && ns_len > 0) || ns_len > 1024)
         return TQKV_EINVAL;
-    pthread_rwlock_wrlock(&d->ilock);
+    pthread_mutex_lock(&d->wlock);
+    pthread_rwlock_rdlock(&d->ilock);
     uint32_t id = do_ns_find(d, ns, ns_len, ns_hv(ns, ns_len));
     if (id == UINT32_MAX || d->ns[id].pages == 0) {
         pthread_rwlock_unlock(&d->ilock);
+        pthread_mutex_unlock(&d->wlock);
         return TQKV_OK;
     }
     uint64_t n = d->ns[id].pages, k = 0;
     slot_t *list = malloc(n * sizeof(*list));
     if (list == NULL) {
         pthread_rwlock_unlock(&d->ilock);
+        pthread_mutex_unlock(&d->wlock);
         return TQKV_ENOMEM;
     }
     for (uint64_t i = 0; i <= d->mask && k < n; i++)
         if (d->slots[i].dg != 0 && d->slots[i].ns == id)
             list[k++] = d->slots[i];
+    pthread_rwlock_unlock(&d->ilock);
     qsort(list, k, sizeof(*list), cmp_loc);
-    for (uint64_t i = 0; i < k && got < need; i++) {
-        uint64_t j = do_idx_find_loc(d, list[i].dg, list[i].seg, list[i].blk);
-        if (j != UINT64_MAX) {
-            got += (uint64_t)list[i].nblk * ALIGN;
-            do_idx_remove_at(d, j);
+    uint64_t now = now_ms(d);
+    /* Leaves first, then prefix records; oldest first within each; leased ones stay. */
+    for (unsigned pass = 0; pass < 2 && got < need && st == TQKV_OK; pass++) {
+        for (uint64_t i = 0; i < k && got < need; i++) {
+            const slot_t *c = &list[i];
+            if (c->kids != pass || leased(d, c->dg, now))
+                continue;
+            /* The key, for the tombstone, from the record's first block. */
+            uint8_t *b = NULL;
+            pthread_rwlock_rdlock(&d->ilock);
+            seg_t *s = do_seg_ref(d, c->seg);
+            pthread_rwlock_unlock(&d->ilock);
+            if (s == NULL)
+                continue;
+            tqkv_status_t rs = read_record(d, s, c->blk, 1, 1, &b);
+            seg_unref(s);
+            const tqkv_disk_rec_t *h = (const void *)b;
+            if (rs != TQKV_OK || h->magic != TQKV_DISK_REC_MAGIC ||
+                TQKV_DISK_REC_HEADER + key_bytes(h) > ALIGN ||
+                (h->flags & TQKV_DISK_REC_TOMBSTONE) || rec_digest(b) != c->dg ||
+                h->ns_len != ns_len || memcmp(b + TQKV_DISK_REC_HEADER, ns, ns_len) != 0) {
+                free(b);
+                continue;
+            }
+            uint8_t hash[64];
+            size_t hl = h->hash_len;
+            uint32_t layer = h->layer;
+            memcpy(hash, b + TQKV_DISK_REC_HEADER + ns_len, hl);
+            free(b);
+            uint64_t seq;
+            if ((st = do_tombstone(d, ns, ns_len, hash, hl, layer, &seq)) != TQKV_OK)
+                break;
+            uint64_t before = got;
+            pthread_rwlock_wrlock(&d->ilock);
+            uint64_t j = do_idx_find_loc(d, c->dg, c->seg, c->blk);
+            if (j != UINT64_MAX) {
+                got += (uint64_t)d->slots[j].nblk * ALIGN;
+                do_idx_remove_at(d, j);
+            }
+            pthread_rwlock_unlock(&d->ilock);
+            if (j == UINT64_MAX) {
+                /* Moved (copied forward while the tombstone made room): by key. */
+                tqkv_block_key_t key = {ns, ns_len, hash, hl, layer};
+                do_drop_key(d, &key, c->dg, UINT32_MAX, UINT32_MAX, NULL, &got);
+            }
+            if (got > before)
+                cnt(&d->quota_drops, 1);
         }
     }
-    pthread_rwlock_unlock(&d->ilock);
+    pthread_mutex_unlock(&d->wlock);
     free(list);
     if (freed)
         *freed = got;
-    return TQKV_OK;
+    return st;
+}
+
+tqkv_status_t
+tqkv_disk_lease(tqkv_disk_t *d, const tqkv_block_key_t *key, uint32_t ms)
+{
+    if (d == NULL || !valid_key(key))
+        return TQKV_EINVAL;
+    if (!tqkv_disk_contains(d, key, NULL))
+        return TQKV_ENOTFOUND;
+    if (ms == 0)
+        return TQKV_OK;
+    uint64_t dg = digest(key->ns, key->ns_len, key->hash, key->hash_len, key->layer);
+    uint64_t now = now_ms(d), until = now + ms;
+    tqkv_status_t st = TQKV_OK;
+    pthread_mutex_lock(&d->lease_lock);
+    if ((d->lease_n + 1) * 2 > d->lease_cap) {
+        /* Purge the expired ones; grow when still over half full. */
+        uint64_t cap = d->lease_cap ? d->lease_cap : 64;
+        if (!do_lease_rehash(d, cap, now) ||
+            ((d->lease_n + 1) * 2 > d->lease_cap && !do_lease_rehash(d, cap * 2, now)))
+            st = TQKV_ENOMEM;
+    }
+    if (st == TQKV_OK) {
+        uint64_t i = do_lease_pos(d, dg);
+        if (d->lease_dg[i] == 0) {
+            d->lease_dg[i] = dg;
+            d->lease_until[i] = until;
+            d->lease_n++;
+        } else if (until > d->lease_until[i]) {
+            d->lease_until[i] = until;
+        }
+    }
+    pthread_mutex_unlock(&d->lease_lock);
+    return st;
+}
+
+void
+tqkv__disk_debug_advance_clock(tqkv_disk_t *d, uint64_t ms)
+{
+    if (d != NULL)
+        atomic_fetch_add_explicit(&d->clock_skew_ms, (int64_t)ms, memory_order_relaxed);
 }
 
 tqkv_status_t
@@ -2052,7 +2422,10 @@ compact_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
             do_account(d, &d->slots[j], 0);
             d->slots[j].seg = nseg;
             d->slots[j].blk = nblk;
+            d->slots[j].kids = 0; /* now after its children in the log */
             do_account(d, &d->slots[j], 1);
+            do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len,
+                           h->parent_len, h->layer);
         }
         pthread_rwlock_unlock(&d->ilock);
     }
@@ -2173,7 +2546,15 @@ tqkv_disk_stats(tqkv_disk_t *d, tqkv_disk_stats_t *out)
     out->compacted_records = L(compacted);
     out->evicted_segments = L(ev_segs);
     out->evicted_records = L(ev_recs);
+    out->relocated_records = L(reloc_recs);
+    out->relocated_bytes = L(reloc_bytes);
+    out->lease_skips = L(lease_skips);
+    out->refused_writes = L(refused);
+    out->quota_drops = L(quota_drops);
 #undef L
+    pthread_mutex_lock(&d->lease_lock);
+    out->leases = d->lease_n;
+    pthread_mutex_unlock(&d->lease_lock);
     out->rebuild_bytes = d->rebuild_bytes;
     out->rebuild_seconds = d->rebuild_seconds;
     out->io_engine = d->io ? tqkv__io_name(d->io) : "none";

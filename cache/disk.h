@@ -5,8 +5,13 @@
  * Records are appended into a write buffer (a batch) that is written with one I/O when
  * full, every batch_ms by a flusher thread, or at once for TQKV_DISK_SYNC_ALWAYS. A put
  * of a key replaces its earlier record (which becomes dead space for the compactor).
- * When the capacity is reached, the oldest segment is dropped whole (its pages become
- * misses): the tier is a FIFO-ordered log, like a flash cache. Keys are the store's
+ * When the capacity is reached, the oldest segment is dropped (its pages become misses):
+ * the tier is a FIFO-ordered log, like a flash cache, with two exceptions. Records under
+ * a lease (tqkv_disk_lease) are copied forward to the head before their segment goes (or,
+ * when they do not fit, the segment is passed over and a Put that finds no droppable
+ * segment gets TQKV_ENOSPC); and prefix records (a record that a later record names as
+ * its parent) whose own parent is still on disk are copied forward, up to `relocate` of
+ * a segment per dropped segment, so that leaves go first. Keys are the store's
  * (namespace, hash, layer). All functions are thread-safe.
  */
 #ifndef TQKV_CACHE_DISK_H
@@ -48,6 +53,11 @@ typedef struct tqkv_disk_config {
     int io_threads;      /* thread-pool engine workers (default 4) */
     double compact_dead; /* compact a sealed segment once this fraction is dead (0.5) */
     int compact_thread;  /* 1 (default): background compactor; 0: only tqkv_disk_compact */
+    double relocate;     /* leaf-first: the bytes of prefix records the capacity reclaimer may
+                            copy forward per dropped segment, as a fraction of segment_bytes
+                            (0.25). The same amount is kept free for those copies and for
+                            leased records (Puts see capacity minus it). 0: plain FIFO (leased
+                            records then only make their segment be passed over) */
     int quiet;           /* 1: no start-up log lines on stderr */
 } tqkv_disk_config_t;
 
@@ -102,10 +112,18 @@ tqkv_status_t tqkv_disk_delete(tqkv_disk_t *d, const char *ns, size_t ns_len, co
 /* Deletes a whole namespace (a tombstone, then an index scan). */
 tqkv_status_t tqkv_disk_delete_namespace(tqkv_disk_t *d, const char *ns, size_t ns_len,
                                          uint64_t *pages, uint64_t *bytes);
-/* Drops the oldest records of ns until `need` bytes went or none is left; freed gets
- * the bytes (quota enforcement). */
+/* Drops records of ns until `need` bytes went or no candidate is left (quota
+ * enforcement): leaves before prefix records (records a later record names as its
+ * parent), oldest first within each; leased records stay. Each dropped record gets a
+ * tombstone (as tqkv_disk_delete writes), so a restart does not bring it back; the
+ * tombstones are durable with the next sync. freed gets the bytes. */
 tqkv_status_t tqkv_disk_evict_namespace(tqkv_disk_t *d, const char *ns, size_t ns_len,
                                         uint64_t need, uint64_t *freed);
+
+/* Leases key's record for ms milliseconds (a longer lease already held stays): until
+ * then neither capacity eviction nor quota enforcement drops it (delete still does).
+ * TQKV_ENOTFOUND when the tier holds no record of key. Leases live in RAM only. */
+tqkv_status_t tqkv_disk_lease(tqkv_disk_t *d, const tqkv_block_key_t *key, uint32_t ms);
 
 /* Writes the buffer and fdatasyncs the open segments (whatever the sync mode). */
 tqkv_status_t tqkv_disk_sync(tqkv_disk_t *d);
@@ -130,9 +148,15 @@ typedef struct tqkv_disk_stats {
     uint64_t corrupt;             /* records that failed a check (scan or get), skipped */
     uint64_t torn;                /* torn tails found by the start-up scan */
     uint64_t compactions, compacted_records;
-    uint64_t evicted_segments, evicted_records; /* dropped for capacity */
-    uint64_t index_bytes, index_slots;          /* the index's RAM */
-    uint64_t rebuild_bytes;                     /* bytes scanned at open */
+    uint64_t evicted_segments, evicted_records;  /* dropped for capacity */
+    uint64_t relocated_records, relocated_bytes; /* copied forward by the capacity reclaimer
+                                                    (leased records, prefix records) */
+    uint64_t lease_skips;    /* times a segment was passed over (its leased records did not fit) */
+    uint64_t refused_writes; /* records refused (TQKV_ENOSPC): nothing could be dropped */
+    uint64_t quota_drops;    /* records dropped (and tombstoned) for namespace quotas */
+    uint64_t leases;         /* lease entries held now (expired ones until purged) */
+    uint64_t index_bytes, index_slots; /* the index's RAM */
+    uint64_t rebuild_bytes;            /* bytes scanned at open */
     double rebuild_seconds;
     const char *io_engine; /* "io_uring" or "threads" (static) */
     int direct;            /* O_DIRECT in use */
@@ -153,6 +177,8 @@ void tqkv_disk_foreach_namespace(tqkv_disk_t *d,
 /* Test hooks. Keeps only the low `bits` bits of index digests (forces collisions);
  * 64 = normal. Process-wide; set before tqkv_disk_open. */
 void tqkv__disk_debug_digest_bits(unsigned bits);
+/* Moves the tier's lease clock forward by ms. */
+void tqkv__disk_debug_advance_clock(tqkv_disk_t *d, uint64_t ms);
 /* Location of key's record: segment file path (into path[0..n)) and byte offset. */
 tqkv_status_t tqkv__disk_debug_locate(tqkv_disk_t *d, const tqkv_block_key_t *key, char *path,
                                       size_t n, uint64_t *offset, uint64_t *rec_bytes);

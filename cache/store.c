@@ -42,8 +42,12 @@
  * put; disk-only pages have no entry here (the disk index holds them in <= 64 bytes
  * each). A Get that misses the index reads the disk record and promotes a copy with the
  * ordinary put path. The disk tier's own locks are leaves for the store: its functions
- * are called with stripe/evict locks held (tqkv_disk_contains in do_unlink and lookup)
- * and never call back into the store. Disk reads and writes happen with no store lock.
+ * are called with stripe/evict locks held (tqkv_disk_contains in do_unlink and lookup,
+ * tqkv_disk_lease in lookup) and never call back into the store. Disk reads and writes
+ * happen with no store lock. A Lookup lease on a disk-only layer is held by the disk tier
+ * (its reclaimer copies leased records forward instead of dropping them); a pin of a page
+ * served from disk holds its own read buffer. Quota enforcement drops disk records leaves
+ * first, skips leased ones and tombstones what it drops.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -584,9 +588,16 @@ do_unlink(tqkv_store_t *s, entry_t *e, int evicted)
     cnt_sub(&ns->reserved, e->node.len);
     if (evicted) {
         tqkv_block_key_t k = {ns->name, ns->len, b->hash, b->hash_len, e->layer};
-        if (s->disk != NULL && e->tier == TQKV_TIER_DRAM && tqkv_disk_contains(s->disk, &k, NULL)) {
-            cnt_add(&s->g.disk_demotions, 1); /* the disk copy stays */
-            cnt_add(&ns->c.disk_demotions, 1);
+        if (s->disk != NULL && tqkv_disk_contains(s->disk, &k, NULL)) {
+            /* The disk copy stays: a demotion to disk, from DRAM or (when DRAM could not
+             * take the page) from HBM. */
+            if (e->tier == TQKV_TIER_DRAM) {
+                cnt_add(&s->g.disk_demotions, 1);
+                cnt_add(&ns->c.disk_demotions, 1);
+            } else {
+                cnt_add(&s->g.demotions, 1);
+                cnt_add(&ns->c.demotions, 1);
+            }
         } else {
             cnt_add(&s->g.evictions, 1);
             cnt_add(&ns->c.evictions, 1);
@@ -1323,8 +1334,18 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
                 return TQKV_ENOSPC;
             }
             tqkv_disk_ns_usage(s->disk, key->ns, key->ns_len, NULL, &used, NULL, NULL);
-            if (used + rb > q)
-                tqkv_disk_evict_namespace(s->disk, key->ns, key->ns_len, used + rb - q, &freed);
+            if (used + rb > q) {
+                /* Leaves first, leased records stay; each dropped record is tombstoned. */
+                st =
+                    tqkv_disk_evict_namespace(s->disk, key->ns, key->ns_len, used + rb - q, &freed);
+                if (st == TQKV_OK && freed < used + rb - q)
+                    st = TQKV_ENOSPC; /* what is left is leased */
+                if (st != TQKV_OK) {
+                    cnt_add(&s->g.alloc_failures, 1);
+                    cnt_add(&ns->c.alloc_failures, 1);
+                    return st;
+                }
+            }
         }
     }
     st = put_ram(s, key, parent_hash, parent_len, page, len, bf16_bytes, &dup);
@@ -1337,8 +1358,18 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
     /* Written through; with a full DRAM (ENOSPC: everything pinned or leased) the disk
      * copy alone holds the page. */
     dst = tqkv_disk_put(s->disk, key, parent_hash, parent_len, page, len, bf16_bytes);
-    if (dst == TQKV_OK)
+    if (dst == TQKV_OK) {
+        /* Concurrent Puts of the namespace may all have passed the check above: trim
+         * what they put over the quota (oldest first, so not this record). */
+        ns_rec_t *ns = ns_find(s, key->ns, key->ns_len);
+        uint64_t q = ns ? atomic_load(&ns->quota) : 0, used = 0, freed = 0;
+        if (q != 0) {
+            tqkv_disk_ns_usage(s->disk, key->ns, key->ns_len, NULL, &used, NULL, NULL);
+            if (used > q)
+                tqkv_disk_evict_namespace(s->disk, key->ns, key->ns_len, used - q, &freed);
+        }
         return TQKV_OK;
+    }
     if (st == TQKV_ENOSPC || s->cfg.disk_sync == TQKV_DISK_SYNC_ALWAYS)
         return dst; /* not stored (or not durable, as --disk-sync always promises) */
     return TQKV_OK; /* in DRAM; the disk error is counted (io_errors) and logged */
@@ -1675,7 +1706,7 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
                         tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
                         if (s->disk == NULL || !tqkv_disk_contains(s->disk, &k, NULL))
                             break;
-                        slow = TQKV_TIER_DISK; /* disk-only layers take no lease */
+                        slow = TQKV_TIER_DISK; /* leased below, by the disk tier */
                         ondisk = 1;
                         continue;
                     }
@@ -1686,8 +1717,12 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
                     tier = slow;
                     if (running && until != 0)
                         for (l = 0; l < num_layers; l++) {
-                            if (ondisk && (l >= b->nlayers || b->layers[l] == NULL))
+                            if (ondisk && (l >= b->nlayers || b->layers[l] == NULL)) {
+                                /* Disk-only: the disk tier holds the lease. */
+                                tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
+                                tqkv_disk_lease(s->disk, &k, lease_ms);
                                 continue;
+                            }
                             _Atomic uint64_t *lu = &b->layers[l]->lease_until;
                             uint64_t cur = atomic_load_explicit(lu, memory_order_relaxed);
                             if (until > cur)
@@ -1702,8 +1737,13 @@ tqkv_store_lookup(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uin
                     if (!tqkv_disk_contains(s->disk, &k, NULL))
                         break;
                 }
-                if (l == num_layers)
+                if (l == num_layers) {
                     tier = TQKV_TIER_DISK;
+                    for (l = 0; running && until != 0 && l < num_layers; l++) {
+                        tqkv_block_key_t k = {ns_name, ns_len, hashes[i], hash_lens[i], l};
+                        tqkv_disk_lease(s->disk, &k, lease_ms);
+                    }
+                }
             }
             pthread_mutex_unlock(&sp->lock);
         }
@@ -2068,6 +2108,7 @@ void
 tqkv__store_debug_advance_clock(tqkv_store_t *s, uint64_t ms)
 {
     atomic_fetch_add_explicit(&s->clock_skew_ms, (int64_t)ms, memory_order_relaxed);
+    tqkv__disk_debug_advance_clock(s->disk, ms);
 }
 
 tqkv_status_t

@@ -77,7 +77,10 @@ void tqkv_store_destroy(tqkv_store_t *s);
  * error then fails the Put). A Get that misses HBM/DRAM reads the disk record (the
  * calling thread waits for that one read, no store lock held), serves it from the read
  * buffer (tier TQKV_TIER_DISK) and promotes a copy into DRAM. Disk records that fail
- * their checks are misses (counted). Quotas count the namespace's disk bytes too. */
+ * their checks are misses (counted). Quotas count the namespace's disk bytes too: a Put
+ * over the quota drops the namespace's disk records (leaves first, leased ones never)
+ * with tombstones, so they stay gone after a restart, or fails with TQKV_ENOSPC when
+ * what is left is leased. */
 
 /* Stores a copy of page[0..len) under key. parent_hash (may be NULL/0) links the block
  * to the previous block of its sequence. bf16_bytes is the size of the BF16 data the
@@ -114,7 +117,8 @@ void tqkv_page_ref_release(tqkv_page_ref_t *r);
  * leading hashes whose layers [0, num_layers) are all present. tiers_out (may be NULL)
  * gets, per hash, the slowest tier holding any of its layers, or TQKV_TIER_NONE when
  * some layer is missing. With lease_ms > 0, the pages of the prefix are pinned for
- * that long (a following get cannot lose them to eviction). */
+ * that long (a following get cannot lose them to eviction), disk-only ones included (the
+ * disk tier copies them forward rather than drop them; cache/disk.h). */
 tqkv_status_t tqkv_store_lookup(tqkv_store_t *s, const char *ns, size_t ns_len,
                                 const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
                                 uint32_t num_layers, uint32_t lease_ms, uint32_t *prefix_blocks,

@@ -697,6 +697,24 @@ render_store(sbuf_t *b, tqkv_store_t *store)
              offsetof(tqkv_disk_stats_t, compactions)},
             {"tqkv_tier_index_bytes", "gauge", "RAM of the tier's index.",
              offsetof(tqkv_disk_stats_t, index_bytes)},
+            {"tqkv_tier_relocations_total", "counter",
+             "Records copied forward by the capacity reclaimer (leased and prefix records) "
+             "instead of being dropped.",
+             offsetof(tqkv_disk_stats_t, relocated_records)},
+            {"tqkv_tier_relocated_bytes_total", "counter",
+             "Bytes copied forward by the capacity reclaimer (leaf-first write amplification).",
+             offsetof(tqkv_disk_stats_t, relocated_bytes)},
+            {"tqkv_tier_lease_skips_total", "counter",
+             "Times the capacity reclaimer passed a segment over: its leased records did not fit.",
+             offsetof(tqkv_disk_stats_t, lease_skips)},
+            {"tqkv_tier_refused_writes_total", "counter",
+             "Records refused: the tier was full and everything droppable was leased.",
+             offsetof(tqkv_disk_stats_t, refused_writes)},
+            {"tqkv_tier_quota_drops_total", "counter",
+             "Records dropped (and tombstoned) to keep namespaces within their quotas.",
+             offsetof(tqkv_disk_stats_t, quota_drops)},
+            {"tqkv_tier_leases", "gauge", "Lease entries held by the tier (Lookup lease_ms).",
+             offsetof(tqkv_disk_stats_t, leases)},
         };
         for (size_t i = 0; i < sizeof(dfams) / sizeof(dfams[0]); i++) {
             sb_family(b, dfams[i].name, dfams[i].type, dfams[i].help);

@@ -32,6 +32,7 @@
 #include "tests/check_main.h"
 
 #define NS "tenant-a/llama"
+#define ALIGN_BYTES 4096u /* TQKV_DISK_ALIGN: a record of a 100-byte page */
 
 static char g_dir[256];
 
@@ -1026,21 +1027,305 @@ START_TEST(test_kill9_during_compaction)
 }
 END_TEST
 
+/* ---- leases, leaf-first, quota tombstones ---- */
+
+START_TEST(test_lease_holds_on_capacity)
+{
+    /* Records leased for 10 min stay readable through several capacity cycles (the
+     * reclaimer copies them forward); the unleased records of their segment go; once the
+     * lease expires they go too. */
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.capacity = 4ULL << 20;
+    cfg.segment_bytes = 1ULL << 20;
+    tqkv_disk_t *d = open_disk(&cfg);
+    put_n(d, 0, 100);
+    for (uint64_t i = 0; i < 20; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 600000), TQKV_OK);
+    }
+    tkey_t none;
+    mk(&none, g_run, 5000);
+    ck_assert_int_eq(tqkv_disk_lease(d, &none.k, 1000), TQKV_ENOTFOUND);
+    put_n(d, 100, 1100); /* ~10 MB through 4 MB */
+    tqkv_disk_stats_t s;
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_le(s.bytes_used, cfg.capacity);
+    ck_assert_uint_gt(s.evicted_segments, 4);
+    ck_assert_uint_ge(s.relocated_records, 20);
+    ck_assert_uint_eq(s.leases, 20);
+    check_all(d, 0, 20);
+    uint64_t gone = 0;
+    for (uint64_t i = 20; i < 100; i++)
+        gone += get_i(d, i) == TQKV_ENOTFOUND;
+    ck_assert_uint_eq(gone, 80);
+    /* Expired: dropped like the others at the next cycles. */
+    tqkv__disk_debug_advance_clock(d, 601000);
+    put_n(d, 1100, 2100);
+    for (uint64_t i = 0; i < 20; i++)
+        ck_assert_int_eq(get_i(d, i), TQKV_ENOTFOUND);
+    tqkv_disk_close(d);
+}
+END_TEST
+
+START_TEST(test_lease_full_refuses)
+{
+    /* Everything leased and the tier full: new records are refused with TQKV_ENOSPC
+     * (counted), never a leased record lost. */
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.capacity = 2ULL << 20;
+    cfg.segment_bytes = 512ULL << 10;
+    tqkv_disk_t *d = open_disk(&cfg);
+    uint8_t *buf = malloc(20001);
+    uint64_t n = 0, refused = 0;
+    for (uint64_t i = 0; i < 400 && refused == 0; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        size_t len = page_len(g_run, i);
+        fill(buf, len, g_run, i);
+        tqkv_status_t st = tqkv_disk_put(d, &t.k, NULL, 0, buf, len, 4 * len);
+        if (st == TQKV_ENOSPC) {
+            refused++;
+            break;
+        }
+        ck_assert_int_eq(st, TQKV_OK);
+        ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 600000), TQKV_OK);
+        n = i + 1;
+    }
+    ck_assert_uint_eq(refused, 1);
+    tqkv_disk_stats_t s;
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.pages, n);
+    ck_assert_uint_ge(s.refused_writes, 1);
+    ck_assert_uint_le(s.bytes_used, cfg.capacity);
+    for (uint64_t i = 0; i < n; i++) {
+        tkey_t t;
+        tqkv_disk_page_t p;
+        mk(&t, g_run, i);
+        ck_assert_int_eq(tqkv_disk_get(d, &t.k, &p), TQKV_OK);
+        tqkv_disk_page_free(&p);
+    }
+    /* The leases expire: the same Put goes in. */
+    tqkv__disk_debug_advance_clock(d, 600001);
+    tkey_t t;
+    mk(&t, g_run, n);
+    size_t len = page_len(g_run, n);
+    fill(buf, len, g_run, n);
+    ck_assert_int_eq(tqkv_disk_put(d, &t.k, NULL, 0, buf, len, 4 * len), TQKV_OK);
+    free(buf);
+    tqkv_disk_close(d);
+}
+END_TEST
+
+/* Sequences of blocks linked by parent hashes (layer 0, 8 KB pages): block b of sequence
+ * q has hash (q, b) and names (q, b - 1) as its parent. */
+static void
+chain_key(uint8_t hash[16], tqkv_block_key_t *k, uint64_t q, uint64_t b)
+{
+    memcpy(hash, &q, 8);
+    memcpy(hash + 8, &b, 8);
+    k->ns = NS;
+    k->ns_len = strlen(NS);
+    k->hash = hash;
+    k->hash_len = 16;
+    k->layer = 0;
+}
+
+static void
+chain_put(tqkv_disk_t *d, uint64_t q0, uint64_t q1, uint64_t len)
+{
+    uint8_t *buf = malloc(len);
+    for (uint64_t q = q0; q < q1; q++)
+        for (uint64_t b = 0; b < 8; b++) {
+            uint8_t h[16], ph[16];
+            tqkv_block_key_t k, pk;
+            chain_key(h, &k, q, b);
+            if (b > 0)
+                chain_key(ph, &pk, q, b - 1);
+            memset(buf, (int)(q * 8 + b), len);
+            ck_assert_int_eq(tqkv_disk_put(d, &k, b > 0 ? ph : NULL, b > 0 ? 16 : 0, buf, len, 0),
+                             TQKV_OK);
+        }
+    free(buf);
+}
+
+/* Sequences among [q0, q1) whose first block is on disk, and the blocks of their leading
+ * runs (what a Lookup would find); every block read is checked. */
+static void
+chain_count(tqkv_disk_t *d, uint64_t q0, uint64_t q1, uint64_t *roots, uint64_t *prefix_blocks)
+{
+    *roots = *prefix_blocks = 0;
+    for (uint64_t q = q0; q < q1; q++) {
+        for (uint64_t b = 0; b < 8; b++) {
+            uint8_t h[16];
+            tqkv_block_key_t k;
+            tqkv_disk_page_t p;
+            chain_key(h, &k, q, b);
+            if (tqkv_disk_get(d, &k, &p) != TQKV_OK)
+                break;
+            ck_assert_uint_eq(p.page[0], (uint8_t)(q * 8 + b));
+            tqkv_disk_page_free(&p);
+            *roots += b == 0;
+            (*prefix_blocks)++;
+        }
+    }
+}
+
+static void
+leaf_first_run(double relocate, uint64_t *roots, uint64_t *prefix_blocks, tqkv_disk_stats_t *s)
+{
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.capacity = 4ULL << 20;
+    cfg.segment_bytes = 1ULL << 20;
+    cfg.relocate = relocate;
+    tqkv_disk_t *d = open_disk(&cfg);
+    chain_put(d, 0, 32, 8000); /* 256 records of 12 KB: about 3 MB, no eviction yet */
+    tqkv_disk_close(d);
+    d = open_disk(&cfg); /* the prefix marks come back from the scan */
+    chain_put(d, 32, 96, 8000);
+    chain_count(d, 0, 32, roots, prefix_blocks);
+    tqkv_disk_stats(d, s);
+    ck_assert_uint_le(s->bytes_used, cfg.capacity);
+    tqkv_disk_close(d);
+    rm_tmp();
+    mkdir_tmp(NULL);
+}
+
+START_TEST(test_leaf_first)
+{
+    /* 96 sequences of 8 linked blocks through a 4 MB tier that holds about 40 of them;
+     * a restart after the first 32. Plain FIFO loses every block of the first 32
+     * sequences; leaf-first keeps prefixes of them (roots first), copying at most the
+     * reserve (1/4 segment) forward per dropped segment. */
+    uint64_t roots_fifo, blocks_fifo, roots_lf, blocks_lf;
+    tqkv_disk_stats_t fifo, lf;
+    leaf_first_run(0, &roots_fifo, &blocks_fifo, &fifo);
+    leaf_first_run(0.25, &roots_lf, &blocks_lf, &lf);
+    fprintf(stderr,
+            "leaf-first: first 32 sequences: FIFO %llu roots/%llu prefix blocks, leaf-first "
+            "%llu/%llu; relocated %llu records (%llu bytes) for %llu segments dropped; "
+            "bytes written %llu vs %llu (FIFO)\n",
+            (unsigned long long)roots_fifo, (unsigned long long)blocks_fifo,
+            (unsigned long long)roots_lf, (unsigned long long)blocks_lf,
+            (unsigned long long)lf.relocated_records, (unsigned long long)lf.relocated_bytes,
+            (unsigned long long)lf.evicted_segments, (unsigned long long)lf.write_bytes,
+            (unsigned long long)fifo.write_bytes);
+    ck_assert_uint_eq(fifo.relocated_records, 0);
+    ck_assert_uint_eq(roots_fifo, 0);
+    ck_assert_uint_ge(roots_lf, 4);
+    ck_assert_uint_gt(blocks_lf, roots_lf);
+    ck_assert_uint_gt(lf.relocated_records, 0);
+    ck_assert_uint_le(lf.relocated_bytes, lf.evicted_segments * (256u << 10));
+}
+END_TEST
+
+START_TEST(test_quota_tombstones)
+{
+    /* Records dropped for a namespace quota stay dropped after a restart (tombstones);
+     * leaves go before prefix records; leased records stay. */
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    tqkv_disk_t *d = open_disk(&cfg);
+    put_n(d, 0, 200);
+    uint64_t pages0, bytes0, freed = 0;
+    tqkv_disk_ns_usage(d, NS, strlen(NS), &pages0, &bytes0, NULL, NULL);
+    ck_assert_int_eq(tqkv_disk_evict_namespace(d, NS, strlen(NS), bytes0 / 2, &freed), TQKV_OK);
+    ck_assert_uint_ge(freed, bytes0 / 2);
+    uint64_t pages1, bytes1;
+    tqkv_disk_ns_usage(d, NS, strlen(NS), &pages1, &bytes1, NULL, NULL);
+    ck_assert_uint_eq(bytes1, bytes0 - freed);
+    uint8_t gone[200];
+    uint64_t ngone = 0;
+    for (uint64_t i = 0; i < 200; i++) {
+        tqkv_status_t st = get_i(d, i);
+        ck_assert(st == TQKV_OK || st == TQKV_ENOTFOUND);
+        gone[i] = st == TQKV_ENOTFOUND;
+        ngone += gone[i];
+    }
+    ck_assert_uint_eq(ngone, pages0 - pages1);
+    ck_assert(gone[0]); /* oldest first */
+    tqkv_disk_stats_t s;
+    tqkv_disk_stats(d, &s);
+    ck_assert_uint_eq(s.quota_drops, ngone);
+    tqkv_disk_close(d);
+    d = open_disk(&cfg);
+    uint64_t pages2, bytes2;
+    tqkv_disk_ns_usage(d, NS, strlen(NS), &pages2, &bytes2, NULL, NULL);
+    ck_assert_uint_eq(pages2, pages1);
+    ck_assert_uint_eq(bytes2, bytes1);
+    for (uint64_t i = 0; i < 200; i++)
+        ck_assert_int_eq(get_i(d, i), gone[i] ? TQKV_ENOTFOUND : TQKV_OK);
+
+    /* Leaf-first: A (a prefix: B names it), then B and C (leaves); one record's worth to
+     * drop takes B, not the older A. With C leased, dropping everything leaves C. */
+    const char *ns2 = "lf";
+    uint8_t ha[16] = {1}, hb[16] = {2}, hc[16] = {3}, page[100];
+    tqkv_block_key_t ka = {ns2, 2, ha, 16, 0}, kb = {ns2, 2, hb, 16, 0}, kc = {ns2, 2, hc, 16, 0};
+    memset(page, 7, sizeof(page));
+    ck_assert_int_eq(tqkv_disk_put(d, &ka, NULL, 0, page, sizeof(page), 0), TQKV_OK);
+    ck_assert_int_eq(tqkv_disk_put(d, &kb, ha, 16, page, sizeof(page), 0), TQKV_OK);
+    ck_assert_int_eq(tqkv_disk_put(d, &kc, NULL, 0, page, sizeof(page), 0), TQKV_OK);
+    ck_assert_int_eq(tqkv_disk_evict_namespace(d, ns2, 2, 1, &freed), TQKV_OK);
+    ck_assert_uint_eq(freed, ALIGN_BYTES);
+    ck_assert_int_eq(tqkv_disk_contains(d, &ka, NULL), 1);
+    ck_assert_int_eq(tqkv_disk_contains(d, &kb, NULL), 0);
+    ck_assert_int_eq(tqkv_disk_contains(d, &kc, NULL), 1);
+    ck_assert_int_eq(tqkv_disk_lease(d, &kc, 600000), TQKV_OK);
+    ck_assert_int_eq(tqkv_disk_evict_namespace(d, ns2, 2, 1u << 20, &freed), TQKV_OK);
+    ck_assert_uint_eq(freed, ALIGN_BYTES);
+    ck_assert_int_eq(tqkv_disk_contains(d, &ka, NULL), 0);
+    ck_assert_int_eq(tqkv_disk_contains(d, &kc, NULL), 1);
+    tqkv_disk_close(d);
+    d = open_disk(&cfg);
+    ck_assert_int_eq(tqkv_disk_contains(d, &ka, NULL), 0);
+    ck_assert_int_eq(tqkv_disk_contains(d, &kb, NULL), 0);
+    ck_assert_int_eq(tqkv_disk_contains(d, &kc, NULL), 1);
+    tqkv_disk_close(d);
+}
+END_TEST
+
 /* ---- the store with a disk tier ---- */
 
 static tqkv_store_t *
-open_store(uint64_t dram, int sync)
+open_store_ex(uint64_t dram, int sync, uint64_t disk, uint64_t hbm)
 {
     tqkv_store_config_t cfg;
     tqkv_store_t *s = NULL;
     tqkv_store_config_default(&cfg);
     cfg.dram_capacity = dram;
     snprintf(cfg.disk_path, sizeof(cfg.disk_path), "%s", g_dir);
-    cfg.disk_capacity = 256ULL << 20;
+    cfg.disk_capacity = disk;
     cfg.disk_sync = sync;
     cfg.verify_crc = 1;
+    cfg.hbm_capacity = hbm;
+    cfg.hbm_standin = hbm > 0;
     ck_assert_int_eq(tqkv_store_create(&cfg, &s), TQKV_OK);
     return s;
+}
+
+static tqkv_store_t *
+open_store(uint64_t dram, int sync)
+{
+    return open_store_ex(dram, sync, 256ULL << 20, 0);
+}
+
+/* Puts keys [lo, hi) through the store (no parents). */
+static void
+store_put_n(tqkv_store_t *s, uint64_t lo, uint64_t hi)
+{
+    uint8_t *buf = malloc(20001);
+    for (uint64_t i = lo; i < hi; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        size_t len = page_len(g_run, i);
+        fill(buf, len, g_run, i);
+        tqkv_status_t st = tqkv_store_put(s, &t.k, NULL, 0, buf, len, 4 * len, NULL);
+        ck_assert_msg(st == TQKV_OK, "put %llu: %s", (unsigned long long)i, tqkv_strerror(st));
+    }
+    free(buf);
 }
 
 static tqkv_status_t
@@ -1177,6 +1462,184 @@ START_TEST(test_store_disk_quota)
 }
 END_TEST
 
+START_TEST(test_store_disk_quota_restart)
+{
+    /* The records a quota dropped stay dropped after a restart (tombstones): the
+     * namespace comes back within its quota, and every page it serves is right. */
+    const uint64_t q = 1u << 20;
+    tqkv_store_t *s = open_store(8u << 20, TQKV_DISK_SYNC_BATCH);
+    ck_assert_int_eq(tqkv_store_set_quota(s, NS, strlen(NS), q), TQKV_OK);
+    store_put_n(s, 0, 300);
+    tqkv_store_stats_t st;
+    ck_assert_int_eq(tqkv_store_stats(s, NS, strlen(NS), &st), TQKV_OK);
+    uint64_t pages = st.tier[TQKV_TIER_DISK].pages, bytes = st.tier[TQKV_TIER_DISK].bytes_used;
+    ck_assert_uint_le(bytes, q);
+    ck_assert_uint_lt(pages, 300);
+    tqkv_store_destroy(s);
+
+    s = open_store(8u << 20, TQKV_DISK_SYNC_BATCH);
+    ck_assert_int_eq(tqkv_store_stats(s, NS, strlen(NS), &st), TQKV_OK);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].pages, pages);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].bytes_used, bytes);
+    uint64_t served = 0;
+    for (uint64_t i = 0; i < 300; i++)
+        served += store_get_i(s, i, NULL) == TQKV_OK;
+    ck_assert_uint_eq(served, pages);
+    ck_assert_int_eq(store_get_i(s, 299, NULL), TQKV_OK);
+    ck_assert_int_eq(store_get_i(s, 0, NULL), TQKV_ENOTFOUND);
+    tqkv_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_store_disk_lease)
+{
+    /* A Lookup lease on disk-only blocks holds them through disk capacity eviction (an
+     * 8 MB tier, ~14 MB put after the Lookup); the unleased ones of their time go; after
+     * the lease they go too. A page pinned by a Get (served from disk) stays readable
+     * while its record is dropped. */
+    tqkv_store_t *s = open_store_ex(1u << 20, TQKV_DISK_SYNC_BATCH, 8u << 20, 0);
+    store_put_n(s, 0, 280); /* blocks 0..39, 7 layers */
+    tkey_t b[10];
+    const uint8_t *hp[10];
+    size_t hl[10];
+    for (int i = 0; i < 10; i++) {
+        mk(&b[i], g_run, (uint64_t)i * 7);
+        hp[i] = b[i].hash;
+        hl[i] = 32;
+    }
+    uint32_t prefix = 0;
+    uint8_t tiers[10];
+    ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 10, 7, 600000, &prefix, tiers),
+                     TQKV_OK);
+    ck_assert_uint_eq(prefix, 10);
+    ck_assert_int_eq(tiers[0], TQKV_TIER_DISK);
+    tkey_t pinned_key;
+    tqkv_page_ref_t *pin = NULL;
+    mk(&pinned_key, g_run, 100); /* block 14, not leased, on disk only */
+    ck_assert_int_eq(tqkv_store_get(s, &pinned_key.k, &pin), TQKV_OK);
+    ck_assert_int_eq(tqkv_page_ref_tier(pin), TQKV_TIER_DISK);
+    store_put_n(s, 280, 1680);
+    tqkv_disk_stats_t ds;
+    ck_assert_int_eq(tqkv_store_disk_stats(s, &ds), TQKV_OK);
+    fprintf(stderr,
+            "store lease: %llu leases, %llu segments and %llu records evicted, %llu relocated, "
+            "%llu passed over\n",
+            (unsigned long long)ds.leases, (unsigned long long)ds.evicted_segments,
+            (unsigned long long)ds.evicted_records, (unsigned long long)ds.relocated_records,
+            (unsigned long long)ds.lease_skips);
+    ck_assert_uint_gt(ds.evicted_segments, 3);
+    ck_assert_uint_gt(ds.relocated_records + ds.lease_skips, 0);
+    for (uint64_t i = 0; i < 70; i++)
+        ck_assert_msg(store_get_i(s, i, NULL) == TQKV_OK, "leased key %llu lost",
+                      (unsigned long long)i);
+    uint64_t gone = 0;
+    for (uint64_t i = 70; i < 280; i++)
+        gone += store_get_i(s, i, NULL) == TQKV_ENOTFOUND;
+    fprintf(stderr, "store lease: %llu of keys 70..279 gone\n", (unsigned long long)gone);
+    ck_assert_uint_gt(gone, 0);
+    {
+        size_t len = page_len(g_run, 100);
+        uint8_t *want = malloc(len);
+        fill(want, len, g_run, 100);
+        ck_assert_uint_eq(tqkv_page_ref_len(pin), len);
+        ck_assert(memcmp(tqkv_page_ref_data(pin), want, len) == 0);
+        free(want);
+        tqkv_page_ref_release(pin);
+    }
+    ck_assert_int_eq(tqkv__store_check(s), TQKV_OK);
+    tqkv__store_debug_advance_clock(s, 601000);
+    store_put_n(s, 1680, 3080);
+    gone = 0;
+    for (uint64_t i = 0; i < 70; i++)
+        gone += store_get_i(s, i, NULL) == TQKV_ENOTFOUND;
+    ck_assert_uint_gt(gone, 0);
+    tqkv_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_store_all_leased_refuses)
+{
+    /* --disk-sync always, a 2 MB disk tier, every block leased by a Lookup right after
+     * its Put: once the tier is full of leased records a Put fails with TQKV_ENOSPC
+     * (RESOURCE_EXHAUSTED at the service), counted, and every leased block is still
+     * served byte-identical. */
+    tqkv_store_t *s = open_store_ex(64u << 10, TQKV_DISK_SYNC_ALWAYS, 2u << 20, 0);
+    uint8_t *buf = malloc(20001);
+    uint64_t blocks = 0, refused = 0;
+    for (uint64_t blk = 0; blk < 100 && refused == 0; blk++) {
+        for (uint64_t i = blk * 7; i < blk * 7 + 7; i++) {
+            tkey_t t;
+            mk(&t, g_run, i);
+            size_t len = page_len(g_run, i);
+            fill(buf, len, g_run, i);
+            tqkv_status_t st = tqkv_store_put(s, &t.k, NULL, 0, buf, len, 4 * len, NULL);
+            if (st == TQKV_ENOSPC) {
+                refused++;
+                break;
+            }
+            ck_assert_msg(st == TQKV_OK, "put %llu: %s", (unsigned long long)i, tqkv_strerror(st));
+        }
+        if (refused)
+            break;
+        tkey_t t;
+        mk(&t, g_run, blk * 7);
+        const uint8_t *hp[1] = {t.hash};
+        size_t hl[1] = {32};
+        uint32_t prefix = 0;
+        ck_assert_int_eq(tqkv_store_lookup(s, NS, strlen(NS), hp, hl, 1, 7, 600000, &prefix, NULL),
+                         TQKV_OK);
+        ck_assert_uint_eq(prefix, 1);
+        blocks = blk + 1;
+    }
+    ck_assert_uint_eq(refused, 1);
+    ck_assert_uint_gt(blocks, 10);
+    tqkv_disk_stats_t ds;
+    ck_assert_int_eq(tqkv_store_disk_stats(s, &ds), TQKV_OK);
+    fprintf(stderr,
+            "all leased: %llu blocks leased, then refused; %llu records relocated, %llu "
+            "segments passed over, %llu evicted\n",
+            (unsigned long long)blocks, (unsigned long long)ds.relocated_records,
+            (unsigned long long)ds.lease_skips, (unsigned long long)ds.evicted_segments);
+    ck_assert_uint_ge(ds.refused_writes, 1);
+    ck_assert_uint_le(ds.bytes_used, 2u << 20);
+    for (uint64_t i = 0; i < blocks * 7; i++)
+        ck_assert_msg(store_get_i(s, i, NULL) == TQKV_OK, "leased key %llu lost",
+                      (unsigned long long)i);
+    free(buf);
+    tqkv_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_store_hbm_demotion_to_disk)
+{
+    /* HBM pages that DRAM cannot take (pages larger than DRAM) leave HBM while their disk
+     * copy stays: counted as HBM demotions, not evictions, and still served. */
+    tqkv_store_t *s = open_store_ex(4096, TQKV_DISK_SYNC_BATCH, 64u << 20, 64u << 10);
+    uint8_t page[8192];
+    for (uint64_t i = 0; i < 30; i++) {
+        tkey_t t;
+        mk(&t, g_run, i * 7); /* layer 0 of block i */
+        memset(page, (int)i, sizeof(page));
+        ck_assert_int_eq(tqkv_store_put(s, &t.k, NULL, 0, page, sizeof(page), 0, NULL), TQKV_OK);
+    }
+    tqkv_store_stats_t st;
+    ck_assert_int_eq(tqkv_store_stats(s, NULL, 0, &st), TQKV_OK);
+    ck_assert_uint_eq(st.evictions, 0);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DRAM].evictions, 0);
+    ck_assert_uint_ge(st.tier[TQKV_TIER_HBM].demotions, 22);
+    ck_assert_uint_eq(st.tier[TQKV_TIER_DISK].pages, 30);
+    for (uint64_t i = 0; i < 30; i++) {
+        tkey_t t;
+        tqkv_page_ref_t *r;
+        mk(&t, g_run, i * 7);
+        ck_assert_int_eq(tqkv_store_get(s, &t.k, &r), TQKV_OK);
+        ck_assert_uint_eq(((const uint8_t *)tqkv_page_ref_data(r))[100], (uint8_t)i);
+        tqkv_page_ref_release(r);
+    }
+    tqkv_store_destroy(s);
+}
+END_TEST
+
 static Suite *
 disk_suite(void)
 {
@@ -1203,6 +1666,14 @@ disk_suite(void)
     tcase_add_test(tc, test_kill9_during_compaction);
     tcase_add_test(tc, test_store_disk_tier);
     tcase_add_test(tc, test_store_disk_quota);
+    tcase_add_test(tc, test_lease_holds_on_capacity);
+    tcase_add_test(tc, test_lease_full_refuses);
+    tcase_add_test(tc, test_leaf_first);
+    tcase_add_test(tc, test_quota_tombstones);
+    tcase_add_test(tc, test_store_disk_quota_restart);
+    tcase_add_test(tc, test_store_disk_lease);
+    tcase_add_test(tc, test_store_hbm_demotion_to_disk);
+    tcase_add_test(tc, test_store_all_leased_refuses);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -15,6 +15,8 @@ so every comparison is against bytes the disk tier never touched.
 - kill -9 during a mixed load (Puts, Gets checked on the fly, Deletes; DRAM evictions
   demoting to disk), --disk-sync batch, restart: every page served is byte-identical.
 - --disk-sync always: kill -9 during Puts, N rounds: every acknowledged Put is served.
+- --ns-quota: records dropped for the quota stay dropped after a restart (tombstones).
+- A Lookup lease holds disk-only pages through disk capacity eviction.
 """
 import os
 import random
@@ -177,9 +179,79 @@ class DiskTierTest(unittest.TestCase):
                 text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port,
                                               timeout=10).read().decode()
                 for fam in ("tqkv_tier_pages", "tqkv_tier_hits_total", "tqkv_tier_reads_total",
-                            "tqkv_tier_writes_total", "tqkv_tier_io_errors_total"):
+                            "tqkv_tier_writes_total", "tqkv_tier_io_errors_total",
+                            "tqkv_tier_relocations_total", "tqkv_tier_lease_skips_total",
+                            "tqkv_tier_refused_writes_total", "tqkv_tier_quota_drops_total",
+                            "tqkv_tier_leases"):
                     self.assertRegex(text, r'\n%s\{tier="disk"\} \d+' % fam)
             self.assertIsNotNone(srv.metrics_port)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def ns_disk(self, srv, ns):
+        st = srv.stub.Stats(dc.pb.StatsRequest(namespace=ns), timeout=10)
+        return [t for t in st.tiers if t.tier == dc.pb.TIER_DISK][0]
+
+    def put_all(self, srv, ns, hashes, step=10):
+        for i in range(0, len(hashes), step):
+            reqs = [page_put(ns, h, l, ref_of(h)) for h in hashes[i:i + step] for l in (0, 1)]
+            r = srv.stub.Put(iter(reqs), timeout=60)
+            self.assertEqual(r.blocks_stored + r.blocks_duplicate, len(reqs))
+
+    def test_quota_drops_stay_gone_after_restart(self):
+        """--ns-quota over the disk bytes: the records a Put over the quota drops are
+        tombstoned, so a restarted server finds the namespace within its quota and serves
+        only what was kept (before, the rebuild brought every dropped record back)."""
+        ns, q = "quota-it", 256 << 10
+        hashes = [dc.rand_hash() for _ in range(100)]  # 200 pages, ~2.4 MB of records
+        srv = disk_server(self.dir, "--ns-quota", str(q), dram="8M")
+        try:
+            self.put_all(srv, ns, hashes)
+            before = self.ns_disk(srv, ns)
+            self.assertLessEqual(before.bytes_used, q)
+            self.assertLess(before.pages, 100)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+        srv = disk_server(self.dir, "--ns-quota", str(q), dram="8M")
+        try:
+            after = self.ns_disk(srv, ns)
+            self.assertEqual((after.pages, after.bytes_used), (before.pages, before.bytes_used))
+            got = grpc_pages(srv.stub, ns, hashes, 2)
+            found = [g for g in got if g.found]
+            self.assertEqual(len(found), before.pages)
+            for g in found:
+                self.assertEqual(g.page, REF[ref_of(g.hash)], "wrong bytes")
+            self.assertFalse(any(g.found for g in got if g.hash == hashes[0]))
+            self.assertTrue(all(g.found for g in got if g.hash == hashes[-1]))
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_lookup_lease_holds_disk_pages(self):
+        """A Lookup lease on blocks whose pages are on disk only holds them while the disk
+        tier (4 MB) is cycled twice over by later Puts; unleased blocks of their time go."""
+        ns = "lease-it"
+        hashes = [dc.rand_hash() for _ in range(400)]
+        srv = disk_server(self.dir, dram="1M", disk="4M")
+        try:
+            self.put_all(srv, ns, hashes[:60])  # the first ones leave the 1 MB DRAM
+            lk = srv.stub.Lookup(dc.pb.LookupRequest(namespace=ns, hashes=hashes[:10],
+                                                     num_layers=2, lease_ms=60000), timeout=30)
+            self.assertEqual(lk.prefix_blocks, 10)
+            self.assertIn(dc.pb.TIER_DISK, [b.tier for b in lk.blocks])
+            self.put_all(srv, ns, hashes[60:])  # ~8 MB of records
+            st = srv.stub.Stats(dc.pb.StatsRequest(), timeout=10)
+            disk = [t for t in st.tiers if t.tier == dc.pb.TIER_DISK][0]
+            self.assertGreater(disk.evictions, 0)
+            got = grpc_pages(srv.stub, ns, hashes[:10], 2)
+            self.assertEqual(len(got), 20)
+            for g in got:
+                self.assertTrue(g.found, "a leased page went")
+                self.assertEqual(g.page, REF[ref_of(g.hash)], "wrong bytes")
+            later = grpc_pages(srv.stub, ns, hashes[10:60], 2)
+            self.assertGreater(sum(not g.found for g in later), 0)
+            for g in later:
+                if g.found:
+                    self.assertEqual(g.page, REF[ref_of(g.hash)], "wrong bytes")
         finally:
             self.assertEqual(srv.stop(), 0)
 
