@@ -40,8 +40,12 @@
 #include "kernels/page.h"
 
 #define ALIGN TQKV_DISK_ALIGN
-#define SCAN_CHUNK (8u << 20)
+#define SCAN_CHUNK (2u << 20) /* one read of a segment scan */
+#define SCAN_SPARE (1u << 20) /* room before a chunk for the record that straddles into it */
+#define SCAN_DEPTH 4          /* reads in flight per segment scan (read-ahead) */
+#define REBUILD_THREADS 4     /* segments scanned at once at start-up */
 #define MAX_CANDS 16
+#define FAIL_RING 16
 
 /* ---- types ---- */
 
@@ -112,8 +116,12 @@ struct tqkv_disk {
     uint64_t buf_off;
     uint64_t seq, buf_seq_lo, buf_seq_hi;
     struct timespec buf_since;
-    uint64_t fail_lo, fail_hi;
-    tqkv_status_t fail_st;
+    struct {
+        uint64_t lo, hi; /* seq range of a batch whose write failed (its records are lost) */
+        tqkv_status_t st;
+    } fails[FAIL_RING]; /* the last FAIL_RING failed batches */
+    uint64_t nfails;    /* failed batches ever */
+    uint64_t fail_lost; /* highest seq of the failed batches pushed out of fails */
 
     pthread_mutex_t slock; /* group commit: durable_seq */
     uint64_t durable_seq;
@@ -716,9 +724,14 @@ do_flush(tqkv_disk_t *d)
     fprintf(stderr, "tqkv disk: write of %zu bytes to segment %u failed: %s\n", d->fill,
             d->active->id, n < 0 ? strerror((int)-n) : "short write");
     do_drop_buffer(d);
-    d->fail_lo = d->buf_seq_lo;
-    d->fail_hi = d->buf_seq_hi;
-    d->fail_st = st;
+    {
+        unsigned k = (unsigned)(d->nfails++ % FAIL_RING);
+        if (d->nfails > FAIL_RING && d->fails[k].hi > d->fail_lost)
+            d->fail_lost = d->fails[k].hi;
+        d->fails[k].lo = d->buf_seq_lo;
+        d->fails[k].hi = d->buf_seq_hi;
+        d->fails[k].st = st;
+    }
     if (ftruncate(d->active->fd, (off_t)d->buf_off) != 0) {
         /* The tail is then garbage that the start-up scan skips. */
     }
@@ -1130,6 +1143,118 @@ read_record(tqkv_disk_t *d, seg_t *s, uint32_t blk, uint32_t nblk, int wlocked, 
 
 /* ---- scanning ---- */
 
+/* A segment read front to back with SCAN_DEPTH reads of SCAN_CHUNK in flight, so that
+ * the disk works while the records already read are checked. Each chunk buffer has
+ * SCAN_SPARE bytes in front of its data: the unparsed end of the previous chunk (a record
+ * that straddles the boundary) is copied there, so every record is contiguous. A record
+ * too large for that is read on its own. */
+typedef struct sbuf {
+    uint8_t *mem; /* SCAN_SPARE + SCAN_CHUNK bytes */
+    tqkv__io_op_t op;
+    int inflight;
+} sbuf_t;
+
+typedef struct sstream {
+    tqkv_disk_t *d;
+    int fd;
+    uint64_t size, next; /* file size; offset of the next chunk to read */
+    sbuf_t b[SCAN_DEPTH];
+    int cur, head;     /* buffer holding the window (-1: none); oldest read in flight */
+    const uint8_t *wp; /* the window: file bytes [ws, we) at wp */
+    uint64_t ws, we;
+    int err; /* a read failed */
+} sstream_t;
+
+static void
+ss_submit(sstream_t *ss, int i)
+{
+    sbuf_t *b = &ss->b[i];
+    if (ss->next >= ss->size || ss->err)
+        return;
+    memset(&b->op, 0, sizeof(b->op));
+    b->op.fd = ss->fd;
+    b->op.buf = b->mem + SCAN_SPARE;
+    b->op.off = ss->next;
+    b->op.len = ss->size - ss->next < SCAN_CHUNK ? (size_t)(ss->size - ss->next) : SCAN_CHUNK;
+    b->op.len = (b->op.len + ALIGN - 1) / ALIGN * ALIGN; /* O_DIRECT: whole blocks */
+    if (tqkv__io_submit(ss->d->io, &b->op) != 0) {
+        ss->err = 1;
+        return;
+    }
+    b->inflight = 1;
+    ss->next += SCAN_CHUNK;
+}
+
+/* Waits for every read in flight (results dropped). */
+static void
+ss_drain(sstream_t *ss)
+{
+    for (int i = 0; i < SCAN_DEPTH; i++)
+        if (ss->b[i].inflight) {
+            tqkv__io_wait(ss->d->io, &ss->b[i].op);
+            ss->b[i].inflight = 0;
+        }
+}
+
+/* Restarts the read-ahead at off (ALIGN-aligned) with an empty window. */
+static void
+ss_reset(sstream_t *ss, uint64_t off)
+{
+    ss_drain(ss);
+    ss->next = off;
+    ss->cur = -1;
+    ss->head = 0;
+    ss->ws = ss->we = off;
+    for (int i = 0; i < SCAN_DEPTH; i++)
+        ss_submit(ss, i);
+}
+
+/* The file bytes [pos, pos + need) contiguous in memory (pos >= the window's start, and
+ * moving forward only), or NULL at the end of the file, on a read error (ss->err), or
+ * when they cannot be contiguous here (need > SCAN_SPARE + SCAN_CHUNK: *big = 1). */
+static const uint8_t *
+ss_get(sstream_t *ss, uint64_t pos, uint64_t need, int *big)
+{
+    *big = 0;
+    while (pos + need > ss->we) {
+        uint64_t left = pos < ss->we ? ss->we - pos : 0;
+        if (need > (uint64_t)SCAN_SPARE + SCAN_CHUNK || left > SCAN_SPARE) {
+            *big = 1;
+            return NULL;
+        }
+        sbuf_t *b = &ss->b[ss->head];
+        if (!b->inflight || ss->err)
+            return NULL; /* nothing more was read: end of file */
+        ssize_t n = tqkv__io_wait(ss->d->io, &b->op);
+        b->inflight = 0;
+        cnt(&ss->d->reads, 1);
+        if (n < 0 || b->op.off != ss->we) {
+            cnt(&ss->d->io_errors, 1);
+            ss->err = 1;
+            return NULL;
+        }
+        cnt(&ss->d->read_bytes, (uint64_t)n);
+        if (left)
+            memcpy(b->mem + SCAN_SPARE - left, ss->wp + (pos - ss->ws), left);
+        int prev = ss->cur;
+        ss->cur = ss->head;
+        ss->head = (ss->head + 1) % SCAN_DEPTH;
+        ss->wp = b->mem + SCAN_SPARE - left;
+        ss->ws = pos < ss->we ? pos : ss->we;
+        ss->we = b->op.off + (uint64_t)n;
+        if (ss->we > ss->size)
+            ss->we = ss->size;
+        if (prev >= 0)
+            ss_submit(ss, prev); /* the buffer just left: the next chunk */
+        if ((size_t)n < b->op.len && ss->we < ss->size) {
+            ss->size = ss->we; /* shorter than fstat said: a truncation under us */
+        }
+    }
+    if (pos < ss->ws)
+        return NULL; /* cannot happen: the scan moves forward */
+    return ss->wp + (pos - ss->ws);
+}
+
 /* Calls fn for every valid record of s in file order. With count, bad records are
  * counted (corrupt: followed by a valid record; torn: at the end of the file). */
 static tqkv_status_t
@@ -1138,61 +1263,62 @@ scan_segment(tqkv_disk_t *d, seg_t *s, scan_fn fn, void *arg, int count)
     struct stat sb;
     if (fstat(s->fd, &sb) != 0)
         return TQKV_EIO;
-    uint64_t size = (uint64_t)sb.st_size;
-    size_t cap = SCAN_CHUNK;
-    uint8_t *b = abuf(cap);
-    uint64_t cs = 0, clen = 0; /* chunk [cs, cs + clen) of the file in b */
+    sstream_t ss;
+    memset(&ss, 0, sizeof(ss));
+    ss.d = d;
+    ss.fd = s->fd;
+    ss.size = (uint64_t)sb.st_size;
+    for (int i = 0; i < SCAN_DEPTH; i++)
+        if ((ss.b[i].mem = abuf(SCAN_SPARE + SCAN_CHUNK)) == NULL) {
+            for (int k = 0; k < i; k++)
+                free(ss.b[k].mem);
+            return TQKV_ENOMEM;
+        }
     uint64_t pos = ALIGN;
+    uint8_t *own = NULL; /* a record read on its own (larger than a window) */
     int bad = 0;
     tqkv_status_t st = TQKV_OK;
-    if (b == NULL)
-        return TQKV_ENOMEM;
-    while (pos + ALIGN <= size) {
-        /* At least a block (and, once the header is known, the whole record) in b. */
-        if (pos < cs || pos + ALIGN > cs + clen) {
-            size_t want = cap;
-            ssize_t n = tqkv__io_rw(d->io, 0, s->fd, b, want, pos);
-            cnt(&d->reads, 1);
-            if (n < 0) {
-                cnt(&d->io_errors, 1);
-                st = TQKV_EIO;
-                break;
-            }
-            cnt(&d->read_bytes, (uint64_t)n);
-            cs = pos;
-            clen = (uint64_t)n;
-            if (clen < ALIGN)
-                break;
-        }
-        const tqkv_disk_rec_t *h = (const void *)(b + (pos - cs));
-        uint64_t rb = h->record_bytes;
-        if (h->magic == TQKV_DISK_REC_MAGIC && rb % ALIGN == 0 && rb >= ALIGN && pos + rb <= size &&
-            pos + rb > cs + clen) {
-            if (rb > cap) {
-                uint8_t *nb = abuf(rb);
-                if (nb == NULL) {
+    ss_reset(&ss, pos);
+    while (pos + ALIGN <= ss.size) {
+        int big = 0;
+        const uint8_t *p = ss_get(&ss, pos, ALIGN, &big);
+        if (p == NULL)
+            break;
+        const tqkv_disk_rec_t *h = (const void *)p;
+        uint64_t rb = h->record_bytes, have = ALIGN;
+        if (h->magic == TQKV_DISK_REC_MAGIC && rb % ALIGN == 0 && rb >= ALIGN &&
+            pos + rb <= ss.size) {
+            /* The whole record, as far as the file has it. */
+            p = ss_get(&ss, pos, rb, &big);
+            if (p == NULL && big) {
+                ss_drain(&ss);
+                free(own);
+                own = abuf(rb);
+                if (own == NULL) {
                     st = TQKV_ENOMEM;
                     break;
                 }
-                free(b);
-                b = nb;
-                cap = rb;
-            }
-            ssize_t n = tqkv__io_rw(d->io, 0, s->fd, b, cap, pos);
-            cnt(&d->reads, 1);
-            if (n < 0) {
-                cnt(&d->io_errors, 1);
-                st = TQKV_EIO;
+                ssize_t n = tqkv__io_rw(d->io, 0, s->fd, own, rb, pos);
+                cnt(&d->reads, 1);
+                if (n < 0) {
+                    cnt(&d->io_errors, 1);
+                    st = TQKV_EIO;
+                    break;
+                }
+                cnt(&d->read_bytes, (uint64_t)n);
+                if ((uint64_t)n < rb)
+                    memset(own + n, 0, rb - (uint64_t)n); /* fails the checks below */
+                p = own;
+                ss_reset(&ss, pos + rb);
+            } else if (p == NULL) {
                 break;
             }
-            cnt(&d->read_bytes, (uint64_t)n);
-            cs = pos;
-            clen = (uint64_t)n;
-            h = (const void *)b;
+            have = rb;
         }
-        const uint8_t *p = b + (pos - cs);
-        if (!rec_header_ok(p, (size_t)(cs + clen - pos), s->id)) {
+        if (!rec_header_ok(p, (size_t)have, s->id)) {
             bad = 1;
+            if (p == own)
+                ss_reset(&ss, pos + ALIGN);
             pos += ALIGN;
             continue;
         }
@@ -1203,7 +1329,7 @@ scan_segment(tqkv_disk_t *d, seg_t *s, scan_fn fn, void *arg, int count)
         }
         if (!rec_page_ok(p)) {
             if (count) {
-                if (pos + rb >= size)
+                if (pos + rb >= ss.size)
                     cnt(&d->torn, 1);
                 else
                     cnt(&d->corrupt, 1);
@@ -1215,9 +1341,14 @@ scan_segment(tqkv_disk_t *d, seg_t *s, scan_fn fn, void *arg, int count)
             break;
         pos += rb;
     }
-    if (count && st == TQKV_OK && (bad || pos < size))
+    if (ss.err && st == TQKV_OK)
+        st = TQKV_EIO;
+    if (count && st == TQKV_OK && (bad || pos < ss.size))
         cnt(&d->torn, 1); /* bad blocks, or less than a block, at the end */
-    free(b);
+    ss_drain(&ss);
+    for (int i = 0; i < SCAN_DEPTH; i++)
+        free(ss.b[i].mem);
+    free(own);
     return st;
 }
 
@@ -1382,6 +1513,193 @@ cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The parallel start-up scan. Up to REBUILD_THREADS workers each take the next segment,
+ * check its header and scan it (read-ahead, CRC checks), collecting its valid records'
+ * headers and keys; the opening thread applies the segments to the index in id order
+ * (rebuild_fn, as a sequential scan would), overlapping with the workers' reads. A
+ * worker stays at most REBUILD_AHEAD segments ahead of the one being applied, which
+ * bounds the memory held by collected records. */
+#define REBUILD_AHEAD (2 * REBUILD_THREADS)
+
+typedef struct rseg {
+    uint32_t id;
+    int done;        /* mu */
+    int state;       /* 1 scanned, 2 torn (no header), 3 bad header or unreadable */
+    const char *why; /* states 2, 3 (static) */
+    seg_t *s;        /* state 1: owned until put in the table */
+    tqkv_status_t st;
+    uint8_t *ent; /* entries: u64 offset, record header, ns and hash bytes, padded to 8 */
+    size_t len, cap;
+} rseg_t;
+
+typedef struct rpar {
+    tqkv_disk_t *d;
+    rseg_t *segs;
+    size_t n, next, applied;
+    int stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} rpar_t;
+
+static int
+collect_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg)
+{
+    rseg_t *r = arg;
+    const tqkv_disk_rec_t *h = (const void *)rec;
+    size_t kb = (size_t)h->ns_len + h->hash_len;
+    size_t need = (8 + TQKV_DISK_REC_HEADER + kb + 7) & ~(size_t)7;
+    (void)d;
+    (void)s;
+    if (r->len + need > r->cap) {
+        size_t nc = r->cap ? r->cap * 2 : 64 * 1024;
+        while (nc < r->len + need)
+            nc *= 2;
+        uint8_t *n = realloc(r->ent, nc);
+        if (n == NULL) {
+            r->st = TQKV_ENOMEM;
+            return 1;
+        }
+        r->ent = n;
+        r->cap = nc;
+    }
+    memcpy(r->ent + r->len, &off, 8);
+    memcpy(r->ent + r->len + 8, rec, TQKV_DISK_REC_HEADER + kb);
+    r->len += need;
+    return 0;
+}
+
+/* Opens segment r->id, checks its header and scans it (a worker; no lock held). */
+static void
+rebuild_scan_one(tqkv_disk_t *d, rseg_t *r)
+{
+    int fd = seg_open_file(d, r->id, 0);
+    uint8_t *hb = abuf(ALIGN);
+    tqkv_disk_seg_header_t h;
+    struct stat sb;
+    ssize_t got = -1;
+    r->why = "cannot open or read it";
+    r->state = 3;
+    if (fd >= 0 && hb != NULL && fstat(fd, &sb) == 0 &&
+        (got = tqkv__io_rw(d->io, 0, fd, hb, ALIGN, 0)) == ALIGN) {
+        memcpy(&h, hb, sizeof(h));
+        if (h.magic != TQKV_DISK_SEG_MAGIC || h.version != TQKV_DISK_VERSION)
+            r->why = "bad magic or version";
+        else if (h.seg_id != r->id)
+            r->why = "segment id differs from the file name";
+        else if (h.store_id != d->store_id)
+            r->why = "store id differs from the superblock's (a file of another tier)";
+        else if (h.crc32c != tqkv_crc32c(0, &h, 60))
+            r->why = "bad CRC";
+        else
+            r->state = 1;
+    } else if (got >= 0 && got < ALIGN) {
+        r->why = "shorter than its header (a crash while creating it)";
+        r->state = 2;
+    }
+    free(hb);
+    if (r->state != 1) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    seg_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        close(fd);
+        r->st = TQKV_ENOMEM;
+        return;
+    }
+    s->id = r->id;
+    s->fd = fd;
+    s->size = (uint64_t)sb.st_size;
+    s->min_seq = UINT64_MAX;
+    s->sealed = 1;
+    atomic_init(&s->refs, 1);
+    r->s = s;
+    tqkv_status_t st = scan_segment(d, s, collect_fn, r, 1);
+    if (r->st == TQKV_OK)
+        r->st = st;
+}
+
+static void *
+rebuild_worker(void *arg)
+{
+    rpar_t *rp = arg;
+    pthread_mutex_lock(&rp->mu);
+    while (!rp->stop && rp->next < rp->n) {
+        if (rp->next >= rp->applied + REBUILD_AHEAD) {
+            pthread_cond_wait(&rp->cv, &rp->mu);
+            continue;
+        }
+        rseg_t *r = &rp->segs[rp->next++];
+        pthread_mutex_unlock(&rp->mu);
+        rebuild_scan_one(rp->d, r);
+        pthread_mutex_lock(&rp->mu);
+        r->done = 1; /* the opening thread reads r after seeing this under mu */
+        pthread_cond_broadcast(&rp->cv);
+    }
+    pthread_mutex_unlock(&rp->mu);
+    return NULL;
+}
+
+/* Applies scanned segment r: into the table and its records into the index (the
+ * opening thread). */
+static tqkv_status_t
+rebuild_apply(tqkv_disk_t *d, rseg_t *r, rebuild_t *rb, uint64_t *bytes, char *err, size_t errlen)
+{
+    char name[64];
+    int state = r->state;
+    snprintf(name, sizeof(name), TQKV_DISK_SEG_FMT, r->id);
+    if (r->st != TQKV_OK && r->s == NULL) {
+        snprintf(err, errlen, "scan of %s/%s failed: %s", d->path, name, tqkv_strerror(r->st));
+        return r->st;
+    }
+    if (state == 2) {
+        /* Created, header not written yet when the process died: holds no record. */
+        fprintf(stderr, "tqkv disk: %s/%s: %s: removed (a torn segment)\n", d->path, name, r->why);
+        cnt(&d->torn, 1);
+        unlinkat(d->dirfd, name, 0);
+        return TQKV_OK;
+    }
+    if (state != 1) {
+        char bad[80];
+        snprintf(bad, sizeof(bad), "%s.bad", name);
+        fprintf(stderr, "tqkv disk: %s/%s: bad segment header (%s), renamed to %s\n", d->path, name,
+                r->why, bad);
+        cnt(&d->corrupt, 1);
+        renameat(d->dirfd, name, d->dirfd, bad);
+        return TQKV_OK;
+    }
+    seg_t *s = r->s;
+    pthread_rwlock_wrlock(&d->ilock);
+    int ok = do_seg_table_put(d, s);
+    pthread_rwlock_unlock(&d->ilock);
+    if (!ok) {
+        snprintf(err, errlen, "out of memory rebuilding the index of %s", d->path);
+        return TQKV_ENOMEM; /* r->s is freed by the caller */
+    }
+    r->s = NULL; /* the table's */
+    *bytes += s->size;
+    if (r->st != TQKV_OK) {
+        snprintf(err, errlen, "scan of %s/%s failed: %s", d->path, name, tqkv_strerror(r->st));
+        return r->st;
+    }
+    for (size_t off = 0; off < r->len;) {
+        uint64_t roff;
+        const uint8_t *rec = r->ent + off + 8;
+        const tqkv_disk_rec_t *h = (const void *)rec;
+        memcpy(&roff, r->ent + off, 8);
+        if (rebuild_fn(d, s, roff, rec, rb) != 0) {
+            snprintf(err, errlen, "out of memory rebuilding the index of %s", d->path);
+            return TQKV_ENOMEM;
+        }
+        off += (8 + TQKV_DISK_REC_HEADER + (size_t)h->ns_len + h->hash_len + 7) & ~(size_t)7;
+    }
+    free(r->ent);
+    r->ent = NULL;
+    r->len = r->cap = 0;
+    return TQKV_OK;
+}
+
 /* Opens every segment file of the directory (sorted by id) and rebuilds the index. */
 static tqkv_status_t
 rebuild(tqkv_disk_t *d, char *err, size_t errlen)
@@ -1392,6 +1710,7 @@ rebuild(tqkv_disk_t *d, char *err, size_t errlen)
     rebuild_t rb = {0};
     double t0 = now_s();
     uint64_t bytes = 0;
+    tqkv_status_t st = TQKV_OK;
 
     if (dir == NULL) {
         snprintf(err, errlen, "cannot list %s: %s", d->path, strerror(errno));
@@ -1421,87 +1740,63 @@ rebuild(tqkv_disk_t *d, char *err, size_t errlen)
     pthread_rwlock_wrlock(&d->ilock);
     int ok = do_idx_grow(d);
     pthread_rwlock_unlock(&d->ilock);
-    if (d->rseq == NULL || !ok) {
+    rpar_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.d = d;
+    rp.n = n;
+    rp.segs = calloc(n ? n : 1, sizeof(*rp.segs));
+    if (d->rseq == NULL || !ok || rp.segs == NULL) {
         free(ids);
+        free(rp.segs);
         return TQKV_ENOMEM;
     }
-    for (size_t i = 0; i < n; i++) {
-        char name[64];
-        snprintf(name, sizeof(name), TQKV_DISK_SEG_FMT, ids[i]);
-        int fd = seg_open_file(d, ids[i], 0);
-        uint8_t *hb = abuf(ALIGN);
-        tqkv_disk_seg_header_t h;
-        struct stat sb;
-        int good = 0;
-        const char *why = "cannot open or read it";
-        ssize_t got = -1;
-        if (fd >= 0 && hb != NULL && fstat(fd, &sb) == 0 &&
-            (got = tqkv__io_rw(d->io, 0, fd, hb, ALIGN, 0)) == ALIGN) {
-            memcpy(&h, hb, sizeof(h));
-            if (h.magic != TQKV_DISK_SEG_MAGIC || h.version != TQKV_DISK_VERSION)
-                why = "bad magic or version";
-            else if (h.seg_id != ids[i])
-                why = "segment id differs from the file name";
-            else if (h.store_id != d->store_id)
-                why = "store id differs from the superblock's (a file of another tier)";
-            else if (h.crc32c != tqkv_crc32c(0, &h, 60))
-                why = "bad CRC";
-            else
-                good = 1;
-        } else if (got >= 0 && got < ALIGN) {
-            why = "shorter than its header (a crash while creating it)";
-        }
-        free(hb);
-        if (!good && got >= 0 && got < ALIGN) {
-            /* Created, header not written yet when the process died: holds no record. */
-            fprintf(stderr, "tqkv disk: %s/%s: %s: removed (a torn segment)\n", d->path, name, why);
-            cnt(&d->torn, 1);
-            close(fd);
-            unlinkat(d->dirfd, name, 0);
-            continue;
-        }
-        if (!good) {
-            char bad[80];
-            snprintf(bad, sizeof(bad), "%s.bad", name);
-            fprintf(stderr, "tqkv disk: %s/%s: bad segment header (%s), renamed to %s\n", d->path,
-                    name, why, bad);
-            cnt(&d->corrupt, 1);
-            if (fd >= 0)
-                close(fd);
-            renameat(d->dirfd, name, d->dirfd, bad);
-            continue;
-        }
-        seg_t *s = calloc(1, sizeof(*s));
-        if (s == NULL) {
-            close(fd);
-            free(ids);
-            return TQKV_ENOMEM;
-        }
-        s->id = ids[i];
-        s->fd = fd;
-        s->size = (uint64_t)sb.st_size;
-        s->min_seq = UINT64_MAX;
-        s->sealed = 1;
-        atomic_init(&s->refs, 1);
-        pthread_rwlock_wrlock(&d->ilock);
-        ok = do_seg_table_put(d, s);
-        pthread_rwlock_unlock(&d->ilock);
-        if (!ok) {
-            close(fd);
-            free(s);
-            free(ids);
-            return TQKV_ENOMEM;
-        }
-        bytes += s->size;
-        tqkv_status_t st = scan_segment(d, s, rebuild_fn, &rb, 1);
-        if (st != TQKV_OK) {
-            snprintf(err, errlen, "scan of %s/%s failed: %s", d->path, name, tqkv_strerror(st));
-            free(ids);
-            free(rb.tombs);
-            return st;
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        rp.segs[i].id = ids[i];
     free(ids);
+    pthread_mutex_init(&rp.mu, NULL);
+    pthread_cond_init(&rp.cv, NULL);
+    pthread_t th[REBUILD_THREADS];
+    int nth = 0;
+    while (nth < REBUILD_THREADS && (size_t)nth < n &&
+           pthread_create(&th[nth], NULL, rebuild_worker, &rp) == 0)
+        nth++;
+    for (size_t i = 0; i < n && st == TQKV_OK; i++) {
+        rseg_t *r = &rp.segs[i];
+        pthread_mutex_lock(&rp.mu);
+        if (nth == 0 && rp.next == i) { /* no worker could start: scan it here */
+            rp.next++;
+            pthread_mutex_unlock(&rp.mu);
+            rebuild_scan_one(d, r);
+            pthread_mutex_lock(&rp.mu);
+            r->done = 1;
+        }
+        while (!r->done)
+            pthread_cond_wait(&rp.cv, &rp.mu);
+        pthread_mutex_unlock(&rp.mu);
+        st = rebuild_apply(d, r, &rb, &bytes, err, errlen);
+        pthread_mutex_lock(&rp.mu);
+        rp.applied = i + 1;
+        pthread_cond_broadcast(&rp.cv);
+        pthread_mutex_unlock(&rp.mu);
+    }
+    pthread_mutex_lock(&rp.mu);
+    rp.stop = 1;
+    pthread_cond_broadcast(&rp.cv);
+    pthread_mutex_unlock(&rp.mu);
+    for (int i = 0; i < nth; i++)
+        pthread_join(th[i], NULL);
+    for (size_t i = 0; i < n; i++) {
+        if (rp.segs[i].s != NULL)
+            seg_unref(rp.segs[i].s); /* scanned, not applied (an error) */
+        free(rp.segs[i].ent);
+    }
+    free(rp.segs);
+    pthread_cond_destroy(&rp.cv);
+    pthread_mutex_destroy(&rp.mu);
+    if (st != TQKV_OK) {
+        free(rb.tombs);
+        return st;
+    }
     apply_tombstones(d, &rb);
     free(rb.tombs);
     free(d->rseq);
@@ -1634,16 +1929,18 @@ bg_main(void *arg)
     return NULL;
 }
 
-/* Group commit: returns once every record up to seq is written and fdatasync'ed. */
+/* Group commit: returns once every record up to hi is written and fdatasync'ed, or the
+ * status of a failed batch that held a record of seq lo..hi (such a record was never
+ * stored). A failure too old to be remembered fails [lo, hi] when it may have held one. */
 static tqkv_status_t
-sync_to(tqkv_disk_t *d, uint64_t seq)
+sync_range(tqkv_disk_t *d, uint64_t lo, uint64_t hi)
 {
     tqkv_status_t st = TQKV_OK;
     pthread_mutex_lock(&d->slock);
-    if (d->durable_seq < seq) {
+    if (d->durable_seq < hi) {
         seg_t *s = NULL;
         pthread_mutex_lock(&d->wlock);
-        uint64_t hi = d->seq;
+        uint64_t top = d->seq;
         st = do_flush(d);
         if (d->active != NULL) {
             s = d->active;
@@ -1656,14 +1953,24 @@ sync_to(tqkv_disk_t *d, uint64_t seq)
             seg_unref(s);
         }
         if (st == TQKV_OK)
-            d->durable_seq = hi;
+            d->durable_seq = top;
     }
     pthread_mutex_unlock(&d->slock);
     pthread_mutex_lock(&d->wlock);
-    if (seq >= d->fail_lo && seq <= d->fail_hi && d->fail_lo != 0)
-        st = d->fail_st;
+    uint64_t n = d->nfails < FAIL_RING ? d->nfails : FAIL_RING;
+    for (uint64_t i = 0; i < n; i++)
+        if (d->fails[i].lo <= hi && d->fails[i].hi >= lo)
+            st = d->fails[i].st;
+    if (d->fail_lost != 0 && d->fail_lost >= lo && st == TQKV_OK)
+        st = TQKV_EIO;
     pthread_mutex_unlock(&d->wlock);
     return st;
+}
+
+static tqkv_status_t
+sync_to(tqkv_disk_t *d, uint64_t seq)
+{
+    return sync_range(d, seq, seq);
 }
 
 /* ---- public ---- */
@@ -1897,10 +2204,13 @@ do_drop_key(tqkv_disk_t *d, const tqkv_block_key_t *key, uint64_t dg, uint32_t k
 }
 
 tqkv_status_t
-tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent, size_t parent_len,
-              const void *page, size_t len, uint64_t bf16_bytes)
+tqkv_disk_append(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent,
+                 size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes,
+                 uint64_t *seq_out)
 {
     tqkv_status_t st;
+    if (seq_out)
+        *seq_out = 0;
     if (d == NULL || !valid_key(key) || page == NULL || len == 0 || len > UINT32_MAX ||
         parent_len > 64 || (parent_len > 0 && parent == NULL))
         return TQKV_EINVAL;
@@ -1938,9 +2248,39 @@ tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent
     if (st == TQKV_OK && d->fill >= d->buf_cap)
         st = do_flush(d);
     pthread_mutex_unlock(&d->wlock);
+    if (st == TQKV_OK && seq_out)
+        *seq_out = seq;
+    return st;
+}
+
+tqkv_status_t
+tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent, size_t parent_len,
+              const void *page, size_t len, uint64_t bf16_bytes)
+{
+    uint64_t seq = 0;
+    tqkv_status_t st = tqkv_disk_append(d, key, parent, parent_len, page, len, bf16_bytes, &seq);
     if (st == TQKV_OK && d->cfg.sync == TQKV_DISK_SYNC_ALWAYS)
         st = sync_to(d, seq);
     return st;
+}
+
+tqkv_status_t
+tqkv_disk_sync_range(tqkv_disk_t *d, uint64_t lo, uint64_t hi)
+{
+    if (d == NULL || lo > hi)
+        return TQKV_EINVAL;
+    return hi == 0 ? TQKV_OK : sync_range(d, lo ? lo : 1, hi);
+}
+
+uint64_t
+tqkv_disk_last_seq(tqkv_disk_t *d)
+{
+    if (d == NULL)
+        return 0;
+    pthread_mutex_lock(&d->wlock);
+    uint64_t seq = d->seq;
+    pthread_mutex_unlock(&d->wlock);
+    return seq;
 }
 
 int

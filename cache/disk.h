@@ -80,6 +80,20 @@ void tqkv_disk_close(tqkv_disk_t *d);
 tqkv_status_t tqkv_disk_put(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent,
                             size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes);
 
+/* tqkv_disk_put that does not wait for the fdatasync of SYNC_ALWAYS: the record is
+ * appended (and indexed) and *seq (may be NULL) gets its write sequence, which the
+ * caller passes to tqkv_disk_sync_range before it tells anyone the page is stored (one
+ * sync for the many records of a Put RPC). Errors as tqkv_disk_put's. */
+tqkv_status_t tqkv_disk_append(tqkv_disk_t *d, const tqkv_block_key_t *key, const uint8_t *parent,
+                               size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes,
+                               uint64_t *seq);
+/* Returns once every record up to seq hi is written and fdatasync'ed (any sync mode;
+ * concurrent callers share one fdatasync), or with the write error of a batch that held
+ * a record of seq lo..hi (that record is not stored). hi 0: nothing to do. */
+tqkv_status_t tqkv_disk_sync_range(tqkv_disk_t *d, uint64_t lo, uint64_t hi);
+/* The latest write sequence handed out (0: none yet). */
+uint64_t tqkv_disk_last_seq(tqkv_disk_t *d);
+
 /* 1 when the index has a record for key (not verified on disk), else 0. *rec_bytes (may
  * be NULL) gets its disk bytes. No I/O. */
 int tqkv_disk_contains(tqkv_disk_t *d, const tqkv_block_key_t *key, uint64_t *rec_bytes);

@@ -1301,12 +1301,27 @@ fail_alloc:
     return st;
 }
 
+static void
+sync_widen(tqkv_store_sync_t *sy, uint64_t lo, uint64_t hi)
+{
+    if (hi == 0)
+        return;
+    if (sy->hi == 0 || lo < sy->lo)
+        sy->lo = lo;
+    if (hi > sy->hi)
+        sy->hi = hi;
+}
+
 tqkv_status_t
-tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
-               size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes, int *duplicate)
+tqkv_store_put_nosync(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
+                      size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes,
+                      int *duplicate, tqkv_store_sync_t *sync)
 {
     tqkv_status_t st, dst;
     int dup = 0;
+    uint64_t seq = 0;
+    int defer =
+        sync != NULL && s != NULL && s->disk != NULL && s->cfg.disk_sync == TQKV_DISK_SYNC_ALWAYS;
 
     if (duplicate)
         *duplicate = 0;
@@ -1316,6 +1331,10 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
     if (tqkv_disk_contains(s->disk, key, NULL)) {
         if (duplicate)
             *duplicate = 1;
+        if (defer) { /* the record found may be a concurrent Put's, not yet durable */
+            uint64_t last = tqkv_disk_last_seq(s->disk);
+            sync_widen(sync, last, last);
+        }
         return TQKV_OK;
     }
     /* Quota over the namespace's disk bytes (everything is written through): drop its
@@ -1357,8 +1376,12 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
         return TQKV_OK;
     /* Written through; with a full DRAM (ENOSPC: everything pinned or leased) the disk
      * copy alone holds the page. */
-    dst = tqkv_disk_put(s->disk, key, parent_hash, parent_len, page, len, bf16_bytes);
+    if (defer)
+        dst = tqkv_disk_append(s->disk, key, parent_hash, parent_len, page, len, bf16_bytes, &seq);
+    else
+        dst = tqkv_disk_put(s->disk, key, parent_hash, parent_len, page, len, bf16_bytes);
     if (dst == TQKV_OK) {
+        sync_widen(sync, seq, seq);
         /* Concurrent Puts of the namespace may all have passed the check above: trim
          * what they put over the quota (oldest first, so not this record). */
         ns_rec_t *ns = ns_find(s, key->ns, key->ns_len);
@@ -1373,6 +1396,26 @@ tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *pare
     if (st == TQKV_ENOSPC || s->cfg.disk_sync == TQKV_DISK_SYNC_ALWAYS)
         return dst; /* not stored (or not durable, as --disk-sync always promises) */
     return TQKV_OK; /* in DRAM; the disk error is counted (io_errors) and logged */
+}
+
+tqkv_status_t
+tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
+               size_t parent_len, const void *page, size_t len, uint64_t bf16_bytes, int *duplicate)
+{
+    tqkv_store_sync_t sy = {0, 0};
+    tqkv_status_t st = tqkv_store_put_nosync(s, key, parent_hash, parent_len, page, len, bf16_bytes,
+                                             duplicate, &sy);
+    if (st == TQKV_OK)
+        st = tqkv_store_sync(s, &sy);
+    return st;
+}
+
+tqkv_status_t
+tqkv_store_sync(tqkv_store_t *s, const tqkv_store_sync_t *sync)
+{
+    if (s == NULL || sync == NULL || s->disk == NULL || sync->hi == 0)
+        return TQKV_OK;
+    return tqkv_disk_sync_range(s->disk, sync->lo, sync->hi);
 }
 
 /* ---- get ---- */

@@ -91,6 +91,26 @@ tqkv_status_t tqkv_store_put(tqkv_store_t *s, const tqkv_block_key_t *key,
                              const uint8_t *parent_hash, size_t parent_len, const void *page,
                              size_t len, uint64_t bf16_bytes, int *duplicate);
 
+/* What a Put must wait for before it is acknowledged, with --disk-sync always: the disk
+ * records of write sequence lo..hi (hi 0: nothing). Start from {0, 0}. */
+typedef struct tqkv_store_sync {
+    uint64_t lo, hi;
+} tqkv_store_sync_t;
+
+/* tqkv_store_put that, with --disk-sync always, appends the disk record without waiting
+ * for its fdatasync and widens *sync to cover it (a duplicate covers the latest record,
+ * which may be a concurrent Put's of the same key, still unsynced). The caller passes
+ * *sync to tqkv_store_sync before acknowledging: one fdatasync for the blocks of a whole
+ * Put RPC instead of one per block. Other modes, or sync NULL: as tqkv_store_put. */
+tqkv_status_t tqkv_store_put_nosync(tqkv_store_t *s, const tqkv_block_key_t *key,
+                                    const uint8_t *parent_hash, size_t parent_len, const void *page,
+                                    size_t len, uint64_t bf16_bytes, int *duplicate,
+                                    tqkv_store_sync_t *sync);
+/* Returns once the disk records of *sync are durable, or the disk error that lost one of
+ * them (then those Puts must not be acknowledged). TQKV_OK at once without a disk tier
+ * or when sync->hi is 0. */
+tqkv_status_t tqkv_store_sync(tqkv_store_t *s, const tqkv_store_sync_t *sync);
+
 /* Looks up and pins a page: *out is valid until tqkv_page_ref_release(). Returns
  * TQKV_ENOTFOUND on a miss (counted), TQKV_ECORRUPT when verify_crc fails (the corrupt
  * page is then dropped from the store, so the block reads as missing and can be put

@@ -115,6 +115,8 @@ typedef struct put_job {
     char err[ERRLEN];
     int duplicate;
     uint64_t bytes_in, bytes_stored;
+    int sync_job;           /* the stream's closing disk sync, not a message */
+    tqkv_store_sync_t sync; /* --disk-sync always: the disk records to wait for */
 } put_job_t;
 
 typedef struct put_state {
@@ -127,6 +129,8 @@ typedef struct put_state {
     grpc_status_code code; /* first failure */
     char err[ERRLEN];
     uint64_t stored, dups, total_in, total_stored;
+    tqkv_store_sync_t sync; /* the stored blocks' disk records, synced once before the reply */
+    int sync_started;
 } put_state_t;
 
 /* Encoder-pool job: decode, validate, authorize, encode and store one message. */
@@ -263,8 +267,8 @@ put_job(void *arg)
             goto done;
         }
     }
-    st = tqkv_store_put(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
-                        m->parent_hash.len, data, plen, bf16_bytes, &j->duplicate);
+    st = tqkv_store_put_nosync(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
+                               m->parent_hash.len, data, plen, bf16_bytes, &j->duplicate, &j->sync);
     if (st != TQKV_OK) {
         const tqkv_store_config_t *sc = &s->cfg.store;
         j->code = tqkv_status_to_grpc(st);
@@ -302,6 +306,29 @@ done:
     tqkv__call_wake(c);
 }
 
+/* Encoder-pool job: with --disk-sync always, makes the stream's disk records durable
+ * (one group-committed fdatasync for all its blocks) before the PutResponse goes out. */
+static void
+put_sync_job(void *arg)
+{
+    put_job_t *j = arg;
+    tqkv__call_t *c = j->call;
+    put_state_t *h = c->h;
+    tqkv_status_t st = tqkv_store_sync(c->srv->store, &j->sync);
+    j->code = GRPC_STATUS_OK;
+    if (st != TQKV_OK) {
+        j->code = tqkv_status_to_grpc(st);
+        snprintf(j->err, ERRLEN,
+                 "disk tier (--disk-sync always): the stream's pages could not be made durable: %s",
+                 tqkv_strerror(st));
+    }
+    pthread_mutex_lock(&h->mu);
+    j->next = h->done;
+    h->done = j;
+    pthread_mutex_unlock(&h->mu);
+    tqkv__call_wake(c);
+}
+
 static void
 put_finish(tqkv__call_t *c)
 {
@@ -330,6 +357,27 @@ put_step(tqkv__call_t *c)
     if (c->state == TQKV__CS_DONE || h->recv_active)
         return;
     int stop = h->eof || h->code != GRPC_STATUS_OK || c->closed;
+    if (stop && h->jobs == 0 && h->code == GRPC_STATUS_OK && !c->closed && h->sync.hi != 0 &&
+        !h->sync_started) {
+        /* Every block is in; one disk sync for all of them, then the reply. */
+        put_job_t *j = calloc(1, sizeof *j);
+        h->sync_started = 1;
+        if (j == NULL) {
+            h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(h->err, ERRLEN, "out of memory");
+        } else {
+            j->call = c;
+            j->sync_job = 1;
+            j->sync = h->sync;
+            if (tqkv__call_submit(c, put_sync_job, j) != TQKV_OK) {
+                free(j);
+                h->code = GRPC_STATUS_UNAVAILABLE;
+                snprintf(h->err, ERRLEN, "server is stopping");
+            } else {
+                h->jobs++;
+            }
+        }
+    }
     if (stop) {
         if (h->jobs == 0)
             put_finish(c);
@@ -418,7 +466,13 @@ put_wake(tqkv__call_t *c)
             h->code = j->code;
             memcpy(h->err, j->err, ERRLEN);
         }
-    } else {
+    } else if (!j->sync_job) {
+        if (j->sync.hi != 0) {
+            if (h->sync.hi == 0 || j->sync.lo < h->sync.lo)
+                h->sync.lo = j->sync.lo;
+            if (j->sync.hi > h->sync.hi)
+                h->sync.hi = j->sync.hi;
+        }
         if (j->duplicate)
             h->dups++;
         else

@@ -716,6 +716,166 @@ START_TEST(test_eio)
 }
 END_TEST
 
+/* The parallel start-up scan: many segments (more than the scan threads and their
+ * window), records that straddle the scan's 2 MiB reads, records larger than a read
+ * window (read on their own), keys put again in later segments (the later record wins)
+ * and deleted ones (the tombstone wins), over two restarts and both I/O engines. */
+typedef struct want {
+    size_t len;
+    uint64_t seed; /* 0: deleted */
+} want_t;
+
+static void
+rebuild_parallel(tqkv_disk_io_t io)
+{
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.io = io;
+    cfg.segment_bytes = 4ULL << 20;
+    cfg.batch_bytes = 1u << 20;
+    const uint64_t n = 1200;
+    want_t *w = calloc(n, sizeof(*w));
+    uint8_t *buf = malloc(3600u << 10);
+    tqkv_disk_t *d = open_disk(&cfg);
+    uint64_t seed = g_run | 1;
+    for (int round = 0; round < 3; round++) {
+        for (uint64_t i = 0; i < n; i++) {
+            if (round > 0 && sm64(&seed) % 4 != 0)
+                continue; /* a quarter put again in each later round */
+            tkey_t t;
+            mk(&t, g_run, i);
+            size_t len = page_len(g_run, i * 3 + (uint64_t)round);
+            if (i % 97 == 5)
+                len = (size_t)(1200u << 10) + i; /* larger than the spare room of a read */
+            if (i % 211 == 7)
+                len = (size_t)(3500u << 10) + i; /* larger than a read window */
+            uint64_t ps = g_run * 7 + i * 13 + (uint64_t)round + 1;
+            fill(buf, len, ps, i);
+            ck_assert_int_eq(tqkv_disk_put(d, &t.k, NULL, 0, buf, len, 0), TQKV_OK);
+            w[i].len = len;
+            w[i].seed = ps;
+        }
+        for (uint64_t i = (uint64_t)round; i < n; i += 53) { /* deletes, then some re-puts */
+            tkey_t t;
+            mk(&t, g_run, i);
+            ck_assert_int_eq(tqkv_disk_delete(d, NS, strlen(NS), t.hash, 32, t.k.layer, NULL, NULL),
+                             TQKV_OK);
+            w[i].seed = 0;
+        }
+    }
+    uint64_t live = 0;
+    for (uint64_t i = 0; i < n; i++)
+        live += w[i].seed != 0;
+    for (int restart = 0; restart < 2; restart++) {
+        tqkv_disk_close(d);
+        d = open_disk(&cfg);
+        tqkv_disk_stats_t s;
+        tqkv_disk_stats(d, &s);
+        ck_assert_uint_gt(s.segments, 8);
+        ck_assert_uint_eq(s.pages, live);
+        ck_assert_uint_eq(s.corrupt, 0);
+        ck_assert_uint_eq(s.torn, 0);
+        if (restart == 0)
+            fprintf(stderr,
+                    "parallel rebuild (%s): %llu pages in %llu segments, %.1f MB in %.3f s\n",
+                    s.io_engine, (unsigned long long)s.pages, (unsigned long long)s.segments,
+                    (double)s.rebuild_bytes / 1e6, s.rebuild_seconds);
+        for (uint64_t i = 0; i < n; i++) {
+            tkey_t t;
+            tqkv_disk_page_t p;
+            mk(&t, g_run, i);
+            tqkv_status_t st = tqkv_disk_get(d, &t.k, &p);
+            if (w[i].seed == 0) {
+                ck_assert_msg(st == TQKV_ENOTFOUND, "deleted key %llu: %s", (unsigned long long)i,
+                              tqkv_strerror(st));
+                continue;
+            }
+            ck_assert_msg(st == TQKV_OK, "key %llu: %s", (unsigned long long)i, tqkv_strerror(st));
+            fill(buf, w[i].len, w[i].seed, i);
+            ck_assert_uint_eq(p.len, w[i].len);
+            ck_assert_msg(memcmp(p.page, buf, w[i].len) == 0, "key %llu: not its last put",
+                          (unsigned long long)i);
+            tqkv_disk_page_free(&p);
+        }
+    }
+    tqkv_disk_close(d);
+    free(buf);
+    free(w);
+}
+
+START_TEST(test_rebuild_parallel)
+{
+    rebuild_parallel(TQKV_DISK_IO_AUTO);
+}
+END_TEST
+
+START_TEST(test_rebuild_parallel_threads)
+{
+    rebuild_parallel(TQKV_DISK_IO_THREADS);
+}
+END_TEST
+
+START_TEST(test_sync_range)
+{
+    /* SYNC_ALWAYS with the sync deferred (a Put RPC of many blocks): appends, then one
+     * fdatasync for all; a batch write that fails fails the range that held its records,
+     * not a later one. */
+    tqkv_disk_config_t cfg;
+    base_cfg(&cfg);
+    cfg.sync = TQKV_DISK_SYNC_ALWAYS;
+    tqkv_disk_t *d = open_disk(&cfg);
+    uint8_t buf[3000];
+    uint64_t lo = 0, hi = 0, seq;
+    tqkv_disk_stats_t s0, s1;
+    put_n(d, 0, 1); /* the segment exists: its creation syncs nothing more later */
+    tqkv_disk_stats(d, &s0);
+    for (uint64_t i = 1; i < 65; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        size_t len = page_len(g_run, i) % 3000 + 1;
+        fill(buf, len, g_run, i);
+        ck_assert_int_eq(tqkv_disk_append(d, &t.k, NULL, 0, buf, len, 0, &seq), TQKV_OK);
+        ck_assert_uint_gt(seq, hi);
+        if (lo == 0)
+            lo = seq;
+        hi = seq;
+    }
+    tqkv_disk_stats(d, &s1);
+    ck_assert_uint_eq(s1.syncs, s0.syncs); /* nothing synced yet */
+    ck_assert_int_eq(tqkv_disk_sync_range(d, lo, hi), TQKV_OK);
+    tqkv_disk_stats(d, &s1);
+    ck_assert_uint_eq(s1.syncs, s0.syncs + 1);                  /* 64 records, one fdatasync */
+    ck_assert_int_eq(tqkv_disk_sync_range(d, lo, hi), TQKV_OK); /* durable already: no sync */
+    tqkv_disk_stats(d, &s0);
+    ck_assert_uint_eq(s0.syncs, s1.syncs);
+    ck_assert_uint_eq(tqkv_disk_last_seq(d), hi);
+    /* A failed batch write: its range fails, a later range does not. */
+    uint64_t lo2 = 0, hi2 = 0;
+    for (uint64_t i = 65; i < 70; i++) {
+        tkey_t t;
+        mk(&t, g_run, i);
+        fill(buf, 100, g_run, i);
+        ck_assert_int_eq(tqkv_disk_append(d, &t.k, NULL, 0, buf, 100, 0, &seq), TQKV_OK);
+        lo2 = lo2 ? lo2 : seq;
+        hi2 = seq;
+    }
+    tqkv__io_debug_fail(1, EIO);
+    ck_assert_int_eq(tqkv_disk_sync_range(d, lo2, hi2), TQKV_EIO);
+    ck_assert_int_eq(tqkv_disk_sync_range(d, hi2, hi2), TQKV_EIO);
+    ck_assert_int_eq(tqkv_disk_sync_range(d, lo, hi), TQKV_OK); /* the earlier range held */
+    tkey_t t;
+    mk(&t, g_run, 70);
+    fill(buf, 100, g_run, 70);
+    ck_assert_int_eq(tqkv_disk_append(d, &t.k, NULL, 0, buf, 100, 0, &seq), TQKV_OK);
+    ck_assert_int_eq(tqkv_disk_sync_range(d, seq, seq), TQKV_OK);
+    tqkv_disk_close(d);
+    d = open_disk(&cfg);
+    tqkv_disk_stats(d, &s0);
+    ck_assert_uint_eq(s0.pages, 65 + 1);
+    tqkv_disk_close(d);
+}
+END_TEST
+
 /* ---- concurrency ---- */
 
 typedef struct sarg {
@@ -1659,6 +1819,9 @@ disk_suite(void)
     tcase_add_test(tc, test_collisions);
     tcase_add_test(tc, test_delete_namespace_restart);
     tcase_add_test(tc, test_sync_always_group_commit);
+    tcase_add_test(tc, test_rebuild_parallel);
+    tcase_add_test(tc, test_rebuild_parallel_threads);
+    tcase_add_test(tc, test_sync_range);
     tcase_add_test(tc, test_bad_superblock);
     tcase_add_test(tc, test_get_many);
     tcase_add_test(tc, test_eio);
