@@ -1546,7 +1546,7 @@ collect_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
 {
     rseg_t *r = arg;
     const tqkv_disk_rec_t *h = (const void *)rec;
-    size_t kb = (size_t)h->ns_len + h->hash_len;
+    size_t kb = key_bytes(h); /* namespace, hash and parent: rebuild_fn marks the parent */
     size_t need = (8 + TQKV_DISK_REC_HEADER + kb + 7) & ~(size_t)7;
     (void)d;
     (void)s;
@@ -1692,7 +1692,7 @@ rebuild_apply(tqkv_disk_t *d, rseg_t *r, rebuild_t *rb, uint64_t *bytes, char *e
             snprintf(err, errlen, "out of memory rebuilding the index of %s", d->path);
             return TQKV_ENOMEM;
         }
-        off += (8 + TQKV_DISK_REC_HEADER + (size_t)h->ns_len + h->hash_len + 7) & ~(size_t)7;
+        off += (8 + TQKV_DISK_REC_HEADER + (size_t)key_bytes(h) + 7) & ~(size_t)7;
     }
     free(r->ent);
     r->ent = NULL;
