@@ -1193,14 +1193,16 @@ START_TEST(test_lease_holds_on_capacity)
 {
     /* Records leased for 10 min stay readable through several capacity cycles (the
      * reclaimer copies them forward); the unleased records of their segment go; once the
-     * lease expires they go too. */
+     * lease expires they go too. 8 leased records of at most 20 KB (24 KB on disk) fit in
+     * the reserve (a quarter of the 1 MB segment) whatever the run's page sizes, so the
+     * segment is never passed over (20 of them did not always fit: 0 copied, a flake). */
     tqkv_disk_config_t cfg;
     base_cfg(&cfg);
     cfg.capacity = 4ULL << 20;
     cfg.segment_bytes = 1ULL << 20;
     tqkv_disk_t *d = open_disk(&cfg);
     put_n(d, 0, 100);
-    for (uint64_t i = 0; i < 20; i++) {
+    for (uint64_t i = 0; i < 8; i++) {
         tkey_t t;
         mk(&t, g_run, i);
         ck_assert_int_eq(tqkv_disk_lease(d, &t.k, 600000), TQKV_OK);
@@ -1213,17 +1215,18 @@ START_TEST(test_lease_holds_on_capacity)
     tqkv_disk_stats(d, &s);
     ck_assert_uint_le(s.bytes_used, cfg.capacity);
     ck_assert_uint_gt(s.evicted_segments, 4);
-    ck_assert_uint_ge(s.relocated_records, 20);
-    ck_assert_uint_eq(s.leases, 20);
-    check_all(d, 0, 20);
+    ck_assert_uint_eq(s.lease_skips, 0);
+    ck_assert_uint_ge(s.relocated_records, 8);
+    ck_assert_uint_eq(s.leases, 8);
+    check_all(d, 0, 8);
     uint64_t gone = 0;
-    for (uint64_t i = 20; i < 100; i++)
+    for (uint64_t i = 8; i < 100; i++)
         gone += get_i(d, i) == TQKV_ENOTFOUND;
-    ck_assert_uint_eq(gone, 80);
+    ck_assert_uint_eq(gone, 92);
     /* Expired: dropped like the others at the next cycles. */
     tqkv__disk_debug_advance_clock(d, 601000);
     put_n(d, 1100, 2100);
-    for (uint64_t i = 0; i < 20; i++)
+    for (uint64_t i = 0; i < 8; i++)
         ck_assert_int_eq(get_i(d, i), TQKV_ENOTFOUND);
     tqkv_disk_close(d);
 }
