@@ -868,16 +868,18 @@ do_prepare(tqkv_disk_t *d, uint64_t rb)
 }
 
 /* Room for a copy of rb bytes made while a segment is being dropped (wlock held): within
- * the whole capacity (the reserve is kept for these copies), never evicting. */
+ * the whole capacity (the reserve is kept for these copies) plus slack, never evicting.
+ * Tombstones get a segment of slack: the segment they leave is dropped right after, so
+ * the tier is over its capacity only until then. */
 static tqkv_status_t
-do_room_reloc(tqkv_disk_t *d, uint64_t rb)
+do_room_reloc(tqkv_disk_t *d, uint64_t rb, uint64_t slack)
 {
     tqkv_status_t st;
     if (d->active != NULL && d->active->size + rb > d->cfg.segment_bytes)
         if ((st = do_seal(d)) != TQKV_OK)
             return st;
     pthread_rwlock_rdlock(&d->ilock);
-    int fits = d->used + rb + (d->active == NULL ? ALIGN : 0) <= d->cfg.capacity;
+    int fits = d->used + rb + (d->active == NULL ? ALIGN : 0) <= d->cfg.capacity + slack;
     pthread_rwlock_unlock(&d->ilock);
     return fits ? do_prepare(d, rb) : TQKV_ENOSPC;
 }
@@ -890,7 +892,8 @@ do_relocate(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t
     const tqkv_disk_rec_t *h = (const void *)rec;
     const uint8_t *k = rec + TQKV_DISK_REC_HEADER;
     uint64_t rb = h->record_bytes;
-    tqkv_status_t st = do_room_reloc(d, rb);
+    tqkv_status_t st =
+        do_room_reloc(d, rb, (h->flags & TQKV_DISK_REC_TOMBSTONE) ? d->cfg.segment_bytes : 0);
     if (st != TQKV_OK)
         return st;
     uint32_t kb = key_bytes(h), crc = h->page_crc32c;
@@ -1021,10 +1024,14 @@ do_evict_oldest(tqkv_disk_t *d)
         pthread_rwlock_unlock(&d->ilock);
         if (victim == NULL)
             return 0;
-        uint64_t must = (live > 0 ? leased_bytes_in(d, victim->id, now) : 0) +
-                        (older ? ntomb * (uint64_t)ALIGN : 0);
+        /* Leased records must fit in the capacity; tombstones may use a segment's slack
+         * (do_room_reloc): passing a segment over for its tombstones alone could refuse
+         * every segment while the oldest is being compacted (the stress test did). */
+        uint64_t lb = live > 0 ? leased_bytes_in(d, victim->id, now) : 0;
+        uint64_t tb = older ? ntomb * (uint64_t)ALIGN : 0;
         evict_arg_t ea = {now, d->reserve, 0, older, 0};
-        if (must > 0 && must + ALIGN > room) {
+        if ((lb > 0 && lb + ALIGN > room) ||
+            (lb + tb > 0 && lb + tb + ALIGN > room + d->cfg.segment_bytes)) {
             ea.failed = 1; /* passed over: what must stay does not fit */
         } else if (live > 0 || (older && ntomb > 0)) {
             scan_segment(d, victim, evict_fn, &ea, 0);
