@@ -462,6 +462,7 @@ typedef struct fill {
     const char *ns;
     const tqkv_hash_t *hs;
     uint64_t copied;
+    tqkv_store_sync_t sync; /* --disk-sync always: one fdatasync for the whole fill */
 } fill_t;
 
 static int
@@ -476,8 +477,8 @@ fill_cb(void *arg, const tqkv_get_page_t *pg)
     const tqkv_hash_t *h = &x->hs[pg->hash_index];
     tqkv_block_key_t key = {x->ns, strlen(x->ns), h->bytes, h->len, pg->layer};
     int dup = 0;
-    if (tqkv_store_put(x->store, &key, NULL, 0, pg->page, pg->page_len, info.bf16_bytes, &dup) ==
-        TQKV_OK)
+    if (tqkv_store_put_nosync(x->store, &key, NULL, 0, pg->page, pg->page_len, info.bf16_bytes,
+                              &dup, &x->sync) == TQKV_OK)
         x->copied++;
     return 0;
 }
@@ -508,6 +509,12 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t 
         st = tqkv_client_get(f->cl, &q, fill_cb, &x);
         pthread_rwlock_unlock(&f->lk);
         tqkv_client_thread_authz(NULL);
+        /* The copies are a cache of the owners' pages: their sync failing loses nothing
+         * the owners do not keep, so it is logged, not returned. */
+        tqkv_status_t sst = tqkv_store_sync(f->srv->store, &x.sync);
+        if (sst != TQKV_OK)
+            tqkv_log(TQKV_LOG_WARN, "forwarded pages not made durable on disk", "error=\"%s\"",
+                     tqkv_strerror(sst));
         *copied = x.copied;
         if (st == TQKV_OK)
             tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_GET, m);

@@ -5,7 +5,8 @@ Three tqkv-servers with --peers (found through dnsmasq SRV records). A grpcio cl
 connected to server 0 Puts blocks; another connected to server 1 Lookups and Gets
 them: every block is found (the servers forward to each block's owner, one hop), and
 its page is byte-identical to the one a client of server 2 gets. With --no-forward the
-second client misses most of them.
+second client misses most of them. The servers have a disk tier with --disk-sync always,
+so forwarded Puts and a forwarded Get's copies of the owners' pages go through it.
 
 usage: thin_grpcio.py TQKV_SERVER PROTO_DIR
 """
@@ -55,7 +56,11 @@ def cluster(tmp, no_forward):
     for i in range(3):
         args = [SERVER, "--listen", "127.0.0.1:0", "--node-id", "tqkv-%d" % i,
                 "--dram-capacity", "256M", "--drain-seconds", "1", "--peers", "svc.test:1",
-                "--peers-dns", "127.0.0.1:%d" % dport, "--log-level", "warn"]
+                "--peers-dns", "127.0.0.1:%d" % dport, "--log-level", "warn",
+                # a disk tier with --disk-sync always: forwarded Puts and the copies a
+                # forwarded Get makes go through it (one fdatasync per call)
+                "--disk-path", os.path.join(tmp, "disk-%d-%d" % (i, no_forward)),
+                "--disk-capacity", "64M", "--disk-sync", "always"]
         if no_forward:
             args.append("--no-forward")
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
