@@ -33,12 +33,7 @@ enum { L = 2 };
 static void
 block_data(const tqkv_hash_t *h, uint32_t layer, uint16_t *k, uint16_t *v)
 {
-    uint64_t s;
-    memcpy(&s, h->bytes, 8);
-    s ^= (uint64_t)(layer + 1) * 0x9E3779B97F4A7C15ull;
-    size_t n = (size_t)SH.num_tokens * SH.num_kv_heads * SH.head_dim;
-    tqkv_test_bf16_fill(&s, k, n, SH.head_dim);
-    tqkv_test_bf16_fill(&s, v, n, SH.head_dim);
+    tqkv_test_block_data(h, layer, SH.num_tokens, SH.num_kv_heads, SH.head_dim, k, v);
 }
 
 static void

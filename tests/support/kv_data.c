@@ -79,6 +79,18 @@ tqkv_test_bf16_rel_err(const uint16_t *x, const void *y, size_t n)
 }
 
 void
+tqkv_test_block_data(const struct tqkv_hash *h, uint32_t layer, uint32_t T, uint32_t H, uint32_t D,
+                     uint16_t *k, uint16_t *v)
+{
+    uint64_t s;
+    memcpy(&s, h->bytes, 8);
+    s ^= (uint64_t)(layer + 1) * 0x9E3779B97F4A7C15ull;
+    size_t n = (size_t)T * H * D;
+    tqkv_test_bf16_fill(&s, k, n, D);
+    tqkv_test_bf16_fill(&s, v, n, D);
+}
+
+void
 tqkv_test_hash(struct tqkv_hash *h, uint64_t a, uint64_t b, uint8_t len)
 {
     uint64_t s = a * 1000003u + b;

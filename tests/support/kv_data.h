@@ -46,6 +46,12 @@ void tqkv_test_bf16_fill(uint64_t *rng, uint16_t *x, size_t n, size_t dim);
  * a Get callback's bytes are). */
 double tqkv_test_bf16_rel_err(const uint16_t *x, const void *y, size_t n);
 
+/* The BF16 K and V of a test block as a function of its hash and layer (seeded by the
+ * hash's first 8 bytes and the layer; tqkv_test_bf16_fill), so a page read back from
+ * any server can be checked: k and v get T*H*D values each. */
+void tqkv_test_block_data(const struct tqkv_hash *h, uint32_t layer, uint32_t T, uint32_t H,
+                          uint32_t D, uint16_t *k, uint16_t *v);
+
 /* A block hash of len bytes (8..64) that is a function of (a, b): h->len = len and
  * h->bytes[0..len) pseudo-random. */
 void tqkv_test_hash(struct tqkv_hash *h, uint64_t a, uint64_t b, uint8_t len);
