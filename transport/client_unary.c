@@ -163,6 +163,22 @@ out:
 static tqkv_status_t delete_v(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, size_t n,
                               int all, uint64_t *pages_deleted, uint64_t *bytes_freed);
 
+/* Every usable target, each to be sent m (a fan-out to all): fills tis and rq, returns
+ * how many. */
+static size_t
+all_live_targets(tqkv_client_t *c, ProtobufCMessage *m, size_t *tis, ProtobufCMessage **rq)
+{
+    size_t n = 0;
+    uint64_t now = tqkv_shard_now_ns();
+    for (size_t t = 0; t < c->nt; t++) {
+        if (!tqkv__target_usable(c, t, now))
+            continue;
+        tis[n] = t;
+        rq[n++] = m;
+    }
+    return n;
+}
+
 tqkv_status_t
 tqkv_client_delete(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, size_t n, int all,
                    uint64_t *pages_deleted, uint64_t *bytes_freed)
@@ -212,14 +228,7 @@ delete_v(tqkv_client_t *c, const char *ns, const tqkv_hash_t *hashes, size_t n, 
     m.hashes = hb;
     m.n_hashes = n;
     m.all = all != 0;
-    size_t ncall = 0;
-    uint64_t now = tqkv_shard_now_ns();
-    for (size_t t = 0; t < c->nt; t++) {
-        if (!tqkv__target_usable(c, t, now))
-            continue;
-        tis[ncall] = t;
-        rq[ncall++] = &m.base;
-    }
+    size_t ncall = all_live_targets(c, &m.base, tis, rq);
     if (ncall == 0) {
         st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
                               "delete: no live target");
@@ -291,14 +300,7 @@ stats_v(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out)
     }
     tqkv__v1__stats_request__init(&m);
     m.namespace_ = (char *)(ns ? ns : "");
-    size_t ncall = 0;
-    uint64_t now = tqkv_shard_now_ns();
-    for (size_t t = 0; t < c->nt; t++) {
-        if (!tqkv__target_usable(c, t, now))
-            continue;
-        tis[ncall] = t;
-        rq[ncall++] = &m.base;
-    }
+    size_t ncall = all_live_targets(c, &m.base, tis, rq);
     if (ncall == 0) {
         st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
                               "stats: no live target");
