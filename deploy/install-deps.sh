@@ -10,16 +10,15 @@ PKGS=(
   libprotobuf-dev libssl-dev liburing-dev grpc-proto libjemalloc-dev check libsubunit-dev libzstd-dev zstd
   libmicrohttpd-dev
   libc-ares-dev dnsmasq-base gnuplot-nox
-  python3 python3-numpy python3-grpcio python3-protobuf python3-prometheus-client
+  python3 python3-venv util-linux python3-numpy python3-grpcio python3-protobuf python3-prometheus-client
   python3-cffi python3-torch
   redis-server openssl clang libclang-rt-14-dev clang-format
   prometheus
   curl procps iproute2
 )
-# Node.js and npm (deploy tests): Debian's packages unless a Node.js is already
-# installed (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
-command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
-command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+# Python packages from PyPI (the deploy tests' schema validators, ...) go into virtual
+# environments that deploy/python-env.sh builds from pinned sets (deploy/python/*.txt);
+# they need python3-venv and flock (util-linux) here.
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -18,19 +18,24 @@ if(TARGET tqkv-server)
   set_tests_properties(metrics_scrape PROPERTIES LABELS "server" TIMEOUT 300)
 endif()
 
-# Deployment artefacts: node + kubectl are required (the test fails, naming the missing
-# tool, rather than passing without checking anything).
+# Deployment artefacts: Python with the pinned `k8s` package set (a venv that
+# deploy/python-env.sh builds outside the repository, or reuses) + kubectl are required
+# (the test fails, naming the missing tool, rather than passing without checking anything).
 set(_k8s ${PROJECT_SOURCE_DIR}/tests/k8s/run.sh)
 set(_k8s_env "TQKV_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 if(TARGET tqkv-server)
   list(APPEND _k8s_env "TQKV_SERVER=$<TARGET_FILE:tqkv-server>")
 endif()
-add_test(NAME deploy_k8s_npm COMMAND bash ${_k8s} install)
-set_tests_properties(deploy_k8s_npm PROPERTIES LABELS "deploy" TIMEOUT 600
-  FIXTURES_SETUP deploy_npm)
+add_test(NAME deploy_k8s_venv COMMAND bash ${_k8s} install)
+set_tests_properties(deploy_k8s_venv PROPERTIES LABELS "deploy" TIMEOUT 1200
+  FIXTURES_SETUP deploy_venv)
 add_test(NAME deploy_k8s COMMAND bash ${_k8s} k8s)
 set_tests_properties(deploy_k8s PROPERTIES LABELS "deploy" TIMEOUT 300
-  FIXTURES_REQUIRED deploy_npm ENVIRONMENT "${_k8s_env}")
+  FIXTURES_REQUIRED deploy_venv ENVIRONMENT "${_k8s_env}")
+# The schema and invariant checks must fail on broken copies of the rendered manifests.
+add_test(NAME deploy_k8s_negative COMMAND bash ${_k8s} negative)
+set_tests_properties(deploy_k8s_negative PROPERTIES LABELS "deploy" TIMEOUT 300
+  FIXTURES_REQUIRED deploy_venv ENVIRONMENT "TQKV_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 add_test(NAME deploy_dockerfile COMMAND bash ${_k8s} dockerfile)
 set_tests_properties(deploy_dockerfile PROPERTIES LABELS "deploy" TIMEOUT 120
   ENVIRONMENT "${_k8s_env}")
