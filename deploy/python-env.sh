@@ -35,7 +35,7 @@ req=$here/python/$name.txt
 [ -f "$req" ] || die "no requirements file $req"
 base=${TQKV_VENV_PYTHON:-/usr/bin/python3}
 [ -x "$base" ] || die "$base not found (deploy/install-deps.sh installs python3 and python3-venv)"
-root=${TQKV_VENV_ROOT:-$HOME/.cache/tqkv/venv}
+root=${TQKV_VENV_ROOT:-${HOME:?is unset: set TQKV_VENV_ROOT}/.cache/tqkv/venv}
 venv=$root/$name
 py=$venv/bin/python
 
