@@ -1,6 +1,7 @@
 /* service_internal.h - the server's call objects, workers and handler table, shared
- * by server.c (event loop, call state machine), handlers_kv.c, health.c and
- * reflection.c.
+ * by server.c (event loop, call state machine), the handlers (handlers_put.c,
+ * handlers_get.c, handlers_unary.c, handlers_channel.c, handlers_nccl.c, health.c,
+ * reflection.c, dc_server.c) and reload.c.
  *
  * Threading: W workers, each with its own completion queue. Every event of a call
  * lands on the worker that requested it, so per-call state needs no lock; the only
@@ -186,7 +187,8 @@ struct tqkv_server {
 
 /* Handlers, by file. */
 extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_handler,
-    tqkv__delete_handler, tqkv__stats_handler; /* handlers_kv.c */
+    tqkv__delete_handler, tqkv__stats_handler; /* handlers_put.c, handlers_get.c,
+                                                  handlers_unary.c */
 extern const tqkv__handler_t tqkv__health_check_handler,
     tqkv__health_watch_handler; /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and
                                    on file change. */
@@ -240,12 +242,18 @@ void tqkv__call_wake(tqkv__call_t *c);
 uint8_t *tqkv__bb_read(grpc_byte_buffer *bb, size_t *len);
 /* Reads, validates and authorizes (read) the GetRequest of a Get call into *req (free
  * with tqkv__v1__get_request__free_unpacked). Returns 0, or -1 after finishing the call
- * with the status that says what is wrong (handlers_kv.c; every Get transport). */
+ * with the status that says what is wrong (handlers_get.c; every Get transport). */
 int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 /* Auth check for namespace ns (NULL = every namespace) when auth is on. */
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
                               size_t errlen);
 double tqkv__now(void);
+
+/* Room for the status message of a KV handler (handlers_put.c, handlers_get.c,
+ * handlers_unary.c). */
+#define TQKV__KV_ERRLEN 320
+/* Bytes of v as a protobuf varint (handlers_get.c; the unary handlers size replies). */
+size_t tqkv__kv_varint_len(uint64_t v);
 
 /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and on file change. */
 /* Takes a reference to the token table in force (NULL without auth). */
