@@ -215,7 +215,12 @@ extern const tqkv__handler_t tqkv__get_tcp_handler;  /* dc_server.c */
 int tqkv__nccl_device(void);
 #endif
 
-/* Call helpers (server.c). All run on the call's worker except tqkv__call_wake. */
+/* The method table (methods.c): the handler of m (NULL for TQKV__M_GENERIC and unknown
+ * methods) and the path each registered method is served under. */
+const tqkv__handler_t *tqkv__method_handler(tqkv__method_t m);
+extern const char *const tqkv__method_paths[TQKV__M_COUNT];
+
+/* Call helpers (call.c). All run on the call's worker except tqkv__call_wake. */
 void tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st);
 /* Starts RECV_MESSAGE into c->recv_bb; state CS_RECV. On failure finishes the call. */
 void tqkv__call_recv(tqkv__call_t *c);
@@ -248,6 +253,17 @@ int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
                               size_t errlen);
 double tqkv__now(void);
+/* Name of a call state, for log lines. */
+const char *tqkv__call_state_name(tqkv__call_state_t st);
+/* Starts batch ops on c with the tag of kind k (counted in c->inflight); logs a failure. */
+grpc_call_error tqkv__call_start(tqkv__call_t *c, const grpc_op *ops, size_t n, tqkv__tag_kind_t k);
+/* Request ids (x-request-id): seeds the generator once; sets c->req_id and the trailer. */
+void tqkv__call_req_id_init(void);
+void tqkv__call_req_id_set(tqkv__call_t *c);
+/* Adds the x-request-id trailing metadata to a SEND_STATUS op. */
+void tqkv__call_set_trailers(tqkv__call_t *c, grpc_op *op);
+/* Logs the end of a call (access log, slow and failed calls) that took seconds. */
+void tqkv__call_log_end(tqkv__call_t *c, const char *method, double seconds);
 
 /* Room for the status message of a KV handler (handlers_put.c, handlers_get.c,
  * handlers_unary.c). */
