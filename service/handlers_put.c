@@ -60,173 +60,228 @@ typedef struct put_state {
     int sync_started;
 } put_state_t;
 
-/* Encoder-pool job: decode, validate, authorize, encode and store one message. */
+/* A message's block, as far as put_block got with it. */
+typedef struct put_block {
+    Tqkv__V1__PutRequest *m; /* the decoded message (owned) */
+    tqkv_block_key_t key;
+    uint8_t *page;    /* the page encoded here (owned), or NULL when the client sent one */
+    const void *data; /* the page to store: page or the message's */
+    size_t plen;      /* its bytes */
+    uint64_t bf16;    /* BF16 bytes it represents */
+} put_block_t;
+
+/* The codec of a block: the namespace's policy (--namespace-policy), then the request's
+ * overrides. */
+static void
+put_codec(tqkv_server_t *s, const Tqkv__V1__PutRequest *m, size_t ns_len, tqkv_block_codec_t *codec)
+{
+    tqkv_policy_block_codec(tqkv_config_ns_policy(&s->cfg, m->namespace_, ns_len), m->layer,
+                            m->num_layers, codec);
+    if (m->codec == NULL)
+        return;
+    uint8_t b2;
+    if (m->codec->key_bits != 0.0f && tqkv_bits_from_float(m->codec->key_bits, &b2) == TQKV_OK)
+        codec->k.bits_x2 = b2;
+    if (m->codec->value_bits != 0.0f && tqkv_bits_from_float(m->codec->value_bits, &b2) == TQKV_OK)
+        codec->v.bits_x2 = b2;
+    if (m->codec->key_mode != TQKV__V1__MODE__MODE_DEFAULT)
+        codec->k.mode =
+            m->codec->key_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD : TQKV_MODE_MSE;
+    if (m->codec->value_mode != TQKV__V1__MODE__MODE_DEFAULT)
+        codec->v.mode =
+            m->codec->value_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD : TQKV_MODE_MSE;
+}
+
+/* Encodes the message's BF16 tensors into a new page (b->page), on the GPU when one is
+ * configured (any GPU failure falls back to the CPU encoder, which also words the error
+ * for bad input: the device only flags NaN/Inf). A failure is the client's input. */
+static tqkv_status_t
+put_encode(put_job_t *j, put_block_t *b)
+{
+    tqkv_server_t *s = j->call->srv;
+    const Tqkv__V1__PutRequest *m = b->m;
+    tqkv_block_codec_t codec;
+    tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
+    put_codec(s, m, b->key.ns_len, &codec);
+    size_t cap;
+    j->err[0] = '\0';
+    tqkv_status_t st = tqkv_page_check_params(&shape, &codec, j->err, TQKV__KV_ERRLEN);
+    if (st == TQKV_OK)
+        st = tqkv_page_size(&shape, &codec, &cap);
+    if (st != TQKV_OK) {
+        if (j->err[0] == '\0')
+            snprintf(j->err, TQKV__KV_ERRLEN, "codec: %s", tqkv_strerror(st));
+        return st;
+    }
+    b->page = malloc(cap);
+    if (b->page == NULL) {
+        snprintf(j->err, TQKV__KV_ERRLEN, "out of memory encoding a %zu-byte page", cap);
+        return TQKV_ENOMEM;
+    }
+    double t0 = tqkv__now();
+    st = TQKV_EUNSUPPORTED;
+    if (s->gpu_encode_device >= 0) {
+        char gerr[TQKV__KV_ERRLEN];
+        st = tqkv__gpu_encode(s->gpu_encode_device, &shape, &codec, (const uint16_t *)m->key.data,
+                              (const uint16_t *)m->value.data, b->page, cap, &b->plen, gerr,
+                              sizeof gerr);
+        if (st != TQKV_OK && st != TQKV_ERANGE && !atomic_exchange(&s->gpu_encode_warned, 1))
+            tqkv_log(TQKV_LOG_WARN, "GPU encode failed, encoding on the CPU", "why=\"%s\"", gerr);
+    }
+    if (st != TQKV_OK)
+        st = tqkv_page_encode(&shape, &codec, (const uint16_t *)m->key.data,
+                              (const uint16_t *)m->value.data, b->page, cap, &b->plen, j->err,
+                              TQKV__KV_ERRLEN);
+    if (st != TQKV_OK)
+        return st;
+    b->bf16 = m->key.len + m->value.len;
+    tqkv_metrics_codec(s->metrics, 1, b->bf16, tqkv__now() - t0);
+    b->data = b->page;
+    j->bytes_in = b->bf16;
+    return TQKV_OK;
+}
+
+/* Sends the block to its owner when a peer owns it (one hop, as the page encoded here):
+ * 1 with *st its status when it went there, 0 when it is this node's to store. */
+static int
+put_forward(put_job_t *j, const put_block_t *b, tqkv_status_t *st)
+{
+    tqkv__call_t *c = j->call;
+    tqkv_server_t *s = c->srv;
+    const Tqkv__V1__PutRequest *m = b->m;
+    tqkv__fwd_t *fw = c->hop ? NULL : tqkv__fwd_get(s);
+    tqkv__fwd_rank_t rk;
+    if (fw == NULL || tqkv__fwd_rank(fw, &rk) != TQKV_OK)
+        return 0;
+    int owned = tqkv__fwd_owned(&rk, m->namespace_, m->hash.data, m->hash.len);
+    tqkv__fwd_rank_free(&rk);
+    if (owned)
+        return 0;
+    tqkv__fwd_block_t fb = {
+        .ns = m->namespace_,
+        .hash = m->hash.data,
+        .hash_len = m->hash.len,
+        .parent = m->parent_hash.len ? m->parent_hash.data : NULL,
+        .parent_len = m->parent_hash.len,
+        .layer = m->layer,
+        .shape = {m->num_tokens, m->num_kv_heads, m->head_dim},
+        .page = b->data,
+        .len = b->plen,
+    };
+    *st = tqkv__fwd_put(fw, c->authz, &fb, &j->duplicate, j->err, TQKV__KV_ERRLEN);
+    if (*st != TQKV_OK)
+        return 1;
+    atomic_fetch_add(&s->forwarded, 1);
+    if (!j->duplicate)
+        j->bytes_stored = b->plen;
+    return 1;
+}
+
+/* Stores the block here (its disk record synced later, with the stream's). */
+static tqkv_status_t
+put_store(put_job_t *j, const put_block_t *b)
+{
+    tqkv_server_t *s = j->call->srv;
+    const Tqkv__V1__PutRequest *m = b->m;
+    size_t plen = b->plen;
+    tqkv_status_t st =
+        tqkv_store_put_nosync(s->store, &b->key, m->parent_hash.len ? m->parent_hash.data : NULL,
+                              m->parent_hash.len, b->data, plen, b->bf16, &j->duplicate, &j->sync);
+    if (st == TQKV_OK) {
+        if (!j->duplicate)
+            j->bytes_stored = plen;
+        return TQKV_OK;
+    }
+    const tqkv_store_config_t *sc = &s->cfg.store;
+    if (st == TQKV_ENOSPC && sc->default_ns_quota != 0 && plen > sc->default_ns_quota)
+        snprintf(j->err, TQKV__KV_ERRLEN,
+                 "store: a %zu-byte page cannot fit in namespace '%s': its quota is %llu "
+                 "bytes (--ns-quota)",
+                 plen, m->namespace_, (unsigned long long)sc->default_ns_quota);
+    else if (st == TQKV_ENOSPC && plen > sc->dram_capacity && plen > sc->hbm_capacity)
+        snprintf(j->err, TQKV__KV_ERRLEN,
+                 "store: a %zu-byte page is larger than every tier (--dram-capacity %llu, "
+                 "--hbm-capacity %llu)",
+                 plen, (unsigned long long)sc->dram_capacity, (unsigned long long)sc->hbm_capacity);
+    else if (st == TQKV_ENOSPC)
+        snprintf(j->err, TQKV__KV_ERRLEN,
+                 "store full: no room for a %zu-byte page in namespace '%s' and nothing "
+                 "may be evicted (every candidate is leased by a Lookup, read, or the "
+                 "parent of a kept block; shorter lease_ms or more capacity helps)",
+                 plen, m->namespace_);
+    else
+        snprintf(j->err, TQKV__KV_ERRLEN, "store: %s", tqkv_strerror(st));
+    return st;
+}
+
+/* Decodes, validates, authorizes, encodes and stores (or forwards) the job's message
+ * into b. Returns its status, with j->err saying what went wrong; *input is set when
+ * the failure is the client's input (a bad message, page or codec). */
+static tqkv_status_t
+put_block(put_job_t *j, put_block_t *b, int *input)
+{
+    tqkv__call_t *c = j->call;
+    tqkv_server_t *s = c->srv;
+    size_t len = 0;
+    *input = 0;
+    uint8_t *buf = tqkv__bb_read(j->bb, &len);
+    grpc_byte_buffer_destroy(j->bb);
+    j->bb = NULL;
+    if (buf == NULL) {
+        snprintf(j->err, TQKV__KV_ERRLEN, "out of memory reading the message");
+        return TQKV_ENOMEM;
+    }
+    tqkv_status_t st = tqkv_validate_put(buf, len, &s->limits, &b->m, j->err, TQKV__KV_ERRLEN);
+    free(buf);
+    if (st != TQKV_OK) {
+        *input = 1;
+        return st;
+    }
+    const Tqkv__V1__PutRequest *m = b->m;
+    st = tqkv__call_auth(c, m->namespace_, TQKV_AUTH_WRITE, j->err, TQKV__KV_ERRLEN);
+    if (st != TQKV_OK)
+        return st;
+    b->key = (tqkv_block_key_t){m->namespace_, strlen(m->namespace_), m->hash.data, m->hash.len,
+                                m->layer};
+    if (m->page.len) {
+        tqkv_page_info_t info;
+        st = tqkv_page_validate(m->page.data, m->page.len, 0, &info, NULL, 0);
+        if (st != TQKV_OK) {
+            /* whatever the page's fault, the client's argument is invalid */
+            snprintf(j->err, TQKV__KV_ERRLEN, "page: %s", tqkv_strerror(st));
+            *input = 1;
+            return TQKV_EINVAL;
+        }
+        b->data = m->page.data;
+        b->plen = m->page.len;
+        b->bf16 = info.bf16_bytes;
+        j->bytes_in = m->page.len;
+    } else if ((st = put_encode(j, b)) != TQKV_OK) {
+        *input = 1;
+        return st;
+    }
+    if (put_forward(j, b, &st))
+        return st;
+    return put_store(j, b);
+}
+
+/* Encoder-pool job: one message's block (put_block), its status translated to the
+ * call's once, here. */
 static void
 put_job(void *arg)
 {
     put_job_t *j = arg;
     tqkv__call_t *c = j->call;
-    tqkv_server_t *s = c->srv;
     put_state_t *h = c->h;
-    Tqkv__V1__PutRequest *m = NULL;
-    uint8_t *page = NULL;
-    size_t len = 0;
-    tqkv_status_t st;
-
-    j->code = GRPC_STATUS_OK;
-    uint8_t *buf = tqkv__bb_read(j->bb, &len);
-    grpc_byte_buffer_destroy(j->bb);
-    j->bb = NULL;
-    if (buf == NULL) {
-        j->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-        snprintf(j->err, TQKV__KV_ERRLEN, "out of memory reading the message");
-        goto done;
-    }
-    st = tqkv_validate_put(buf, len, &s->limits, &m, j->err, TQKV__KV_ERRLEN);
-    free(buf);
-    if (st != TQKV_OK) {
-        j->code = tqkv_status_to_grpc_input(st);
-        goto done;
-    }
-    st = tqkv__call_auth(c, m->namespace_, TQKV_AUTH_WRITE, j->err, TQKV__KV_ERRLEN);
-    if (st != TQKV_OK) {
-        j->code = tqkv_status_to_grpc(st);
-        goto done;
-    }
-    tqkv_block_key_t key = {m->namespace_, strlen(m->namespace_), m->hash.data, m->hash.len,
-                            m->layer};
-    const void *data;
-    size_t plen;
-    uint64_t bf16_bytes;
-    if (m->page.len) {
-        tqkv_page_info_t info;
-        st = tqkv_page_validate(m->page.data, m->page.len, 0, &info, NULL, 0);
-        if (st != TQKV_OK) {
-            j->code = GRPC_STATUS_INVALID_ARGUMENT;
-            snprintf(j->err, TQKV__KV_ERRLEN, "page: %s", tqkv_strerror(st));
-            goto done;
-        }
-        data = m->page.data;
-        plen = m->page.len;
-        bf16_bytes = info.bf16_bytes;
-        j->bytes_in = m->page.len;
-    } else {
-        tqkv_block_codec_t codec;
-        tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
-        /* The namespace's policy (--namespace-policy), then the request's overrides. */
-        tqkv_policy_block_codec(tqkv_config_ns_policy(&s->cfg, m->namespace_, key.ns_len), m->layer,
-                                m->num_layers, &codec);
-        if (m->codec) {
-            uint8_t b2;
-            if (m->codec->key_bits != 0.0f &&
-                tqkv_bits_from_float(m->codec->key_bits, &b2) == TQKV_OK)
-                codec.k.bits_x2 = b2;
-            if (m->codec->value_bits != 0.0f &&
-                tqkv_bits_from_float(m->codec->value_bits, &b2) == TQKV_OK)
-                codec.v.bits_x2 = b2;
-            if (m->codec->key_mode != TQKV__V1__MODE__MODE_DEFAULT)
-                codec.k.mode = m->codec->key_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
-                                                                               : TQKV_MODE_MSE;
-            if (m->codec->value_mode != TQKV__V1__MODE__MODE_DEFAULT)
-                codec.v.mode = m->codec->value_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
-                                                                                 : TQKV_MODE_MSE;
-        }
-        size_t cap;
-        j->err[0] = '\0';
-        st = tqkv_page_check_params(&shape, &codec, j->err, TQKV__KV_ERRLEN);
-        if (st == TQKV_OK)
-            st = tqkv_page_size(&shape, &codec, &cap);
-        if (st != TQKV_OK) {
-            j->code = tqkv_status_to_grpc_input(st);
-            if (j->err[0] == '\0')
-                snprintf(j->err, TQKV__KV_ERRLEN, "codec: %s", tqkv_strerror(st));
-            goto done;
-        }
-        page = malloc(cap);
-        if (page == NULL) {
-            j->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-            snprintf(j->err, TQKV__KV_ERRLEN, "out of memory encoding a %zu-byte page", cap);
-            goto done;
-        }
-        double t0 = tqkv__now();
-        st = TQKV_EUNSUPPORTED;
-        if (s->gpu_encode_device >= 0) {
-            /* Any GPU failure falls back to the CPU encoder, which also words the
-             * error for bad input (the device only flags NaN/Inf). */
-            char gerr[TQKV__KV_ERRLEN];
-            st = tqkv__gpu_encode(s->gpu_encode_device, &shape, &codec,
-                                  (const uint16_t *)m->key.data, (const uint16_t *)m->value.data,
-                                  page, cap, &plen, gerr, sizeof gerr);
-            if (st != TQKV_OK && st != TQKV_ERANGE && !atomic_exchange(&s->gpu_encode_warned, 1))
-                tqkv_log(TQKV_LOG_WARN, "GPU encode failed, encoding on the CPU", "why=\"%s\"",
-                         gerr);
-        }
-        if (st != TQKV_OK)
-            st = tqkv_page_encode(&shape, &codec, (const uint16_t *)m->key.data,
-                                  (const uint16_t *)m->value.data, page, cap, &plen, j->err,
-                                  TQKV__KV_ERRLEN);
-        if (st != TQKV_OK) {
-            j->code = tqkv_status_to_grpc_input(st);
-            goto done;
-        }
-        bf16_bytes = m->key.len + m->value.len;
-        tqkv_metrics_codec(s->metrics, 1, bf16_bytes, tqkv__now() - t0);
-        data = page;
-        j->bytes_in = bf16_bytes;
-    }
-    tqkv__fwd_t *fw = c->hop ? NULL : tqkv__fwd_get(s);
-    tqkv__fwd_rank_t rk;
-    if (fw && tqkv__fwd_rank(fw, &rk) == TQKV_OK) {
-        int owned = tqkv__fwd_owned(&rk, m->namespace_, m->hash.data, m->hash.len);
-        tqkv__fwd_rank_free(&rk);
-        if (!owned) { /* one hop to the owner, as the page encoded here */
-            tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
-            st =
-                tqkv__fwd_put(fw, c->authz, m->namespace_, m->hash.data, m->hash.len,
-                              m->parent_hash.len ? m->parent_hash.data : NULL, m->parent_hash.len,
-                              m->layer, &shape, data, plen, &j->duplicate, j->err, TQKV__KV_ERRLEN);
-            if (st != TQKV_OK) {
-                j->code = tqkv_status_to_grpc(st);
-                goto done;
-            }
-            atomic_fetch_add(&s->forwarded, 1);
-            if (!j->duplicate)
-                j->bytes_stored = plen;
-            goto done;
-        }
-    }
-    st = tqkv_store_put_nosync(s->store, &key, m->parent_hash.len ? m->parent_hash.data : NULL,
-                               m->parent_hash.len, data, plen, bf16_bytes, &j->duplicate, &j->sync);
-    if (st != TQKV_OK) {
-        const tqkv_store_config_t *sc = &s->cfg.store;
-        j->code = tqkv_status_to_grpc(st);
-        if (st == TQKV_ENOSPC && sc->default_ns_quota != 0 && plen > sc->default_ns_quota)
-            snprintf(j->err, TQKV__KV_ERRLEN,
-                     "store: a %zu-byte page cannot fit in namespace '%s': its quota is %llu "
-                     "bytes (--ns-quota)",
-                     plen, m->namespace_, (unsigned long long)sc->default_ns_quota);
-        else if (st == TQKV_ENOSPC && plen > sc->dram_capacity && plen > sc->hbm_capacity)
-            snprintf(j->err, TQKV__KV_ERRLEN,
-                     "store: a %zu-byte page is larger than every tier (--dram-capacity %llu, "
-                     "--hbm-capacity %llu)",
-                     plen, (unsigned long long)sc->dram_capacity,
-                     (unsigned long long)sc->hbm_capacity);
-        else if (st == TQKV_ENOSPC)
-            snprintf(j->err, TQKV__KV_ERRLEN,
-                     "store full: no room for a %zu-byte page in namespace '%s' and nothing "
-                     "may be evicted (every candidate is leased by a Lookup, read, or the "
-                     "parent of a kept block; shorter lease_ms or more capacity helps)",
-                     plen, m->namespace_);
-        else
-            snprintf(j->err, TQKV__KV_ERRLEN, "store: %s", tqkv_strerror(st));
-        goto done;
-    }
-    if (!j->duplicate)
-        j->bytes_stored = plen;
-done:
-    free(page);
-    if (m)
-        tqkv__v1__put_request__free_unpacked(m, NULL);
+    put_block_t b = {0};
+    int input;
+    tqkv_status_t st = put_block(j, &b, &input);
+    j->code = st == TQKV_OK ? GRPC_STATUS_OK
+              : input       ? tqkv_status_to_grpc_input(st)
+                            : tqkv_status_to_grpc(st);
+    free(b.page);
+    if (b.m)
+        tqkv__v1__put_request__free_unpacked(b.m, NULL);
     pthread_mutex_lock(&h->mu);
     j->next = h->done;
     h->done = j;
