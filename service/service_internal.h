@@ -189,18 +189,7 @@ struct tqkv_server {
 extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_handler,
     tqkv__delete_handler, tqkv__stats_handler; /* handlers_put.c, handlers_get.c,
                                                   handlers_unary.c */
-extern const tqkv__handler_t tqkv__health_check_handler,
-    tqkv__health_watch_handler; /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and
-                                   on file change. */
-/* Takes a reference to the token table in force (NULL without auth). */
-tqkv_auth_t *tqkv__auth_acquire(tqkv_server_t *s);
-/* Starts the inotify watcher of the token and TLS files' directories (when any is set);
- * a directory that cannot be watched is logged and left to SIGHUP. */
-void tqkv__reload_watch_start(tqkv_server_t *s);
-/* Stops the watcher thread (idempotent). */
-void tqkv__reload_watch_stop(tqkv_server_t *s);
-
-/* health.c */
+extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_handler; /* health.c */
 extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
 extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__open_channel_handler,
     tqkv__close_channel_handler;                     /* handlers_channel.c */
