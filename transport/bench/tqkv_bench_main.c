@@ -1326,13 +1326,175 @@ report_close(FILE *f)
     return fclose(f) != 0 || err ? -1 : 0;
 }
 
-int
-main(int argc, char **argv)
-{
-    static char spawned_addr[128];
-    child_t server = {0};
-    int rc = 1, report_failed = 0;
+/* ---- flags ---- */
 
+#define FLAG_NOT_MINE 1 /* a flag parser's answer: not one of its flags */
+/* a flag that takes a value, when the value is there (consumed: *i moves past it) */
+#define ARG(name) (!strcmp(a, name) && v && ((*i)++, 1))
+
+/* The flags of the workload (what the workers do). 0 when a was one and is good, 2 when
+ * its value is bad (said on stderr), FLAG_NOT_MINE when it is not one. */
+static int
+flag_workload(const char *a, const char *v, int *i)
+{
+    uint32_t u32;
+    if (ARG("--duration")) {
+        if (arg_double("--duration", v, 0, 1e7, "seconds in 0..1e7", &C.duration) != 0)
+            return 2;
+    } else if (ARG("--ops")) {
+        if (arg_u64("--ops", v, 0, UINT64_MAX, &C.ops) != 0)
+            return 2;
+    } else if (ARG("--concurrency")) {
+        if (arg_u32("--concurrency", v, 1, 1024, &u32) != 0)
+            return 2;
+        C.concurrency = (int)u32;
+    } else if (ARG("--model")) {
+        if (set_model(v) != 0) {
+            fprintf(stderr,
+                    "tqkv-bench: --model: unknown model '%s' (llama3-8b, llama3-70b or tiny; "
+                    "or --layers/--kv-heads/--head-dim)\n",
+                    v);
+            return 2;
+        }
+    } else if (ARG("--layers")) {
+        if (arg_u32("--layers", v, 1, 1024, &C.layers) != 0)
+            return 2;
+    } else if (ARG("--kv-heads")) {
+        if (arg_u32("--kv-heads", v, 1, 1024, &C.heads) != 0)
+            return 2;
+    } else if (ARG("--head-dim")) {
+        if (arg_u32("--head-dim", v, 16, 1024, &C.dim) != 0)
+            return 2;
+    } else if (ARG("--block-tokens")) {
+        if (arg_u32("--block-tokens", v, 1, 65536, &C.block_tokens) != 0)
+            return 2;
+    } else if (ARG("--seq-blocks")) {
+        if (arg_u32("--seq-blocks", v, 1, 4096, &C.seq_blocks) != 0)
+            return 2;
+    } else if (ARG("--prefix-reuse")) {
+        if (arg_double("--prefix-reuse", v, 0, 1, "a fraction in 0..1", &C.prefix_reuse) != 0)
+            return 2;
+    } else if (ARG("--phase")) {
+        if (!strcmp(v, "prefill"))
+            C.phase = PH_PREFILL;
+        else if (!strcmp(v, "decode"))
+            C.phase = PH_DECODE;
+        else if (!strcmp(v, "mixed"))
+            C.phase = PH_MIXED;
+        else {
+            fprintf(stderr, "tqkv-bench: --phase prefill|decode|mixed\n");
+            return 2;
+        }
+    } else if (ARG("--transport")) {
+        if (!strcmp(v, "tcp"))
+            C.transport = TQKV_CLIENT_TRANSPORT_TCP;
+        else if (!strcmp(v, "grpc"))
+            C.transport = TQKV_CLIENT_TRANSPORT_GRPC;
+        else {
+            fprintf(stderr, "tqkv-bench: --transport tcp|grpc\n");
+            return 2;
+        }
+    } else if (ARG("--encoding")) {
+        if (!strcmp(v, "packed"))
+            C.encoding = TQKV_CLIENT_PACKED;
+        else if (!strcmp(v, "bf16"))
+            C.encoding = TQKV_CLIENT_BF16;
+        else {
+            fprintf(stderr, "tqkv-bench: --encoding packed|bf16\n");
+            return 2;
+        }
+    } else if (ARG("--key-bits")) {
+        if (arg_bits("--key-bits", v, &C.key_bits) != 0)
+            return 2;
+    } else if (ARG("--value-bits")) {
+        if (arg_bits("--value-bits", v, &C.value_bits) != 0)
+            return 2;
+    } else if (ARG("--namespace")) {
+        C.ns = v;
+    } else if (ARG("--working-set")) {
+        if (arg_u32("--working-set", v, 0, 1u << 24, &C.working_set) != 0)
+            return 2;
+    } else if (ARG("--lease-ms")) {
+        if (arg_u32("--lease-ms", v, 0, 3600000, &C.lease_ms) != 0)
+            return 2;
+    } else if (!strcmp(a, "--client-encode")) {
+        C.client_encode = 1;
+    } else if (ARG("--verify-every")) {
+        if (arg_u32("--verify-every", v, 0, 1u << 30, &u32) != 0)
+            return 2;
+        C.verify_every = (int)u32;
+    } else if (ARG("--seed")) {
+        if (arg_u64("--seed", v, 0, UINT64_MAX, &C.seed) != 0)
+            return 2;
+    } else {
+        return FLAG_NOT_MINE;
+    }
+    return 0;
+}
+
+/* The flags of the set-up (targets, servers, reports, security), answered as by
+ * flag_workload. */
+static int
+flag_setup(const char *a, const char *v, int *i)
+{
+    if (ARG("--target")) {
+        if (C.ntargets == MAX_TARGETS) {
+            fprintf(stderr, "tqkv-bench: --target: more than %d targets\n", MAX_TARGETS);
+            return 2;
+        }
+        C.targets[C.ntargets++] = v;
+    } else if (ARG("--json")) {
+        C.json = v;
+    } else if (ARG("--csv")) {
+        C.csv = v;
+    } else if (ARG("--dns-server")) {
+        C.dns = v;
+    } else if (ARG("--resolve-interval-ms")) {
+        if (arg_u32("--resolve-interval-ms", v, 1, 3600000, &C.resolve_ms) != 0)
+            return 2;
+    } else if (ARG("--tls-ca")) {
+        C.tls_ca = v;
+    } else if (ARG("--tls-target-name")) {
+        C.tls_name = v;
+    } else if (ARG("--token")) {
+        C.token = v;
+    } else if (!strcmp(a, "--no-baselines")) {
+        C.baselines = 0;
+    } else if (ARG("--spawn-server")) {
+        C.spawn = v;
+    } else if (ARG("--server-arg")) {
+        if (C.nserver_args >= MAX_SERVER_ARGS) {
+            fprintf(stderr, "tqkv-bench: --server-arg: more than %d server arguments\n",
+                    MAX_SERVER_ARGS);
+            return 2;
+        }
+        C.server_args[C.nserver_args++] = v;
+    } else if (ARG("--dram-capacity")) {
+        if (C.nserver_args + 2 > MAX_SERVER_ARGS) {
+            fprintf(stderr, "tqkv-bench: --dram-capacity: more than %d server arguments\n",
+                    MAX_SERVER_ARGS);
+            return 2;
+        }
+        C.server_args[C.nserver_args++] = "--dram-capacity";
+        C.server_args[C.nserver_args++] = v;
+    } else if (ARG("--replicas")) {
+        if (arg_u32("--replicas", v, 1, MAX_TARGETS, &C.replicas) != 0)
+            return 2;
+    } else if (ARG("--channels")) {
+        if (arg_u32("--channels", v, 0, 1024, &C.channels) != 0)
+            return 2;
+    } else {
+        return FLAG_NOT_MINE;
+    }
+    return 0;
+}
+#undef ARG
+
+/* The defaults, then the flags, into C. Returns -1 to run, else the exit status (0 after
+ * --help or --version, 2 on bad flags, said on stderr). */
+static int
+parse_flags(int argc, char **argv)
+{
     C.duration = 10;
     C.concurrency = 4;
     C.block_tokens = 256;
@@ -1352,142 +1514,12 @@ main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(name) (!strcmp(a, name) && v && (i++, 1))
-        uint32_t u32;
-        if (ARG("--target")) {
-            if (C.ntargets == MAX_TARGETS) {
-                fprintf(stderr, "tqkv-bench: --target: more than %d targets\n", MAX_TARGETS);
-                return 2;
-            }
-            C.targets[C.ntargets++] = v;
-        } else if (ARG("--duration")) {
-            if (arg_double("--duration", v, 0, 1e7, "seconds in 0..1e7", &C.duration) != 0)
-                return 2;
-        } else if (ARG("--ops")) {
-            if (arg_u64("--ops", v, 0, UINT64_MAX, &C.ops) != 0)
-                return 2;
-        } else if (ARG("--concurrency")) {
-            if (arg_u32("--concurrency", v, 1, 1024, &u32) != 0)
-                return 2;
-            C.concurrency = (int)u32;
-        } else if (ARG("--model")) {
-            if (set_model(v) != 0) {
-                fprintf(stderr,
-                        "tqkv-bench: --model: unknown model '%s' (llama3-8b, llama3-70b or tiny; "
-                        "or --layers/--kv-heads/--head-dim)\n",
-                        v);
-                return 2;
-            }
-        } else if (ARG("--layers")) {
-            if (arg_u32("--layers", v, 1, 1024, &C.layers) != 0)
-                return 2;
-        } else if (ARG("--kv-heads")) {
-            if (arg_u32("--kv-heads", v, 1, 1024, &C.heads) != 0)
-                return 2;
-        } else if (ARG("--head-dim")) {
-            if (arg_u32("--head-dim", v, 16, 1024, &C.dim) != 0)
-                return 2;
-        } else if (ARG("--block-tokens")) {
-            if (arg_u32("--block-tokens", v, 1, 65536, &C.block_tokens) != 0)
-                return 2;
-        } else if (ARG("--seq-blocks")) {
-            if (arg_u32("--seq-blocks", v, 1, 4096, &C.seq_blocks) != 0)
-                return 2;
-        } else if (ARG("--prefix-reuse")) {
-            if (arg_double("--prefix-reuse", v, 0, 1, "a fraction in 0..1", &C.prefix_reuse) != 0)
-                return 2;
-        } else if (ARG("--phase")) {
-            if (!strcmp(v, "prefill"))
-                C.phase = PH_PREFILL;
-            else if (!strcmp(v, "decode"))
-                C.phase = PH_DECODE;
-            else if (!strcmp(v, "mixed"))
-                C.phase = PH_MIXED;
-            else {
-                fprintf(stderr, "tqkv-bench: --phase prefill|decode|mixed\n");
-                return 2;
-            }
-        } else if (ARG("--transport")) {
-            if (!strcmp(v, "tcp"))
-                C.transport = TQKV_CLIENT_TRANSPORT_TCP;
-            else if (!strcmp(v, "grpc"))
-                C.transport = TQKV_CLIENT_TRANSPORT_GRPC;
-            else {
-                fprintf(stderr, "tqkv-bench: --transport tcp|grpc\n");
-                return 2;
-            }
-        } else if (ARG("--encoding")) {
-            if (!strcmp(v, "packed"))
-                C.encoding = TQKV_CLIENT_PACKED;
-            else if (!strcmp(v, "bf16"))
-                C.encoding = TQKV_CLIENT_BF16;
-            else {
-                fprintf(stderr, "tqkv-bench: --encoding packed|bf16\n");
-                return 2;
-            }
-        } else if (ARG("--key-bits")) {
-            if (arg_bits("--key-bits", v, &C.key_bits) != 0)
-                return 2;
-        } else if (ARG("--value-bits")) {
-            if (arg_bits("--value-bits", v, &C.value_bits) != 0)
-                return 2;
-        } else if (ARG("--namespace")) {
-            C.ns = v;
-        } else if (ARG("--json")) {
-            C.json = v;
-        } else if (ARG("--csv")) {
-            C.csv = v;
-        } else if (ARG("--dns-server")) {
-            C.dns = v;
-        } else if (ARG("--resolve-interval-ms")) {
-            if (arg_u32("--resolve-interval-ms", v, 1, 3600000, &C.resolve_ms) != 0)
-                return 2;
-        } else if (ARG("--tls-ca")) {
-            C.tls_ca = v;
-        } else if (ARG("--tls-target-name")) {
-            C.tls_name = v;
-        } else if (ARG("--token")) {
-            C.token = v;
-        } else if (!strcmp(a, "--no-baselines")) {
-            C.baselines = 0;
-        } else if (ARG("--spawn-server")) {
-            C.spawn = v;
-        } else if (ARG("--server-arg")) {
-            if (C.nserver_args >= MAX_SERVER_ARGS) {
-                fprintf(stderr, "tqkv-bench: --server-arg: more than %d server arguments\n",
-                        MAX_SERVER_ARGS);
-                return 2;
-            }
-            C.server_args[C.nserver_args++] = v;
-        } else if (ARG("--dram-capacity")) {
-            if (C.nserver_args + 2 > MAX_SERVER_ARGS) {
-                fprintf(stderr, "tqkv-bench: --dram-capacity: more than %d server arguments\n",
-                        MAX_SERVER_ARGS);
-                return 2;
-            }
-            C.server_args[C.nserver_args++] = "--dram-capacity";
-            C.server_args[C.nserver_args++] = v;
-        } else if (ARG("--replicas")) {
-            if (arg_u32("--replicas", v, 1, MAX_TARGETS, &C.replicas) != 0)
-                return 2;
-        } else if (ARG("--channels")) {
-            if (arg_u32("--channels", v, 0, 1024, &C.channels) != 0)
-                return 2;
-        } else if (ARG("--working-set")) {
-            if (arg_u32("--working-set", v, 0, 1u << 24, &C.working_set) != 0)
-                return 2;
-        } else if (ARG("--lease-ms")) {
-            if (arg_u32("--lease-ms", v, 0, 3600000, &C.lease_ms) != 0)
-                return 2;
-        } else if (!strcmp(a, "--client-encode")) {
-            C.client_encode = 1;
-        } else if (ARG("--verify-every")) {
-            if (arg_u32("--verify-every", v, 0, 1u << 30, &u32) != 0)
-                return 2;
-            C.verify_every = (int)u32;
-        } else if (ARG("--seed")) {
-            if (arg_u64("--seed", v, 0, UINT64_MAX, &C.seed) != 0)
-                return 2;
+        int r = flag_workload(a, v, &i);
+        if (r == FLAG_NOT_MINE)
+            r = flag_setup(a, v, &i);
+        if (r != FLAG_NOT_MINE) {
+            if (r != 0)
+                return r;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
             return 0;
@@ -1499,7 +1531,6 @@ main(int argc, char **argv)
             usage();
             return 2;
         }
-#undef ARG
     }
     if (C.ntargets == 0 && C.spawn == NULL) {
         fprintf(stderr, "tqkv-bench: give --target HOST:PORT or --spawn-server PATH\n");
@@ -1519,54 +1550,70 @@ main(int argc, char **argv)
     if ((C.json && strcmp(C.json, "-") && probe_writable("--json", C.json) != 0) ||
         (C.csv && probe_writable("--csv", C.csv) != 0))
         return 2;
-    signal(SIGPIPE, SIG_IGN);
+    return -1;
+}
 
+/* ---- the run ---- */
+
+/* The random BF16 pool block contents are windows of, the verify table, and the
+ * content-check self-test. 0, or -1 (said on stderr). */
+static int
+data_init(void)
+{
     block_elems = (size_t)C.block_tokens * C.heads * C.dim;
     data_elems = block_elems * 2 + ((size_t)8 << 20);
     data_pool = malloc(data_elems * sizeof *data_pool);
     vtab = calloc((size_t)1 << VTAB_BITS, sizeof *vtab);
     if (data_pool == NULL || vtab == NULL) {
         fprintf(stderr, "tqkv-bench: out of memory\n");
-        return 1;
+        return -1;
     }
-    {
-        uint64_t s = C.seed;
-        for (size_t i = 0; i < data_elems; i += 2) {
-            double u1 = rndu(&s) + 1e-12, u2 = rndu(&s);
-            double r = sqrt(-2 * log(u1));
-            data_pool[i] = f2bf((float)(r * cos(6.283185307179586 * u2)));
-            if (i + 1 < data_elems)
-                data_pool[i + 1] = f2bf((float)(r * sin(6.283185307179586 * u2)));
-        }
+    uint64_t s = C.seed;
+    for (size_t i = 0; i < data_elems; i += 2) {
+        double u1 = rndu(&s) + 1e-12, u2 = rndu(&s);
+        double r = sqrt(-2 * log(u1));
+        data_pool[i] = f2bf((float)(r * cos(6.283185307179586 * u2)));
+        if (i + 1 < data_elems)
+            data_pool[i + 1] = f2bf((float)(r * sin(6.283185307179586 * u2)));
     }
-
     if (rel_err_selftest() != 0) {
         fprintf(stderr, "tqkv-bench: content-check self-test failed (fast vs reference)\n");
-        return 1;
+        return -1;
     }
+    return 0;
+}
 
-    if (C.spawn) {
-        char *sargv[MAX_SERVER_ARGS + 8];
-        int n = 0;
-        sargv[n++] = (char *)C.spawn;
-        sargv[n++] = "--listen";
+/* --spawn-server: starts it on a free port and makes it the target. 0 or -1. */
+static int
+spawn_server(child_t *server)
+{
+    static char spawned_addr[128];
+    char *sargv[MAX_SERVER_ARGS + 8];
+    int n = 0;
+    sargv[n++] = (char *)C.spawn;
+    sargv[n++] = "--listen";
+    sargv[n++] = "127.0.0.1:0";
+    if (C.transport == TQKV_CLIENT_TRANSPORT_TCP) {
+        sargv[n++] = "--data-listen";
         sargv[n++] = "127.0.0.1:0";
-        if (C.transport == TQKV_CLIENT_TRANSPORT_TCP) {
-            sargv[n++] = "--data-listen";
-            sargv[n++] = "127.0.0.1:0";
-        }
-        for (int i = 0; i < C.nserver_args; i++)
-            sargv[n++] = (char *)C.server_args[i];
-        sargv[n] = NULL;
-        if (child_start(&server, sargv, 1, spawned_addr, sizeof spawned_addr) != 0) {
-            fprintf(stderr, "tqkv-bench: %s did not report 'listening on HOST:PORT'\n", C.spawn);
-            return 1;
-        }
-        C.targets[C.ntargets++] = spawned_addr;
-        fprintf(stderr, "tqkv-bench: spawned %s on %s (pid %d)\n", C.spawn, spawned_addr,
-                (int)server.pid);
     }
+    for (int i = 0; i < C.nserver_args; i++)
+        sargv[n++] = (char *)C.server_args[i];
+    sargv[n] = NULL;
+    if (child_start(server, sargv, 1, spawned_addr, sizeof spawned_addr) != 0) {
+        fprintf(stderr, "tqkv-bench: %s did not report 'listening on HOST:PORT'\n", C.spawn);
+        return -1;
+    }
+    C.targets[C.ntargets++] = spawned_addr;
+    fprintf(stderr, "tqkv-bench: spawned %s on %s (pid %d)\n", C.spawn, spawned_addr,
+            (int)server->pid);
+    return 0;
+}
 
+/* The workers' client options. */
+static tqkv_client_opts_t
+client_opts(void)
+{
     tqkv_client_opts_t co = {
         .targets = C.targets,
         .num_targets = C.ntargets,
@@ -1588,50 +1635,50 @@ main(int argc, char **argv)
         .wait_for_ready = 0,
         .deadline_ms =
             C.duration > 0 && C.duration < 45 ? (uint32_t)(C.duration * 1000) + 15000 : 60000};
-    tqkv_client_t *cl;
-    if (tqkv_client_create(&co, &cl) != TQKV_OK) {
-        fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
-        goto out_server;
-    }
-    /* Every target answers health before the run: calls wait for a connection (one
-     * target) up to their 60 s deadline, so an unreachable or mistyped target would
-     * otherwise hang every worker for a minute per call and still exit with a table. */
-    {
-        tqkv_client_opts_t po = co;
-        tqkv_client_t *probe;
-        po.replicas = 1;
-        po.channels_per_target = 1;
-        po.wait_for_ready = 1;
-        po.deadline_ms = 15000;
-        if (tqkv_client_create(&po, &probe) != TQKV_OK) {
-            fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
-            tqkv_client_destroy(cl);
-            goto out_server;
-        }
-        int unready = 0;
-        for (size_t t = 0; t < C.ntargets; t++) {
-            int serving = 0;
-            if (tqkv_client_health(probe, t, "", &serving) != TQKV_OK) {
-                const tqkv_client_error_t *e = tqkv_client_last_error();
-                /* a TLS server seen in plaintext only times out: say what to try */
-                fprintf(stderr, "tqkv-bench: %s: not reachable (%s: %s)%s\n", C.targets[t],
-                        tqkv_status_name(e->status), e->message,
-                        C.tls_ca ? "" : "; if the server uses TLS, give --tls-ca FILE");
-                unready++;
-            } else if (serving != 1) {
-                fprintf(stderr, "tqkv-bench: %s: health status %d, not SERVING\n", C.targets[t],
-                        serving);
-                unready++;
-            }
-        }
-        tqkv_client_destroy(probe);
-        if (unready) {
-            tqkv_client_destroy(cl);
-            goto out_server;
-        }
-    }
+    return co;
+}
 
-    worker_t *ws = calloc((size_t)C.concurrency, sizeof *ws);
+/* Every target answers health before the run: calls wait for a connection (one
+ * target) up to their 60 s deadline, so an unreachable or mistyped target would
+ * otherwise hang every worker for a minute per call and still exit with a table.
+ * 0 when every target is SERVING, else -1 (said on stderr). */
+static int
+probe_targets(const tqkv_client_opts_t *co)
+{
+    tqkv_client_opts_t po = *co;
+    tqkv_client_t *probe;
+    po.replicas = 1;
+    po.channels_per_target = 1;
+    po.wait_for_ready = 1;
+    po.deadline_ms = 15000;
+    if (tqkv_client_create(&po, &probe) != TQKV_OK) {
+        fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
+        return -1;
+    }
+    int unready = 0;
+    for (size_t t = 0; t < C.ntargets; t++) {
+        int serving = 0;
+        if (tqkv_client_health(probe, t, "", &serving) != TQKV_OK) {
+            const tqkv_client_error_t *e = tqkv_client_last_error();
+            /* a TLS server seen in plaintext only times out: say what to try */
+            fprintf(stderr, "tqkv-bench: %s: not reachable (%s: %s)%s\n", C.targets[t],
+                    tqkv_status_name(e->status), e->message,
+                    C.tls_ca ? "" : "; if the server uses TLS, give --tls-ca FILE");
+            unready++;
+        } else if (serving != 1) {
+            fprintf(stderr, "tqkv-bench: %s: health status %d, not SERVING\n", C.targets[t],
+                    serving);
+            unready++;
+        }
+    }
+    tqkv_client_destroy(probe);
+    return unready ? -1 : 0;
+}
+
+/* Sets up the C.concurrency workers of ws (zeroed) on client cl. 0 or -1 (said). */
+static int
+workers_init(worker_t *ws, tqkv_client_t *cl)
+{
     for (int i = 0; i < C.concurrency; i++) {
         ws[i].id = i;
         ws[i].cl = cl;
@@ -1652,7 +1699,7 @@ main(int argc, char **argv)
         }
         if (ws[i].kf == NULL || ws[i].vf == NULL || (C.client_encode && ws[i].page == NULL)) {
             fprintf(stderr, "tqkv-bench: out of memory\n");
-            goto out_client;
+            return -1;
         }
     }
     if (C.phase == PH_DECODE) {
@@ -1662,30 +1709,95 @@ main(int argc, char **argv)
             op_prefill(&ws[i % (uint32_t)C.concurrency], 0);
         if (pool.n == 0) {
             fprintf(stderr, "tqkv-bench: could not store the working set\n");
-            goto out_client;
+            return -1;
         }
     }
-    atomic_store(&K.errors, 0);
+    return 0;
+}
 
-    FILE *csv = C.csv ? fopen(C.csv, "w") : NULL;
-    if (C.csv && csv == NULL) {
-        fprintf(stderr, "tqkv-bench: --csv %s: %s\n", C.csv, strerror(errno));
-        goto out_client;
+static void
+workers_free(worker_t *ws)
+{
+    for (int i = 0; i < C.concurrency; i++) {
+        free(ws[i].put.v);
+        free(ws[i].lookup.v);
+        free(ws[i].get.v);
+        free(ws[i].first.v);
+        free(ws[i].kf);
+        free(ws[i].vf);
+        free(ws[i].page);
     }
+    free(ws);
+}
+
+/* The counters at the last line of a progress report. */
+typedef struct mark {
+    uint64_t put, get, wire, pages, asked, hit;
+    double t;
+} mark_t;
+
+/* The once-a-second line: \r-rewritten on a terminal, and a row of the --csv series. */
+static void
+progress_second(FILE *csv, tqkv_client_t *cl, int tty, double t0, double t, mark_t *l)
+{
+    uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),
+             w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
+    double dt = t - l->t;
+    uint64_t asked = atomic_load(&K.lookup_asked);
+    uint64_t hit = atomic_load(&K.lookup_hit);
+    double hr = asked ? (double)hit / (double)asked : 0;
+    double hri = asked > l->asked ? (double)(hit - l->hit) / (double)(asked - l->asked) : 0;
+    if (tty)
+        fprintf(stderr,
+                "\r[%5.1fs] put %6.2f GB/s  get %6.2f GB/s bf16-eq (%5.2f wire)  %8.0f "
+                "pages/s  hit %5.1f%%  verify-fail %" PRIu64 "  err %" PRIu64 "   ",
+                t - t0, (double)(p - l->put) / dt / 1e9, (double)(g - l->get) / dt / 1e9,
+                (double)(w - l->wire) / dt / 1e9, (double)(pg - l->pages) / dt, hr * 100,
+                atomic_load(&K.verify_failures), atomic_load(&K.errors));
     if (csv)
-        fprintf(csv, "t_s,put_gbps,get_bf16_gbps,get_wire_gbps,pages_per_s,hit_rate,"
-                     "verify_failures,errors,hit_rate_interval,targets\n");
+        fprintf(csv, "%.2f,%.4f,%.4f,%.4f,%.1f,%.4f,%" PRIu64 ",%" PRIu64 ",%.4f,%zu\n", t - t0,
+                (double)(p - l->put) / dt / 1e9, (double)(g - l->get) / dt / 1e9,
+                (double)(w - l->wire) / dt / 1e9, (double)(pg - l->pages) / dt, hr,
+                atomic_load(&K.verify_failures), atomic_load(&K.errors), hri,
+                tqkv_client_num_targets(cl));
+    if (csv)
+        fflush(csv); /* a live time series: plot it while the run goes on */
+    *l = (mark_t){p, g, w, pg, asked, hit, t};
+}
+
+/* Not a terminal (a Kubernetes Job's log, a CI file): a whole progress line every
+ * PROGRESS_S seconds instead of the \r-rewritten one, so the log shows the run is alive. */
+static void
+progress_line(double t0, double t, int running, mark_t *q)
+{
+    uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),
+             w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
+    double dt = t - q->t > 1e-9 ? t - q->t : 1e-9;
+    uint64_t asked = atomic_load(&K.lookup_asked);
+    fprintf(stderr,
+            "tqkv-bench: progress %.1fs%s put %.2f GB/s get %.2f GB/s bf16-eq (%.2f "
+            "wire) %.0f pages/s hit %.1f%% ops %" PRIu64 " verify-fail %" PRIu64 " err %" PRIu64
+            "\n",
+            t - t0, running ? "" : " (end)", (double)(p - q->put) / dt / 1e9,
+            (double)(g - q->get) / dt / 1e9, (double)(w - q->wire) / dt / 1e9,
+            (double)(pg - q->pages) / dt,
+            asked ? 100.0 * (double)atomic_load(&K.lookup_hit) / (double)asked : 0.0,
+            (uint64_t)atomic_load(&K.ops), atomic_load(&K.verify_failures), atomic_load(&K.errors));
+    fflush(stderr);
+    q->put = p, q->get = g, q->wire = w, q->pages = pg, q->t = t;
+}
+
+/* Runs the workers until --duration or --ops, reporting progress; returns the seconds
+ * it took. */
+static double
+run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
+{
+    const double PROGRESS_S = 5.0;
     int tty = isatty(2);
     double t0 = now_s();
     for (int i = 0; i < C.concurrency; i++)
         pthread_create(&ws[i].th, NULL, worker_main, &ws[i]);
-    uint64_t lp = 0, lg = 0, lw = 0, lpg = 0, la = 0, lh = 0;
-    double lt = t0;
-    /* Not a terminal (a Kubernetes Job's log, a CI file): a whole progress line every
-     * PROGRESS_S seconds instead of the \r-rewritten one, so the log shows the run is alive. */
-    const double PROGRESS_S = 5.0;
-    uint64_t qp = 0, qg = 0, qw = 0, qpg = 0;
-    double qt = t0;
+    mark_t l = {.t = t0}, q = {.t = t0};
     int running = 1;
     while (running) {
         usleep(100000);
@@ -1696,127 +1808,149 @@ main(int argc, char **argv)
             atomic_store(&K.stop, 1);
         if (atomic_load(&K.stop))
             running = 0;
-        if (t - lt >= 1.0 || !running) {
-            uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),
-                     w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
-            double dt = t - lt;
-            uint64_t asked = atomic_load(&K.lookup_asked);
-            uint64_t hit = atomic_load(&K.lookup_hit);
-            double hr = asked ? (double)hit / (double)asked : 0;
-            double hri = asked > la ? (double)(hit - lh) / (double)(asked - la) : 0;
-            if (tty)
-                fprintf(stderr,
-                        "\r[%5.1fs] put %6.2f GB/s  get %6.2f GB/s bf16-eq (%5.2f wire)  %8.0f "
-                        "pages/s  hit %5.1f%%  verify-fail %" PRIu64 "  err %" PRIu64 "   ",
-                        t - t0, (double)(p - lp) / dt / 1e9, (double)(g - lg) / dt / 1e9,
-                        (double)(w - lw) / dt / 1e9, (double)(pg - lpg) / dt, hr * 100,
-                        atomic_load(&K.verify_failures), atomic_load(&K.errors));
-            if (csv)
-                fprintf(csv, "%.2f,%.4f,%.4f,%.4f,%.1f,%.4f,%" PRIu64 ",%" PRIu64 ",%.4f,%zu\n",
-                        t - t0, (double)(p - lp) / dt / 1e9, (double)(g - lg) / dt / 1e9,
-                        (double)(w - lw) / dt / 1e9, (double)(pg - lpg) / dt, hr,
-                        atomic_load(&K.verify_failures), atomic_load(&K.errors), hri,
-                        tqkv_client_num_targets(cl));
-            if (csv)
-                fflush(csv); /* a live time series: plot it while the run goes on */
-            lp = p, lg = g, lw = w, lpg = pg, lt = t, la = asked, lh = hit;
-        }
-        if (!tty && (t - qt >= PROGRESS_S || !running)) {
-            uint64_t p = atomic_load(&K.put_bf16), g = atomic_load(&K.get_bf16),
-                     w = atomic_load(&K.get_wire), pg = atomic_load(&K.get_found);
-            double dt = t - qt > 1e-9 ? t - qt : 1e-9;
-            uint64_t asked = atomic_load(&K.lookup_asked);
-            fprintf(stderr,
-                    "tqkv-bench: progress %.1fs%s put %.2f GB/s get %.2f GB/s bf16-eq (%.2f "
-                    "wire) %.0f pages/s hit %.1f%% ops %" PRIu64 " verify-fail %" PRIu64
-                    " err %" PRIu64 "\n",
-                    t - t0, running ? "" : " (end)", (double)(p - qp) / dt / 1e9,
-                    (double)(g - qg) / dt / 1e9, (double)(w - qw) / dt / 1e9,
-                    (double)(pg - qpg) / dt,
-                    asked ? 100.0 * (double)atomic_load(&K.lookup_hit) / (double)asked : 0.0,
-                    (uint64_t)atomic_load(&K.ops), atomic_load(&K.verify_failures),
-                    atomic_load(&K.errors));
-            fflush(stderr);
-            qp = p, qg = g, qw = w, qpg = pg, qt = t;
-        }
+        if (t - l.t >= 1.0 || !running)
+            progress_second(csv, cl, tty, t0, t, &l);
+        if (!tty && (t - q.t >= PROGRESS_S || !running))
+            progress_line(t0, t, running, &q);
     }
     for (int i = 0; i < C.concurrency; i++)
         pthread_join(ws[i].th, NULL);
     double elapsed = now_s() - t0;
     if (tty)
         fputc('\n', stderr);
-    if (csv && report_close(csv) != 0) {
-        fprintf(stderr, "tqkv-bench: --csv %s: write failed: %s\n", C.csv, strerror(errno));
-        report_failed = 1;
-    }
+    return elapsed;
+}
 
+/* What a run measured, for the report. */
+typedef struct result {
+    double elapsed, put_gbps, put_wire_gbps, bf16_gbps, wire_gbps, pages_s, hit;
+    pct_t pp, pl, pgt, pf; /* latency: Put, Lookup, Get, Get's first page */
+    int have_stats;
     tqkv_client_stats_t sst;
-    int have_stats = tqkv_client_stats(cl, C.ns, &sst) == TQKV_OK;
+    /* baselines (-1: not run) */
+    double tcp, tcp_block, redis, tls, cipher_gbps;
+    char tls_suite[64];
+    size_t msg, wmsg; /* the BF16 block's bytes; the raw TCP message's */
+} result_t;
 
-    double put_gbps = (double)K.put_bf16 / elapsed / 1e9;
-    double put_wire_gbps = (double)K.put_wire / elapsed / 1e9;
-    double bf16_gbps = (double)K.get_bf16 / elapsed / 1e9;
-    double wire_gbps = (double)K.get_wire / elapsed / 1e9;
-    double pages_s = (double)K.get_found / elapsed;
-    double hit = K.lookup_asked ? (double)K.lookup_hit / (double)K.lookup_asked : 0;
-    pct_t pp = percentiles(ws, C.concurrency, offsetof(worker_t, put));
-    pct_t pl = percentiles(ws, C.concurrency, offsetof(worker_t, lookup));
-    pct_t pgt = percentiles(ws, C.concurrency, offsetof(worker_t, get));
-    pct_t pf = percentiles(ws, C.concurrency, offsetof(worker_t, first));
-
-    double tcp = -1, tcp_block = -1, redis = -1, tls = -1, cipher_gbps = 0;
-    char tls_suite[64] = "";
-    size_t msg = block_elems * 4, wmsg = msg;
-    if (C.baselines) {
-        size_t total = K.get_wire > K.put_wire ? K.get_wire : K.put_wire;
-        if (total < ((size_t)256 << 20))
-            total = (size_t)256 << 20;
-        if (total > ((size_t)2 << 30))
-            total = (size_t)2 << 30;
-        /* The raw pair sends what tqkv sent, in messages of the same size: the mean Get
-         * message when Gets ran (packed pages), else the BF16 block of a Put. It also runs at
-         * the BF16 block size, which a reader may compare with the Redis row. */
-        uint64_t nget = K.get_found + K.get_missing;
-        wmsg = nget && K.get_wire ? (size_t)(K.get_wire / nget) : msg;
-        if (wmsg < 4096)
-            wmsg = 4096;
-        size_t tw = total - total % wmsg, tb = total - total % msg;
-        /* Best of three: the loopback ceiling on a machine that may be busy. */
-        for (int rep = 0; rep < 3; rep++) {
-            double r =
-                baseline_tcp(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2, C.concurrency);
-            if (r > tcp)
-                tcp = r;
-            if (wmsg != msg) {
-                r = baseline_tcp(tb, msg, (const uint8_t *)data_pool, data_elems * 2,
-                                 C.concurrency);
-                if (r > tcp_block)
-                    tcp_block = r;
-            }
-        }
-        if (wmsg == msg)
-            tcp_block = tcp;
-        if (have_redis())
-            redis = baseline_redis(msg, C.concurrency, C.duration < 3 ? C.duration : 3);
-        if (C.tls_ca) {
-            /* A TLS run: the ceiling is a raw TLS pair with the data channels' settings
-             * (same suite, same record batching), and the cipher's own speed. */
-            for (int rep = 0; rep < 3; rep++) {
-                char suite[64];
-                double r = tqkv_bench_tls_pair(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2,
-                                               C.concurrency, suite, sizeof suite);
-                if (r > tls) {
-                    tls = r;
-                    snprintf(tls_suite, sizeof tls_suite, "%s", suite);
-                }
-            }
-            cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
+/* The baselines of the same run: raw TCP loopback, Redis GET, raw TLS and the cipher. */
+static void
+run_baselines(result_t *r)
+{
+    size_t total = K.get_wire > K.put_wire ? K.get_wire : K.put_wire;
+    if (total < ((size_t)256 << 20))
+        total = (size_t)256 << 20;
+    if (total > ((size_t)2 << 30))
+        total = (size_t)2 << 30;
+    /* The raw pair sends what tqkv sent, in messages of the same size: the mean Get
+     * message when Gets ran (packed pages), else the BF16 block of a Put. It also runs at
+     * the BF16 block size, which a reader may compare with the Redis row. */
+    size_t msg = r->msg;
+    uint64_t nget = K.get_found + K.get_missing;
+    r->wmsg = nget && K.get_wire ? (size_t)(K.get_wire / nget) : msg;
+    if (r->wmsg < 4096)
+        r->wmsg = 4096;
+    size_t wmsg = r->wmsg;
+    size_t tw = total - total % wmsg, tb = total - total % msg;
+    /* Best of three: the loopback ceiling on a machine that may be busy. */
+    for (int rep = 0; rep < 3; rep++) {
+        double x =
+            baseline_tcp(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2, C.concurrency);
+        if (x > r->tcp)
+            r->tcp = x;
+        if (wmsg != msg) {
+            x = baseline_tcp(tb, msg, (const uint8_t *)data_pool, data_elems * 2, C.concurrency);
+            if (x > r->tcp_block)
+                r->tcp_block = x;
         }
     }
+    if (wmsg == msg)
+        r->tcp_block = r->tcp;
+    if (have_redis())
+        r->redis = baseline_redis(msg, C.concurrency, C.duration < 3 ? C.duration : 3);
+    if (C.tls_ca) {
+        /* A TLS run: the ceiling is a raw TLS pair with the data channels' settings
+         * (same suite, same record batching), and the cipher's own speed. */
+        for (int rep = 0; rep < 3; rep++) {
+            char suite[64];
+            double x = tqkv_bench_tls_pair(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2,
+                                           C.concurrency, suite, sizeof suite);
+            if (x > r->tls) {
+                r->tls = x;
+                snprintf(r->tls_suite, sizeof r->tls_suite, "%s", suite);
+            }
+        }
+        r->cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
+    }
+}
 
-    FILE *o = stdout;
+/* The run's results: rates, latency percentiles, the server's stats, the baselines. */
+static void
+results(result_t *r, worker_t *ws, tqkv_client_t *cl, double elapsed)
+{
+    memset(r, 0, sizeof *r);
+    r->elapsed = elapsed;
+    r->have_stats = tqkv_client_stats(cl, C.ns, &r->sst) == TQKV_OK;
+    r->put_gbps = (double)K.put_bf16 / elapsed / 1e9;
+    r->put_wire_gbps = (double)K.put_wire / elapsed / 1e9;
+    r->bf16_gbps = (double)K.get_bf16 / elapsed / 1e9;
+    r->wire_gbps = (double)K.get_wire / elapsed / 1e9;
+    r->pages_s = (double)K.get_found / elapsed;
+    r->hit = K.lookup_asked ? (double)K.lookup_hit / (double)K.lookup_asked : 0;
+    r->pp = percentiles(ws, C.concurrency, offsetof(worker_t, put));
+    r->pl = percentiles(ws, C.concurrency, offsetof(worker_t, lookup));
+    r->pgt = percentiles(ws, C.concurrency, offsetof(worker_t, get));
+    r->pf = percentiles(ws, C.concurrency, offsetof(worker_t, first));
+    r->tcp = r->tcp_block = r->redis = r->tls = -1;
+    r->msg = r->wmsg = block_elems * 4;
+    if (C.baselines)
+        run_baselines(r);
+}
+
+/* ---- the report ---- */
+
+/* The baselines' rows of the text report. */
+static void
+print_baselines(FILE *o, const result_t *r)
+{
+    fprintf(o, "  baselines (same run; raw TCP in %.1f KiB messages, the mean Get message)\n",
+            (double)r->wmsg / 1024.0);
+    char lbl[64];
+    snprintf(lbl, sizeof lbl, "raw TCP loopback GB/s, %d conn%s", C.concurrency,
+             C.concurrency == 1 ? "" : "s");
+    fprintf(o, "  %-34s %12.3f  (best of 3; one per worker)\n", lbl, r->tcp);
+    if (r->wmsg != r->msg)
+        fprintf(o, "  %-34s %12.3f\n", "raw TCP, BF16-block messages", r->tcp_block);
+    if (r->redis >= 0)
+        fprintf(o, "  %-34s %12.3f\n", "Redis GET GB/s", r->redis);
+    else
+        fprintf(o, "  %-34s %12s\n", "Redis GET GB/s", "n/a");
+    if (r->tcp > 0)
+        fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TCP", r->wire_gbps / r->tcp);
+    if (r->tcp > 0)
+        fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / raw TCP", r->bf16_gbps / r->tcp);
+    if (r->redis > 0)
+        fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / Redis", r->bf16_gbps / r->redis);
+    if (C.tls_ca) {
+        snprintf(lbl, sizeof lbl, "raw TLS loopback GB/s, %d conn%s", C.concurrency,
+                 C.concurrency == 1 ? "" : "s");
+        fprintf(o, "  %-34s %12.3f  (%s; best of 3)\n", lbl, r->tls,
+                r->tls_suite[0] ? r->tls_suite : "TLS pair failed");
+        fprintf(o, "  %-34s %12.3f  (openssl speed -evp, 16 KiB, one core)\n",
+                "AES-128-GCM cipher GB/s", r->cipher_gbps);
+        if (r->tls > 0)
+            fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS", r->wire_gbps / r->tls);
+        if (r->tcp > 0 && r->tls > 0)
+            fprintf(o, "  %-34s %12.2f\n", "raw TLS / raw TCP", r->tls / r->tcp);
+    }
+}
+
+/* The text report on o (and, on stderr, the targets whose Gets fell back to gRPC). */
+static void
+print_report(FILE *o, tqkv_client_t *cl, const result_t *r)
+{
     fprintf(o, "\ntqkv-bench: %zu target(s), %d workers, %.1f s, phase %s, encoding %s\n",
-            C.ntargets, C.concurrency, elapsed,
+            C.ntargets, C.concurrency, r->elapsed,
             C.phase == PH_PREFILL  ? "prefill"
             : C.phase == PH_DECODE ? "decode"
                                    : "mixed",
@@ -1824,15 +1958,15 @@ main(int argc, char **argv)
     fprintf(o,
             "  model: %u layers, %u kv heads, head_dim %u, %u-token blocks (%.2f MiB BF16 "
             "K+V per block-layer), %u blocks/sequence, prefix reuse %.2f\n",
-            C.layers, C.heads, C.dim, C.block_tokens, (double)msg / 1048576.0, C.seq_blocks,
+            C.layers, C.heads, C.dim, C.block_tokens, (double)r->msg / 1048576.0, C.seq_blocks,
             C.prefix_reuse);
     fprintf(o, "  %-34s %12s\n", "metric", "value");
-    fprintf(o, "  %-34s %12.3f\n", "Get BF16-equivalent GB/s", bf16_gbps);
-    fprintf(o, "  %-34s %12.3f\n", "Get wire GB/s", wire_gbps);
-    fprintf(o, "  %-34s %12.0f\n", "Get pages/s", pages_s);
-    fprintf(o, "  %-34s %12.3f\n", "Put BF16 ingest GB/s", put_gbps);
-    fprintf(o, "  %-34s %12.3f\n", "Put wire GB/s", put_wire_gbps);
-    fprintf(o, "  %-34s %12.1f%%\n", "Lookup hit rate", hit * 100);
+    fprintf(o, "  %-34s %12.3f\n", "Get BF16-equivalent GB/s", r->bf16_gbps);
+    fprintf(o, "  %-34s %12.3f\n", "Get wire GB/s", r->wire_gbps);
+    fprintf(o, "  %-34s %12.0f\n", "Get pages/s", r->pages_s);
+    fprintf(o, "  %-34s %12.3f\n", "Put BF16 ingest GB/s", r->put_gbps);
+    fprintf(o, "  %-34s %12.3f\n", "Put wire GB/s", r->put_wire_gbps);
+    fprintf(o, "  %-34s %12.1f%%\n", "Lookup hit rate", r->hit * 100);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "pages found", K.get_found);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "pages missing", K.get_missing);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "CRC checked in libtqkv", K.client_crc);
@@ -1846,116 +1980,135 @@ main(int argc, char **argv)
     fprintf(o, "  %-34s %12" PRIu64 "\n", "content checks", K.content_checks);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "verify failures", K.verify_failures);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "errors", K.errors);
-    if (have_stats)
-        fprintf(o, "  %-34s %12.2f\n", "server compression ratio", sst.compression_ratio);
+    if (r->have_stats)
+        fprintf(o, "  %-34s %12.2f\n", "server compression ratio", r->sst.compression_ratio);
     fprintf(o, "  latency (us)     %10s %10s %10s %10s %10s\n", "n", "p50", "p95", "p99", "p99.9");
-    print_pct(o, "Put (per block)", pp);
-    print_pct(o, "Lookup", pl);
-    print_pct(o, "Get (per call)", pgt);
-    print_pct(o, "Get first page", pf);
-    if (C.baselines) {
-        fprintf(o, "  baselines (same run; raw TCP in %.1f KiB messages, the mean Get message)\n",
-                (double)wmsg / 1024.0);
-        char lbl[64];
-        snprintf(lbl, sizeof lbl, "raw TCP loopback GB/s, %d conn%s", C.concurrency,
-                 C.concurrency == 1 ? "" : "s");
-        fprintf(o, "  %-34s %12.3f  (best of 3; one per worker)\n", lbl, tcp);
-        if (wmsg != msg)
-            fprintf(o, "  %-34s %12.3f\n", "raw TCP, BF16-block messages", tcp_block);
-        if (redis >= 0)
-            fprintf(o, "  %-34s %12.3f\n", "Redis GET GB/s", redis);
-        else
-            fprintf(o, "  %-34s %12s\n", "Redis GET GB/s", "n/a");
-        if (tcp > 0)
-            fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TCP", wire_gbps / tcp);
-        if (tcp > 0)
-            fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / raw TCP", bf16_gbps / tcp);
-        if (redis > 0)
-            fprintf(o, "  %-34s %12.2f\n", "Get BF16-eq / Redis", bf16_gbps / redis);
-        if (C.tls_ca) {
-            snprintf(lbl, sizeof lbl, "raw TLS loopback GB/s, %d conn%s", C.concurrency,
-                     C.concurrency == 1 ? "" : "s");
-            fprintf(o, "  %-34s %12.3f  (%s; best of 3)\n", lbl, tls,
-                    tls_suite[0] ? tls_suite : "TLS pair failed");
-            fprintf(o, "  %-34s %12.3f  (openssl speed -evp, 16 KiB, one core)\n",
-                    "AES-128-GCM cipher GB/s", cipher_gbps);
-            if (tls > 0)
-                fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS", wire_gbps / tls);
-            if (tcp > 0 && tls > 0)
-                fprintf(o, "  %-34s %12.2f\n", "raw TLS / raw TCP", tls / tcp);
-        }
-    }
+    print_pct(o, "Put (per block)", r->pp);
+    print_pct(o, "Lookup", r->pl);
+    print_pct(o, "Get (per call)", r->pgt);
+    print_pct(o, "Get first page", r->pf);
+    if (C.baselines)
+        print_baselines(o, r);
     fflush(o);
+}
 
-    if (C.json) {
-        FILE *j = strcmp(C.json, "-") ? fopen(C.json, "w") : stdout;
-        if (j == NULL) {
-            fprintf(stderr, "tqkv-bench: --json %s: %s\n", C.json, strerror(errno));
-            report_failed = 1;
-        } else {
-            fprintf(j,
-                    "{\"bf16_equiv_gbps\": %.6f, \"wire_gbps\": %.6f, \"pages_per_s\": %.3f, "
-                    "\"put_bf16_gbps\": %.6f, \"put_wire_gbps\": %.6f, "
-                    "\"hit_rate\": %.6f, \"verify_failures\": %" PRIu64 ", \"errors\": %" PRIu64
-                    ", \"pages_found\": %" PRIu64 ", \"pages_missing\": %" PRIu64
-                    ", \"content_checks\": %" PRIu64 ", \"client_crc_checked\": %" PRIu64
-                    ", \"data_channel_pages\": %" PRIu64 ", \"transport\": \"%s\""
-                    ", \"elapsed_s\": %.3f, ",
-                    bf16_gbps, wire_gbps, pages_s, put_gbps, put_wire_gbps, hit, K.verify_failures,
-                    K.errors, K.get_found, K.get_missing, K.content_checks, K.client_crc,
-                    K.dc_pages, C.transport == TQKV_CLIENT_TRANSPORT_TCP ? "tcp" : "grpc", elapsed);
-            fprintf(j, "\"latency_us\": {");
-            const char *names[] = {"Put", "Lookup", "Get", "GetFirstPage"};
-            pct_t ps[] = {pp, pl, pgt, pf};
-            for (int i = 0; i < 4; i++)
-                fprintf(j,
-                        "%s\"%s\": {\"p50\": %.0f, \"p95\": %.0f, \"p99\": %.0f, \"p999\": %.0f, "
-                        "\"n\": %zu}",
-                        i ? ", " : "", names[i], ps[i].p50, ps[i].p95, ps[i].p99, ps[i].p999,
-                        ps[i].n);
-            fprintf(j, "}, \"baselines\": {");
-            if (C.baselines) {
-                fprintf(j,
-                        "\"raw_tcp_gbps\": %.6f, \"raw_tcp_msg_bytes\": %zu, "
-                        "\"raw_tcp_bf16_block_gbps\": %.6f, \"raw_tcp_connections\": %d",
-                        tcp, wmsg, tcp_block, C.concurrency);
-                if (redis >= 0)
-                    fprintf(j, ", \"redis_get_gbps\": %.6f", redis);
-                fprintf(j,
-                        ", \"ratios\": {\"wire_vs_raw_tcp\": %.4f, \"bf16_equiv_vs_raw_tcp\": %.4f",
-                        tcp > 0 ? wire_gbps / tcp : 0, tcp > 0 ? bf16_gbps / tcp : 0);
-                if (redis > 0)
-                    fprintf(j, ", \"bf16_equiv_vs_redis\": %.4f", bf16_gbps / redis);
-                if (C.tls_ca && tls > 0)
-                    fprintf(j, ", \"wire_vs_raw_tls\": %.4f", wire_gbps / tls);
-                fprintf(j, "}");
-                if (C.tls_ca)
-                    fprintf(j,
-                            ", \"raw_tls_gbps\": %.6f, \"raw_tls_suite\": \"%s\", "
-                            "\"aes_128_gcm_gbps\": %.6f",
-                            tls, tls_suite, cipher_gbps);
-            }
-            fprintf(j, "}}\n");
-            if (report_close(j) != 0) {
-                fprintf(stderr, "tqkv-bench: --json %s: write failed: %s\n", C.json,
-                        strerror(errno));
-                report_failed = 1;
-            }
-        }
+/* The baselines object of the --json report. */
+static void
+json_baselines(FILE *j, const result_t *r)
+{
+    fprintf(j,
+            "\"raw_tcp_gbps\": %.6f, \"raw_tcp_msg_bytes\": %zu, "
+            "\"raw_tcp_bf16_block_gbps\": %.6f, \"raw_tcp_connections\": %d",
+            r->tcp, r->wmsg, r->tcp_block, C.concurrency);
+    if (r->redis >= 0)
+        fprintf(j, ", \"redis_get_gbps\": %.6f", r->redis);
+    fprintf(j, ", \"ratios\": {\"wire_vs_raw_tcp\": %.4f, \"bf16_equiv_vs_raw_tcp\": %.4f",
+            r->tcp > 0 ? r->wire_gbps / r->tcp : 0, r->tcp > 0 ? r->bf16_gbps / r->tcp : 0);
+    if (r->redis > 0)
+        fprintf(j, ", \"bf16_equiv_vs_redis\": %.4f", r->bf16_gbps / r->redis);
+    if (C.tls_ca && r->tls > 0)
+        fprintf(j, ", \"wire_vs_raw_tls\": %.4f", r->wire_gbps / r->tls);
+    fprintf(j, "}");
+    if (C.tls_ca)
+        fprintf(j,
+                ", \"raw_tls_gbps\": %.6f, \"raw_tls_suite\": \"%s\", "
+                "\"aes_128_gcm_gbps\": %.6f",
+                r->tls, r->tls_suite, r->cipher_gbps);
+}
+
+/* The --json report (a file, or - for stdout). 0, or -1 when it could not be written
+ * (said on stderr). */
+static int
+write_json(const result_t *r)
+{
+    FILE *j = strcmp(C.json, "-") ? fopen(C.json, "w") : stdout;
+    if (j == NULL) {
+        fprintf(stderr, "tqkv-bench: --json %s: %s\n", C.json, strerror(errno));
+        return -1;
     }
+    fprintf(j,
+            "{\"bf16_equiv_gbps\": %.6f, \"wire_gbps\": %.6f, \"pages_per_s\": %.3f, "
+            "\"put_bf16_gbps\": %.6f, \"put_wire_gbps\": %.6f, "
+            "\"hit_rate\": %.6f, \"verify_failures\": %" PRIu64 ", \"errors\": %" PRIu64
+            ", \"pages_found\": %" PRIu64 ", \"pages_missing\": %" PRIu64
+            ", \"content_checks\": %" PRIu64 ", \"client_crc_checked\": %" PRIu64
+            ", \"data_channel_pages\": %" PRIu64 ", \"transport\": \"%s\""
+            ", \"elapsed_s\": %.3f, ",
+            r->bf16_gbps, r->wire_gbps, r->pages_s, r->put_gbps, r->put_wire_gbps, r->hit,
+            K.verify_failures, K.errors, K.get_found, K.get_missing, K.content_checks, K.client_crc,
+            K.dc_pages, C.transport == TQKV_CLIENT_TRANSPORT_TCP ? "tcp" : "grpc", r->elapsed);
+    fprintf(j, "\"latency_us\": {");
+    const char *names[] = {"Put", "Lookup", "Get", "GetFirstPage"};
+    pct_t ps[] = {r->pp, r->pl, r->pgt, r->pf};
+    for (int i = 0; i < 4; i++)
+        fprintf(j,
+                "%s\"%s\": {\"p50\": %.0f, \"p95\": %.0f, \"p99\": %.0f, \"p999\": %.0f, "
+                "\"n\": %zu}",
+                i ? ", " : "", names[i], ps[i].p50, ps[i].p95, ps[i].p99, ps[i].p999, ps[i].n);
+    fprintf(j, "}, \"baselines\": {");
+    if (C.baselines)
+        json_baselines(j, r);
+    fprintf(j, "}}\n");
+    if (report_close(j) != 0) {
+        fprintf(stderr, "tqkv-bench: --json %s: write failed: %s\n", C.json, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- main ---- */
+
+int
+main(int argc, char **argv)
+{
+    child_t server = {0};
+    int rc = parse_flags(argc, argv), report_failed = 0;
+    if (rc >= 0)
+        return rc;
+    rc = 1;
+    signal(SIGPIPE, SIG_IGN);
+    if (data_init() != 0)
+        return 1;
+    if (C.spawn && spawn_server(&server) != 0)
+        return 1;
+
+    tqkv_client_opts_t co = client_opts();
+    tqkv_client_t *cl;
+    if (tqkv_client_create(&co, &cl) != TQKV_OK) {
+        fprintf(stderr, "tqkv-bench: %s\n", tqkv_client_last_error()->message);
+        goto out_server;
+    }
+    if (probe_targets(&co) != 0) {
+        tqkv_client_destroy(cl);
+        goto out_server;
+    }
+    worker_t *ws = calloc((size_t)C.concurrency, sizeof *ws);
+    if (workers_init(ws, cl) != 0)
+        goto out_client;
+    atomic_store(&K.errors, 0);
+
+    FILE *csv = C.csv ? fopen(C.csv, "w") : NULL;
+    if (C.csv && csv == NULL) {
+        fprintf(stderr, "tqkv-bench: --csv %s: %s\n", C.csv, strerror(errno));
+        goto out_client;
+    }
+    if (csv)
+        fprintf(csv, "t_s,put_gbps,get_bf16_gbps,get_wire_gbps,pages_per_s,hit_rate,"
+                     "verify_failures,errors,hit_rate_interval,targets\n");
+    double elapsed = run_workers(ws, cl, csv);
+    if (csv && report_close(csv) != 0) {
+        fprintf(stderr, "tqkv-bench: --csv %s: write failed: %s\n", C.csv, strerror(errno));
+        report_failed = 1;
+    }
+    result_t r;
+    results(&r, ws, cl, elapsed);
+    print_report(stdout, cl, &r);
+    if (C.json && write_json(&r) != 0)
+        report_failed = 1;
     rc = K.verify_failures != 0 ? 3 : K.errors != 0 ? 4 : report_failed ? 1 : 0;
 
 out_client:
-    for (int i = 0; i < C.concurrency; i++) {
-        free(ws[i].put.v);
-        free(ws[i].lookup.v);
-        free(ws[i].get.v);
-        free(ws[i].first.v);
-        free(ws[i].kf);
-        free(ws[i].vf);
-        free(ws[i].page);
-    }
-    free(ws);
+    workers_free(ws);
     tqkv_client_destroy(cl);
 out_server:
     if (C.spawn)
