@@ -35,6 +35,138 @@ entry_lookup_hold(tqkv_store_t *s, ns_rec_t *ns, const uint8_t *hash, size_t hle
     return e;
 }
 
+/* Reserves len bytes of ns's quota, evicting the namespace's own pages (coldest tier
+ * first) to make room. TQKV_ENOSPC (counted as an allocation failure) when it cannot. */
+static tqkv_status_t
+quota_make_room(tqkv_store_t *s, ns_rec_t *ns, size_t len)
+{
+    uint64_t q = atomic_load(&ns->quota);
+    if (q != 0 && len > q)
+        goto full;
+    for (int tries = 0; !tqkv__store_quota_reserve(ns, len); tries++)
+        if (tries > MAX_EVICT_TRIES || !tqkv__store_evict_one(s, TQKV_TIER_DRAM, ns))
+            goto full;
+    return TQKV_OK;
+full:
+    cnt_add(&s->g.alloc_failures, 1);
+    cnt_add(&ns->c.alloc_failures, 1);
+    return TQKV_ENOSPC;
+}
+
+/* A new entry (*ep) for the len-byte page copied to mem in tier, with its copy (*cp) and
+ * CRC. TQKV_ENOMEM when either could not be allocated (the caller frees both). */
+static tqkv_status_t
+new_entry(tqkv_store_t *s, const tqkv_block_key_t *key, const void *page, size_t len,
+          uint64_t bf16_bytes, int tier, void *mem, copy_t **cp, entry_t **ep)
+{
+    copy_t *c = *cp = malloc(sizeof(*c));
+    entry_t *e = *ep = calloc(1, sizeof(*e));
+    if (c == NULL || e == NULL)
+        return TQKV_ENOMEM;
+    c->data = mem;
+    c->len = (uint32_t)len;
+    c->tier = (uint8_t)tier;
+    atomic_init(&c->refs, 1);
+    e->node.len = (uint32_t)len;
+    e->cur = c;
+    e->bf16 = bf16_bytes;
+    e->layer = key->layer;
+    e->tier = (uint8_t)tier;
+    atomic_init(&e->sref, 1);
+    const tqkv_page_header_t *h = page;
+    if (len >= sizeof(*h) && h->magic == TQKV_PAGE_MAGIC && h->page_bytes == len) {
+        e->crc = h->crc32c;
+        e->crc_kind = CRC_PAGE;
+    } else if (s->cfg.verify_crc) {
+        e->crc = tqkv_crc32c(0, page, len);
+        e->crc_kind = CRC_WHOLE;
+    }
+    return TQKV_OK;
+}
+
+/* Makes *bp (the block of key found in the stripe, or NULL) a block with a slot for
+ * key->layer: created and linked into the stripe when NULL, its layer array grown when
+ * short (stripe lock held). TQKV_ENOMEM, or the stripe's growth status; a block created
+ * here that cannot grow is unlinked again. */
+static tqkv_status_t
+do_block_make(stripe_t *sp, uint64_t hv, ns_rec_t *ns, const tqkv_block_key_t *key, block_t **bp)
+{
+    tqkv_status_t st;
+    block_t *b = *bp;
+    if (b == NULL) {
+        if (sp->count >= sp->nb && (st = tqkv__store_do_stripe_grow(sp)) != TQKV_OK)
+            return st;
+        b = calloc(1, sizeof(*b) + key->hash_len);
+        if (b == NULL)
+            return TQKV_ENOMEM;
+        b->ns = ns;
+        b->hv = hv;
+        b->hash_len = (uint8_t)key->hash_len;
+        memcpy(b->hash, key->hash, key->hash_len);
+        b->hnext = sp->buckets[hv & (sp->nb - 1)];
+        sp->buckets[hv & (sp->nb - 1)] = b;
+        sp->count++;
+        *bp = b;
+    }
+    if (key->layer >= b->nlayers) {
+        uint32_t n = b->nlayers ? b->nlayers : 1;
+        while (n <= key->layer)
+            n *= 2;
+        if (n > TQKV_STORE_MAX_LAYERS)
+            n = TQKV_STORE_MAX_LAYERS;
+        entry_t **nl = realloc(b->layers, n * sizeof(*nl));
+        if (nl == NULL) {
+            if (b->nlive == 0)
+                tqkv__store_do_block_unlink_free(sp, b);
+            return TQKV_ENOMEM;
+        }
+        memset(nl + b->nlayers, 0, (n - b->nlayers) * sizeof(*nl));
+        b->layers = nl;
+        b->nlayers = n;
+    }
+    return TQKV_OK;
+}
+
+/* Links e (in its block already) into its namespace's list, its tier's queue and the
+ * prefix tree: counted by *parent when that one is linked (the sref on it then belongs to
+ * e and *parent becomes NULL), else an orphan waiting for it; and adopts the pages put
+ * before it that name it as their parent (stripe lock and evict_lock held). Returns 1 when
+ * e became an orphan: it holds an extra sref, and the caller looks for its parent again
+ * (it may have been linked since). */
+static int
+do_link(tqkv_store_t *s, entry_t *e, uint64_t hv, const tqkv_block_key_t *key,
+        const uint8_t *parent_hash, size_t parent_len, entry_t **parent)
+{
+    ns_rec_t *ns = e->blk->ns;
+    int recheck = 0;
+    e->linked = 1;
+    e->ns_next = ns->head;
+    if (ns->head)
+        ns->head->ns_prev = e;
+    else
+        ns->tail = e;
+    ns->head = e;
+    tqkv__store_do_account(s, e, e->tier, 1);
+    tqkv__evq_insert(&s->q[e->tier], &e->node, hv);
+    if (*parent != NULL && (*parent)->linked) {
+        if ((*parent)->children++ == 0)
+            tqkv__evq_park(&s->q[(*parent)->tier], &(*parent)->node);
+        e->parent = *parent; /* keeps our sref */
+        *parent = NULL;
+    } else if (parent_len > 0 &&
+               tqkv__store_do_orphan_add(s, e, ns, parent_hash, parent_len, key->layer)) {
+        recheck = 1; /* the parent may have been linked since we looked */
+        entry_hold(e);
+    }
+    /* Pages put before us that name us as their parent. */
+    orphan_t *o = tqkv__store_do_orphan_find(s, ns, hv, key->hash, key->hash_len, key->layer);
+    for (entry_t *k = o ? o->kids : NULL, *next; k != NULL; k = next) {
+        next = k->sib_next;
+        tqkv__store_do_adopt(s, e, k);
+    }
+    return recheck;
+}
+
 /* Puts into HBM/DRAM (the whole of tqkv_store_put without a disk tier). */
 tqkv_status_t
 tqkv__store_put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t *parent_hash,
@@ -49,7 +181,7 @@ tqkv__store_put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t 
     copy_t *c = NULL;
     block_t *b;
     void *mem = NULL;
-    int tier, recheck = 0;
+    int tier, recheck;
 
     if (duplicate)
         *duplicate = 0;
@@ -69,23 +201,8 @@ tqkv__store_put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t 
             *duplicate = 1;
         return TQKV_OK;
     }
-
-    /* Quota: evict within the namespace first (coldest tier first). */
-    {
-        uint64_t q = atomic_load(&ns->quota);
-        if (q != 0 && len > q) {
-            cnt_add(&s->g.alloc_failures, 1);
-            cnt_add(&ns->c.alloc_failures, 1);
-            return TQKV_ENOSPC;
-        }
-    }
-    for (int tries = 0; !tqkv__store_quota_reserve(ns, len); tries++) {
-        if (tries > MAX_EVICT_TRIES || !tqkv__store_evict_one(s, TQKV_TIER_DRAM, ns)) {
-            cnt_add(&s->g.alloc_failures, 1);
-            cnt_add(&ns->c.alloc_failures, 1);
-            return TQKV_ENOSPC;
-        }
-    }
+    if ((st = quota_make_room(s, ns, len)) != TQKV_OK)
+        return st;
 
     if (parent_len > 0)
         parent = entry_lookup_hold(s, ns, parent_hash, parent_len, key->layer);
@@ -100,31 +217,8 @@ tqkv__store_put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t 
         goto fail_alloc;
     if ((st = tqkv_pool_copy_in(s->pool[tier], mem, page, len)) != TQKV_OK)
         goto fail_copy;
-    st = TQKV_ENOMEM;
-    c = malloc(sizeof(*c));
-    e = calloc(1, sizeof(*e));
-    if (c == NULL || e == NULL)
+    if ((st = new_entry(s, key, page, len, bf16_bytes, tier, mem, &c, &e)) != TQKV_OK)
         goto fail_copy;
-    c->data = mem;
-    c->len = (uint32_t)len;
-    c->tier = (uint8_t)tier;
-    atomic_init(&c->refs, 1);
-    e->node.len = (uint32_t)len;
-    e->cur = c;
-    e->bf16 = bf16_bytes;
-    e->layer = key->layer;
-    e->tier = (uint8_t)tier;
-    atomic_init(&e->sref, 1);
-    {
-        const tqkv_page_header_t *h = page;
-        if (len >= sizeof(*h) && h->magic == TQKV_PAGE_MAGIC && h->page_bytes == len) {
-            e->crc = h->crc32c;
-            e->crc_kind = CRC_PAGE;
-        } else if (s->cfg.verify_crc) {
-            e->crc = tqkv_crc32c(0, page, len);
-            e->crc_kind = CRC_WHOLE;
-        }
-    }
 
     pthread_mutex_lock(&sp->lock);
     b = tqkv__store_do_block_find(sp, hv, ns, key->hash, key->hash_len);
@@ -135,68 +229,13 @@ tqkv__store_put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t 
         st = TQKV_OK;
         goto fail_copy;
     }
-    if (b == NULL) {
-        if (sp->count >= sp->nb && (st = tqkv__store_do_stripe_grow(sp)) != TQKV_OK)
-            goto fail_locked;
-        b = calloc(1, sizeof(*b) + key->hash_len);
-        if (b == NULL)
-            goto fail_locked_nomem;
-        b->ns = ns;
-        b->hv = hv;
-        b->hash_len = (uint8_t)key->hash_len;
-        memcpy(b->hash, key->hash, key->hash_len);
-        b->hnext = sp->buckets[hv & (sp->nb - 1)];
-        sp->buckets[hv & (sp->nb - 1)] = b;
-        sp->count++;
-    }
-    if (key->layer >= b->nlayers) {
-        uint32_t n = b->nlayers ? b->nlayers : 1;
-        while (n <= key->layer)
-            n *= 2;
-        if (n > TQKV_STORE_MAX_LAYERS)
-            n = TQKV_STORE_MAX_LAYERS;
-        entry_t **nl = realloc(b->layers, n * sizeof(*nl));
-        if (nl == NULL) {
-            if (b->nlive == 0)
-                tqkv__store_do_block_unlink_free(sp, b);
-            goto fail_locked_nomem;
-        }
-        memset(nl + b->nlayers, 0, (n - b->nlayers) * sizeof(*nl));
-        b->layers = nl;
-        b->nlayers = n;
-    }
+    if ((st = do_block_make(sp, hv, ns, key, &b)) != TQKV_OK)
+        goto fail_locked;
     e->blk = b;
     b->layers[key->layer] = e;
     b->nlive++;
-
     pthread_mutex_lock(&s->evict_lock);
-    e->linked = 1;
-    e->ns_next = ns->head;
-    if (ns->head)
-        ns->head->ns_prev = e;
-    else
-        ns->tail = e;
-    ns->head = e;
-    tqkv__store_do_account(s, e, tier, 1);
-    tqkv__evq_insert(&s->q[tier], &e->node, hv);
-    if (parent != NULL && parent->linked) {
-        if (parent->children++ == 0)
-            tqkv__evq_park(&s->q[parent->tier], &parent->node);
-        e->parent = parent; /* keeps our sref */
-        parent = NULL;
-    } else if (parent_len > 0 &&
-               tqkv__store_do_orphan_add(s, e, ns, parent_hash, parent_len, key->layer)) {
-        recheck = 1; /* the parent may have been linked since we looked */
-        entry_hold(e);
-    }
-    {
-        /* Pages put before us that name us as their parent. */
-        orphan_t *o = tqkv__store_do_orphan_find(s, ns, hv, key->hash, key->hash_len, key->layer);
-        for (entry_t *k = o ? o->kids : NULL, *next; k != NULL; k = next) {
-            next = k->sib_next;
-            tqkv__store_do_adopt(s, e, k);
-        }
-    }
+    recheck = do_link(s, e, hv, key, parent_hash, parent_len, &parent);
     pthread_mutex_unlock(&s->evict_lock);
     pthread_mutex_unlock(&sp->lock);
 
@@ -221,8 +260,6 @@ tqkv__store_put_ram(tqkv_store_t *s, const tqkv_block_key_t *key, const uint8_t 
         tqkv__store_bg_kick(s);
     return TQKV_OK;
 
-fail_locked_nomem:
-    st = TQKV_ENOMEM;
 fail_locked:
     pthread_mutex_unlock(&sp->lock);
 fail_copy:
