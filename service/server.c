@@ -408,6 +408,103 @@ destroy_unstarted(tqkv_server_t *s)
     }
 }
 
+/* --auth-tokens: the token table (*auth stays NULL without the flag). An error says
+ * "--auth-tokens PATH[:LINE]: reason". */
+static tqkv_status_t
+auth_load(const tqkv_server_config_t *cfg, tqkv_auth_t **auth, char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    if (cfg->auth_tokens[0] &&
+        (st = tqkv_auth_load(cfg->auth_tokens, auth, err, errlen)) != TQKV_OK) {
+        /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
+         * come from TQKV_AUTH_TOKENS: name the setting too) */
+        size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
+        if (el + pl < errlen) {
+            memmove(err + pl, err, el + 1);
+            memcpy(err, "--auth-tokens ", pl);
+        }
+        return st;
+    }
+    return TQKV_OK;
+}
+
+/* A gRPC server with cfg's channel arguments and every method of the method table
+ * registered (grpc_init done). */
+static grpc_server *
+grpc_server_new(tqkv_server_t *s, const tqkv_server_config_t *cfg)
+{
+    grpc_arg args[9];
+    int mb = (int)cfg->max_message_bytes;
+    set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
+    set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
+    set_arg_int(&args[2], GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
+    set_arg_int(&args[3], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
+    set_arg_int(&args[4], GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+    set_arg_int(&args[5], GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
+    set_arg_int(&args[6], GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg->max_streams);
+    set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
+    /* A second server on a busy port must fail, not share it silently. */
+    set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
+    grpc_channel_args chargs = {9, args};
+    grpc_server *server = grpc_server_create(&chargs, NULL);
+
+    for (int m = 0; m < TQKV__M_COUNT; m++) {
+        const tqkv__handler_t *h = tqkv__method_handler((tqkv__method_t)m);
+        s->method_handles[m] = grpc_server_register_method(
+            server, tqkv__method_paths[m], NULL,
+            h->payload_on_new ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE,
+            0);
+    }
+    return server;
+}
+
+/* The workers and their completion queues, the listening port (creds taken once it is
+ * bound), the node id, the data channels and the metrics endpoint. On failure err says
+ * why and the caller unwinds. */
+static tqkv_status_t
+server_bind(tqkv_server_t *s, const tqkv_server_config_t *cfg, grpc_server_credentials *creds,
+            char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    s->nworkers = cfg->threads ? cfg->threads : 1;
+    s->workers = calloc(s->nworkers, sizeof *s->workers);
+    if (s->workers == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        s->workers[i].srv = s;
+        s->workers[i].index = i;
+        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->server, s->workers[i].cq, NULL);
+    }
+    s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        snprintf(err, errlen, "--listen %s: cannot bind (address in use or invalid)", cfg->listen);
+        return TQKV_EIO;
+    }
+    if (s->cfg.node_id[0] == '\0') { /* HOSTNAME:PORT: the pod name, unique on one host */
+        char host[200] = "";
+        if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0')
+            snprintf(host, sizeof host, "localhost");
+        snprintf(s->cfg.node_id, sizeof s->cfg.node_id, "%s:%d", host, s->port);
+    }
+    tqkv_metrics_set_node_id(s->metrics, s->cfg.node_id);
+    if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
+        return st;
+    if (cfg->metrics_listen[0]) {
+        tqkv_metrics_set_ready(s->metrics, http_ready, s);
+        st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
+        if (st != TQKV_OK) {
+            snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
+                     tqkv_metrics_error(s->metrics));
+            return st;
+        }
+    }
+    return TQKV_OK;
+}
+
 tqkv_status_t
 tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *err, size_t errlen)
 {
@@ -453,17 +550,8 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         goto fail_metrics;
     }
     tqkv_auth_t *auth = NULL;
-    if (cfg->auth_tokens[0] &&
-        (st = tqkv_auth_load(cfg->auth_tokens, &auth, err, errlen)) != TQKV_OK) {
-        /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
-         * come from TQKV_AUTH_TOKENS: name the setting too) */
-        size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
-        if (el + pl < errlen) {
-            memmove(err + pl, err, el + 1);
-            memcpy(err, "--auth-tokens ", pl);
-        }
+    if ((st = auth_load(cfg, &auth, err, errlen)) != TQKV_OK)
         goto fail_auth;
-    }
     s->auth = auth;
     if (auth)
         tqkv_metrics_reload(s->metrics, 0, 1);
@@ -484,67 +572,9 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     }
 
     grpc_init();
-    grpc_arg args[9];
-    int mb = (int)cfg->max_message_bytes;
-    set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
-    set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
-    set_arg_int(&args[2], GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
-    set_arg_int(&args[3], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
-    set_arg_int(&args[4], GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
-    set_arg_int(&args[5], GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
-    set_arg_int(&args[6], GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg->max_streams);
-    set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
-    /* A second server on a busy port must fail, not share it silently. */
-    set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
-    grpc_channel_args chargs = {9, args};
-    s->server = grpc_server_create(&chargs, NULL);
-
-    for (int m = 0; m < TQKV__M_COUNT; m++) {
-        const tqkv__handler_t *h = tqkv__method_handler((tqkv__method_t)m);
-        s->method_handles[m] = grpc_server_register_method(
-            s->server, tqkv__method_paths[m], NULL,
-            h->payload_on_new ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE,
-            0);
-    }
-    s->nworkers = cfg->threads ? cfg->threads : 1;
-    s->workers = calloc(s->nworkers, sizeof *s->workers);
-    if (s->workers == NULL) {
-        snprintf(err, errlen, "out of memory");
-        st = TQKV_ENOMEM;
+    s->server = grpc_server_new(s, cfg);
+    if ((st = server_bind(s, cfg, creds, err, errlen)) != TQKV_OK)
         goto fail_bind;
-    }
-    for (unsigned i = 0; i < s->nworkers; i++) {
-        s->workers[i].srv = s;
-        s->workers[i].index = i;
-        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
-        grpc_server_register_completion_queue(s->server, s->workers[i].cq, NULL);
-    }
-    s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
-    grpc_server_credentials_release(creds);
-    creds = NULL;
-    if (s->port <= 0) {
-        snprintf(err, errlen, "--listen %s: cannot bind (address in use or invalid)", cfg->listen);
-        st = TQKV_EIO;
-        goto fail_bind;
-    }
-    if (s->cfg.node_id[0] == '\0') { /* HOSTNAME:PORT: the pod name, unique on one host */
-        char host[200] = "";
-        if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0')
-            snprintf(host, sizeof host, "localhost");
-        snprintf(s->cfg.node_id, sizeof s->cfg.node_id, "%s:%d", host, s->port);
-    }
-    tqkv_metrics_set_node_id(s->metrics, s->cfg.node_id);
-    if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
-        goto fail_bind;
-    if (cfg->metrics_listen[0]) {
-        tqkv_metrics_set_ready(s->metrics, http_ready, s);
-        st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
-        if (st != TQKV_OK) {
-            snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
-                     tqkv_metrics_error(s->metrics));
-            goto fail_bind;
-        }
-    }
     *out = s;
     return TQKV_OK;
 
