@@ -18,36 +18,24 @@
 
 /* ---- unary methods ---- */
 
-/* Reads and validates the unary request; on failure finishes the call and returns
- * NULL. */
-#define UNARY_DECODE(c, type, fn, out)                                                             \
-    do {                                                                                           \
-        char err_[TQKV__KV_ERRLEN];                                                                \
-        size_t len_ = 0;                                                                           \
-        uint8_t *buf_ = (c)->recv_bb ? tqkv__bb_read((c)->recv_bb, &len_) : NULL;                  \
-        if (buf_ == NULL) {                                                                        \
-            tqkv__call_finish((c), GRPC_STATUS_INVALID_ARGUMENT, "message: missing request",       \
-                              NULL);                                                               \
-            return;                                                                                \
-        }                                                                                          \
-        tqkv_status_t st_ = fn(buf_, len_, &(c)->srv->limits, &(out), err_, sizeof err_);          \
-        free(buf_);                                                                                \
-        if (st_ != TQKV_OK) {                                                                      \
-            tqkv__call_finish((c), tqkv_status_to_grpc_input(st_), err_, NULL);                    \
-            return;                                                                                \
-        }                                                                                          \
-    } while (0)
-
-static int
-auth_or_finish(tqkv__call_t *c, const char *ns, unsigned perm)
+/* The request's bytes (a new buffer, *len), or NULL with msg saying it is missing. */
+static uint8_t *
+unary_buf(tqkv__call_t *c, size_t *len, char *msg)
 {
-    char err[TQKV__KV_ERRLEN];
-    tqkv_status_t st = tqkv__call_auth(c, ns, perm, err, sizeof err);
-    if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
-        return 0;
-    }
-    return 1;
+    uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, len) : NULL;
+    if (buf == NULL)
+        snprintf(msg, TQKV__KV_ERRLEN, "message: missing request");
+    return buf;
+}
+
+/* Finishes c with the failure st, msg saying what failed: the one place the unary
+ * handlers translate a status. input: the client's request was at fault
+ * (tqkv_status_to_grpc_input), else the server's work (tqkv_status_to_grpc). */
+static void
+unary_fail(tqkv__call_t *c, tqkv_status_t st, int input, const char *msg)
+{
+    tqkv__call_finish(c, input ? tqkv_status_to_grpc_input(st) : tqkv_status_to_grpc(st), msg,
+                      NULL);
 }
 
 static void
@@ -79,7 +67,7 @@ typedef struct lookup_state {
     Tqkv__V1__BlockInfo *infos, **iptr;
     tqkv__fwd_t *fw;
     uint32_t prefix;
-    grpc_status_code code;
+    tqkv_status_t st; /* of the store or the owners */
     char err[TQKV__KV_ERRLEN];
 } lookup_state_t;
 
@@ -96,7 +84,7 @@ lookup_job(void *arg)
     tqkv__fwd_rank_t rk;
     uint8_t *want = calloc(n, 1);
     if (st != TQKV_OK) {
-        ls->code = tqkv_status_to_grpc(st);
+        ls->st = st;
         snprintf(ls->err, TQKV__KV_ERRLEN, "lookup: %s", tqkv_strerror(st));
     } else if (want && tqkv__fwd_rank(ls->fw, &rk) == TQKV_OK) {
         /* the hashes a peer owns: its answer, not ours */
@@ -108,7 +96,7 @@ lookup_job(void *arg)
             st = tqkv__fwd_lookup(ls->fw, c->authz, r->namespace_, ls->hp, ls->hl, want, n,
                                   r->num_layers, r->lease_ms, ls->tiers, ls->err, TQKV__KV_ERRLEN);
             if (st != TQKV_OK)
-                ls->code = tqkv_status_to_grpc(st);
+                ls->st = st;
             atomic_fetch_add(&c->srv->forwarded, 1);
         }
         ls->prefix = 0;
@@ -125,8 +113,8 @@ lookup_wake(tqkv__call_t *c)
     lookup_state_t *ls = c->h;
     if (c->closed)
         tqkv__call_abort(c);
-    else if (ls->code != GRPC_STATUS_OK)
-        tqkv__call_finish(c, ls->code, ls->err, NULL);
+    else if (ls->st != TQKV_OK)
+        unary_fail(c, ls->st, 0, ls->err);
     else
         lookup_answer(c, ls->r, ls->tiers, ls->infos, ls->iptr, ls->r->n_hashes, ls->prefix);
 }
@@ -147,78 +135,109 @@ lookup_free(tqkv__call_t *c)
     c->h = NULL;
 }
 
+/* The bytes a LookupResponse to r can reach: it echoes every hash with its tier. */
+static uint64_t
+lookup_response_bound(const Tqkv__V1__LookupRequest *r)
+{
+    uint64_t bound = 6; /* prefix_blocks */
+    for (size_t i = 0; i < r->n_hashes; i++) {
+        uint64_t hl = r->hashes[i].len;
+        uint64_t bi = 1 + tqkv__kv_varint_len(hl) + hl + 2; /* hash, tier */
+        bound += 1 + tqkv__kv_varint_len(bi) + bi;
+    }
+    return bound;
+}
+
+/* Hands the Lookup to the encoder pool (the answer needs the owners, forward.h): ls takes
+ * r and the arrays. TQKV_OK, or a status with msg (nothing taken). */
+static tqkv_status_t
+lookup_forward(tqkv__call_t *c, const lookup_state_t *init, char *msg)
+{
+    lookup_state_t *ls = calloc(1, sizeof *ls);
+    if (ls == NULL) {
+        snprintf(msg, TQKV__KV_ERRLEN, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    *ls = *init;
+    c->h = ls;
+    if (tqkv__call_work(c, lookup_job) != TQKV_OK) {
+        c->h = NULL;
+        free(ls);
+        snprintf(msg, TQKV__KV_ERRLEN, "lookup: no encoder thread");
+        return TQKV_EBUSY;
+    }
+    return TQKV_OK;
+}
+
 static void
 lookup_start(tqkv__call_t *c)
 {
     Tqkv__V1__LookupRequest *r = NULL;
-    UNARY_DECODE(c, Tqkv__V1__LookupRequest, tqkv_validate_lookup, r);
-    size_t n = r->n_hashes;
-    const uint8_t **hp = malloc(n * sizeof *hp);
-    size_t *hl = malloc(n * sizeof *hl);
-    uint8_t *tiers = malloc(n);
-    Tqkv__V1__BlockInfo *infos = malloc(n * sizeof *infos);
-    Tqkv__V1__BlockInfo **iptr = malloc(n * sizeof *iptr);
-    if (!hp || !hl || !tiers || !infos || !iptr) {
-        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
-        goto out;
+    char msg[TQKV__KV_ERRLEN];
+    size_t len = 0, n = 0;
+    const uint8_t **hp = NULL;
+    size_t *hl = NULL;
+    uint8_t *tiers = NULL;
+    Tqkv__V1__BlockInfo *infos = NULL, **iptr = NULL;
+    uint8_t *buf = unary_buf(c, &len, msg);
+    tqkv_status_t st =
+        buf ? tqkv_validate_lookup(buf, len, &c->srv->limits, &r, msg, sizeof msg) : TQKV_EINVAL;
+    int input = st != TQKV_OK;
+    free(buf);
+    if (st == TQKV_OK) {
+        n = r->n_hashes;
+        hp = malloc(n * sizeof *hp);
+        hl = malloc(n * sizeof *hl);
+        tiers = malloc(n);
+        infos = malloc(n * sizeof *infos);
+        iptr = malloc(n * sizeof *iptr);
+        if (!hp || !hl || !tiers || !infos || !iptr) {
+            snprintf(msg, sizeof msg, "out of memory");
+            st = TQKV_ENOMEM;
+        }
     }
-    if (!auth_or_finish(c, r->namespace_, TQKV_AUTH_READ))
-        goto out;
+    if (st == TQKV_OK)
+        st = tqkv__call_auth(c, r->namespace_, TQKV_AUTH_READ, msg, sizeof msg);
     /* The response echoes every hash with its tier, so it is larger than the request:
      * one that could exceed the send limit is refused before any lease is taken (gRPC
      * would fail it with a message naming neither the cause nor a remedy). */
-    uint64_t bound = 6; /* prefix_blocks */
-    for (size_t i = 0; i < n; i++) {
-        hp[i] = r->hashes[i].data;
-        hl[i] = r->hashes[i].len;
-        uint64_t bi = 1 + tqkv__kv_varint_len(hl[i]) + hl[i] + 2; /* hash, tier */
-        bound += 1 + tqkv__kv_varint_len(bi) + bi;
-    }
-    if (bound > c->srv->limits.max_message_bytes) {
-        char msg[TQKV__KV_ERRLEN];
+    uint64_t bound = st == TQKV_OK ? lookup_response_bound(r) : 0;
+    if (st == TQKV_OK && bound > c->srv->limits.max_message_bytes) {
         snprintf(msg, sizeof msg,
                  "hashes: the response to %zu hashes can reach %llu bytes, over the server's "
                  "--max-message-bytes %llu (send fewer hashes per Lookup)",
                  n, (unsigned long long)bound,
                  (unsigned long long)c->srv->limits.max_message_bytes);
-        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
-        goto out;
+        st = TQKV_ENOSPC;
     }
-    tqkv__fwd_t *fw = c->hop ? NULL : tqkv__fwd_get(c->srv);
+    for (size_t i = 0; st == TQKV_OK && i < n; i++) {
+        hp[i] = r->hashes[i].data;
+        hl[i] = r->hashes[i].len;
+    }
+    tqkv__fwd_t *fw = st == TQKV_OK && !c->hop ? tqkv__fwd_get(c->srv) : NULL;
     if (fw && n > 0) { /* the answer needs the owners: ask them on the encoder pool */
-        lookup_state_t *ls = calloc(1, sizeof *ls);
-        if (ls == NULL) {
-            tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
-            goto out;
-        }
-        *ls = (lookup_state_t){.r = r,
+        lookup_state_t init = {.r = r,
                                .hp = hp,
                                .hl = hl,
                                .tiers = tiers,
                                .infos = infos,
                                .iptr = iptr,
                                .fw = fw,
-                               .code = GRPC_STATUS_OK};
-        c->h = ls;
-        if (tqkv__call_work(c, lookup_job) != TQKV_OK) {
-            c->h = NULL;
-            free(ls);
-            tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "lookup: no encoder thread", NULL);
-            goto out;
-        }
-        return; /* ls owns r and the arrays (lookup_free) */
+                               .st = TQKV_OK};
+        if ((st = lookup_forward(c, &init, msg)) == TQKV_OK)
+            return; /* the state owns r and the arrays (lookup_free) */
     }
     uint32_t prefix = 0;
-    tqkv_status_t st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp,
-                                         hl, n, r->num_layers, r->lease_ms, &prefix, tiers);
-    if (st != TQKV_OK) {
-        char msg[TQKV__KV_ERRLEN];
-        snprintf(msg, sizeof msg, "lookup: %s", tqkv_strerror(st));
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
-        goto out;
+    if (st == TQKV_OK) {
+        st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp, hl, n,
+                               r->num_layers, r->lease_ms, &prefix, tiers);
+        if (st != TQKV_OK)
+            snprintf(msg, sizeof msg, "lookup: %s", tqkv_strerror(st));
     }
-    lookup_answer(c, r, tiers, infos, iptr, n, prefix);
-out:
+    if (st != TQKV_OK)
+        unary_fail(c, st, input, msg);
+    else
+        lookup_answer(c, r, tiers, infos, iptr, n, prefix);
     free(hp);
     free(hl);
     free(tiers);
@@ -227,48 +246,59 @@ out:
     tqkv__v1__lookup_request__free_unpacked(r, NULL);
 }
 
+/* Deletes the blocks (or the whole namespace) r names: *pages and *bytes get what went.
+ * A status with msg on failure (TQKV_ENOTFOUND: a namespace that holds nothing). */
+static tqkv_status_t
+delete_blocks(tqkv_store_t *store, const Tqkv__V1__DeleteRequest *r, uint64_t *pages,
+              uint64_t *bytes, char *msg)
+{
+    size_t nsl = strlen(r->namespace_);
+    if (r->all) {
+        tqkv_status_t st = tqkv_store_delete_namespace(store, r->namespace_, nsl, pages, bytes);
+        if (st == TQKV_ENOTFOUND)
+            snprintf(msg, TQKV__KV_ERRLEN, "namespace: '%s' holds no blocks", r->namespace_);
+        else if (st != TQKV_OK)
+            snprintf(msg, TQKV__KV_ERRLEN, "delete: %s", tqkv_strerror(st));
+        return st;
+    }
+    for (size_t i = 0; i < r->n_hashes; i++) {
+        uint64_t p = 0, b = 0;
+        tqkv_status_t st = tqkv_store_delete(store, r->namespace_, nsl, r->hashes[i].data,
+                                             r->hashes[i].len, &p, &b);
+        if (st != TQKV_OK && st != TQKV_ENOTFOUND) {
+            snprintf(msg, TQKV__KV_ERRLEN, "hashes[%zu]: %s", i, tqkv_strerror(st));
+            return st;
+        }
+        *pages += p;
+        *bytes += b;
+    }
+    return TQKV_OK;
+}
+
 static void
 delete_start(tqkv__call_t *c)
 {
     Tqkv__V1__DeleteRequest *r = NULL;
     char msg[TQKV__KV_ERRLEN];
-    UNARY_DECODE(c, Tqkv__V1__DeleteRequest, tqkv_validate_delete, r);
-    if (!auth_or_finish(c, r->namespace_, TQKV_AUTH_WRITE))
-        goto out;
+    size_t len = 0;
     uint64_t pages = 0, bytes = 0;
-    size_t nsl = strlen(r->namespace_);
-    if (r->all) {
-        tqkv_status_t st =
-            tqkv_store_delete_namespace(c->srv->store, r->namespace_, nsl, &pages, &bytes);
-        if (st == TQKV_ENOTFOUND) {
-            snprintf(msg, sizeof msg, "namespace: '%s' holds no blocks", r->namespace_);
-            tqkv__call_finish(c, GRPC_STATUS_NOT_FOUND, msg, NULL);
-            goto out;
-        }
-        if (st != TQKV_OK) {
-            snprintf(msg, sizeof msg, "delete: %s", tqkv_strerror(st));
-            tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
-            goto out;
-        }
+    uint8_t *buf = unary_buf(c, &len, msg);
+    tqkv_status_t st =
+        buf ? tqkv_validate_delete(buf, len, &c->srv->limits, &r, msg, sizeof msg) : TQKV_EINVAL;
+    int input = st != TQKV_OK;
+    free(buf);
+    if (st == TQKV_OK)
+        st = tqkv__call_auth(c, r->namespace_, TQKV_AUTH_WRITE, msg, sizeof msg);
+    if (st == TQKV_OK)
+        st = delete_blocks(c->srv->store, r, &pages, &bytes, msg);
+    if (st != TQKV_OK) {
+        unary_fail(c, st, input, msg);
     } else {
-        for (size_t i = 0; i < r->n_hashes; i++) {
-            uint64_t p = 0, b = 0;
-            tqkv_status_t st = tqkv_store_delete(c->srv->store, r->namespace_, nsl,
-                                                 r->hashes[i].data, r->hashes[i].len, &p, &b);
-            if (st != TQKV_OK && st != TQKV_ENOTFOUND) {
-                snprintf(msg, sizeof msg, "hashes[%zu]: %s", i, tqkv_strerror(st));
-                tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
-                goto out;
-            }
-            pages += p;
-            bytes += b;
-        }
+        Tqkv__V1__DeleteResponse resp = TQKV__V1__DELETE_RESPONSE__INIT;
+        resp.pages_deleted = pages;
+        resp.bytes_freed = bytes;
+        tqkv__call_finish_msg(c, &resp.base);
     }
-    Tqkv__V1__DeleteResponse resp = TQKV__V1__DELETE_RESPONSE__INIT;
-    resp.pages_deleted = pages;
-    resp.bytes_freed = bytes;
-    tqkv__call_finish_msg(c, &resp.base);
-out:
     tqkv__v1__delete_request__free_unpacked(r, NULL);
 }
 
@@ -276,24 +306,33 @@ static void
 stats_start(tqkv__call_t *c)
 {
     Tqkv__V1__StatsRequest *r = NULL;
-    UNARY_DECODE(c, Tqkv__V1__StatsRequest, tqkv_validate_stats, r);
-    if (r->identity_only) { /* any valid token (checked before): every client ranks alike */
+    char msg[TQKV__KV_ERRLEN];
+    size_t len = 0;
+    uint8_t *buf = unary_buf(c, &len, msg);
+    tqkv_status_t rc =
+        buf ? tqkv_validate_stats(buf, len, &c->srv->limits, &r, msg, sizeof msg) : TQKV_EINVAL;
+    int input = rc != TQKV_OK;
+    free(buf);
+    /* identity_only: any valid token (checked before) may ask, every client ranks alike */
+    if (rc == TQKV_OK && r->identity_only) {
         Tqkv__V1__StatsResponse id = TQKV__V1__STATS_RESPONSE__INIT;
         id.node_id = c->srv->cfg.node_id;
         tqkv__call_finish_msg(c, &id.base);
         goto out;
     }
-    int scoped = r->namespace_ && r->namespace_[0];
-    if (!auth_or_finish(c, scoped ? r->namespace_ : NULL, TQKV_AUTH_READ))
-        goto out;
+    int scoped = rc == TQKV_OK && r->namespace_ && r->namespace_[0];
+    if (rc == TQKV_OK)
+        rc = tqkv__call_auth(c, scoped ? r->namespace_ : NULL, TQKV_AUTH_READ, msg, sizeof msg);
     tqkv_store_stats_t st;
     memset(&st, 0, sizeof st);
-    tqkv_status_t rc = tqkv_store_stats(c->srv->store, scoped ? r->namespace_ : NULL,
-                                        scoped ? strlen(r->namespace_) : 0, &st);
+    if (rc == TQKV_OK) {
+        rc = tqkv_store_stats(c->srv->store, scoped ? r->namespace_ : NULL,
+                              scoped ? strlen(r->namespace_) : 0, &st);
+        if (rc != TQKV_OK)
+            snprintf(msg, sizeof msg, "stats: %s", tqkv_strerror(rc));
+    }
     if (rc != TQKV_OK) {
-        char msg[TQKV__KV_ERRLEN];
-        snprintf(msg, sizeof msg, "stats: %s", tqkv_strerror(rc));
-        tqkv__call_finish(c, tqkv_status_to_grpc(rc), msg, NULL);
+        unary_fail(c, rc, input, msg);
         goto out;
     }
     Tqkv__V1__TierStats ts[3];
