@@ -872,6 +872,113 @@ tqkv_attn_decode(const float *q, uint32_t num_q_heads, const void *const *pages,
 
 /* ---- reference ---- */
 
+/* Scratch of the reference, D entries each. */
+typedef struct ref_scratch {
+    double *acc;
+    float *qc, *qr, *tmp;
+    uint32_t *ch;
+} ref_scratch_t;
+
+/* Pass 1 of the reference on one page: the score of each of its pc->T keys of KV head h
+ * for query head qh into s, unscaled, from the codes: <q, k> = sum over groups of
+ * scale * <Pi q_C, z[idx]> (+ sqrt(pi/2)/g * gamma sqrt(g) * <S q_C, sign>) + q.mu. */
+static tqkv_status_t
+ref_scores(const page_ctx_t *pc, const void *page, uint32_t h, uint32_t H, uint32_t D,
+           const float *qh, double *s, ref_scratch_t *x)
+{
+    const float *mu = tqkv_page_key_mean(page, h);
+    for (uint32_t t = 0; t < pc->T; t++) {
+        double sum = 0.0;
+        if (mu)
+            for (uint32_t d = 0; d < D; d++)
+                sum += (double)qh[d] * mu[d];
+        s[t] = sum;
+    }
+    for (uint32_t g = 0; g < 2; g++) {
+        const group_ctx_t *gc = &pc->g[TQKV_TENSOR_K][g];
+        const tqkv_group_view_t *gv = &gc->gv;
+        uint32_t gd;
+        if (!gc->present)
+            continue;
+        gd = gv->L.dim;
+        if (group_channels(pc, TQKV_TENSOR_K, g, h, x->ch) != gd)
+            return TQKV_ECORRUPT;
+        for (uint32_t i = 0; i < gd; i++)
+            x->qc[i] = qh[x->ch[i]];
+        if (gc->rot) {
+            tqkv_rotation_apply(gc->rot, x->qc, x->qr);
+            for (uint32_t t = 0; t < pc->T; t++) {
+                uint64_t v = (uint64_t)t * H + h;
+                const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
+                double dot = 0.0;
+                for (uint32_t j = 0; j < gd; j++)
+                    dot += (double)x->qr[j] * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
+                s[t] += tqkv_scale_get(gv->scale, v) * dot;
+            }
+        }
+        if (gc->qjl) {
+            tqkv_rotation_apply(gc->qjl, x->qc, x->qr);
+            for (uint32_t t = 0; t < pc->T; t++) {
+                uint64_t v = (uint64_t)t * H + h;
+                const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
+                double dot = 0.0;
+                for (uint32_t j = 0; j < gd; j++)
+                    dot += tqkv_bits_get(row, j, 1) ? x->qr[j] : -x->qr[j];
+                s[t] += SQRT_HALF_PI / gd *
+                        ((double)tqkv_scale_get(gv->gamma, v) * sqrt((double)gd)) * dot;
+            }
+        }
+    }
+    return TQKV_OK;
+}
+
+/* Pass 2 of the reference on one page: its values of KV head h weighted by p[t] / L,
+ * accumulated in the rotated domain per group and added to o: Pi^T sum_i p_i scale_i
+ * z[idx_i] (+ S^T sum_i p_i sqrt(pi/2)/g gamma_i sqrt(g) sign_i). */
+static tqkv_status_t
+ref_values(const page_ctx_t *pc, uint32_t h, uint32_t H, const double *p, double L, double *o,
+           ref_scratch_t *x)
+{
+    for (uint32_t g = 0; g < 2; g++) {
+        const group_ctx_t *gc = &pc->g[TQKV_TENSOR_V][g];
+        const tqkv_group_view_t *gv = &gc->gv;
+        uint32_t gd;
+        if (!gc->present)
+            continue;
+        gd = gv->L.dim;
+        if (group_channels(pc, TQKV_TENSOR_V, g, h, x->ch) != gd)
+            return TQKV_ECORRUPT;
+        for (int kind = 0; kind < 2; kind++) {
+            const tqkv_rotation_t *r = kind == 0 ? gc->rot : gc->qjl;
+            if (!r)
+                continue;
+            memset(x->acc, 0, sizeof(double) * gd);
+            for (uint32_t t = 0; t < pc->T; t++) {
+                uint64_t v = (uint64_t)t * H + h;
+                double w = p[t] / L;
+                if (kind == 0) {
+                    const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
+                    w *= tqkv_scale_get(gv->scale, v);
+                    for (uint32_t j = 0; j < gd; j++)
+                        x->acc[j] += w * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
+                } else {
+                    const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
+                    w *= SQRT_HALF_PI / gd *
+                         ((double)tqkv_scale_get(gv->gamma, v) * sqrt((double)gd));
+                    for (uint32_t j = 0; j < gd; j++)
+                        x->acc[j] += tqkv_bits_get(row, j, 1) ? w : -w;
+                }
+            }
+            for (uint32_t j = 0; j < gd; j++)
+                x->qr[j] = (float)x->acc[j];
+            tqkv_rotation_apply_t(r, x->qr, x->tmp);
+            for (uint32_t j = 0; j < gd; j++)
+                o[x->ch[j]] += x->tmp[j];
+        }
+    }
+    return TQKV_OK;
+}
+
 tqkv_status_t
 tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pages,
                      const size_t *page_lens, size_t n_pages, const tqkv_attn_opts_t *opts,
@@ -880,9 +987,8 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
     uint32_t H, D, G;
     uint64_t total;
     float sm_scale;
-    double *score = NULL, *acc = NULL, *o = NULL;
-    float *qc = NULL, *qr = NULL, *tmp = NULL;
-    uint32_t *ch = NULL;
+    double *score = NULL, *o = NULL;
+    ref_scratch_t x = {0};
     tqkv_status_t st;
     int check_crc = opts ? opts->check_crc : 0;
 
@@ -896,13 +1002,13 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
     G = num_q_heads / H;
     sm_scale = opts && opts->sm_scale > 0.0f ? opts->sm_scale : (float)(1.0 / sqrt((double)D));
     score = malloc(sizeof(double) * total);
-    acc = malloc(sizeof(double) * D);
+    x.acc = malloc(sizeof(double) * D);
     o = malloc(sizeof(double) * D);
-    qc = malloc(sizeof(float) * D);
-    qr = malloc(sizeof(float) * D);
-    tmp = malloc(sizeof(float) * D);
-    ch = malloc(sizeof(uint32_t) * D);
-    if (!score || !acc || !o || !qc || !qr || !tmp || !ch) {
+    x.qc = malloc(sizeof(float) * D);
+    x.qr = malloc(sizeof(float) * D);
+    x.tmp = malloc(sizeof(float) * D);
+    x.ch = malloc(sizeof(uint32_t) * D);
+    if (!score || !x.acc || !o || !x.qc || !x.qr || !x.tmp || !x.ch) {
         st = TQKV_ENOMEM;
         goto done;
     }
@@ -913,60 +1019,12 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
         double mx = -INFINITY, L = 0.0;
         uint64_t base = 0;
 
-        /* Pass 1: score every key from its codes: <q, k> = sum over groups of
-         * scale * <Pi q_C, z[idx]> (+ sqrt(pi/2)/g * gamma sqrt(g) * <S q_C, sign>) + q.mu. */
+        /* Pass 1: score every key from its codes. */
         for (size_t p = 0; p < n_pages && st == TQKV_OK; p++) {
             page_ctx_t pc;
-            const float *mu;
             if ((st = page_ctx_init(&pc, pages[p])) != TQKV_OK)
                 break;
-            mu = tqkv_page_key_mean(pages[p], h);
-            for (uint32_t t = 0; t < pc.T; t++) {
-                double s = 0.0;
-                if (mu)
-                    for (uint32_t d = 0; d < D; d++)
-                        s += (double)qh[d] * mu[d];
-                score[base + t] = s;
-            }
-            for (uint32_t g = 0; g < 2; g++) {
-                const group_ctx_t *gc = &pc.g[TQKV_TENSOR_K][g];
-                const tqkv_group_view_t *gv = &gc->gv;
-                uint32_t gd;
-                if (!gc->present)
-                    continue;
-                gd = gv->L.dim;
-                if (group_channels(&pc, TQKV_TENSOR_K, g, h, ch) != gd) {
-                    st = TQKV_ECORRUPT;
-                    break;
-                }
-                for (uint32_t i = 0; i < gd; i++)
-                    qc[i] = qh[ch[i]];
-                if (gc->rot) {
-                    tqkv_rotation_apply(gc->rot, qc, qr);
-                    for (uint32_t t = 0; t < pc.T; t++) {
-                        uint64_t v = (uint64_t)t * H + h;
-                        const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
-                        double dot = 0.0;
-                        for (uint32_t j = 0; j < gd; j++)
-                            dot +=
-                                (double)qr[j] * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
-                        score[base + t] += tqkv_scale_get(gv->scale, v) * dot;
-                    }
-                }
-                if (gc->qjl) {
-                    tqkv_rotation_apply(gc->qjl, qc, qr);
-                    for (uint32_t t = 0; t < pc.T; t++) {
-                        uint64_t v = (uint64_t)t * H + h;
-                        const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
-                        double dot = 0.0;
-                        for (uint32_t j = 0; j < gd; j++)
-                            dot += tqkv_bits_get(row, j, 1) ? qr[j] : -qr[j];
-                        score[base + t] +=
-                            SQRT_HALF_PI / gd *
-                            ((double)tqkv_scale_get(gv->gamma, v) * sqrt((double)gd)) * dot;
-                    }
-                }
-            }
+            st = ref_scores(&pc, pages[p], h, H, D, qh, score + base, &x);
             for (uint32_t t = 0; t < pc.T; t++) {
                 score[base + t] *= sm_scale;
                 mx = score[base + t] > mx ? score[base + t] : mx;
@@ -983,53 +1041,14 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
             L += score[i];
         }
 
-        /* Pass 2: values, accumulated in the rotated domain per page and group:
-         * Pi^T sum_i p_i scale_i z[idx_i] (+ S^T sum_i p_i sqrt(pi/2)/g gamma_i sqrt(g) sign_i). */
+        /* Pass 2: values, accumulated in the rotated domain per page and group. */
         memset(o, 0, sizeof(double) * D);
         base = 0;
         for (size_t p = 0; p < n_pages && st == TQKV_OK; p++) {
             page_ctx_t pc;
             if ((st = page_ctx_init(&pc, pages[p])) != TQKV_OK)
                 break;
-            for (uint32_t g = 0; g < 2; g++) {
-                const group_ctx_t *gc = &pc.g[TQKV_TENSOR_V][g];
-                const tqkv_group_view_t *gv = &gc->gv;
-                uint32_t gd;
-                if (!gc->present)
-                    continue;
-                gd = gv->L.dim;
-                if (group_channels(&pc, TQKV_TENSOR_V, g, h, ch) != gd) {
-                    st = TQKV_ECORRUPT;
-                    break;
-                }
-                for (int kind = 0; kind < 2; kind++) {
-                    const tqkv_rotation_t *r = kind == 0 ? gc->rot : gc->qjl;
-                    if (!r)
-                        continue;
-                    memset(acc, 0, sizeof(double) * gd);
-                    for (uint32_t t = 0; t < pc.T; t++) {
-                        uint64_t v = (uint64_t)t * H + h;
-                        double w = score[base + t] / L;
-                        if (kind == 0) {
-                            const uint8_t *row = gv->idx + v * gv->L.idx_row_bytes;
-                            w *= tqkv_scale_get(gv->scale, v);
-                            for (uint32_t j = 0; j < gd; j++)
-                                acc[j] += w * gv->codebook[tqkv_bits_get(row, j, gv->L.mse_bits)];
-                        } else {
-                            const uint8_t *row = gv->signs + v * gv->L.sign_row_bytes;
-                            w *= SQRT_HALF_PI / gd *
-                                 ((double)tqkv_scale_get(gv->gamma, v) * sqrt((double)gd));
-                            for (uint32_t j = 0; j < gd; j++)
-                                acc[j] += tqkv_bits_get(row, j, 1) ? w : -w;
-                        }
-                    }
-                    for (uint32_t j = 0; j < gd; j++)
-                        qr[j] = (float)acc[j];
-                    tqkv_rotation_apply_t(r, qr, tmp);
-                    for (uint32_t j = 0; j < gd; j++)
-                        o[ch[j]] += tmp[j];
-                }
-            }
+            st = ref_values(&pc, h, H, score + base, L, o, &x);
             base += pc.T;
             page_ctx_release(&pc);
         }
@@ -1038,12 +1057,12 @@ tqkv_attn_decode_ref(const float *q, uint32_t num_q_heads, const void *const *pa
     }
 done:
     free(score);
-    free(acc);
+    free(x.acc);
     free(o);
-    free(qc);
-    free(qr);
-    free(tmp);
-    free(ch);
+    free(x.qc);
+    free(x.qr);
+    free(x.tmp);
+    free(x.ch);
     return st;
 }
 

@@ -1,33 +1,59 @@
 /* config.c - flags and TQKV_* environment variables of tqkv-server.
  *
  * One table drives parsing, the environment and --help, so they cannot drift:
- * each option has a flag name, an environment variable, a kind and a help line.
+ * each option has a flag name, an environment variable, a kind, the fields it sets (by
+ * offset) with their bounds, and a help line. No option has code of its own.
  */
 #include "service/config.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-typedef enum opt_kind { OPT_VALUE, OPT_BOOL } opt_kind_t;
+/* What an option's value is and how it is stored. */
+typedef enum opt_kind {
+    OPT_BOOL,      /* =true/false (optional) into int or uint8_t fields */
+    OPT_STR,       /* a path or list into char[size] (why: too long) */
+    OPT_LISTEN,    /* HOST:PORT (listen_ok) into char[size] */
+    OPT_NAME,      /* printable ASCII without blanks (node_id_ok) into char[size] */
+    OPT_UINT,      /* an integer in min..max into an unsigned field of size bytes */
+    OPT_BYTES,     /* a byte count (K/M/G/T suffixes) in min..max into a uint64_t */
+    OPT_BITS,      /* a bit width (tqkv_bits_parse) into uint8_t bits_x2 fields */
+    OPT_CHOICE,    /* one of `choices` into an integer field of size bytes */
+    OPT_LOG_LEVEL, /* tqkv_log_level_parse */
+    OPT_LOG_FORMAT,
+    OPT_NS_POLICY, /* --namespace-policy: collected by the parser, applied last */
+} opt_kind_t;
 
-/* Sets one option: codec policy settings go to *pol (&cfg->policy, or a namespace's
- * policy). v is the value (OPT_VALUE: non-empty), b the parsed value of an OPT_BOOL.
- * Returns NULL, or why v is not valid. */
-typedef const char *(*opt_set_fn)(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v,
-                                  int b);
+/* A named value of an OPT_CHOICE option. */
+typedef struct opt_choice {
+    const char *name;
+    int value;
+} opt_choice_t;
 
+#define OPT_MAX_FIELDS 4
+
+/* One option: flag, variable, help, and where and how its value is stored. Options
+ * with `ns` set are codec policy settings: they set fields of a tqkv_policy_t (the
+ * global policy or a namespace's); the others set fields of tqkv_server_config_t. */
 typedef struct opt {
     const char *name; /* flag without "--" */
     const char *env;  /* environment variable */
     opt_kind_t kind;
     const char *arg; /* value placeholder for --help */
     const char *help;
-    int ns;         /* 1: also a key of --namespace-policy specs (a codec policy setting) */
-    opt_set_fn set; /* NULL: handled by the parser itself (--namespace-policy) */
+    int ns; /* 1: a codec policy setting, also a key of --namespace-policy specs */
+    size_t off[OPT_MAX_FIELDS]; /* the fields set (one value, several places) */
+    int noff;
+    size_t size;                 /* bytes of each field */
+    uint64_t min, max;           /* OPT_UINT, OPT_BYTES */
+    const char *why;             /* the error for a value that does not parse (NULL: the kind's) */
+    const char *why_range;       /* the error for one outside min..max (NULL: why) */
+    const opt_choice_t *choices; /* OPT_CHOICE, ended by a NULL name */
 } opt_t;
 
 static unsigned
@@ -122,18 +148,6 @@ parse_bool(const char *s, int *out)
     return TQKV_OK;
 }
 
-static tqkv_status_t
-parse_mode(const char *s, uint8_t *out)
-{
-    if (!strcmp(s, "mse"))
-        *out = TQKV_MODE_MSE;
-    else if (!strcmp(s, "prod"))
-        *out = TQKV_MODE_PROD;
-    else
-        return TQKV_EINVAL;
-    return TQKV_OK;
-}
-
 static int
 copy_str(char *dst, size_t cap, const char *v)
 {
@@ -174,45 +188,6 @@ listen_ok(const char *v)
     return 1;
 }
 
-/* ---- setters, one per option (the table below names them) ---- */
-
-#define WHY_LISTEN "expected HOST:PORT with a port in 0..65535"
-#define WHY_BYTES "expected a byte count such as 512M or 8G"
-#define WHY_BITS "expected 1, 1.5, 2, 2.5, 3, 3.5 or 4"
-#define WHY_PATH "path too long"
-
-static const char *
-set_listen(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return !listen_ok(v) || copy_str(cfg->listen, sizeof cfg->listen, v) ? WHY_LISTEN : NULL;
-}
-
-static const char *
-set_metrics_listen(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return !listen_ok(v) || copy_str(cfg->metrics_listen, sizeof cfg->metrics_listen, v)
-               ? WHY_LISTEN
-               : NULL;
-}
-
-static const char *
-set_data_listen(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return !listen_ok(v) || copy_str(cfg->data_listen, sizeof cfg->data_listen, v) ? WHY_LISTEN
-                                                                                   : NULL;
-}
-
-/* An integer in 1..1024 (thread counts). */
-static const char *
-threads_of(const char *v, unsigned *out)
-{
-    unsigned long long u;
-    if (parse_uint(v, 1024, &u) != TQKV_OK || u == 0)
-        return "expected an integer in 1..1024";
-    *out = (unsigned)u;
-    return NULL;
-}
-
 /* A node id: printable ASCII without blanks (it goes into log lines and metric labels). */
 static int
 node_id_ok(const char *v)
@@ -223,514 +198,246 @@ node_id_ok(const char *v)
     return 1;
 }
 
-static const char *
-set_node_id(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return !node_id_ok(v) || copy_str(cfg->node_id, sizeof cfg->node_id, v)
-               ? "expected 1..255 printable characters, no blanks"
-               : NULL;
-}
+/* ---- the option table: parsing, the environment and --help ---- */
 
-static const char *
-set_peers(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->peers, sizeof cfg->peers, v) ? "too long" : NULL;
-}
+#define WHY_LISTEN "expected HOST:PORT with a port in 0..65535"
+#define WHY_BYTES "expected a byte count such as 512M or 8G"
+#define WHY_BITS "expected 1, 1.5, 2, 2.5, 3, 3.5 or 4"
+#define WHY_PATH "path too long"
+#define WHY_THREADS "expected an integer in 1..1024"
+#define WHY_SECONDS "expected seconds in 0..3600"
 
-static const char *
-set_peers_dns(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->peers_dns, sizeof cfg->peers_dns, v) ? "too long" : NULL;
-}
+/* Field f of the server config / of a codec policy (which makes the option a policy
+ * setting). */
+#define FIELD_SIZE(type, f) sizeof(((type *)0)->f)
+#define CFG(f)                                                                                     \
+    .off = {offsetof(tqkv_server_config_t, f)}, .noff = 1,                                         \
+    .size = FIELD_SIZE(tqkv_server_config_t, f)
+#define POL(f)                                                                                     \
+    .ns = 1, .off = {offsetof(tqkv_policy_t, f)}, .noff = 1, .size = FIELD_SIZE(tqkv_policy_t, f)
+/* A mode of keys or values: the middle and boundary layers' alike. */
+#define POL_MODE(t)                                                                                \
+    .ns = 1, .off = {offsetof(tqkv_policy_t, t.mode), offsetof(tqkv_policy_t, t##_boundary.mode)}, \
+    .noff = 2, .size = FIELD_SIZE(tqkv_policy_t, t.mode)
 
-static const char *
-set_handoff_seconds(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, 3600, &u) != TQKV_OK)
-        return "expected seconds in 0..3600";
-    cfg->handoff_seconds = (unsigned)u;
-    return NULL;
-}
-
-static const char *
-set_handoff_bytes(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint64_t bytes;
-    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
-        return WHY_BYTES;
-    cfg->handoff_bytes = bytes;
-    return NULL;
-}
-
-static const char *
-set_no_forward(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    cfg->no_forward = b;
-    return NULL;
-}
-
-static const char *
-set_peer_ca(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->peer_ca, sizeof cfg->peer_ca, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_peer_tls_name(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return !node_id_ok(v) || copy_str(cfg->peer_tls_name, sizeof cfg->peer_tls_name, v)
-               ? "expected a DNS name (1..255 printable characters, no blanks)"
-               : NULL;
-}
-
-static const char *
-set_peer_token_file(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->peer_token_file, sizeof cfg->peer_token_file, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_threads(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return threads_of(v, &cfg->threads);
-}
-
-static const char *
-set_encoder_threads(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return threads_of(v, &cfg->encoder_threads);
-}
-
-static const char *
-set_dram_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint64_t bytes;
-    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
-        return WHY_BYTES;
-    if (bytes == 0)
-        return "must be greater than 0";
-    cfg->store.dram_capacity = bytes;
-    return NULL;
-}
-
-static const char *
-set_hbm_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint64_t bytes;
-    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
-        return WHY_BYTES;
-    cfg->store.hbm_capacity = bytes;
-    return NULL;
-}
-
-static const char *
-set_ns_quota(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint64_t bytes;
-    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
-        return WHY_BYTES;
-    cfg->store.default_ns_quota = bytes;
-    return NULL;
-}
-
-static const char *
-set_max_message_bytes(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint64_t bytes;
-    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
-        return WHY_BYTES;
-    if (bytes < 4096 || bytes > 0x7fffffffull)
-        return "must be in 4K..2G-1";
-    cfg->max_message_bytes = bytes;
-    return NULL;
-}
-
-static const char *
-set_device(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, 1023, &u) != TQKV_OK)
-        return "expected a CUDA device index";
-    cfg->store.device = (int)u;
-    return NULL;
-}
-
-static const char *
-set_disk_path(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->store.disk_path, sizeof cfg->store.disk_path, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_disk_capacity(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint64_t bytes;
-    if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK || bytes < (1u << 20))
-        return "expected a byte count of at least 1M, such as 500G";
-    cfg->store.disk_capacity = bytes;
-    return NULL;
-}
-
-static const char *
-set_disk_sync(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    int m = !strcmp(v, "none") ? 0 : !strcmp(v, "batch") ? 1 : !strcmp(v, "always") ? 2 : -1;
-    if (m < 0)
-        return "expected none, batch or always";
-    cfg->store.disk_sync = m;
-    return NULL;
-}
-
-static const char *
-set_access_log(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->access_log, sizeof cfg->access_log, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_slow_request_ms(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, 86400000, &u) != TQKV_OK)
-        return "expected milliseconds in 0..86400000";
-    cfg->slow_request_ms = (unsigned)u;
-    return NULL;
-}
-
-static const char *
-set_max_streams(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, 1u << 20, &u) != TQKV_OK || u == 0)
-        return "expected an integer in 1..1048576";
-    cfg->max_streams = (unsigned)u;
-    return NULL;
-}
-
-static const char *
-set_drain_seconds(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, 3600, &u) != TQKV_OK)
-        return "expected seconds in 0..3600";
-    cfg->drain_seconds = (unsigned)u;
-    return NULL;
-}
-
-static const char *
-set_key_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint8_t b2;
-    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
-        return WHY_BITS;
-    pol->k.bits_x2 = b2;
-    return NULL;
-}
-
-static const char *
-set_value_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint8_t b2;
-    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
-        return WHY_BITS;
-    pol->v.bits_x2 = b2;
-    return NULL;
-}
-
-static const char *
-set_boundary_key_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint8_t b2;
-    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
-        return WHY_BITS;
-    pol->k_boundary.bits_x2 = b2;
-    return NULL;
-}
-
-static const char *
-set_boundary_value_bits(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint8_t b2;
-    if (tqkv_bits_parse(v, &b2) != TQKV_OK)
-        return WHY_BITS;
-    pol->v_boundary.bits_x2 = b2;
-    return NULL;
-}
-
-static const char *
-set_key_mode(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint8_t m;
-    if (parse_mode(v, &m) != TQKV_OK)
-        return "expected mse or prod";
-    pol->k.mode = pol->k_boundary.mode = m;
-    return NULL;
-}
-
-static const char *
-set_value_mode(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    uint8_t m;
-    if (parse_mode(v, &m) != TQKV_OK)
-        return "expected mse or prod";
-    pol->v.mode = pol->v_boundary.mode = m;
-    return NULL;
-}
-
-static const char *
-set_boundary_layers(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, 512, &u) != TQKV_OK)
-        return "expected an integer in 0..512";
-    pol->boundary_layers = (uint32_t)u;
-    return NULL;
-}
-
-static const char *
-set_rotation(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    if (!strcmp(v, "dense"))
-        pol->rotation = TQKV_ROT_DENSE;
-    else if (!strcmp(v, "hadamard"))
-        pol->rotation = TQKV_ROT_HADAMARD;
-    else
-        return "expected dense or hadamard";
-    return NULL;
-}
-
-static const char *
-set_seed(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    unsigned long long u;
-    if (parse_uint(v, ~0ull, &u) != TQKV_OK)
-        return "expected an unsigned 64-bit integer";
-    pol->seed = (uint64_t)u;
-    return NULL;
-}
-
-static const char *
-set_eviction(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    if (!strcmp(v, "lru"))
-        cfg->store.policy = TQKV_EVICT_LRU;
-    else if (!strcmp(v, "s3fifo"))
-        cfg->store.policy = TQKV_EVICT_S3FIFO;
-    else
-        return "expected lru or s3fifo";
-    return NULL;
-}
-
-static const char *
-set_auth_tokens(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->auth_tokens, sizeof cfg->auth_tokens, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_tls_cert(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->tls_cert, sizeof cfg->tls_cert, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_tls_key(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->tls_key, sizeof cfg->tls_cert, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_tls_client_ca(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return copy_str(cfg->tls_client_ca, sizeof cfg->tls_cert, v) ? WHY_PATH : NULL;
-}
-
-static const char *
-set_log_level(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return tqkv_log_level_parse(v, &cfg->log_level) != TQKV_OK
-               ? "expected debug, info, warn or error"
-               : NULL;
-}
-
-static const char *
-set_log_format(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    return tqkv_log_format_parse(v, &cfg->log_format) != TQKV_OK ? "expected text or json" : NULL;
-}
-
-static const char *
-set_hbm_standin(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    cfg->store.hbm_standin = b;
-    return NULL;
-}
-
-static const char *
-set_norm_correction(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    pol->k.norm_correction = pol->v.norm_correction = pol->k_boundary.norm_correction =
-        pol->v_boundary.norm_correction = (uint8_t)b;
-    return NULL;
-}
-
-static const char *
-set_key_centering(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    pol->key_centering = (uint8_t)b;
-    return NULL;
-}
-
-static const char *
-set_verify_crc(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    cfg->store.verify_crc = b;
-    return NULL;
-}
-
-static const char *
-set_help(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    cfg->help = b;
-    return NULL;
-}
-
-static const char *
-set_version(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
-{
-    cfg->version = b;
-    return NULL;
-}
+static const opt_choice_t modes[] = {{"mse", TQKV_MODE_MSE}, {"prod", TQKV_MODE_PROD}, {NULL, 0}};
+static const opt_choice_t rotations[] = {
+    {"dense", TQKV_ROT_DENSE}, {"hadamard", TQKV_ROT_HADAMARD}, {NULL, 0}};
+static const opt_choice_t evictions[] = {
+    {"lru", TQKV_EVICT_LRU}, {"s3fifo", TQKV_EVICT_S3FIFO}, {NULL, 0}};
+static const opt_choice_t disk_syncs[] = {{"none", 0}, {"batch", 1}, {"always", 2}, {NULL, 0}};
 
 static const opt_t opts[] = {
-    {"listen", "TQKV_LISTEN", OPT_VALUE, "HOST:PORT",
-     "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", 0, set_listen},
-    {"node-id", "TQKV_NODE_ID", OPT_VALUE, "NAME",
+    {"listen", "TQKV_LISTEN", OPT_LISTEN, "HOST:PORT",
+     "gRPC address (default 127.0.0.1:50051; port 0 picks a free port)", CFG(listen)},
+    {"node-id", "TQKV_NODE_ID", OPT_NAME, "NAME",
      "stable identity clients rank this server by (default: HOSTNAME:PORT, e.g. "
      "tqkv-0:50051 in a StatefulSet: stable across restarts, unique per host)",
-     0, set_node_id},
-    {"peers", "TQKV_PEERS", OPT_VALUE, "NAME[,NAME...]",
+     CFG(node_id), .why = "expected 1..255 printable characters, no blanks"},
+    {"peers", "TQKV_PEERS", OPT_STR, "NAME[,NAME...]",
      "the other servers (a headless Service NAME:PORT, or addresses): on SIGTERM, hand "
      "pages off to them, hottest first, each to its block's next-ranked live peer; and "
      "forward blocks a peer owns to it (default: none)",
-     0, set_peers},
-    {"peers-dns", "TQKV_PEERS_DNS", OPT_VALUE, "IP:PORT[,...]",
-     "DNS servers for --peers (default: the system's)", 0, set_peers_dns},
-    {"handoff-seconds", "TQKV_HANDOFF_SECONDS", OPT_VALUE, "S",
-     "time budget of the hand-off on SIGTERM (default 10; 0 = no hand-off); before the drain", 0,
-     set_handoff_seconds},
-    {"handoff-bytes", "TQKV_HANDOFF_BYTES", OPT_VALUE, "BYTES",
-     "byte budget of the hand-off (default 0: no limit)", 0, set_handoff_bytes},
+     CFG(peers), .why = "too long"},
+    {"peers-dns", "TQKV_PEERS_DNS", OPT_STR, "IP:PORT[,...]",
+     "DNS servers for --peers (default: the system's)", CFG(peers_dns), .why = "too long"},
+    {"handoff-seconds", "TQKV_HANDOFF_SECONDS", OPT_UINT, "S",
+     "time budget of the hand-off on SIGTERM (default 10; 0 = no hand-off); before the drain",
+     CFG(handoff_seconds), .max = 3600, .why = WHY_SECONDS},
+    {"handoff-bytes", "TQKV_HANDOFF_BYTES", OPT_BYTES, "BYTES",
+     "byte budget of the hand-off (default 0: no limit)", CFG(handoff_bytes), .max = UINT64_MAX},
     {"no-forward", "TQKV_NO_FORWARD", OPT_BOOL, NULL,
      "with --peers: do not forward Put/Lookup/Get of blocks a peer owns to it (one hop; "
      "for clients that reach one pod, e.g. through the load-balanced Service)",
-     0, set_no_forward},
-    {"peer-ca", "TQKV_PEER_CA", OPT_VALUE, "FILE",
+     CFG(no_forward)},
+    {"peer-ca", "TQKV_PEER_CA", OPT_STR, "FILE",
      "with --peers and --tls-cert: the CA (PEM) that signed the peers' certificates; peers "
      "are dialed with TLS and verified against it (default: --tls-client-ca; one of the two "
      "is needed)",
-     0, set_peer_ca},
-    {"peer-tls-name", "TQKV_PEER_TLS_NAME", OPT_VALUE, "NAME",
+     CFG(peer_ca)},
+    {"peer-tls-name", "TQKV_PEER_TLS_NAME", OPT_NAME, "NAME",
      "the name the peers' certificates must hold (default: the --peers name dialed, e.g. "
      "tqkv-headless)",
-     0, set_peer_tls_name},
-    {"peer-token-file", "TQKV_PEER_TOKEN_FILE", OPT_VALUE, "FILE",
+     CFG(peer_tls_name), .why = "expected a DNS name (1..255 printable characters, no blanks)"},
+    {"peer-token-file", "TQKV_PEER_TOKEN_FILE", OPT_STR, "FILE",
      "with --peers and --auth-tokens: the bearer token the hand-off sends (one token; it "
      "must have rw on * in --auth-tokens); read at start and at each hand-off",
-     0, set_peer_token_file},
-    {"threads", "TQKV_THREADS", OPT_VALUE, "N", "gRPC worker threads (default: CPU count)", 0,
-     set_threads},
-    {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_VALUE, "N",
-     "encode/decode pool threads (default: CPU count)", 0, set_encoder_threads},
-    {"dram-capacity", "TQKV_DRAM_CAPACITY", OPT_VALUE, "BYTES",
-     "DRAM tier capacity, K/M/G/T suffixes (default 1G)", 0, set_dram_capacity},
-    {"hbm-capacity", "TQKV_HBM_CAPACITY", OPT_VALUE, "BYTES", "HBM tier capacity (default 0: none)",
-     0, set_hbm_capacity},
+     CFG(peer_token_file)},
+    {"threads", "TQKV_THREADS", OPT_UINT, "N", "gRPC worker threads (default: CPU count)",
+     CFG(threads), .min = 1, .max = 1024, .why = WHY_THREADS},
+    {"encoder-threads", "TQKV_ENCODER_THREADS", OPT_UINT, "N",
+     "encode/decode pool threads (default: CPU count)", CFG(encoder_threads), .min = 1, .max = 1024,
+     .why = WHY_THREADS},
+    {"dram-capacity", "TQKV_DRAM_CAPACITY", OPT_BYTES, "BYTES",
+     "DRAM tier capacity, K/M/G/T suffixes (default 1G)", CFG(store.dram_capacity), .min = 1,
+     .max = UINT64_MAX, .why_range = "must be greater than 0"},
+    {"hbm-capacity", "TQKV_HBM_CAPACITY", OPT_BYTES, "BYTES", "HBM tier capacity (default 0: none)",
+     CFG(store.hbm_capacity), .max = UINT64_MAX},
     {"hbm-standin", "TQKV_HBM_STANDIN", OPT_BOOL, NULL,
-     "back the HBM tier with host memory (no GPU needed)", 0, set_hbm_standin},
-    {"device", "TQKV_DEVICE", OPT_VALUE, "N", "CUDA device for the HBM tier (default: none)", 0,
-     set_device},
-    {"disk-path", "TQKV_DISK_PATH", OPT_VALUE, "DIR",
+     "back the HBM tier with host memory (no GPU needed)", CFG(store.hbm_standin)},
+    {"device", "TQKV_DEVICE", OPT_UINT, "N", "CUDA device for the HBM tier (default: none)",
+     CFG(store.device), .max = 1023, .why = "expected a CUDA device index"},
+    {"disk-path", "TQKV_DISK_PATH", OPT_STR, "DIR",
      "disk tier below DRAM in DIR (created if absent; a restart on it comes back warm; "
      "default: none)",
-     0, set_disk_path},
-    {"disk-capacity", "TQKV_DISK_CAPACITY", OPT_VALUE, "BYTES",
-     "disk tier capacity in bytes of segment files (needed with --disk-path)", 0,
-     set_disk_capacity},
-    {"disk-sync", "TQKV_DISK_SYNC", OPT_VALUE, "none|batch|always",
+     CFG(store.disk_path)},
+    {"disk-capacity", "TQKV_DISK_CAPACITY", OPT_BYTES, "BYTES",
+     "disk tier capacity in bytes of segment files (needed with --disk-path)",
+     CFG(store.disk_capacity), .min = 1u << 20, .max = UINT64_MAX,
+     .why = "expected a byte count of at least 1M, such as 500G"},
+    {"disk-sync", "TQKV_DISK_SYNC", OPT_CHOICE, "none|batch|always",
      "what a crash may lose: batch (default) and none the last 10 ms of Puts; always: "
      "nothing acknowledged (proto/DISK_FORMAT.md)",
-     0, set_disk_sync},
-    {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_VALUE, "BYTES",
-     "largest gRPC message received or sent (default 64M)", 0, set_max_message_bytes},
-    {"max-streams", "TQKV_MAX_STREAMS", OPT_VALUE, "N",
-     "concurrent streams per connection (default 256)", 0, set_max_streams},
-    {"key-bits", "TQKV_KEY_BITS", OPT_VALUE, "B", "key bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1,
-     set_key_bits},
-    {"value-bits", "TQKV_VALUE_BITS", OPT_VALUE, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1,
-     set_value_bits},
-    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod", "key quantizer", 1, set_key_mode},
-    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod", "value quantizer", 1, set_value_mode},
-    {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_VALUE, "N",
-     "first/last N layers at boundary precision", 1, set_boundary_layers},
-    {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_VALUE, "B", "key bits of boundary layers",
-     1, set_boundary_key_bits},
-    {"boundary-value-bits", "TQKV_BOUNDARY_VALUE_BITS", OPT_VALUE, "B",
-     "value bits of boundary layers", 1, set_boundary_value_bits},
-    {"rotation", "TQKV_ROTATION", OPT_VALUE, "dense|hadamard", "random rotation kind", 1,
-     set_rotation},
+     CFG(store.disk_sync), .choices = disk_syncs, .why = "expected none, batch or always"},
+    {"max-message-bytes", "TQKV_MAX_MESSAGE_BYTES", OPT_BYTES, "BYTES",
+     "largest gRPC message received or sent (default 64M)", CFG(max_message_bytes), .min = 4096,
+     .max = 0x7fffffffull, .why_range = "must be in 4K..2G-1"},
+    {"max-streams", "TQKV_MAX_STREAMS", OPT_UINT, "N",
+     "concurrent streams per connection (default 256)", CFG(max_streams), .min = 1, .max = 1u << 20,
+     .why = "expected an integer in 1..1048576"},
+    {"key-bits", "TQKV_KEY_BITS", OPT_BITS, "B", "key bits: 1, 1.5, 2, 2.5, 3, 3.5, 4",
+     POL(k.bits_x2)},
+    {"value-bits", "TQKV_VALUE_BITS", OPT_BITS, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4",
+     POL(v.bits_x2)},
+    {"key-mode", "TQKV_KEY_MODE", OPT_CHOICE, "mse|prod", "key quantizer", POL_MODE(k),
+     .choices = modes, .why = "expected mse or prod"},
+    {"value-mode", "TQKV_VALUE_MODE", OPT_CHOICE, "mse|prod", "value quantizer", POL_MODE(v),
+     .choices = modes, .why = "expected mse or prod"},
+    {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_UINT, "N",
+     "first/last N layers at boundary precision", POL(boundary_layers), .max = 512,
+     .why = "expected an integer in 0..512"},
+    {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_BITS, "B", "key bits of boundary layers",
+     POL(k_boundary.bits_x2)},
+    {"boundary-value-bits", "TQKV_BOUNDARY_VALUE_BITS", OPT_BITS, "B",
+     "value bits of boundary layers", POL(v_boundary.bits_x2)},
+    {"rotation", "TQKV_ROTATION", OPT_CHOICE, "dense|hadamard", "random rotation kind",
+     POL(rotation), .choices = rotations, .why = "expected dense or hadamard"},
     {"norm-correction", "TQKV_NORM_CORRECTION", OPT_BOOL, NULL,
-     "store ||x||/||c[idx]|| so decoded vectors keep their norm", 1, set_norm_correction},
+     "store ||x||/||c[idx]|| so decoded vectors keep their norm", .ns = 1,
+     .off = {offsetof(tqkv_policy_t, k.norm_correction), offsetof(tqkv_policy_t, v.norm_correction),
+             offsetof(tqkv_policy_t, k_boundary.norm_correction),
+             offsetof(tqkv_policy_t, v_boundary.norm_correction)},
+     .noff = 4, .size = FIELD_SIZE(tqkv_policy_t, k.norm_correction)},
     {"key-centering", "TQKV_KEY_CENTERING", OPT_BOOL, NULL,
-     "subtract each block's per-channel key mean before encoding", 1, set_key_centering},
-    {"seed", "TQKV_SEED", OPT_VALUE, "U64", "rotation/QJL seed", 1, set_seed},
-    {"namespace-policy", "TQKV_NAMESPACE_POLICY", OPT_VALUE, "NS:KEY=V,...",
+     "subtract each block's per-channel key mean before encoding", POL(key_centering)},
+    {"seed", "TQKV_SEED", OPT_UINT, "U64", "rotation/QJL seed", POL(seed), .max = UINT64_MAX,
+     .why = "expected an unsigned 64-bit integer"},
+    {"namespace-policy", "TQKV_NAMESPACE_POLICY", OPT_NS_POLICY, "NS:KEY=V,...",
      "codec policy of namespace NS (NS* = every namespace with that prefix; repeatable, "
      "the variable separates specs with ';'; see below)",
-     0, NULL},
-    {"eviction", "TQKV_EVICTION", OPT_VALUE, "lru|s3fifo", "eviction order (default s3fifo)", 0,
-     set_eviction},
-    {"ns-quota", "TQKV_NS_QUOTA", OPT_VALUE, "BYTES", "per-namespace quota (default 0: none)", 0,
-     set_ns_quota},
-    {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read", 0,
-     set_verify_crc},
-    {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_VALUE, "HOST:PORT",
-     "serve Prometheus /metrics here (default: off)", 0, set_metrics_listen},
-    {"data-listen", "TQKV_DATA_LISTEN", OPT_VALUE, "HOST:PORT",
+     .noff = 0},
+    {"eviction", "TQKV_EVICTION", OPT_CHOICE, "lru|s3fifo", "eviction order (default s3fifo)",
+     CFG(store.policy), .choices = evictions, .why = "expected lru or s3fifo"},
+    {"ns-quota", "TQKV_NS_QUOTA", OPT_BYTES, "BYTES", "per-namespace quota (default 0: none)",
+     CFG(store.default_ns_quota), .max = UINT64_MAX},
+    {"verify-crc", "TQKV_VERIFY_CRC", OPT_BOOL, NULL, "check page CRCs on every read",
+     CFG(store.verify_crc)},
+    {"metrics-listen", "TQKV_METRICS_LISTEN", OPT_LISTEN, "HOST:PORT",
+     "serve Prometheus /metrics here (default: off)", CFG(metrics_listen)},
+    {"data-listen", "TQKV_DATA_LISTEN", OPT_LISTEN, "HOST:PORT",
      "accept TCP data channels here (Get with TRANSPORT_TCP; TLS 1.3 with the gRPC "
      "certificates when --tls-cert is set, else unencrypted; default: off)",
-     0, set_data_listen},
-    {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_VALUE, "FILE",
+     CFG(data_listen)},
+    {"auth-tokens", "TQKV_AUTH_TOKENS", OPT_STR, "FILE",
      "bearer token file (lines: TOKEN r|w|rw NS[,NS...]); reloaded on SIGHUP and when it "
      "changes; default: no auth",
-     0, set_auth_tokens},
-    {"tls-cert", "TQKV_TLS_CERT", OPT_VALUE, "FILE",
+     CFG(auth_tokens)},
+    {"tls-cert", "TQKV_TLS_CERT", OPT_STR, "FILE",
      "TLS certificate chain (PEM); with the key and client CA, reloaded on SIGHUP and when "
      "the files change (new connections get the new certificate)",
-     0, set_tls_cert},
-    {"tls-key", "TQKV_TLS_KEY", OPT_VALUE, "FILE", "TLS private key (PEM)", 0, set_tls_key},
-    {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_VALUE, "FILE",
-     "require client certificates signed by this CA (mutual TLS)", 0, set_tls_client_ca},
-    {"drain-seconds", "TQKV_DRAIN_SECONDS", OPT_VALUE, "S",
-     "on SIGTERM, time in-flight streams get to finish (default 20)", 0, set_drain_seconds},
-    {"access-log", "TQKV_ACCESS_LOG", OPT_VALUE, "FILE|-",
+     CFG(tls_cert)},
+    {"tls-key", "TQKV_TLS_KEY", OPT_STR, "FILE", "TLS private key (PEM)", CFG(tls_key)},
+    {"tls-client-ca", "TQKV_TLS_CLIENT_CA", OPT_STR, "FILE",
+     "require client certificates signed by this CA (mutual TLS)", CFG(tls_client_ca)},
+    {"drain-seconds", "TQKV_DRAIN_SECONDS", OPT_UINT, "S",
+     "on SIGTERM, time in-flight streams get to finish (default 20)", CFG(drain_seconds),
+     .max = 3600, .why = WHY_SECONDS},
+    {"access-log", "TQKV_ACCESS_LOG", OPT_STR, "FILE|-",
      "one line per finished RPC (method, code, peer, tenant, duration, request id) to FILE "
      "(reopened on SIGHUP) or, with -, to the log stream; default: off",
-     0, set_access_log},
-    {"slow-request-ms", "TQKV_SLOW_REQUEST_MS", OPT_VALUE, "MS",
-     "log RPCs that took longer than MS milliseconds at warn (default 0: off)", 0,
-     set_slow_request_ms},
-    {"log-level", "TQKV_LOG_LEVEL", OPT_VALUE, "debug|info|warn|error", "default info", 0,
-     set_log_level},
-    {"log-format", "TQKV_LOG_FORMAT", OPT_VALUE, "text|json", "default text", 0, set_log_format},
-    {"help", NULL, OPT_BOOL, NULL, "print this help and exit", 0, set_help},
-    {"version", NULL, OPT_BOOL, NULL, "print the version and build (ISA, CUDA, NCCL) and exit", 0,
-     set_version},
+     CFG(access_log)},
+    {"slow-request-ms", "TQKV_SLOW_REQUEST_MS", OPT_UINT, "MS",
+     "log RPCs that took longer than MS milliseconds at warn (default 0: off)",
+     CFG(slow_request_ms), .max = 86400000, .why = "expected milliseconds in 0..86400000"},
+    {"log-level", "TQKV_LOG_LEVEL", OPT_LOG_LEVEL, "debug|info|warn|error", "default info",
+     CFG(log_level), .why = "expected debug, info, warn or error"},
+    {"log-format", "TQKV_LOG_FORMAT", OPT_LOG_FORMAT, "text|json", "default text", CFG(log_format),
+     .why = "expected text or json"},
+    {"help", NULL, OPT_BOOL, NULL, "print this help and exit", CFG(help)},
+    {"version", NULL, OPT_BOOL, NULL, "print the version and build (ISA, CUDA, NCCL) and exit",
+     CFG(version)},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
-/* Applies one option through its row's setter; codec policy settings go to *pol
+/* Stores v into the fields of base (the server config, or a codec policy for a policy
+ * setting) that row o names; b is the parsed value of an OPT_BOOL. Returns NULL, or why v
+ * is not valid (nothing stored then). */
+static const char *
+set_fields(void *base, const opt_t *o, const char *v, int b)
+{
+    unsigned long long u = 0;
+    uint64_t bytes;
+    uint8_t b2;
+    char *f = (char *)base + o->off[0];
+    switch (o->kind) {
+    case OPT_BOOL:
+        u = (unsigned long long)b;
+        break;
+    case OPT_STR:
+        return copy_str(f, o->size, v) ? (o->why ? o->why : WHY_PATH) : NULL;
+    case OPT_LISTEN:
+        return !listen_ok(v) || copy_str(f, o->size, v) ? WHY_LISTEN : NULL;
+    case OPT_NAME:
+        return !node_id_ok(v) || copy_str(f, o->size, v) ? o->why : NULL;
+    case OPT_UINT:
+        if (parse_uint(v, o->max, &u) != TQKV_OK || u < o->min)
+            return o->why;
+        break;
+    case OPT_BYTES:
+        if (tqkv_config_parse_bytes(v, &bytes) != TQKV_OK)
+            return o->why ? o->why : WHY_BYTES;
+        if (bytes < o->min || bytes > o->max)
+            return o->why_range ? o->why_range : o->why ? o->why : WHY_BYTES;
+        u = bytes;
+        break;
+    case OPT_BITS:
+        if (tqkv_bits_parse(v, &b2) != TQKV_OK)
+            return WHY_BITS;
+        u = b2;
+        break;
+    case OPT_CHOICE: {
+        const opt_choice_t *c = o->choices;
+        while (c->name != NULL && strcmp(c->name, v) != 0)
+            c++;
+        if (c->name == NULL)
+            return o->why;
+        u = (unsigned long long)c->value;
+        break;
+    }
+    case OPT_LOG_LEVEL:
+        return tqkv_log_level_parse(v, (tqkv_log_level_t *)f) != TQKV_OK ? o->why : NULL;
+    case OPT_LOG_FORMAT:
+        return tqkv_log_format_parse(v, (tqkv_log_format_t *)f) != TQKV_OK ? o->why : NULL;
+    case OPT_NS_POLICY:
+        return NULL; /* the parser collects the specs */
+    }
+    for (int i = 0; i < o->noff; i++) {
+        f = (char *)base + o->off[i];
+        if (o->size == 1) {
+            uint8_t x = (uint8_t)u;
+            memcpy(f, &x, 1);
+        } else if (o->size == 4) {
+            uint32_t x = (uint32_t)u; /* unsigned, int and enum fields alike */
+            memcpy(f, &x, 4);
+        } else {
+            uint64_t x = (uint64_t)u;
+            memcpy(f, &x, 8);
+        }
+    }
+    return NULL;
+}
+
+/* Applies one option through its row; codec policy settings go to *pol
  * (&cfg->policy, or a namespace's policy); `src` names where it came from for the error
  * line. */
 static tqkv_status_t
@@ -749,7 +456,7 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
         why = "missing value";
         goto bad;
     }
-    if (o->set != NULL && (why = o->set(cfg, pol, v, b)) != NULL)
+    if ((why = set_fields(o->ns ? (void *)pol : (void *)cfg, o, v, b)) != NULL)
         goto bad;
     return TQKV_OK;
 bad:
@@ -1057,7 +764,7 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
             return TQKV_EINVAL;
         }
         const char *v = eq ? eq + 1 : NULL;
-        if (o->kind == OPT_VALUE && v == NULL) {
+        if (o->kind != OPT_BOOL && v == NULL) {
             if (i + 1 >= argc) {
                 snprintf(err, errlen, "--%s: missing value", o->name);
                 return TQKV_EINVAL;

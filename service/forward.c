@@ -353,27 +353,25 @@ copy_hash(tqkv_hash_t *h, const uint8_t *p, size_t len)
 }
 
 tqkv_status_t
-tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *hash,
-              size_t hash_len, const uint8_t *parent, size_t parent_len, uint32_t layer,
-              const tqkv_block_shape_t *shape, const void *page, size_t len, int *duplicate,
+tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const tqkv__fwd_block_t *blk, int *duplicate,
               char *err, size_t errlen)
 {
     tqkv_hash_t h, ph;
-    copy_hash(&h, hash, hash_len);
-    if (parent)
-        copy_hash(&ph, parent, parent_len);
+    copy_hash(&h, blk->hash, blk->hash_len);
+    if (blk->parent)
+        copy_hash(&ph, blk->parent, blk->parent_len);
     tqkv_put_t *p = NULL;
     tqkv_client_thread_authz(authz);
     pthread_rwlock_rdlock(&f->lk);
     tqkv_status_t st = tqkv_client_put_begin(f->cl, NULL, &p);
     if (st == TQKV_OK) {
-        tqkv_put_block_t b = {.ns = ns,
+        tqkv_put_block_t b = {.ns = blk->ns,
                               .hash = &h,
-                              .parent = parent ? &ph : NULL,
-                              .layer = layer,
-                              .shape = *shape,
-                              .page = page,
-                              .page_len = len};
+                              .parent = blk->parent ? &ph : NULL,
+                              .layer = blk->layer,
+                              .shape = blk->shape,
+                              .page = blk->page,
+                              .page_len = blk->len};
         st = tqkv_client_put_block(p, &b);
         tqkv_put_result_t res;
         tqkv_status_t st2 = tqkv_client_put_end(p, &res);

@@ -79,11 +79,22 @@ int tqkv__fwd_owned(const tqkv__fwd_rank_t *r, const char *ns, const uint8_t *ha
 /* authz (every call below): the caller's `authorization` header value (borrowed, NULL
  * when it sent none), sent to the owner in place of the peer token. */
 
+/* One block a Put forwards to its owner (every field borrowed for the call). */
+typedef struct tqkv__fwd_block {
+    const char *ns;
+    const uint8_t *hash;
+    size_t hash_len;
+    const uint8_t *parent; /* NULL: no parent */
+    size_t parent_len;
+    uint32_t layer;
+    tqkv_block_shape_t shape;
+    const void *page; /* the encoded page */
+    size_t len;       /* its bytes */
+} tqkv__fwd_block_t;
+
 /* Puts one page to its owner (a peer). *duplicate set as the owner reports. */
-tqkv_status_t tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *hash,
-                            size_t hash_len, const uint8_t *parent, size_t parent_len,
-                            uint32_t layer, const tqkv_block_shape_t *shape, const void *page,
-                            size_t len, int *duplicate, char *err, size_t errlen);
+tqkv_status_t tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const tqkv__fwd_block_t *b,
+                            int *duplicate, char *err, size_t errlen);
 
 /* Per hash of hashes[n], the tier the owners report (0 = absent), for the hashes with
  * want[i] set; lease_ms as in Lookup. */

@@ -1,5 +1,9 @@
 /* metrics.c - Prometheus registry of tqkv-server and its /metrics endpoint (libmicrohttpd).
  *
+ * The exposition text (escaping, number formats) and the families read from the store and
+ * /proc at scrape time are in metrics_text.c; this file holds the registry, the families of
+ * its own counters and the HTTP endpoint.
+ *
  * Conventions: the tenant label is `tenant` (a tqkv namespace; `namespace` would collide with
  * the Kubernetes label Prometheus attaches to every target), the process is described by the
  * standard process_* families (read from /proc at scrape time, as the official client
@@ -26,6 +30,7 @@
  * calling into the store).
  */
 #include "service/metrics.h"
+#include "service/metrics_text.h"
 #include "cache/disk.h"
 
 #include <arpa/inet.h>
@@ -401,356 +406,6 @@ tqkv_metrics_ns_access(tqkv_metrics_t *m, const char *ns, size_t ns_len, uint64_
     atomic_fetch_add_explicit(&e->misses, misses, memory_order_relaxed);
 }
 
-/* ---- rendering ---- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf_t;
-
-static void
-sb_reserve(sbuf_t *b, size_t extra)
-{
-    if (b->oom || b->len + extra + 1 <= b->cap)
-        return;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
-}
-
-static void
-sb_append(sbuf_t *b, const char *s, size_t n)
-{
-    sb_reserve(b, n);
-    if (b->oom)
-        return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-/* Appends a string literal. */
-#define SB_LIT(b, lit) sb_append((b), (lit), sizeof(lit) - 1)
-
-static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-sb_printf(sbuf_t *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    char tmp[256];
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->oom = 1;
-        return;
-    }
-    if ((size_t)n < sizeof(tmp)) {
-        sb_append(b, tmp, (size_t)n);
-        return;
-    }
-    sb_reserve(b, (size_t)n);
-    if (b->oom)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-/* Length of the valid UTF-8 sequence at s[0..n) (1..4), or 0 when invalid. */
-static size_t
-utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    unsigned min;
-    if (c == 0)
-        return 0; /* NUL would end the C string the text is returned in */
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-        min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    unsigned cp = c & (0x7Fu >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3Fu);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
-}
-
-/* Appends a label value escaped per the text format: \ -> \\, " -> \", LF -> \n, and
- * invalid UTF-8 bytes -> U+FFFD. */
-static void
-sb_label_value(sbuf_t *b, const char *v, size_t n)
-{
-    const unsigned char *s = (const unsigned char *)v;
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c == '\\') {
-            SB_LIT(b, "\\\\");
-            i++;
-        } else if (c == '"') {
-            SB_LIT(b, "\\\"");
-            i++;
-        } else if (c == '\n') {
-            SB_LIT(b, "\\n");
-            i++;
-        } else {
-            size_t k = utf8_seq(s + i, n - i);
-            if (k == 0) {
-                SB_LIT(b, "\xEF\xBF\xBD");
-                i++;
-            } else {
-                sb_append(b, v + i, k);
-                i += k;
-            }
-        }
-    }
-}
-
-static void
-sb_family(sbuf_t *b, const char *name, const char *type, const char *help)
-{
-    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* A double sample value: integers exactly, others with full precision; NaN/Inf spelled
- * as the format wants. */
-static void
-sb_double(sbuf_t *b, double v)
-{
-    if (isnan(v))
-        SB_LIT(b, "NaN");
-    else if (isinf(v))
-        sb_printf(b, "%s", v > 0 ? "+Inf" : "-Inf");
-    else
-        sb_printf(b, "%.17g", v);
-}
-
-static void
-sb_le(sbuf_t *b, double le)
-{
-    /* %g gives the canonical short forms Prometheus clients use ("0.0001", "2.5", "10"). */
-    sb_printf(b, "%g", le);
-}
-
-static const char *const k_tier_names[TQKV_TIER_COUNT] = {"none", "hbm", "dram", "disk"};
-
-typedef struct ns_snap {
-    char *name;
-    size_t len;
-    tqkv_store_stats_t st;
-} ns_snap_t;
-
-typedef struct ns_collect {
-    ns_snap_t *v;
-    size_t n, cap;
-    int oom;
-} ns_collect_t;
-
-static void
-collect_ns(void *arg, const char *ns, size_t ns_len, const tqkv_store_stats_t *st)
-{
-    ns_collect_t *c = arg;
-    if (c->oom)
-        return;
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 16;
-        ns_snap_t *v = realloc(c->v, cap * sizeof(*v));
-        if (!v) {
-            c->oom = 1;
-            return;
-        }
-        c->v = v;
-        c->cap = cap;
-    }
-    char *name = malloc(ns_len + 1);
-    if (!name) {
-        c->oom = 1;
-        return;
-    }
-    if (ns_len)
-        memcpy(name, ns, ns_len);
-    name[ns_len] = '\0';
-    c->v[c->n].name = name;
-    c->v[c->n].len = ns_len;
-    c->v[c->n].st = *st;
-    c->n++;
-}
-
-static int
-cmp_snap(const void *a, const void *b)
-{
-    const ns_snap_t *x = a, *y = b;
-    size_t n = x->len < y->len ? x->len : y->len;
-    int c = memcmp(x->name, y->name, n);
-    if (c)
-        return c;
-    return x->len < y->len ? -1 : x->len > y->len;
-}
-
-static void
-render_tier_family(sbuf_t *b, const tqkv_store_stats_t *st, const char *name, const char *type,
-                   const char *help, size_t field_off)
-{
-    sb_family(b, name, type, help);
-    for (int t = TQKV_TIER_HBM; t < TQKV_TIER_COUNT; t++) {
-        const uint64_t *v = (const uint64_t *)((const char *)&st->tier[t] + field_off);
-        sb_printf(b, "%s{tier=\"%s\"} %" PRIu64 "\n", name, k_tier_names[t], *v);
-    }
-}
-
-static void
-render_store(sbuf_t *b, tqkv_store_t *store)
-{
-    tqkv_store_stats_t st;
-    if (tqkv_store_stats(store, NULL, 0, &st) != TQKV_OK)
-        return;
-    render_tier_family(b, &st, "tqkv_tier_capacity_bytes", "gauge",
-                       "Capacity of the tier in bytes of page data.",
-                       offsetof(tqkv_tier_stats_t, capacity));
-    render_tier_family(b, &st, "tqkv_tier_bytes", "gauge", "Bytes of page data held in the tier.",
-                       offsetof(tqkv_tier_stats_t, bytes_used));
-    render_tier_family(b, &st, "tqkv_tier_pages", "gauge", "Pages held in the tier.",
-                       offsetof(tqkv_tier_stats_t, pages));
-    render_tier_family(b, &st, "tqkv_tier_hits_total", "counter",
-                       "Page gets served by the tier (sum over tiers: all page hits).",
-                       offsetof(tqkv_tier_stats_t, hits));
-    render_tier_family(b, &st, "tqkv_tier_evictions_total", "counter",
-                       "Pages evicted from the tier.", offsetof(tqkv_tier_stats_t, evictions));
-    render_tier_family(b, &st, "tqkv_tier_demotions_total", "counter",
-                       "Pages demoted from the tier to the next one down.",
-                       offsetof(tqkv_tier_stats_t, demotions));
-    render_tier_family(b, &st, "tqkv_tier_promotions_total", "counter",
-                       "Pages promoted into the tier.", offsetof(tqkv_tier_stats_t, promotions));
-
-    /* Store-wide families only for what the tiers do not already say: a miss is in no tier;
-     * page bytes (logical) differ from tier bytes (allocated); BF16 bytes are the numerator
-     * of the compression ratio sum(tqkv_store_bf16_bytes) / sum(tqkv_store_page_bytes). */
-    sb_family(b, "tqkv_store_misses_total", "counter", "Page gets that found the page in no tier.");
-    sb_printf(b, "tqkv_store_misses_total %" PRIu64 "\n", st.misses);
-    sb_family(b, "tqkv_store_page_bytes", "gauge", "Bytes of page data held, all tiers.");
-    sb_printf(b, "tqkv_store_page_bytes %" PRIu64 "\n", st.page_bytes);
-    sb_family(b, "tqkv_store_bf16_bytes", "gauge", "BF16 bytes represented by the pages held now.");
-    sb_printf(b, "tqkv_store_bf16_bytes %" PRIu64 "\n", st.bf16_bytes);
-    sb_family(b, "tqkv_store_page_bytes_in_total", "counter", "Page bytes stored by puts.");
-    sb_printf(b, "tqkv_store_page_bytes_in_total %" PRIu64 "\n", st.bytes_in);
-    sb_family(b, "tqkv_store_page_bytes_out_total", "counter", "Page bytes handed out by gets.");
-    sb_printf(b, "tqkv_store_page_bytes_out_total %" PRIu64 "\n", st.bytes_out);
-    sb_family(b, "tqkv_alloc_failures_total", "counter",
-              "Page allocations that failed (tier memory exhausted or fragmented).");
-    sb_printf(b, "tqkv_alloc_failures_total %" PRIu64 "\n", st.alloc_failures);
-
-    tqkv_disk_stats_t ds;
-    if (tqkv_store_disk_stats(store, &ds) == TQKV_OK) {
-        static const struct {
-            const char *name, *type, *help;
-            size_t off;
-        } dfams[] = {
-            {"tqkv_tier_reads_total", "counter", "Read I/Os of the tier (records and scans).",
-             offsetof(tqkv_disk_stats_t, reads)},
-            {"tqkv_tier_read_bytes_total", "counter", "Bytes read from the tier.",
-             offsetof(tqkv_disk_stats_t, read_bytes)},
-            {"tqkv_tier_writes_total", "counter", "Write I/Os (batches) of the tier.",
-             offsetof(tqkv_disk_stats_t, writes)},
-            {"tqkv_tier_write_bytes_total", "counter", "Bytes written to the tier.",
-             offsetof(tqkv_disk_stats_t, write_bytes)},
-            {"tqkv_tier_syncs_total", "counter", "fdatasync calls of the tier.",
-             offsetof(tqkv_disk_stats_t, syncs)},
-            {"tqkv_tier_io_errors_total", "counter", "Failed reads and writes of the tier.",
-             offsetof(tqkv_disk_stats_t, io_errors)},
-            {"tqkv_tier_corrupt_records_total", "counter",
-             "Records that failed a check (skipped, never served).",
-             offsetof(tqkv_disk_stats_t, corrupt)},
-            {"tqkv_tier_torn_records_total", "counter",
-             "Torn records found at the end of segments at start-up.",
-             offsetof(tqkv_disk_stats_t, torn)},
-            {"tqkv_tier_compactions_total", "counter", "Segments compacted.",
-             offsetof(tqkv_disk_stats_t, compactions)},
-            {"tqkv_tier_index_bytes", "gauge", "RAM of the tier's index.",
-             offsetof(tqkv_disk_stats_t, index_bytes)},
-            {"tqkv_tier_relocations_total", "counter",
-             "Records copied forward by the capacity reclaimer (leased and prefix records) "
-             "instead of being dropped.",
-             offsetof(tqkv_disk_stats_t, relocated_records)},
-            {"tqkv_tier_relocated_bytes_total", "counter",
-             "Bytes copied forward by the capacity reclaimer (leaf-first write amplification).",
-             offsetof(tqkv_disk_stats_t, relocated_bytes)},
-            {"tqkv_tier_lease_skips_total", "counter",
-             "Times the capacity reclaimer passed a segment over: its leased records did not fit.",
-             offsetof(tqkv_disk_stats_t, lease_skips)},
-            {"tqkv_tier_refused_writes_total", "counter",
-             "Records refused: the tier was full and everything droppable was leased.",
-             offsetof(tqkv_disk_stats_t, refused_writes)},
-            {"tqkv_tier_quota_drops_total", "counter",
-             "Records dropped (and tombstoned) to keep namespaces within their quotas.",
-             offsetof(tqkv_disk_stats_t, quota_drops)},
-            {"tqkv_tier_leases", "gauge", "Lease entries held by the tier (Lookup lease_ms).",
-             offsetof(tqkv_disk_stats_t, leases)},
-        };
-        for (size_t i = 0; i < sizeof(dfams) / sizeof(dfams[0]); i++) {
-            sb_family(b, dfams[i].name, dfams[i].type, dfams[i].help);
-            sb_printf(b, "%s{tier=\"disk\"} %" PRIu64 "\n", dfams[i].name,
-                      *(const uint64_t *)((const char *)&ds + dfams[i].off));
-        }
-    }
-
-    ns_collect_t c = {0};
-    if (tqkv_store_foreach_namespace(store, collect_ns, &c) == TQKV_OK && !c.oom) {
-        if (c.n > 1)
-            qsort(c.v, c.n, sizeof(*c.v), cmp_snap);
-        static const struct {
-            const char *name, *type, *help;
-            size_t off;
-        } fams[] = {
-            {"tqkv_tenant_page_bytes", "gauge", "Bytes of page data held for the tenant.",
-             offsetof(tqkv_store_stats_t, page_bytes)},
-            {"tqkv_tenant_pages", "gauge", "Pages held for the tenant.",
-             offsetof(tqkv_store_stats_t, pages)},
-        };
-        for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
-            sb_family(b, fams[f].name, fams[f].type, fams[f].help);
-            for (size_t i = 0; i < c.n; i++) {
-                const uint64_t *v = (const uint64_t *)((const char *)&c.v[i].st + fams[f].off);
-                sb_printf(b, "%s{tenant=\"", fams[f].name);
-                sb_label_value(b, c.v[i].name, c.v[i].len);
-                sb_printf(b, "\"} %" PRIu64 "\n", *v);
-            }
-        }
-    }
-    for (size_t i = 0; i < c.n; i++)
-        free(c.v[i].name);
-    free(c.v);
-}
-
 static int
 cmp_ns_entry(const void *a, const void *b)
 {
@@ -763,7 +418,7 @@ cmp_ns_entry(const void *a, const void *b)
 }
 
 static void
-render_ns_access(sbuf_t *b, tqkv_metrics_t *m)
+render_ns_access(tqkv__sbuf_t *b, tqkv_metrics_t *m)
 {
     pthread_mutex_lock(&m->ns_mu);
     size_t n = m->ns_count + (m->ns_other ? 1 : 0);
@@ -782,26 +437,27 @@ render_ns_access(sbuf_t *b, tqkv_metrics_t *m)
     /* Entries are never freed before destroy, so reading them unlocked is safe. */
     if (k > 1)
         qsort(v, k, sizeof(*v), cmp_ns_entry);
-    sb_family(b, "tqkv_tenant_hits_total", "counter",
-              "Blocks of the tenant (namespace) found by Get and Lookup requests.");
+    tqkv__sb_family(b, "tqkv_tenant_hits_total", "counter",
+                    "Blocks of the tenant (namespace) found by Get and Lookup requests.");
     for (size_t i = 0; i < k; i++) {
         SB_LIT(b, "tqkv_tenant_hits_total{tenant=\"");
-        sb_label_value(b, v[i]->name, v[i]->len);
-        sb_printf(b, "\"} %" PRIu64 "\n", atomic_load_explicit(&v[i]->hits, memory_order_relaxed));
+        tqkv__sb_label_value(b, v[i]->name, v[i]->len);
+        tqkv__sb_printf(b, "\"} %" PRIu64 "\n",
+                        atomic_load_explicit(&v[i]->hits, memory_order_relaxed));
     }
-    sb_family(b, "tqkv_tenant_misses_total", "counter",
-              "Blocks of the tenant (namespace) missing for Get and Lookup requests.");
+    tqkv__sb_family(b, "tqkv_tenant_misses_total", "counter",
+                    "Blocks of the tenant (namespace) missing for Get and Lookup requests.");
     for (size_t i = 0; i < k; i++) {
         SB_LIT(b, "tqkv_tenant_misses_total{tenant=\"");
-        sb_label_value(b, v[i]->name, v[i]->len);
-        sb_printf(b, "\"} %" PRIu64 "\n",
-                  atomic_load_explicit(&v[i]->misses, memory_order_relaxed));
+        tqkv__sb_label_value(b, v[i]->name, v[i]->len);
+        tqkv__sb_printf(b, "\"} %" PRIu64 "\n",
+                        atomic_load_explicit(&v[i]->misses, memory_order_relaxed));
     }
     free(v);
 }
 
 static void
-render_rpcs(sbuf_t *b, tqkv_metrics_t *m)
+render_rpcs(tqkv__sbuf_t *b, tqkv_metrics_t *m)
 {
     method_entry_t *v[TQKV_METRICS_MAX_METHODS + 1];
     pthread_mutex_lock(&m->methods_mu);
@@ -809,129 +465,41 @@ render_rpcs(sbuf_t *b, tqkv_metrics_t *m)
     memcpy(v, m->methods, n * sizeof(v[0]));
     pthread_mutex_unlock(&m->methods_mu);
 
-    sb_family(b, "tqkv_requests_total", "counter", "Finished RPCs by method and gRPC status code.");
+    tqkv__sb_family(b, "tqkv_requests_total", "counter",
+                    "Finished RPCs by method and gRPC status code.");
     for (size_t i = 0; i < n; i++) {
         for (int c = 0; c < GRPC_CODES; c++) {
             uint64_t x = atomic_load_explicit(&v[i]->codes[c], memory_order_relaxed);
             if (x == 0 && c != 0)
                 continue;
             SB_LIT(b, "tqkv_requests_total{method=\"");
-            sb_label_value(b, v[i]->name, strlen(v[i]->name));
-            sb_printf(b, "\",code=\"%s\"} %" PRIu64 "\n", k_code_names[c], x);
+            tqkv__sb_label_value(b, v[i]->name, strlen(v[i]->name));
+            tqkv__sb_printf(b, "\",code=\"%s\"} %" PRIu64 "\n", k_code_names[c], x);
         }
     }
-    sb_family(b, "tqkv_request_duration_seconds", "histogram",
-              "RPC duration from the call's start to its status, by method.");
+    tqkv__sb_family(b, "tqkv_request_duration_seconds", "histogram",
+                    "RPC duration from the call's start to its status, by method.");
     for (size_t i = 0; i < n; i++) {
         uint64_t cum = 0;
         for (size_t k = 0; k <= NBUCKETS; k++) {
             cum += atomic_load_explicit(&v[i]->buckets[k], memory_order_relaxed);
             SB_LIT(b, "tqkv_request_duration_seconds_bucket{method=\"");
-            sb_label_value(b, v[i]->name, strlen(v[i]->name));
+            tqkv__sb_label_value(b, v[i]->name, strlen(v[i]->name));
             SB_LIT(b, "\",le=\"");
             if (k < NBUCKETS)
-                sb_le(b, k_buckets[k]);
+                tqkv__sb_le(b, k_buckets[k]);
             else
                 SB_LIT(b, "+Inf");
-            sb_printf(b, "\"} %" PRIu64 "\n", cum);
+            tqkv__sb_printf(b, "\"} %" PRIu64 "\n", cum);
         }
         uint64_t sum_ns = atomic_load_explicit(&v[i]->sum_ns, memory_order_relaxed);
         SB_LIT(b, "tqkv_request_duration_seconds_sum{method=\"");
-        sb_label_value(b, v[i]->name, strlen(v[i]->name));
+        tqkv__sb_label_value(b, v[i]->name, strlen(v[i]->name));
         SB_LIT(b, "\"} ");
-        sb_double(b, (double)sum_ns * 1e-9);
+        tqkv__sb_double(b, (double)sum_ns * 1e-9);
         SB_LIT(b, "\ntqkv_request_duration_seconds_count{method=\"");
-        sb_label_value(b, v[i]->name, strlen(v[i]->name));
-        sb_printf(b, "\"} %" PRIu64 "\n", cum);
-    }
-}
-
-/* Reads a whole small /proc file into buf (NUL-terminated); returns its length or -1. */
-static ssize_t
-read_proc(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, cap - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return (ssize_t)n;
-}
-
-/* The standard process_* families (names, units and meaning as in the official Prometheus
- * client libraries), from /proc/self at scrape time. A family whose source cannot be read
- * is left out rather than reported as 0; the start time falls back to the registry's. */
-static void
-render_process(sbuf_t *b, double registry_start)
-{
-    char buf[4096];
-    double cpu = -1, start = registry_start, vsize = -1, rss = -1;
-    long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
-    if (read_proc("/proc/self/stat", buf, sizeof buf) > 0 && tck > 0 && page > 0) {
-        /* Fields after "pid (comm)": the comm may hold spaces and ')', so start after the
-         * last ')'. Field 3 is state; utime 14, stime 15, starttime 22, vsize 23, rss 24. */
-        const char *p = strrchr(buf, ')');
-        unsigned long long f[25] = {0};
-        int field = 3, ok = p != NULL;
-        if (ok)
-            p += 2; /* ") " */
-        while (ok && field <= 24 && *p) {
-            const char *sp = strchr(p, ' ');
-            if (field >= 14)
-                f[field] = strtoull(p, NULL, 10);
-            field++;
-            if (!sp)
-                break;
-            p = sp + 1;
-        }
-        if (ok && field > 24) {
-            cpu = (double)(f[14] + f[15]) / (double)tck;
-            vsize = (double)f[23];
-            rss = (double)f[24] * (double)page;
-            char st[8192];
-            const char *bt;
-            if (read_proc("/proc/stat", st, sizeof st) > 0 && (bt = strstr(st, "\nbtime ")))
-                start = (double)strtoull(bt + 7, NULL, 10) + (double)f[22] / (double)tck;
-        }
-    }
-    sb_family(b, "process_start_time_seconds", "gauge",
-              "Start time of the process since unix epoch in seconds.");
-    SB_LIT(b, "process_start_time_seconds ");
-    sb_double(b, start);
-    SB_LIT(b, "\n");
-    if (cpu >= 0) {
-        sb_family(b, "process_cpu_seconds_total", "counter",
-                  "Total user and system CPU time spent in seconds.");
-        SB_LIT(b, "process_cpu_seconds_total ");
-        sb_double(b, cpu);
-        SB_LIT(b, "\n");
-        sb_family(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-        SB_LIT(b, "process_virtual_memory_bytes ");
-        sb_double(b, vsize);
-        SB_LIT(b, "\n");
-        sb_family(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-        SB_LIT(b, "process_resident_memory_bytes ");
-        sb_double(b, rss);
-        SB_LIT(b, "\n");
-    }
-    DIR *d = opendir("/proc/self/fd");
-    if (d) {
-        long n = 0;
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL)
-            if (e->d_name[0] != '.')
-                n++;
-        closedir(d);
-        sb_family(b, "process_open_fds", "gauge", "Number of open file descriptors.");
-        sb_printf(b, "process_open_fds %ld\n", n - 1); /* less the directory's own */
-    }
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-        sb_family(b, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
-        SB_LIT(b, "process_max_fds ");
-        sb_double(b, rl.rlim_cur == RLIM_INFINITY ? INFINITY : (double)rl.rlim_cur);
-        SB_LIT(b, "\n");
+        tqkv__sb_label_value(b, v[i]->name, strlen(v[i]->name));
+        tqkv__sb_printf(b, "\"} %" PRIu64 "\n", cum);
     }
 }
 
@@ -940,109 +508,113 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
 {
     if (!m || !out)
         return TQKV_EINVAL;
-    sbuf_t b = {0};
-    sb_reserve(&b, 16384);
+    tqkv__sbuf_t b = {0};
+    tqkv__sb_reserve(&b, 16384);
 
-    sb_family(&b, "tqkv_build_info", "gauge", "Build information; the value is always 1.");
+    tqkv__sb_family(&b, "tqkv_build_info", "gauge", "Build information; the value is always 1.");
     SB_LIT(&b, "tqkv_build_info{version=\"");
-    sb_label_value(&b, TQKV_VERSION, strlen(TQKV_VERSION));
+    tqkv__sb_label_value(&b, TQKV_VERSION, strlen(TQKV_VERSION));
     SB_LIT(&b, "\"} 1\n");
     if (m->node_id[0]) {
-        sb_family(&b, "tqkv_node_info", "gauge",
-                  "The server's stable identity (--node-id); the value is always 1.");
+        tqkv__sb_family(&b, "tqkv_node_info", "gauge",
+                        "The server's stable identity (--node-id); the value is always 1.");
         SB_LIT(&b, "tqkv_node_info{node_id=\"");
-        sb_label_value(&b, m->node_id, strlen(m->node_id));
+        tqkv__sb_label_value(&b, m->node_id, strlen(m->node_id));
         SB_LIT(&b, "\"} 1\n");
     }
-    render_process(&b, m->start_time);
+    tqkv__render_process(&b, m->start_time);
 
     render_rpcs(&b, m);
 
-    sb_family(&b, "tqkv_bytes_received_total", "counter", "Request payload bytes received.");
-    sb_printf(&b, "tqkv_bytes_received_total %" PRIu64 "\n",
-              atomic_load_explicit(&m->bytes_in, memory_order_relaxed));
-    sb_family(&b, "tqkv_bytes_sent_total", "counter", "Response payload bytes sent.");
-    sb_printf(&b, "tqkv_bytes_sent_total %" PRIu64 "\n",
-              atomic_load_explicit(&m->bytes_out, memory_order_relaxed));
-    sb_family(&b, "tqkv_bf16_equivalent_bytes_delivered_total", "counter",
-              "BF16 bytes the pages delivered by Get stand for (uncompressed equivalent).");
-    sb_printf(&b, "tqkv_bf16_equivalent_bytes_delivered_total %" PRIu64 "\n",
-              atomic_load_explicit(&m->bf16_out, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_bytes_received_total", "counter", "Request payload bytes received.");
+    tqkv__sb_printf(&b, "tqkv_bytes_received_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->bytes_in, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_bytes_sent_total", "counter", "Response payload bytes sent.");
+    tqkv__sb_printf(&b, "tqkv_bytes_sent_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->bytes_out, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_bf16_equivalent_bytes_delivered_total", "counter",
+                    "BF16 bytes the pages delivered by Get stand for (uncompressed equivalent).");
+    tqkv__sb_printf(&b, "tqkv_bf16_equivalent_bytes_delivered_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->bf16_out, memory_order_relaxed));
 
     static const char *const ops[2] = {"decode", "encode"};
-    sb_family(&b, "tqkv_codec_bytes_total", "counter",
-              "BF16 bytes processed by the TurboQuant codec, by operation.");
+    tqkv__sb_family(&b, "tqkv_codec_bytes_total", "counter",
+                    "BF16 bytes processed by the TurboQuant codec, by operation.");
     for (int i = 1; i >= 0; i--)
-        sb_printf(&b, "tqkv_codec_bytes_total{op=\"%s\"} %" PRIu64 "\n", ops[i],
-                  atomic_load_explicit(&m->codec_bytes[i], memory_order_relaxed));
-    sb_family(&b, "tqkv_codec_seconds_total", "counter",
-              "Seconds spent in the TurboQuant codec, by operation.");
+        tqkv__sb_printf(&b, "tqkv_codec_bytes_total{op=\"%s\"} %" PRIu64 "\n", ops[i],
+                        atomic_load_explicit(&m->codec_bytes[i], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_codec_seconds_total", "counter",
+                    "Seconds spent in the TurboQuant codec, by operation.");
     for (int i = 1; i >= 0; i--) {
-        sb_printf(&b, "tqkv_codec_seconds_total{op=\"%s\"} ", ops[i]);
-        sb_double(&b, (double)atomic_load_explicit(&m->codec_ns[i], memory_order_relaxed) * 1e-9);
+        tqkv__sb_printf(&b, "tqkv_codec_seconds_total{op=\"%s\"} ", ops[i]);
+        tqkv__sb_double(&b,
+                        (double)atomic_load_explicit(&m->codec_ns[i], memory_order_relaxed) * 1e-9);
         SB_LIT(&b, "\n");
     }
-    sb_family(&b, "tqkv_active_streams", "gauge", "gRPC calls in progress.");
-    sb_printf(&b, "tqkv_active_streams %" PRId64 "\n",
-              atomic_load_explicit(&m->streams, memory_order_relaxed));
-    sb_family(&b, "tqkv_data_channels", "gauge",
-              "TCP data channels open (--data-listen; connected or awaiting their hello).");
-    sb_printf(&b, "tqkv_data_channels %" PRId64 "\n",
-              atomic_load_explicit(&m->data_channels, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_active_streams", "gauge", "gRPC calls in progress.");
+    tqkv__sb_printf(&b, "tqkv_active_streams %" PRId64 "\n",
+                    atomic_load_explicit(&m->streams, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_data_channels", "gauge",
+                    "TCP data channels open (--data-listen; connected or awaiting their hello).");
+    tqkv__sb_printf(&b, "tqkv_data_channels %" PRId64 "\n",
+                    atomic_load_explicit(&m->data_channels, memory_order_relaxed));
     const char *dc_path = atomic_load(&m->dc_path);
     if (dc_path) {
-        sb_family(&b, "tqkv_data_channel_security_info", "gauge",
-                  "How TCP data channels are protected (path: plaintext, or the TLS "
-                  "implementation that runs); the value is always 1.");
-        sb_printf(&b, "tqkv_data_channel_security_info{path=\"%s\"} 1\n", dc_path);
-        sb_family(&b, "tqkv_data_channel_handshake_failures_total", "counter",
-                  "Data channel connections refused at the TLS handshake (no or untrusted "
-                  "client certificate, plaintext on a TLS port, timeout).");
-        sb_printf(&b, "tqkv_data_channel_handshake_failures_total %" PRIu64 "\n",
-                  atomic_load_explicit(&m->dc_handshake_failures, memory_order_relaxed));
+        tqkv__sb_family(&b, "tqkv_data_channel_security_info", "gauge",
+                        "How TCP data channels are protected (path: plaintext, or the TLS "
+                        "implementation that runs); the value is always 1.");
+        tqkv__sb_printf(&b, "tqkv_data_channel_security_info{path=\"%s\"} 1\n", dc_path);
+        tqkv__sb_family(&b, "tqkv_data_channel_handshake_failures_total", "counter",
+                        "Data channel connections refused at the TLS handshake (no or untrusted "
+                        "client certificate, plaintext on a TLS port, timeout).");
+        tqkv__sb_printf(&b, "tqkv_data_channel_handshake_failures_total %" PRIu64 "\n",
+                        atomic_load_explicit(&m->dc_handshake_failures, memory_order_relaxed));
     }
 
     static const char *const files[2] = {"tokens", "tls"};
-    sb_family(&b, "tqkv_credential_reloads_total", "counter",
-              "Reloads of the token file / TLS files (SIGHUP or file change) by result; a "
-              "rejected file leaves the previous one in force.");
+    tqkv__sb_family(&b, "tqkv_credential_reloads_total", "counter",
+                    "Reloads of the token file / TLS files (SIGHUP or file change) by result; a "
+                    "rejected file leaves the previous one in force.");
     for (int f = 0; f < 2; f++)
         for (int r = 0; r < 2; r++)
-            sb_printf(&b, "tqkv_credential_reloads_total{file=\"%s\",result=\"%s\"} %" PRIu64 "\n",
-                      files[f], r ? "rejected" : "ok",
-                      atomic_load_explicit(&m->reloads[f][r], memory_order_relaxed));
-    sb_family(&b, "tqkv_credential_load_timestamp_seconds", "gauge",
-              "When the token file / TLS files in force were loaded (0: not configured).");
+            tqkv__sb_printf(
+                &b, "tqkv_credential_reloads_total{file=\"%s\",result=\"%s\"} %" PRIu64 "\n",
+                files[f], r ? "rejected" : "ok",
+                atomic_load_explicit(&m->reloads[f][r], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_credential_load_timestamp_seconds", "gauge",
+                    "When the token file / TLS files in force were loaded (0: not configured).");
     for (int f = 0; f < 2; f++) {
-        sb_printf(&b, "tqkv_credential_load_timestamp_seconds{file=\"%s\"} ", files[f]);
-        sb_double(&b,
-                  (double)atomic_load_explicit(&m->reload_ok_ns[f], memory_order_relaxed) * 1e-9);
+        tqkv__sb_printf(&b, "tqkv_credential_load_timestamp_seconds{file=\"%s\"} ", files[f]);
+        tqkv__sb_double(
+            &b, (double)atomic_load_explicit(&m->reload_ok_ns[f], memory_order_relaxed) * 1e-9);
         SB_LIT(&b, "\n");
     }
 
-    sb_family(&b, "tqkv_handoff_pages_total", "counter",
-              "Pages handed off to peers on drain (--peers; stored or already there).");
-    sb_printf(&b, "tqkv_handoff_pages_total %" PRIu64 "\n",
-              atomic_load_explicit(&m->handoff_pages, memory_order_relaxed));
-    sb_family(&b, "tqkv_handoff_bytes_total", "counter",
-              "Page bytes handed off to peers on drain.");
-    sb_printf(&b, "tqkv_handoff_bytes_total %" PRIu64 "\n",
-              atomic_load_explicit(&m->handoff_bytes, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_handoff_pages_total", "counter",
+                    "Pages handed off to peers on drain (--peers; stored or already there).");
+    tqkv__sb_printf(&b, "tqkv_handoff_pages_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->handoff_pages, memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_handoff_bytes_total", "counter",
+                    "Page bytes handed off to peers on drain.");
+    tqkv__sb_printf(&b, "tqkv_handoff_bytes_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->handoff_bytes, memory_order_relaxed));
     static const char *const fwd_names[3] = {"Put", "Lookup", "Get"};
-    sb_family(&b, "tqkv_forwarded_requests_total", "counter",
-              "Requests forwarded to the owners of blocks this server does not own (one hop).");
+    tqkv__sb_family(
+        &b, "tqkv_forwarded_requests_total", "counter",
+        "Requests forwarded to the owners of blocks this server does not own (one hop).");
     for (int i = 0; i < 3; i++)
-        sb_printf(&b, "tqkv_forwarded_requests_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                  atomic_load_explicit(&m->fwd_calls[i], memory_order_relaxed));
-    sb_family(&b, "tqkv_forwarded_blocks_total", "counter",
-              "Blocks (hashes, or Put messages) in forwarded requests.");
+        tqkv__sb_printf(&b, "tqkv_forwarded_requests_total{method=\"%s\"} %" PRIu64 "\n",
+                        fwd_names[i], atomic_load_explicit(&m->fwd_calls[i], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_forwarded_blocks_total", "counter",
+                    "Blocks (hashes, or Put messages) in forwarded requests.");
     for (int i = 0; i < 3; i++)
-        sb_printf(&b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                  atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
+        tqkv__sb_printf(&b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n",
+                        fwd_names[i],
+                        atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
 
     render_ns_access(&b, m);
     if (store)
-        render_store(&b, store);
+        tqkv__render_store(&b, store);
 
     if (b.oom) {
         free(b.p);

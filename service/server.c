@@ -12,6 +12,9 @@
  * drain_seconds, grpc_server_cancel_all_calls, wait for the shutdown tag and for
  * every call object to be freed, shut down and drain each completion queue, join,
  * grpc_server_destroy, destroy the queues.
+ *
+ * The handlers are reached only through the method table (methods.c); the calls' batch
+ * operations and log lines are in call.c.
  */
 #include "service/server.h"
 
@@ -46,444 +49,6 @@
 #include "service/tls.h"
 #include "transport/wire.h"
 
-static const tqkv__handler_t *
-handler_of(tqkv__method_t m)
-{
-    switch (m) {
-    case TQKV__M_PUT:
-        return &tqkv__put_handler;
-    case TQKV__M_LOOKUP:
-        return &tqkv__lookup_handler;
-    case TQKV__M_GET:
-        return &tqkv__get_dispatch_handler; /* tqkv__get_handler unless transport NCCL */
-    case TQKV__M_GET_NCCL:
-        return &tqkv__get_nccl_handler;
-    case TQKV__M_GET_TCP:
-        return &tqkv__get_tcp_handler;
-    case TQKV__M_OPEN_CHANNEL:
-        return &tqkv__open_channel_handler;
-    case TQKV__M_CLOSE_CHANNEL:
-        return &tqkv__close_channel_handler;
-    case TQKV__M_DELETE:
-        return &tqkv__delete_handler;
-    case TQKV__M_STATS:
-        return &tqkv__stats_handler;
-    case TQKV__M_HEALTH_CHECK:
-        return &tqkv__health_check_handler;
-    case TQKV__M_HEALTH_WATCH:
-        return &tqkv__health_watch_handler;
-    case TQKV__M_REFLECT_V1:
-    case TQKV__M_REFLECT_V1A:
-        return &tqkv__reflection_handler;
-    default:
-        return NULL;
-    }
-}
-
-static const char *const method_paths[TQKV__M_COUNT] = {
-    "/tqkv.v1.KVCache/Put",
-    "/tqkv.v1.KVCache/Lookup",
-    "/tqkv.v1.KVCache/Get",
-    "/tqkv.v1.KVCache/Delete",
-    "/tqkv.v1.KVCache/Stats",
-    "/grpc.health.v1.Health/Check",
-    "/grpc.health.v1.Health/Watch",
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-    "/tqkv.v1.KVCache/OpenChannel",
-    "/tqkv.v1.KVCache/CloseChannel",
-};
-
-static const char *const state_names[] = {"REQUESTED", "RECV",   "WORK", "SEND",
-                                          "IDLE",      "STATUS", "DONE"};
-
-double
-tqkv__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void
-tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st)
-{
-    /* DONE is final; nothing leaves it. */
-    if (c->state == TQKV__CS_DONE && st != TQKV__CS_DONE) {
-        tqkv_log(TQKV_LOG_ERROR, "call state machine: transition out of DONE", "method=%d to=%s",
-                 (int)c->method, state_names[st]);
-        abort();
-    }
-    if (tqkv_log_enabled(TQKV_LOG_DEBUG) && c->state != st)
-        tqkv_log(TQKV_LOG_DEBUG, "call state", "call=%p method=%d from=%s to=%s", (void *)c,
-                 (int)c->method, state_names[c->state], state_names[st]);
-    c->state = st;
-}
-
-static grpc_call_error
-start(tqkv__call_t *c, const grpc_op *ops, size_t n, tqkv__tag_kind_t k)
-{
-    c->inflight++;
-    pthread_mutex_lock(&c->batch_mu);
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tags[k], NULL);
-    pthread_mutex_unlock(&c->batch_mu);
-    if (e != GRPC_CALL_OK) {
-        c->inflight--;
-        tqkv_log(TQKV_LOG_ERROR, "grpc_call_start_batch failed", "error=%d tag=%d", (int)e, (int)k);
-    }
-    return e;
-}
-
-/* ---- request ids, tenants and the per-call log lines ---- */
-
-static _Atomic uint64_t g_req_seq; /* request ids: splitmix64 of a random base + sequence */
-static uint64_t g_req_base;
-
-static void
-req_id_init(void)
-{
-    uint64_t b = 0;
-    FILE *f = fopen("/dev/urandom", "re");
-    if (!f || fread(&b, sizeof b, 1, f) != 1) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        b = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 44);
-    }
-    if (f)
-        fclose(f);
-    g_req_base = b;
-}
-
-/* A client's x-request-id is kept when it is 1..64 characters of [A-Za-z0-9._:-] (it goes
- * into log lines and back to the client); anything else gets a generated id. */
-static int
-req_id_ok(const uint8_t *p, size_t n)
-{
-    if (n == 0 || n > 64)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t ch = p[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == ':' || ch == '-'))
-            return 0;
-    }
-    return 1;
-}
-
-/* Sets c->req_id from the request metadata, or generates one (16 hex digits). */
-static void
-req_id_set(tqkv__call_t *c)
-{
-    for (size_t i = 0; i < c->md.count; i++) {
-        if (grpc_slice_str_cmp(c->md.metadata[i].key, "x-request-id") == 0) {
-            const uint8_t *p = GRPC_SLICE_START_PTR(c->md.metadata[i].value);
-            size_t n = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
-            if (req_id_ok(p, n)) {
-                memcpy(c->req_id, p, n);
-                c->req_id[n] = '\0';
-                return;
-            }
-            break;
-        }
-    }
-    uint64_t z = g_req_base + 0x9E3779B97F4A7C15ull * (atomic_fetch_add(&g_req_seq, 1) + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    snprintf(c->req_id, sizeof c->req_id, "%016llx", (unsigned long long)z);
-}
-
-/* Adds x-request-id to a SEND_STATUS_FROM_SERVER op. The metadata lives in the call (its
- * slices are released in call_free), so it outlives the batch whatever the core keeps. */
-static void
-set_trailers(tqkv__call_t *c, grpc_op *op)
-{
-    if (!c->req_id[0])
-        return;
-    if (GRPC_SLICE_LENGTH(c->trail_md.key) == 0) {
-        c->trail_md.key = grpc_slice_from_static_string("x-request-id");
-        c->trail_md.value = grpc_slice_from_copied_string(c->req_id);
-    }
-    op->data.send_status_from_server.trailing_metadata_count = 1;
-    op->data.send_status_from_server.trailing_metadata = &c->trail_md;
-}
-
-/* Records the first namespace a call names (any thread: Put's jobs run on the pool; the
- * worker reads it in call_free, after every job's wake came back). */
-static void
-tenant_set(tqkv__call_t *c, const char *ns)
-{
-    int expect = 0;
-    if (!ns || atomic_load_explicit(&c->tenant_state, memory_order_relaxed) != 0 ||
-        !atomic_compare_exchange_strong(&c->tenant_state, &expect, 1))
-        return;
-    snprintf(c->tenant, sizeof c->tenant, "%s", ns);
-    atomic_store_explicit(&c->tenant_state, 2, memory_order_release);
-}
-
-/* Warn lines about calls (failed, slow) are capped at this many per second, so a client
- * hammering the server with bad requests cannot flood the log; the next line says how many
- * were left out. The access log is not capped (it is asked for). */
-#define CALL_WARN_PER_SEC 100
-
-static _Atomic int64_t g_warn_sec;
-static _Atomic uint32_t g_warn_n;
-static _Atomic uint64_t g_warn_dropped;
-
-static int
-warn_allowed(uint64_t *dropped)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t sec = (int64_t)ts.tv_sec, w = atomic_load(&g_warn_sec);
-    if (w != sec && atomic_compare_exchange_strong(&g_warn_sec, &w, sec))
-        atomic_store(&g_warn_n, 0);
-    if (atomic_fetch_add(&g_warn_n, 1) < CALL_WARN_PER_SEC) {
-        *dropped = atomic_exchange(&g_warn_dropped, 0);
-        return 1;
-    }
-    atomic_fetch_add(&g_warn_dropped, 1);
-    return 0;
-}
-
-static const char *const k_code_names[] = {
-    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
-    "DATA_LOSS", "UNAUTHENTICATED"};
-
-/* The lines a finished call may write: "rpc failed" (warn) for a non-OK status, "slow rpc"
- * (warn) past --slow-request-ms, and an access line (--access-log). Long-lived streams
- * (Health.Watch, reflection) end by cancellation and last as long as the client wants: they
- * are neither failures when cancelled nor slow. */
-static void
-log_call_end(tqkv__call_t *c, const char *method, double seconds)
-{
-    const tqkv_server_config_t *cfg = &c->srv->cfg;
-    int open_ended = c->method == TQKV__M_HEALTH_WATCH || c->method == TQKV__M_REFLECT_V1 ||
-                     c->method == TQKV__M_REFLECT_V1A;
-    int failed = c->code != GRPC_STATUS_OK && !(open_ended && c->code == GRPC_STATUS_CANCELLED);
-    int slow = !open_ended && cfg->slow_request_ms > 0 && seconds * 1e3 > cfg->slow_request_ms;
-    int access = tqkv_log_access_enabled();
-    uint64_t dropped = 0;
-    if ((failed || slow) && !(tqkv_log_enabled(TQKV_LOG_WARN) && warn_allowed(&dropped)))
-        failed = slow = 0;
-    if (!failed && !slow && !access)
-        return;
-    char *peer = c->call ? grpc_call_get_peer(c->call) : NULL;
-    char qpeer[160], qten[300], qdet[700], extra[40] = "";
-    tqkv_log_quote(qpeer, sizeof qpeer, peer ? peer : "");
-    gpr_free(peer);
-    int has_tenant = atomic_load_explicit(&c->tenant_state, memory_order_acquire) == 2;
-    tqkv_log_quote(qten, sizeof qten, has_tenant ? c->tenant : "");
-    const char *det = c->detail                          ? c->detail
-                      : c->code == GRPC_STATUS_CANCELLED ? "cancelled (client gone, "
-                                                           "deadline passed or drain)"
-                      : c->code != GRPC_STATUS_OK        ? "no detail"
-                                                         : "";
-    tqkv_log_quote(qdet, sizeof qdet, det);
-    int code = (int)c->code >= 0 && (int)c->code <= 16 ? (int)c->code : 2;
-    if (dropped)
-        snprintf(extra, sizeof extra, " suppressed=%llu", (unsigned long long)dropped);
-#define CALL_FIELDS "method=%s code=%s peer=\"%s\" tenant=\"%s\" duration_ms=%.3f request_id=%s"
-#define CALL_ARGS method, k_code_names[code], qpeer, qten, seconds * 1e3, c->req_id
-    if (failed)
-        tqkv_log(TQKV_LOG_WARN, "rpc failed", CALL_FIELDS " detail=\"%s\"%s", CALL_ARGS, qdet,
-                 extra);
-    if (slow)
-        tqkv_log(TQKV_LOG_WARN, "slow rpc", CALL_FIELDS " threshold_ms=%u%s", CALL_ARGS,
-                 cfg->slow_request_ms, failed ? "" : extra);
-    if (access)
-        tqkv_log_access("rpc", CALL_FIELDS, CALL_ARGS);
-#undef CALL_FIELDS
-#undef CALL_ARGS
-}
-
-void
-tqkv__call_abort(tqkv__call_t *c)
-{
-    if (c->call && !c->closed)
-        grpc_call_cancel(c->call, NULL);
-    if (c->code == GRPC_STATUS_OK)
-        c->code = GRPC_STATUS_CANCELLED;
-    tqkv__call_set_state(c, TQKV__CS_DONE);
-}
-
-void
-tqkv__call_recv(tqkv__call_t *c)
-{
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    if (c->recv_bb) {
-        grpc_byte_buffer_destroy(c->recv_bb);
-        c->recv_bb = NULL;
-    }
-    if (c->closed) {
-        tqkv__call_abort(c);
-        return;
-    }
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &c->recv_bb;
-    tqkv__call_set_state(c, TQKV__CS_RECV);
-    if (start(c, &op, 1, TQKV__TAG_RECV) != GRPC_CALL_OK)
-        tqkv__call_abort(c);
-}
-
-void
-tqkv__call_send(tqkv__call_t *c, grpc_byte_buffer *bb)
-{
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    if (c->closed) {
-        grpc_byte_buffer_destroy(bb);
-        tqkv__call_abort(c);
-        return;
-    }
-    c->send_bb = bb;
-    op.op = GRPC_OP_SEND_MESSAGE;
-    op.data.send_message.send_message = bb;
-    tqkv__call_set_state(c, TQKV__CS_SEND);
-    if (start(c, &op, 1, TQKV__TAG_SEND) != GRPC_CALL_OK) {
-        grpc_byte_buffer_destroy(bb);
-        c->send_bb = NULL;
-        tqkv__call_abort(c);
-    }
-}
-
-void
-tqkv__call_finish(tqkv__call_t *c, grpc_status_code code, const char *msg, grpc_byte_buffer *last)
-{
-    grpc_op ops[2];
-    size_t n = 0;
-    memset(ops, 0, sizeof ops);
-    c->code = code;
-    if (c->closed) {
-        if (last)
-            grpc_byte_buffer_destroy(last);
-        tqkv__call_abort(c);
-        return;
-    }
-    if (last) {
-        c->send_bb = last;
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n].data.send_message.send_message = last;
-        n++;
-    }
-    grpc_slice details = grpc_slice_from_copied_string(msg ? msg : "");
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = code;
-    ops[n].data.send_status_from_server.status_details = &details;
-    set_trailers(c, &ops[n]);
-    n++;
-    if (code != GRPC_STATUS_OK && msg && !c->detail)
-        c->detail = strdup(msg); /* for the "rpc failed" line (NULL when out of memory) */
-    tqkv__call_set_state(c, TQKV__CS_STATUS);
-    if (start(c, ops, n, TQKV__TAG_STATUS) != GRPC_CALL_OK) {
-        if (last) {
-            grpc_byte_buffer_destroy(last);
-            c->send_bb = NULL;
-        }
-        tqkv__call_abort(c);
-    }
-    grpc_slice_unref(details);
-}
-
-void
-tqkv__call_finish_msg(tqkv__call_t *c, const ProtobufCMessage *m)
-{
-    grpc_byte_buffer *bb = tqkv_wire_encode(m);
-    if (bb == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_INTERNAL, "response encoding failed", NULL);
-        return;
-    }
-    tqkv__call_finish(c, GRPC_STATUS_OK, NULL, bb);
-}
-
-void
-tqkv__call_reserve_wake(tqkv__call_t *c)
-{
-    c->inflight++;
-}
-
-void
-tqkv__call_wake(tqkv__call_t *c)
-{
-    /* The reservation already counted this tag in c->inflight. An empty batch puts
-     * the tag on the call's completion queue at once. */
-    pthread_mutex_lock(&c->batch_mu);
-    grpc_call_error e = grpc_call_start_batch(c->call, NULL, 0, &c->tags[TQKV__TAG_WAKE], NULL);
-    pthread_mutex_unlock(&c->batch_mu);
-    if (e != GRPC_CALL_OK) {
-        tqkv_log(TQKV_LOG_ERROR, "wake batch failed", "error=%d", (int)e);
-        abort(); /* the call could never be freed: an invariant broke */
-    }
-}
-
-tqkv_status_t
-tqkv__call_submit(tqkv__call_t *c, tqkv_encoder_fn fn, void *arg)
-{
-    tqkv__call_reserve_wake(c);
-    tqkv_status_t st = tqkv_encoder_submit(c->srv->enc, fn, arg);
-    if (st != TQKV_OK)
-        c->inflight--;
-    return st;
-}
-
-tqkv_status_t
-tqkv__call_work(tqkv__call_t *c, tqkv_encoder_fn fn)
-{
-    tqkv__call_set_state(c, TQKV__CS_WORK);
-    return tqkv__call_submit(c, fn, c);
-}
-
-uint8_t *
-tqkv__bb_read(grpc_byte_buffer *bb, size_t *len)
-{
-    grpc_byte_buffer_reader rd;
-    size_t n = grpc_byte_buffer_length(bb);
-    uint8_t *out = malloc(n ? n : 1);
-    if (out == NULL)
-        return NULL;
-    if (!grpc_byte_buffer_reader_init(&rd, bb)) {
-        free(out);
-        return NULL;
-    }
-    grpc_slice s;
-    size_t off = 0;
-    while (grpc_byte_buffer_reader_next(&rd, &s)) {
-        size_t sl = GRPC_SLICE_LENGTH(s);
-        if (off + sl <= n)
-            memcpy(out + off, GRPC_SLICE_START_PTR(s), sl);
-        off += sl;
-        grpc_slice_unref(s);
-    }
-    grpc_byte_buffer_reader_destroy(&rd);
-    if (off != n) {
-        free(out);
-        return NULL;
-    }
-    *len = n;
-    return out;
-}
-
-tqkv_status_t
-tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err, size_t errlen)
-{
-    tenant_set(c, ns);
-    if (c->auth == NULL)
-        return TQKV_OK;
-    tqkv_status_t st =
-        tqkv_auth_check(c->auth, c->authz, c->authz_len, ns, ns ? strlen(ns) : 0, perm);
-    if (st == TQKV_EAUTH)
-        snprintf(err, errlen, "authorization: missing, malformed or unknown bearer token");
-    else if (st == TQKV_EPERM)
-        snprintf(err, errlen, "authorization: token does not grant %s on namespace '%s'",
-                 perm & TQKV_AUTH_WRITE ? "write" : "read", ns ? ns : "*");
-    else if (st != TQKV_OK)
-        snprintf(err, errlen, "authorization: %s", tqkv_strerror(st));
-    return st;
-}
-
 /* ---- call objects and arming ---- */
 
 static tqkv__call_t *
@@ -514,12 +79,12 @@ call_free(tqkv__call_t *c)
 {
     tqkv_server_t *s = c->srv;
     if (c->started && c->method != TQKV__M_GENERIC) {
-        const tqkv__handler_t *h = handler_of(c->method);
+        const tqkv__handler_t *h = tqkv__method_handler(c->method);
         if (h->on_free)
             h->on_free(c);
         double secs = tqkv__now() - c->t_start;
         tqkv_metrics_rpc_done(s->metrics, h->metric, (int)c->code, secs);
-        log_call_end(c, h->metric, secs);
+        tqkv__call_log_end(c, h->metric, secs);
         tqkv_metrics_streams(s->metrics, -1);
         if (h->drain)
             atomic_fetch_sub(&s->work_calls, 1);
@@ -565,7 +130,7 @@ arm(tqkv__worker_t *w, tqkv__method_t m)
         e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, w->cq, w->cq,
                                      &c->tags[TQKV__TAG_NEW]);
     } else {
-        const tqkv__handler_t *h = handler_of(m);
+        const tqkv__handler_t *h = tqkv__method_handler(m);
         e = grpc_server_request_registered_call(
             s->server, s->method_handles[m], &c->call, &c->deadline, &c->md,
             h->payload_on_new ? &c->recv_bb : NULL, w->cq, w->cq, &c->tags[TQKV__TAG_NEW]);
@@ -596,12 +161,12 @@ generic_start(tqkv__call_t *c)
     ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
     ops[1].data.send_status_from_server.status_details = &details;
-    req_id_set(c);
-    set_trailers(c, &ops[1]);
+    tqkv__call_req_id_set(c);
+    tqkv__call_set_trailers(c, &ops[1]);
     ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[2].data.recv_close_on_server.cancelled = &c->cancelled;
     tqkv__call_set_state(c, TQKV__CS_STATUS);
-    if (start(c, ops, 3, TQKV__TAG_STATUS) != GRPC_CALL_OK)
+    if (tqkv__call_start(c, ops, 3, TQKV__TAG_STATUS) != GRPC_CALL_OK)
         tqkv__call_set_state(c, TQKV__CS_DONE);
     grpc_slice_unref(details);
 }
@@ -620,7 +185,7 @@ on_new(tqkv__call_t *c, int ok)
         generic_start(c);
         return;
     }
-    const tqkv__handler_t *h = handler_of(c->method);
+    const tqkv__handler_t *h = tqkv__method_handler(c->method);
     c->started = 1;
     c->t_start = tqkv__now();
     tqkv_metrics_streams(s->metrics, 1);
@@ -629,7 +194,7 @@ on_new(tqkv__call_t *c, int ok)
     for (size_t i = 0; i < c->md.count; i++)
         if (grpc_slice_str_cmp(c->md.metadata[i].key, "tqkv-hop") == 0)
             c->hop = 1;
-    req_id_set(c);
+    tqkv__call_req_id_set(c);
     c->auth = tqkv__auth_acquire(s);
     for (size_t i = 0; i < c->md.count; i++) {
         if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
@@ -648,7 +213,7 @@ on_new(tqkv__call_t *c, int ok)
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[1].data.recv_close_on_server.cancelled = &c->cancelled;
-    if (start(c, ops, 2, TQKV__TAG_CLOSE) != GRPC_CALL_OK) {
+    if (tqkv__call_start(c, ops, 2, TQKV__TAG_CLOSE) != GRPC_CALL_OK) {
         tqkv__call_abort(c);
         return;
     }
@@ -667,7 +232,7 @@ on_new(tqkv__call_t *c, int ok)
 static void
 tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
 {
-    const tqkv__handler_t *h = handler_of(c->method);
+    const tqkv__handler_t *h = tqkv__method_handler(c->method);
 
     if (kind == TQKV__TAG_CLOSE) {
         /* The call is over (status sent, or cancelled / deadline / peer gone). */
@@ -748,8 +313,8 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
             return; /* ops that were in flight when the call was abandoned */
         break;
     }
-    tqkv_log(TQKV_LOG_ERROR, "unexpected event", "state=%s tag=%d method=%d", state_names[c->state],
-             (int)kind, (int)c->method);
+    tqkv_log(TQKV_LOG_ERROR, "unexpected event", "state=%s tag=%d method=%d",
+             tqkv__call_state_name(c->state), (int)kind, (int)c->method);
     abort();
 }
 
@@ -843,6 +408,103 @@ destroy_unstarted(tqkv_server_t *s)
     }
 }
 
+/* --auth-tokens: the token table (*auth stays NULL without the flag). An error says
+ * "--auth-tokens PATH[:LINE]: reason". */
+static tqkv_status_t
+auth_load(const tqkv_server_config_t *cfg, tqkv_auth_t **auth, char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    if (cfg->auth_tokens[0] &&
+        (st = tqkv_auth_load(cfg->auth_tokens, auth, err, errlen)) != TQKV_OK) {
+        /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
+         * come from TQKV_AUTH_TOKENS: name the setting too) */
+        size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
+        if (el + pl < errlen) {
+            memmove(err + pl, err, el + 1);
+            memcpy(err, "--auth-tokens ", pl);
+        }
+        return st;
+    }
+    return TQKV_OK;
+}
+
+/* A gRPC server with cfg's channel arguments and every method of the method table
+ * registered (grpc_init done). */
+static grpc_server *
+grpc_server_new(tqkv_server_t *s, const tqkv_server_config_t *cfg)
+{
+    grpc_arg args[9];
+    int mb = (int)cfg->max_message_bytes;
+    set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
+    set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
+    set_arg_int(&args[2], GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
+    set_arg_int(&args[3], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
+    set_arg_int(&args[4], GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+    set_arg_int(&args[5], GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
+    set_arg_int(&args[6], GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg->max_streams);
+    set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
+    /* A second server on a busy port must fail, not share it silently. */
+    set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
+    grpc_channel_args chargs = {9, args};
+    grpc_server *server = grpc_server_create(&chargs, NULL);
+
+    for (int m = 0; m < TQKV__M_COUNT; m++) {
+        const tqkv__handler_t *h = tqkv__method_handler((tqkv__method_t)m);
+        s->method_handles[m] = grpc_server_register_method(
+            server, tqkv__method_paths[m], NULL,
+            h->payload_on_new ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE,
+            0);
+    }
+    return server;
+}
+
+/* The workers and their completion queues, the listening port (creds taken once it is
+ * bound), the node id, the data channels and the metrics endpoint. On failure err says
+ * why and the caller unwinds. */
+static tqkv_status_t
+server_bind(tqkv_server_t *s, const tqkv_server_config_t *cfg, grpc_server_credentials *creds,
+            char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    s->nworkers = cfg->threads ? cfg->threads : 1;
+    s->workers = calloc(s->nworkers, sizeof *s->workers);
+    if (s->workers == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return TQKV_ENOMEM;
+    }
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        s->workers[i].srv = s;
+        s->workers[i].index = i;
+        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->server, s->workers[i].cq, NULL);
+    }
+    s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        snprintf(err, errlen, "--listen %s: cannot bind (address in use or invalid)", cfg->listen);
+        return TQKV_EIO;
+    }
+    if (s->cfg.node_id[0] == '\0') { /* HOSTNAME:PORT: the pod name, unique on one host */
+        char host[200] = "";
+        if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0')
+            snprintf(host, sizeof host, "localhost");
+        snprintf(s->cfg.node_id, sizeof s->cfg.node_id, "%s:%d", host, s->port);
+    }
+    tqkv_metrics_set_node_id(s->metrics, s->cfg.node_id);
+    if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
+        return st;
+    if (cfg->metrics_listen[0]) {
+        tqkv_metrics_set_ready(s->metrics, http_ready, s);
+        st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
+        if (st != TQKV_OK) {
+            snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
+                     tqkv_metrics_error(s->metrics));
+            return st;
+        }
+    }
+    return TQKV_OK;
+}
+
 tqkv_status_t
 tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *err, size_t errlen)
 {
@@ -854,7 +516,7 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         return TQKV_ENOMEM;
     }
     s->cfg = *cfg;
-    req_id_init();
+    tqkv__call_req_id_init();
     tqkv_limits_default(&s->limits);
     s->limits.max_message_bytes = cfg->max_message_bytes;
     pthread_mutex_init(&s->mu, NULL);
@@ -888,17 +550,8 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
         goto fail_metrics;
     }
     tqkv_auth_t *auth = NULL;
-    if (cfg->auth_tokens[0] &&
-        (st = tqkv_auth_load(cfg->auth_tokens, &auth, err, errlen)) != TQKV_OK) {
-        /* "PATH[:LINE]: reason" -> "--auth-tokens PATH[:LINE]: reason" (the path may have
-         * come from TQKV_AUTH_TOKENS: name the setting too) */
-        size_t el = strnlen(err, errlen), pl = strlen("--auth-tokens ");
-        if (el + pl < errlen) {
-            memmove(err + pl, err, el + 1);
-            memcpy(err, "--auth-tokens ", pl);
-        }
+    if ((st = auth_load(cfg, &auth, err, errlen)) != TQKV_OK)
         goto fail_auth;
-    }
     s->auth = auth;
     if (auth)
         tqkv_metrics_reload(s->metrics, 0, 1);
@@ -919,67 +572,9 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     }
 
     grpc_init();
-    grpc_arg args[9];
-    int mb = (int)cfg->max_message_bytes;
-    set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
-    set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
-    set_arg_int(&args[2], GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 * 1024 * 1024 - 1);
-    set_arg_int(&args[3], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
-    set_arg_int(&args[4], GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
-    set_arg_int(&args[5], GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20);
-    set_arg_int(&args[6], GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg->max_streams);
-    set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
-    /* A second server on a busy port must fail, not share it silently. */
-    set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
-    grpc_channel_args chargs = {9, args};
-    s->server = grpc_server_create(&chargs, NULL);
-
-    for (int m = 0; m < TQKV__M_COUNT; m++) {
-        const tqkv__handler_t *h = handler_of((tqkv__method_t)m);
-        s->method_handles[m] = grpc_server_register_method(
-            s->server, method_paths[m], NULL,
-            h->payload_on_new ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER : GRPC_SRM_PAYLOAD_NONE,
-            0);
-    }
-    s->nworkers = cfg->threads ? cfg->threads : 1;
-    s->workers = calloc(s->nworkers, sizeof *s->workers);
-    if (s->workers == NULL) {
-        snprintf(err, errlen, "out of memory");
-        st = TQKV_ENOMEM;
+    s->server = grpc_server_new(s, cfg);
+    if ((st = server_bind(s, cfg, creds, err, errlen)) != TQKV_OK)
         goto fail_bind;
-    }
-    for (unsigned i = 0; i < s->nworkers; i++) {
-        s->workers[i].srv = s;
-        s->workers[i].index = i;
-        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
-        grpc_server_register_completion_queue(s->server, s->workers[i].cq, NULL);
-    }
-    s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
-    grpc_server_credentials_release(creds);
-    creds = NULL;
-    if (s->port <= 0) {
-        snprintf(err, errlen, "--listen %s: cannot bind (address in use or invalid)", cfg->listen);
-        st = TQKV_EIO;
-        goto fail_bind;
-    }
-    if (s->cfg.node_id[0] == '\0') { /* HOSTNAME:PORT: the pod name, unique on one host */
-        char host[200] = "";
-        if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0')
-            snprintf(host, sizeof host, "localhost");
-        snprintf(s->cfg.node_id, sizeof s->cfg.node_id, "%s:%d", host, s->port);
-    }
-    tqkv_metrics_set_node_id(s->metrics, s->cfg.node_id);
-    if (cfg->data_listen[0] && (st = tqkv__dc_start(s, cfg->data_listen, err, errlen)) != TQKV_OK)
-        goto fail_bind;
-    if (cfg->metrics_listen[0]) {
-        tqkv_metrics_set_ready(s->metrics, http_ready, s);
-        st = tqkv_metrics_serve(s->metrics, cfg->metrics_listen, s->store, &s->metrics_port);
-        if (st != TQKV_OK) {
-            snprintf(err, errlen, "--metrics-listen %s: %s", cfg->metrics_listen,
-                     tqkv_metrics_error(s->metrics));
-            goto fail_bind;
-        }
-    }
     *out = s;
     return TQKV_OK;
 

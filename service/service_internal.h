@@ -1,6 +1,7 @@
 /* service_internal.h - the server's call objects, workers and handler table, shared
- * by server.c (event loop, call state machine), handlers_kv.c, health.c and
- * reflection.c.
+ * by server.c (event loop, call state machine), the handlers (handlers_put.c,
+ * handlers_get.c, handlers_unary.c, handlers_channel.c, handlers_nccl.c, health.c,
+ * reflection.c, dc_server.c) and reload.c.
  *
  * Threading: W workers, each with its own completion queue. Every event of a call
  * lands on the worker that requested it, so per-call state needs no lock; the only
@@ -186,19 +187,9 @@ struct tqkv_server {
 
 /* Handlers, by file. */
 extern const tqkv__handler_t tqkv__put_handler, tqkv__lookup_handler, tqkv__get_handler,
-    tqkv__delete_handler, tqkv__stats_handler; /* handlers_kv.c */
-extern const tqkv__handler_t tqkv__health_check_handler,
-    tqkv__health_watch_handler; /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and
-                                   on file change. */
-/* Takes a reference to the token table in force (NULL without auth). */
-tqkv_auth_t *tqkv__auth_acquire(tqkv_server_t *s);
-/* Starts the inotify watcher of the token and TLS files' directories (when any is set);
- * a directory that cannot be watched is logged and left to SIGHUP. */
-void tqkv__reload_watch_start(tqkv_server_t *s);
-/* Stops the watcher thread (idempotent). */
-void tqkv__reload_watch_stop(tqkv_server_t *s);
-
-/* health.c */
+    tqkv__delete_handler, tqkv__stats_handler; /* handlers_put.c, handlers_get.c,
+                                                  handlers_unary.c */
+extern const tqkv__handler_t tqkv__health_check_handler, tqkv__health_watch_handler; /* health.c */
 extern const tqkv__handler_t tqkv__reflection_handler; /* reflection.c */
 extern const tqkv__handler_t tqkv__get_dispatch_handler, tqkv__open_channel_handler,
     tqkv__close_channel_handler;                     /* handlers_channel.c */
@@ -213,7 +204,12 @@ extern const tqkv__handler_t tqkv__get_tcp_handler;  /* dc_server.c */
 int tqkv__nccl_device(void);
 #endif
 
-/* Call helpers (server.c). All run on the call's worker except tqkv__call_wake. */
+/* The method table (methods.c): the handler of m (NULL for TQKV__M_GENERIC and unknown
+ * methods) and the path each registered method is served under. */
+const tqkv__handler_t *tqkv__method_handler(tqkv__method_t m);
+extern const char *const tqkv__method_paths[TQKV__M_COUNT];
+
+/* Call helpers (call.c). All run on the call's worker except tqkv__call_wake. */
 void tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st);
 /* Starts RECV_MESSAGE into c->recv_bb; state CS_RECV. On failure finishes the call. */
 void tqkv__call_recv(tqkv__call_t *c);
@@ -240,12 +236,29 @@ void tqkv__call_wake(tqkv__call_t *c);
 uint8_t *tqkv__bb_read(grpc_byte_buffer *bb, size_t *len);
 /* Reads, validates and authorizes (read) the GetRequest of a Get call into *req (free
  * with tqkv__v1__get_request__free_unpacked). Returns 0, or -1 after finishing the call
- * with the status that says what is wrong (handlers_kv.c; every Get transport). */
+ * with the status that says what is wrong (handlers_get.c; every Get transport). */
 int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 /* Auth check for namespace ns (NULL = every namespace) when auth is on. */
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
                               size_t errlen);
 double tqkv__now(void);
+/* Name of a call state, for log lines. */
+const char *tqkv__call_state_name(tqkv__call_state_t st);
+/* Starts batch ops on c with the tag of kind k (counted in c->inflight); logs a failure. */
+grpc_call_error tqkv__call_start(tqkv__call_t *c, const grpc_op *ops, size_t n, tqkv__tag_kind_t k);
+/* Request ids (x-request-id): seeds the generator once; sets c->req_id and the trailer. */
+void tqkv__call_req_id_init(void);
+void tqkv__call_req_id_set(tqkv__call_t *c);
+/* Adds the x-request-id trailing metadata to a SEND_STATUS op. */
+void tqkv__call_set_trailers(tqkv__call_t *c, grpc_op *op);
+/* Logs the end of a call (access log, slow and failed calls) that took seconds. */
+void tqkv__call_log_end(tqkv__call_t *c, const char *method, double seconds);
+
+/* Room for the status message of a KV handler (handlers_put.c, handlers_get.c,
+ * handlers_unary.c). */
+#define TQKV__KV_ERRLEN 320
+/* Bytes of v as a protobuf varint (handlers_get.c; the unary handlers size replies). */
+size_t tqkv__kv_varint_len(uint64_t v);
 
 /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and on file change. */
 /* Takes a reference to the token table in force (NULL without auth). */

@@ -22,7 +22,7 @@ size_t tqkv_wire_length(grpc_byte_buffer *bb);
 
 /* ---- GetResponse on the wire, written and read by hand ----
  * The server writes the fields of a GetResponse before the page bytes itself
- * (service/handlers_kv.c) and libtqkv reads them in place (transport/client_get.c):
+ * (service/handlers_get.c) and libtqkv reads them in place (transport/client_get.c):
  * both take the field numbers and tags from this one table of tqkv.v1.GetResponse
  * (proto/tqkv/v1/kvcache.proto), which check_wire tests against protobuf-c's
  * descriptor. X(NAME, proto field name, number, wire type). */
