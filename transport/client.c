@@ -21,6 +21,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,7 +280,6 @@ set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
         free(v);
         c->md[0] = c->auth_md;
     }
-    c->hop = o->hop;
     c->md[1].key = grpc_slice_from_static_string("tqkv-hop");
     c->md[1].value = grpc_slice_from_static_string("1");
     return TQKV_OK;
@@ -287,7 +287,7 @@ set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
 
 /* The servers: resolved, identified (node ids) and followed by the membership. */
 static tqkv_status_t
-start_membership(tqkv_client_t *c, const tqkv_client_opts_t *o)
+start_membership(tqkv_client_t *c, const tqkv_client_opts_t *o, const char *exclude_node_id)
 {
     c->identify_ms = c->deadline_ms < 3000 ? c->deadline_ms : 3000;
     tqkv_membership_opts_t mo = {.targets = o->targets,
@@ -300,7 +300,7 @@ start_membership(tqkv_client_t *c, const tqkv_client_opts_t *o)
                                  .attach = target_attach,
                                  .detach = target_detach,
                                  .identify = target_identify,
-                                 .exclude_node_id = o->exclude_node_id};
+                                 .exclude_node_id = exclude_node_id};
     char merr[256];
     tqkv_status_t st = tqkv_membership_create(&mo, &c->ms, merr, sizeof merr);
     if (st != TQKV_OK)
@@ -308,15 +308,60 @@ start_membership(tqkv_client_t *c, const tqkv_client_opts_t *o)
     return st;
 }
 
+/* The 1.0 options: what struct_size 0 stands for, and the least a caller may pass.
+ * Fixed for good: later fields go after no_read_repair (client.h, growth rule). */
+#define OPTS_SIZE_1_0 (offsetof(tqkv_client_opts_t, no_read_repair) + sizeof(int))
+
+/* The caller's options (struct_size bytes of them) into *o, fields it does not know
+ * zero. Returns TQKV_EINVAL for a struct_size below the 1.0 layout, TQKV_EUNSUPPORTED
+ * for non-zero fields this library does not know. */
+static tqkv_status_t
+read_opts(const tqkv_client_opts_t *in, tqkv_client_opts_t *o)
+{
+    size_t n = in->struct_size ? in->struct_size : OPTS_SIZE_1_0;
+    if (n > 4096) /* not a size: options that did not start from TQKV_CLIENT_OPTS_INIT */
+        return tqkv__client_err(TQKV_EINVAL, 0,
+                                "client_create: opts struct_size %zu is not a struct size: start "
+                                "from TQKV_CLIENT_OPTS_INIT",
+                                n);
+    if (n < OPTS_SIZE_1_0)
+        return tqkv__client_err(TQKV_EINVAL, 0,
+                                "client_create: opts struct_size %zu is below the 1.0 options "
+                                "(%zu): start from TQKV_CLIENT_OPTS_INIT",
+                                n, (size_t)OPTS_SIZE_1_0);
+    for (size_t i = sizeof *o; i < n; i++)
+        if (((const unsigned char *)in)[i] != 0)
+            return tqkv__client_err(TQKV_EUNSUPPORTED, 0,
+                                    "client_create: opts byte %zu of %zu set, but libtqkv %s "
+                                    "knows %zu bytes of options (a newer header's field)",
+                                    i, n, tqkv_version(), sizeof *o);
+    memset(o, 0, sizeof *o);
+    memcpy(o, in, n < sizeof *o ? n : sizeof *o);
+    o->struct_size = sizeof *o;
+    return TQKV_OK;
+}
+
 tqkv_status_t
 tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
 {
+    return tqkv_client_create_peer(o, NULL, out);
+}
+
+tqkv_status_t
+tqkv_client_create_peer(const tqkv_client_opts_t *in, const tqkv_client_peer_opts_t *peer,
+                        tqkv_client_t **out)
+{
     tqkv_status_t st = TQKV_OK;
+    tqkv_client_opts_t opts, *o = &opts;
 
     if (out == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "client_create: out is NULL");
     *out = NULL;
-    if (o == NULL || o->num_targets == 0 || o->targets == NULL)
+    if (in == NULL)
+        return tqkv__client_err(TQKV_EINVAL, 0, "no target");
+    if ((st = read_opts(in, o)) != TQKV_OK)
+        return st;
+    if (o->num_targets == 0 || o->targets == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "no target");
     tqkv_client_t *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -346,7 +391,7 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
         goto fail;
     if (o->transport != TQKV_CLIENT_TRANSPORT_GRPC && o->transport != TQKV_CLIENT_TRANSPORT_TCP) {
         st = tqkv__client_err(TQKV_EINVAL, 0,
-                              "transport %d: expected TQKV_CLIENT_TRANSPORT_GRPC or _TCP",
+                              "transport %d: expected TQKV_CLIENT_TRANSPORT_GRPC (0) or _TCP (2)",
                               o->transport);
         goto fail;
     }
@@ -365,7 +410,9 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             goto fail;
         }
     }
-    if ((st = set_call_metadata(c, o)) != TQKV_OK || (st = start_membership(c, o)) != TQKV_OK ||
+    c->hop = peer ? peer->hop : 0;
+    if ((st = set_call_metadata(c, o)) != TQKV_OK ||
+        (st = start_membership(c, o, peer ? peer->exclude_node_id : NULL)) != TQKV_OK ||
         (st = tqkv__repair_start(c)) != TQKV_OK)
         goto fail;
     *out = c;

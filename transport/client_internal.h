@@ -25,6 +25,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "transport/client.h"
+#include "transport/client_server.h"
 #include "transport/membership.h"
 #include "transport/node_id.h"
 #include "transport/shard.h"
@@ -241,6 +242,11 @@ void tqkv__view_leave(tqkv_client_t *v);
 /* Index of target t in view c, or c->nt when its table no longer lists it. */
 size_t tqkv__view_find(const tqkv_client_t *c, const target_t *t);
 int tqkv__hash_ok(const tqkv_hash_t *h);
+/* Checks a BF16 block's shape against the limits the server enforces (the page codec's,
+ * shared: tqkv_page_check_params) and K + V against the client's message limit (c may
+ * be NULL: not checked). Sets the error, prefixed by what. */
+tqkv_status_t tqkv__client_check_shape(const tqkv_client_t *c, const tqkv_block_shape_t *s,
+                                       const char *what);
 /* R as the client uses it: opts->replicas (0 = 1) clamped to the number of targets. */
 uint32_t tqkv__client_replicas(const tqkv_client_t *c);
 
