@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/block_shape.h"
 #include "kernels/page_format.h"
 #include "kernels/status.h"
 
@@ -34,13 +35,6 @@ typedef struct tqkv_block_codec {
     uint8_t key_centering; /* subtract the block's per-channel key mean (stored) */
     uint64_t seed;
 } tqkv_block_codec_t;
-
-/* Shape of a block: K and V are each [num_tokens][num_kv_heads][head_dim]. */
-typedef struct tqkv_block_shape {
-    uint32_t num_tokens;
-    uint32_t num_kv_heads;
-    uint32_t head_dim;
-} tqkv_block_shape_t;
 
 /* What a validated page holds (pointers borrowed from the page). */
 typedef struct tqkv_page_info {

@@ -25,7 +25,7 @@
 #include "service/metrics.h"
 #include "service/service_internal.h"
 #include "service/tls.h"
-#include "transport/client.h"
+#include "transport/client_server.h"
 #include "transport/shard.h"
 
 #define MAX_PEER_TARGETS 64
@@ -123,9 +123,7 @@ tqkv__peer_opts(const tqkv_server_config_t *cfg, char *list, const char **target
     o->resolve_targets = 1;
     o->dns_servers = cfg->peers_dns[0] ? cfg->peers_dns : NULL;
     o->max_message_bytes = (size_t)cfg->max_message_bytes;
-    o->no_read_repair = 1;
-    o->exclude_node_id = cfg->node_id;
-    o->hop = 1;
+    o->no_read_repair = 1; /* exclude_node_id and hop: tqkv_client_create_peer */
     o->token = tok && tok[0] ? tok : NULL;
     if (cfg->tls_cert[0]) { /* verified, never skipped: config.c demands a CA */
         o->tls = 1;
@@ -162,7 +160,8 @@ peers_client(tqkv_server_t *s, int *warned)
     o.backoff_min_ms = 100;
     o.backoff_max_ms = 2000;
     tqkv_client_t *cl = NULL;
-    tqkv_status_t st = o.num_targets ? tqkv_client_create(&o, &cl) : TQKV_EINVAL;
+    tqkv_client_peer_opts_t po = {.exclude_node_id = s->cfg.node_id, .hop = 1};
+    tqkv_status_t st = o.num_targets ? tqkv_client_create_peer(&o, &po, &cl) : TQKV_EINVAL;
     memset(tok, 0, sizeof tok); /* the client keeps its own copy */
     if (st != TQKV_OK) {
         if (!(*warned)++) {

@@ -23,7 +23,7 @@
 #include "service/log.h"
 #include "service/metrics.h"
 #include "service/service_internal.h"
-#include "transport/client.h"
+#include "transport/client_server.h"
 
 #define MAX_PEER_TARGETS 64
 
@@ -54,7 +54,8 @@ tqkv_server_handoff(tqkv_server_t *s)
     o.backoff_max_ms = 1000;
     /* o.hop: the next-ranked peer keeps it, even while it still ranks us first */
     tqkv_client_t *c = NULL;
-    tqkv_status_t cst = nt ? tqkv_client_create(&o, &c) : TQKV_EINVAL;
+    tqkv_client_peer_opts_t peer = {.exclude_node_id = cfg->node_id, .hop = 1};
+    tqkv_status_t cst = nt ? tqkv_client_create_peer(&o, &peer, &c) : TQKV_EINVAL;
     memset(tok, 0, sizeof tok); /* the client keeps its own copy */
     if (cst != TQKV_OK) {
         char q[512];

@@ -36,7 +36,7 @@
 
 #include "kernels/page.h"
 #include "tests/check_main.h"
-#include "transport/client.h"
+#include "transport/client_server.h"
 #include "transport/shard.h"
 
 #include "tests/support/kv_data.h"

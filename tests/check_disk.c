@@ -1125,7 +1125,7 @@ START_TEST(test_kill9_during_compaction)
             ck_assert_uint_lt(m.key, CKEYS);
             if (m.phase == 0) {
                 pend_kind[m.key] = m.kind;
-                pend_ver[m.key] = m.kind == 1 ? m.ver : -1;
+                pend_ver[m.key] = m.kind == 1 ? (int64_t)m.ver : -1;
             } else {
                 acked[m.key] = m.kind == 1 ? (int64_t)m.ver : -1;
                 pend_kind[m.key] = 0;

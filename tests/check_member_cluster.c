@@ -21,7 +21,7 @@
 
 #include "tests/check_main.h"
 #include "tests/dns_test_util.h"
-#include "transport/client.h"
+#include "transport/client_server.h"
 #include "transport/shard.h"
 
 #include "tests/support/kv_data.h"

@@ -16,11 +16,12 @@
  * copy of the message into a scratch buffer shifted so that the page lands 64-byte
  * aligned), so a packed page costs one copy between the socket and the callback.
  *
- * This file: create/destroy and the target table; the other concerns are in the
+ * This file: create/destroy and the targets; the other concerns are in the
  * client_*.c files listed in transport/client_internal.h.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,185 +163,205 @@ target_free(target_t *t)
     free(t);
 }
 
-/* ---- read repair ---- */
-
-/* A page of block (ns, hash, layer) was found at rank position > 0 (its primaries
- * missed it: a scale-out or a restart moved them): queue it to be put again, as the
- * packed page, to the block's current primaries. Copies page; drops it when the queue
- * is full. */
-void
-tqkv__repair_offer(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t layer,
-                   const tqkv_block_shape_t *shape, const void *page, size_t len)
+/* Every target named, none twice. */
+static tqkv_status_t
+check_targets(const tqkv_client_opts_t *o)
 {
-    client_shared_t *sh = c->sh;
-    if (sh->rq_max == 0)
-        return;
-    pthread_mutex_lock(&sh->mu);
-    if (sh->rq_stop || sh->rq_bytes + len > sh->rq_max) {
-        sh->rs.dropped++;
-        pthread_mutex_unlock(&sh->mu);
-        return;
+    for (size_t i = 0; i < o->num_targets; i++) {
+        if (o->targets[i] == NULL || o->targets[i][0] == '\0')
+            return tqkv__client_err(TQKV_EINVAL, 0, "empty target");
+        /* A target named twice would rank twice: R replicas of a block could land on
+         * one server, and losing it would lose every copy. (Two spellings of one server
+         * are merged by its node id.) */
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(o->targets[i], o->targets[j]) == 0)
+                return tqkv__client_err(TQKV_EINVAL, 0,
+                                        "duplicate target %s (each server once: replicas must "
+                                        "land on different servers)",
+                                        o->targets[i]);
     }
-    sh->rq_bytes += len;
-    pthread_mutex_unlock(&sh->mu);
-    repair_t *r = malloc(sizeof *r + len);
-    char *n = strdup(ns);
-    if (r == NULL || n == NULL) {
-        free(r);
-        free(n);
-        pthread_mutex_lock(&sh->mu);
-        sh->rq_bytes -= len;
-        sh->rs.dropped++;
-        pthread_mutex_unlock(&sh->mu);
-        return;
-    }
-    r->next = NULL;
-    r->ns = n;
-    r->hash = *h;
-    r->layer = layer;
-    r->shape = *shape;
-    r->len = len;
-    memcpy(r->page, page, len);
-    pthread_mutex_lock(&sh->mu);
-    if (sh->rq_tail)
-        sh->rq_tail->next = r;
-    else
-        sh->rq_head = r;
-    sh->rq_tail = r;
-    sh->rs.queued++;
-    pthread_cond_broadcast(&sh->rcv);
-    pthread_mutex_unlock(&sh->mu);
+    return TQKV_OK;
 }
 
-/* Puts the queued pages again, a batch per put session (routed to each block's
- * primaries in the current table; a primary that has it counts a duplicate). */
-static void *
-repair_main(void *arg)
+/* The channel credentials of the options (TLS files read here) into c->creds. */
+static tqkv_status_t
+make_credentials(tqkv_client_t *c, const tqkv_client_opts_t *o)
 {
-    client_shared_t *sh = arg;
-    pthread_mutex_lock(&sh->mu);
-    for (;;) {
-        while (!sh->rq_stop && sh->rq_head == NULL)
-            pthread_cond_wait(&sh->rcv, &sh->mu);
-        if (sh->rq_stop)
-            break;
-        repair_t *batch = sh->rq_head;
-        sh->rq_head = sh->rq_tail = NULL;
-        sh->rq_busy = 1;
-        pthread_mutex_unlock(&sh->mu);
-        uint64_t sent = 0, stored = 0, failed = 0;
-        size_t bytes = 0;
-        tqkv_put_t *p = NULL;
-        tqkv_status_t st = tqkv_client_put_begin(sh->root, NULL, &p);
-        for (repair_t *r = batch; r; r = r->next) {
-            bytes += r->len;
-            tqkv_put_block_t b = {.ns = r->ns,
-                                  .hash = &r->hash,
-                                  .layer = r->layer,
-                                  .shape = r->shape,
-                                  .page = r->page,
-                                  .page_len = r->len};
-            if (st == TQKV_OK && tqkv_client_put_block(p, &b) == TQKV_OK)
-                sent++;
-            else
-                failed++;
+    tqkv_status_t st = TQKV_OK;
+    grpc_channel_credentials *creds = NULL;
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    c->tls = o->tls || o->tls_ca_path || o->tls_cert_path;
+    if (c->tls) {
+        if (o->tls_ca_path && (ca = read_file(o->tls_ca_path)) == NULL) {
+            st = tqkv__client_err(TQKV_EINVAL, 0, "cannot read TLS CA %s: %s", o->tls_ca_path,
+                                  strerror(errno));
+            goto out;
         }
-        if (p) {
-            tqkv_put_result_t res;
-            if (tqkv_client_put_end(p, &res) == TQKV_OK) {
-                stored = res.blocks_stored;
-            } else {
-                failed += sent;
-                sent = 0;
+        if ((o->tls_cert_path == NULL) != (o->tls_key_path == NULL)) {
+            st = tqkv__client_err(TQKV_EINVAL, 0, "TLS client cert and key go together");
+            goto out;
+        }
+        if (o->tls_cert_path) {
+            cert = read_file(o->tls_cert_path);
+            key = read_file(o->tls_key_path);
+            if (cert == NULL || key == NULL) {
+                st = tqkv__client_err(TQKV_EINVAL, 0, "cannot read TLS client cert/key");
+                goto out;
             }
         }
-        for (repair_t *r = batch, *nx; r; r = nx) {
-            nx = r->next;
-            free(r->ns);
-            free(r);
-        }
-        pthread_mutex_lock(&sh->mu);
-        sh->rq_bytes -= bytes;
-        sh->rs.repaired += sent;
-        sh->rs.stored += stored;
-        sh->rs.failed += failed;
-        sh->rq_busy = 0;
-        pthread_cond_broadcast(&sh->rcv);
+        grpc_ssl_pem_key_cert_pair kp = {key, cert};
+        creds = grpc_ssl_credentials_create(ca, cert ? &kp : NULL, NULL, NULL);
+    } else {
+        creds = grpc_insecure_credentials_create();
     }
-    pthread_mutex_unlock(&sh->mu);
-    return NULL;
+    if (creds == NULL)
+        st = tqkv__client_err(TQKV_EINVAL, 0, "cannot create channel credentials");
+    c->creds = creds;
+out:
+    free(ca);
+    free(cert);
+    free(key);
+    return st;
 }
 
-void
-tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out)
+static void
+arg_int(grpc_arg *a, char *key, int value)
 {
-    memset(out, 0, sizeof *out);
-    if (c == NULL)
-        return;
-    pthread_mutex_lock(&c->sh->mu);
-    *out = c->sh->rs;
-    out->pending_bytes = c->sh->rq_bytes;
-    pthread_mutex_unlock(&c->sh->mu);
+    a->type = GRPC_ARG_INTEGER;
+    a->key = key;
+    a->value.integer = value;
 }
 
-int
-tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms)
+/* The gRPC channel arguments every target's channels get (c->cargs). */
+static tqkv_status_t
+set_channel_args(tqkv_client_t *c, const tqkv_client_opts_t *o)
 {
-    if (c == NULL)
-        return -1;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(timeout_ms % 1000) * 1000000ull;
-    ts.tv_sec += (time_t)(timeout_ms / 1000 + ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    client_shared_t *sh = c->sh;
-    int rc = 0;
-    pthread_mutex_lock(&sh->mu);
-    while ((sh->rq_head || sh->rq_busy) && rc == 0)
-        rc = pthread_cond_timedwait(&sh->rcv, &sh->mu, &ts);
-    int idle = sh->rq_head == NULL && !sh->rq_busy;
-    pthread_mutex_unlock(&sh->mu);
-    return idle ? 0 : -1;
+    size_t maxmsg = o->max_message_bytes ? o->max_message_bytes : TQKV_CLIENT_DEFAULT_MAX_MESSAGE;
+    c->max_msg = maxmsg;
+    int maxmsg_i = maxmsg > 0x7fffffff ? 0x7fffffff : (int)maxmsg;
+    grpc_arg *args = c->args;
+    size_t na = 0;
+    arg_int(&args[na++], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, maxmsg_i);
+    arg_int(&args[na++], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, maxmsg_i);
+    arg_int(&args[na++], GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    arg_int(&args[na++], GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+    arg_int(&args[na++], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
+    arg_int(&args[na++], GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    /* gRPC uses the min reconnect backoff as the connect timeout */
+    arg_int(&args[na++], GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+    arg_int(&args[na++], GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    if (o->tls_target_name) {
+        args[na].type = GRPC_ARG_STRING;
+        args[na].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        c->tls_name = strdup(o->tls_target_name);
+        if (c->tls_name == NULL)
+            return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+        args[na++].value.string = c->tls_name;
+    }
+    c->cargs.num_args = na;
+    c->cargs.args = args;
+    return TQKV_OK;
 }
 
-/* A view of client c: a copy whose t/nt/tab are the current table (referenced). */
-tqkv_client_t *
-tqkv__view_enter(const tqkv_client_t *c, tqkv_client_t *v)
+/* The metadata calls carry: the bearer token, and "tqkv-hop: 1". */
+static tqkv_status_t
+set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
 {
-    *v = *c;
-    v->tab = tqkv_membership_acquire(c->ms);
-    v->t = (target_t **)v->tab->users;
-    v->nt = v->tab->n;
-    v->replicas = c->replicas_opt < v->nt ? c->replicas_opt : (uint32_t)v->nt;
-    return v;
+    if (o->token && o->token[0]) {
+        size_t tl = strlen(o->token);
+        char *v = malloc(tl + 8);
+        if (v == NULL)
+            return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+        memcpy(v, "Bearer ", 7);
+        memcpy(v + 7, o->token, tl + 1);
+        c->auth_md.key = grpc_slice_from_static_string("authorization");
+        c->auth_md.value = grpc_slice_from_copied_string(v);
+        c->has_auth = 1;
+        free(v);
+        c->md[0] = c->auth_md;
+    }
+    c->md[1].key = grpc_slice_from_static_string("tqkv-hop");
+    c->md[1].value = grpc_slice_from_static_string("1");
+    return TQKV_OK;
 }
 
-void
-tqkv__view_leave(tqkv_client_t *v)
+/* The servers: resolved, identified (node ids) and followed by the membership. */
+static tqkv_status_t
+start_membership(tqkv_client_t *c, const tqkv_client_opts_t *o, const char *exclude_node_id)
 {
-    tqkv_membership_release(v->tab);
+    c->identify_ms = c->deadline_ms < 3000 ? c->deadline_ms : 3000;
+    tqkv_membership_opts_t mo = {.targets = o->targets,
+                                 .num_targets = o->num_targets,
+                                 .resolve = o->resolve_targets,
+                                 .dns_servers = o->dns_servers,
+                                 .interval_ms = o->resolve_interval_ms,
+                                 .min_kick_ms = c->backoff_min,
+                                 .arg = c,
+                                 .attach = target_attach,
+                                 .detach = target_detach,
+                                 .identify = target_identify,
+                                 .exclude_node_id = exclude_node_id};
+    char merr[256];
+    tqkv_status_t st = tqkv_membership_create(&mo, &c->ms, merr, sizeof merr);
+    if (st != TQKV_OK)
+        tqkv__client_err(st, 0, "%s", merr);
+    return st;
 }
 
-size_t
-tqkv__view_find(const tqkv_client_t *c, const target_t *t)
+/* The 1.0 options: what struct_size 0 stands for, and the least a caller may pass.
+ * Fixed for good: later fields go after no_read_repair (client.h, growth rule). */
+#define OPTS_SIZE_1_0 (offsetof(tqkv_client_opts_t, no_read_repair) + sizeof(int))
+
+/* The caller's options (struct_size bytes of them) into *o, fields it does not know
+ * zero. Returns TQKV_EINVAL for a struct_size below the 1.0 layout, TQKV_EUNSUPPORTED
+ * for non-zero fields this library does not know. */
+static tqkv_status_t
+read_opts(const tqkv_client_opts_t *in, tqkv_client_opts_t *o)
 {
-    for (size_t i = 0; i < c->nt; i++)
-        if (c->t[i] == t)
-            return i;
-    return c->nt;
+    size_t n = in->struct_size ? in->struct_size : OPTS_SIZE_1_0;
+    if (n > 4096) /* not a size: options that did not start from TQKV_CLIENT_OPTS_INIT */
+        return tqkv__client_err(TQKV_EINVAL, 0,
+                                "client_create: opts struct_size %zu is not a struct size: start "
+                                "from TQKV_CLIENT_OPTS_INIT",
+                                n);
+    if (n < OPTS_SIZE_1_0)
+        return tqkv__client_err(TQKV_EINVAL, 0,
+                                "client_create: opts struct_size %zu is below the 1.0 options "
+                                "(%zu): start from TQKV_CLIENT_OPTS_INIT",
+                                n, (size_t)OPTS_SIZE_1_0);
+    for (size_t i = sizeof *o; i < n; i++)
+        if (((const unsigned char *)in)[i] != 0)
+            return tqkv__client_err(TQKV_EUNSUPPORTED, 0,
+                                    "client_create: opts byte %zu of %zu set, but libtqkv %s "
+                                    "knows %zu bytes of options (a newer header's field)",
+                                    i, n, tqkv_version(), sizeof *o);
+    memset(o, 0, sizeof *o);
+    memcpy(o, in, n < sizeof *o ? n : sizeof *o);
+    o->struct_size = sizeof *o;
+    return TQKV_OK;
 }
 
 tqkv_status_t
 tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
 {
+    return tqkv_client_create_peer(o, NULL, out);
+}
+
+tqkv_status_t
+tqkv_client_create_peer(const tqkv_client_opts_t *in, const tqkv_client_peer_opts_t *peer,
+                        tqkv_client_t **out)
+{
     tqkv_status_t st = TQKV_OK;
-    grpc_channel_credentials *creds = NULL;
-    char *ca = NULL, *cert = NULL, *key = NULL;
+    tqkv_client_opts_t opts, *o = &opts;
 
     if (out == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "client_create: out is NULL");
     *out = NULL;
-    if (o == NULL || o->num_targets == 0 || o->targets == NULL)
+    if (in == NULL)
+        return tqkv__client_err(TQKV_EINVAL, 0, "no target");
+    if ((st = read_opts(in, o)) != TQKV_OK)
+        return st;
+    if (o->num_targets == 0 || o->targets == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "no target");
     tqkv_client_t *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -366,105 +387,18 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
         c->backoff_max = c->backoff_min;
     c->wait_for_ready = o->wait_for_ready;
 
-    for (size_t i = 0; i < o->num_targets; i++) {
-        if (o->targets[i] == NULL || o->targets[i][0] == '\0') {
-            st = tqkv__client_err(TQKV_EINVAL, 0, "empty target");
-            goto fail;
-        }
-        /* A target named twice would rank twice: R replicas of a block could land on
-         * one server, and losing it would lose every copy. (Two spellings of one server
-         * are merged by its node id.) */
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(o->targets[i], o->targets[j]) == 0) {
-                st =
-                    tqkv__client_err(TQKV_EINVAL, 0,
-                                     "duplicate target %s (each server once: replicas must land on "
-                                     "different servers)",
-                                     o->targets[i]);
-                goto fail;
-            }
-    }
-
-    c->tls = o->tls || o->tls_ca_path || o->tls_cert_path;
-    if (c->tls) {
-        if (o->tls_ca_path && (ca = read_file(o->tls_ca_path)) == NULL) {
-            st = tqkv__client_err(TQKV_EINVAL, 0, "cannot read TLS CA %s: %s", o->tls_ca_path,
-                                  strerror(errno));
-            goto fail;
-        }
-        if ((o->tls_cert_path == NULL) != (o->tls_key_path == NULL)) {
-            st = tqkv__client_err(TQKV_EINVAL, 0, "TLS client cert and key go together");
-            goto fail;
-        }
-        if (o->tls_cert_path) {
-            cert = read_file(o->tls_cert_path);
-            key = read_file(o->tls_key_path);
-            if (cert == NULL || key == NULL) {
-                st = tqkv__client_err(TQKV_EINVAL, 0, "cannot read TLS client cert/key");
-                goto fail;
-            }
-        }
-        grpc_ssl_pem_key_cert_pair kp = {key, cert};
-        creds = grpc_ssl_credentials_create(ca, cert ? &kp : NULL, NULL, NULL);
-    } else {
-        creds = grpc_insecure_credentials_create();
-    }
-    if (creds == NULL) {
-        st = tqkv__client_err(TQKV_EINVAL, 0, "cannot create channel credentials");
+    if ((st = check_targets(o)) != TQKV_OK || (st = make_credentials(c, o)) != TQKV_OK)
         goto fail;
-    }
-
-    size_t maxmsg = o->max_message_bytes ? o->max_message_bytes : TQKV_CLIENT_DEFAULT_MAX_MESSAGE;
-    c->max_msg = maxmsg;
     if (o->transport != TQKV_CLIENT_TRANSPORT_GRPC && o->transport != TQKV_CLIENT_TRANSPORT_TCP) {
         st = tqkv__client_err(TQKV_EINVAL, 0,
-                              "transport %d: expected TQKV_CLIENT_TRANSPORT_GRPC or _TCP",
+                              "transport %d: expected TQKV_CLIENT_TRANSPORT_GRPC (0) or _TCP (2)",
                               o->transport);
         goto fail;
     }
     c->transport = o->transport;
-    int maxmsg_i = maxmsg > 0x7fffffff ? 0x7fffffff : (int)maxmsg;
-    grpc_arg *args = c->args;
-    size_t na = 0;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[na++].value.integer = maxmsg_i;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[na++].value.integer = maxmsg_i;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
-    args[na++].value.integer = 1;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_HTTP2_MAX_FRAME_SIZE;
-    args[na++].value.integer = (1 << 24) - 1;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_TCP_READ_CHUNK_SIZE;
-    args[na++].value.integer = 1 << 20;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
-    args[na++].value.integer = 100;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS; /* gRPC uses it as the connect timeout */
-    args[na++].value.integer = 5000;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
-    args[na++].value.integer = 1000;
-    if (o->tls_target_name) {
-        args[na].type = GRPC_ARG_STRING;
-        args[na].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
-        c->tls_name = strdup(o->tls_target_name);
-        if (c->tls_name == NULL) {
-            st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-            goto fail;
-        }
-        args[na++].value.string = c->tls_name;
-    }
-    c->cargs.num_args = na;
-    c->cargs.args = args;
+    if ((st = set_channel_args(c, o)) != TQKV_OK)
+        goto fail;
     c->nch = o->channels_per_target ? o->channels_per_target : 1;
-    c->creds = creds;
-    creds = NULL;
     if (c->transport == TQKV_CLIENT_TRANSPORT_TCP &&
         (o->tls || o->tls_ca_path || o->tls_cert_path)) {
         /* Data channels of a TLS client are TLS with the same roots and certificate. */
@@ -476,64 +410,15 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             goto fail;
         }
     }
-
-    if (o->token && o->token[0]) {
-        size_t tl = strlen(o->token);
-        char *v = malloc(tl + 8);
-        if (v == NULL) {
-            st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-            goto fail;
-        }
-        memcpy(v, "Bearer ", 7);
-        memcpy(v + 7, o->token, tl + 1);
-        c->auth_md.key = grpc_slice_from_static_string("authorization");
-        c->auth_md.value = grpc_slice_from_copied_string(v);
-        c->has_auth = 1;
-        free(v);
-        c->md[0] = c->auth_md;
-    }
-    c->hop = o->hop;
-    c->md[1].key = grpc_slice_from_static_string("tqkv-hop");
-    c->md[1].value = grpc_slice_from_static_string("1");
-    /* The servers: resolved, identified (node ids) and followed by the membership. */
-    c->identify_ms = c->deadline_ms < 3000 ? c->deadline_ms : 3000;
-    {
-        tqkv_membership_opts_t mo = {.targets = o->targets,
-                                     .num_targets = o->num_targets,
-                                     .resolve = o->resolve_targets,
-                                     .dns_servers = o->dns_servers,
-                                     .interval_ms = o->resolve_interval_ms,
-                                     .min_kick_ms = c->backoff_min,
-                                     .arg = c,
-                                     .attach = target_attach,
-                                     .detach = target_detach,
-                                     .identify = target_identify,
-                                     .exclude_node_id = o->exclude_node_id};
-        char merr[256];
-        if ((st = tqkv_membership_create(&mo, &c->ms, merr, sizeof merr)) != TQKV_OK) {
-            tqkv__client_err(st, 0, "%s", merr);
-            goto fail;
-        }
-    }
-    if (c->sh->rq_max > 0) {
-        if (pthread_create(&c->sh->rq_thread, NULL, repair_main, c->sh) != 0) {
-            st = tqkv__client_err(TQKV_ENOMEM, 0, "cannot start the read repair thread");
-            goto fail;
-        }
-        c->sh->rq_started = 1;
-    }
-    free(ca);
-    free(cert);
-    free(key);
+    c->hop = peer ? peer->hop : 0;
+    if ((st = set_call_metadata(c, o)) != TQKV_OK ||
+        (st = start_membership(c, o, peer ? peer->exclude_node_id : NULL)) != TQKV_OK ||
+        (st = tqkv__repair_start(c)) != TQKV_OK)
+        goto fail;
     *out = c;
     return TQKV_OK;
 
 fail:
-    if (creds)
-        grpc_channel_credentials_release(creds);
-    free(ca);
-    free(cert);
-    free(key);
     tqkv_client_destroy(c);
     return st;
 }
@@ -543,19 +428,8 @@ tqkv_client_destroy(tqkv_client_t *c)
 {
     if (c == NULL)
         return;
-    if (c->sh && c->sh->rq_started) {
-        pthread_mutex_lock(&c->sh->mu);
-        c->sh->rq_stop = 1;
-        pthread_cond_broadcast(&c->sh->rcv);
-        pthread_mutex_unlock(&c->sh->mu);
-        pthread_join(c->sh->rq_thread, NULL);
-    }
     if (c->sh)
-        for (repair_t *r = c->sh->rq_head, *nx; r; r = nx) {
-            nx = r->next;
-            free(r->ns);
-            free(r);
-        }
+        tqkv__repair_stop(c->sh);
     tqkv_membership_destroy(c->ms); /* detaches (retires) every target */
     if (c->sh) {
         for (target_t *t = c->sh->retired, *nx; t; t = nx) {
@@ -632,46 +506,6 @@ uint64_t
 tqkv_client_refresh(tqkv_client_t *c)
 {
     return c ? tqkv_membership_refresh(c->ms) : 0;
-}
-
-uint32_t
-tqkv__client_replicas(const tqkv_client_t *c)
-{
-    if (c == NULL)
-        return 0;
-    tqkv_client_t v; /* as asked, clamped to the targets of the current table */
-    uint32_t r = tqkv__view_enter(c, &v)->replicas;
-    tqkv__view_leave(&v);
-    return r;
-}
-
-/* Candidate targets of a block, best first: cand[0..nc), nc <= RANK_MAX (the best
- * RANK_MAX of any number of targets). Ranked by the servers' node ids. */
-size_t
-tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t *cand)
-{
-    if (c->nt == 1) {
-        cand[0] = 0;
-        return 1;
-    }
-    uint64_t key = tqkv_shard_block_key(ns, h->bytes, h->len);
-    size_t k = c->nt < RANK_MAX ? c->nt : RANK_MAX;
-    return tqkv_shard_top(&c->tab->s[0].rank_id, sizeof c->tab->s[0], c->nt, key, k, cand);
-}
-
-/* How many rank positions Get and Lookup ask: the R replicas plus one more, where a
- * Put lands while one of the R was down. */
-size_t
-tqkv__read_candidates(tqkv_client_t *c)
-{
-    size_t n = (size_t)c->replicas + 1;
-    return n < c->nt ? n : c->nt;
-}
-
-int
-tqkv__hash_ok(const tqkv_hash_t *h)
-{
-    return h && h->len >= 8 && h->len <= TQKV_HASH_MAX;
 }
 
 tqkv_status_t

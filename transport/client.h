@@ -16,6 +16,9 @@
  *
  * Errors: every function returns a tqkv_status_t; the gRPC status code and message
  * of the last failure of the calling thread are in tqkv_client_last_error().
+ *
+ * Installed as <tqkv/client.h> (with <tqkv/client_bulk.h> and the three kernels/
+ * headers it includes); docs/api.md says what of it is stable.
  */
 #ifndef TQKV_TRANSPORT_CLIENT_H
 #define TQKV_TRANSPORT_CLIENT_H
@@ -23,8 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/page.h"
+#include "kernels/block_shape.h"
 #include "kernels/status.h"
+#include "kernels/version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,9 +41,22 @@ typedef struct tqkv_put tqkv_put_t;
 #define TQKV_CLIENT_DEFAULT_DEADLINE_MS 30000u
 #define TQKV_HASH_MAX 64u
 
-/* Client options. Zero-initialise, then set what you need. Strings are borrowed
- * for the duration of tqkv_client_create only. */
+/* PACKED Gets' page transport (tqkv_client_opts_t.transport); the numbers are the
+ * proto's Transport. NCCL is chosen per channel (tqkv_client_open_channel), not here. */
+#define TQKV_CLIENT_TRANSPORT_GRPC 0
+#define TQKV_CLIENT_TRANSPORT_NCCL 1
+#define TQKV_CLIENT_TRANSPORT_TCP 2
+
+/* Client options. Start from TQKV_CLIENT_OPTS_INIT (everything zero = the defaults,
+ * struct_size set), then set what you need. Strings are borrowed for the duration of
+ * tqkv_client_create only.
+ *
+ * Growth rule: fields are only ever added at the end. struct_size tells the library
+ * which fields the caller knows: a newer library reads the ones beyond it as zero (the
+ * default); an older library refuses (TQKV_EUNSUPPORTED) a struct whose fields it does
+ * not know unless they are all zero. struct_size 0 means the 1.0 layout. */
 typedef struct tqkv_client_opts {
+    size_t struct_size;         /* sizeof(tqkv_client_opts_t) as the caller compiled it */
     const char *const *targets; /* "host:port" (or any gRPC target URI), num_targets of them */
     size_t num_targets;
     int resolve_targets;       /* 1: a DNS name stands for the set of servers it resolves to
@@ -75,18 +92,24 @@ typedef struct tqkv_client_opts {
      * dropped and counted). no_read_repair = 1 turns it off. */
     size_t read_repair_bytes;
     int no_read_repair;
-    const char *exclude_node_id; /* leave out the server with this node id (a server that
-                                    talks to its peers: itself) */
-    int hop; /* 1: every call carries "tqkv-hop: 1": the caller routed it (a server
-                forwarding a request), the server answers it itself. A client with
-                several targets always sends it (it shards itself); with one target it
-                does not, so a server with --peers forwards for it (forward.h) */
 } tqkv_client_opts_t;
 
-#define TQKV_CLIENT_DEFAULT_REPAIR_BYTES (64u << 20)
+/* The initializer of tqkv_client_opts_t: all defaults, struct_size set. */
+#ifdef __cplusplus
+#define TQKV_CLIENT_OPTS_INIT                                                                      \
+    ([]() {                                                                                        \
+        tqkv_client_opts_t tqkv_o_ = tqkv_client_opts_t();                                         \
+        tqkv_o_.struct_size = sizeof tqkv_o_;                                                      \
+        return tqkv_o_;                                                                            \
+    }())
+#else
+#define TQKV_CLIENT_OPTS_INIT                                                                      \
+    {                                                                                              \
+        .struct_size = sizeof(tqkv_client_opts_t)                                                  \
+    }
+#endif
 
-#define TQKV_CLIENT_TRANSPORT_GRPC 0
-#define TQKV_CLIENT_TRANSPORT_TCP 1
+#define TQKV_CLIENT_DEFAULT_REPAIR_BYTES (64u << 20)
 
 /* A block hash (8..64 bytes), a value. */
 typedef struct tqkv_hash {
@@ -94,10 +117,18 @@ typedef struct tqkv_hash {
     uint8_t bytes[TQKV_HASH_MAX];
 } tqkv_hash_t;
 
-/* Tier of a block, as in the proto. */
-enum { TQKV_CLIENT_TIER_NONE = 0, TQKV_CLIENT_TIER_HBM = 1, TQKV_CLIENT_TIER_DRAM = 2 };
-/* Get encodings, as in the proto. */
+/* Tier of a block, as in the proto (Tier); TQKV_CLIENT_TIER_COUNT sizes per-tier arrays. */
+enum {
+    TQKV_CLIENT_TIER_NONE = 0,
+    TQKV_CLIENT_TIER_HBM = 1,
+    TQKV_CLIENT_TIER_DRAM = 2,
+    TQKV_CLIENT_TIER_DISK = 3,
+    TQKV_CLIENT_TIER_COUNT = 4
+};
+/* Get encodings, as in the proto (Encoding). */
 enum { TQKV_CLIENT_PACKED = 0, TQKV_CLIENT_BF16 = 1 };
+/* Quantizer modes of a put session, as in the proto (Mode). */
+enum { TQKV_CLIENT_MODE_DEFAULT = 0, TQKV_CLIENT_MODE_MSE = 1, TQKV_CLIENT_MODE_PROD = 2 };
 
 /* The calling thread's last error. status TQKV_OK after a success is not promised:
  * read it only after a call failed. */
@@ -109,12 +140,6 @@ typedef struct tqkv_client_error {
 
 /* Returns borrowed, thread-local, valid until the thread's next client call. */
 const tqkv_client_error_t *tqkv_client_last_error(void);
-
-/* For a server that forwards a caller's request with the caller's credentials: until the
- * next call with NULL, the calls the calling thread starts (through any client) send
- * "authorization: <authz>" (the caller's header value, borrowed until then) instead of
- * the client's token. Background threads (membership, read repair) keep the client's. */
-void tqkv_client_thread_authz(const char *authz);
 
 /* Creates a client: resolves the targets and asks each server for its node id (it
  * ranks servers by it: a server keeps its rank on a new address, and two spellings of
@@ -134,9 +159,6 @@ const char *tqkv_client_target_name(const tqkv_client_t *c, size_t i);
 /* The node id target i reported into buf: 0, or 1 when it has none known (it then ranks
  * by its address), -1 for no such target. */
 int tqkv_client_target_node_id(const tqkv_client_t *c, size_t i, char *buf, size_t cap);
-/* The rendezvous id target i ranks by (tqkv_shard_target_id of its node id, or of its
- * address); 0 for no such target. */
-uint64_t tqkv_client_target_rank_id(const tqkv_client_t *c, size_t i);
 /* Resolves and identifies the targets now, on the calling thread (normally a background
  * thread does it every resolve_interval_ms and when a server fails). Returns the version
  * of the target table (1 for the first, +1 per change). */
@@ -152,15 +174,14 @@ typedef struct tqkv_client_repair_stats {
     uint64_t pending_bytes; /* queued now */
 } tqkv_client_repair_stats_t;
 void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out);
-/* Waits up to timeout_ms until the repair queue is empty and idle: 0, or -1 (tests). */
-int tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms);
 
 /* ---- Put ---- */
 
-/* Options of a put session (NULL = defaults). bits 0 = the namespace policy. */
+/* Options of a put session (NULL = defaults). Bit widths are bits per coordinate as the
+ * proto has them (1, 1.5, 2, 2.5, 3, 3.5, 4); 0 = the namespace policy. */
 typedef struct tqkv_put_opts {
     float key_bits, value_bits; /* 1, 1.5, 2, 2.5, 3, 3.5, 4; 0 = policy */
-    int key_mode, value_mode;   /* 0 default, 1 mse, 2 prod */
+    int key_mode, value_mode;   /* TQKV_CLIENT_MODE_* (DEFAULT = the policy) */
     uint32_t deadline_ms;       /* the whole session; 0 = the client default */
 } tqkv_put_opts_t;
 
@@ -193,8 +214,11 @@ tqkv_status_t tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *opt
 
 /* Sends one block. Borrows b (copied into the message before returning). At most one
  * message is in flight per target stream: this waits for the previous one (the
- * back-pressure). Returns TQKV_EINVAL for a malformed block, or the stream's error
- * when a server ended it (then end the session with put_end or abort). */
+ * back-pressure). The shape is checked against the limits the server enforces
+ * (head_dim 16..1024, heads 1..1024, tokens 1..65536; K and V within the message size)
+ * before key and value are read. Returns TQKV_EINVAL / TQKV_EUNSUPPORTED for a
+ * malformed block, or the stream's error when a server ended it (then end the session
+ * with put_end or abort). */
 tqkv_status_t tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b);
 
 /* Half-closes the streams and collects the responses into *res (may be NULL).
@@ -243,7 +267,7 @@ typedef struct tqkv_get_page {
     size_t hash_index; /* index into req->hashes */
     uint32_t layer;
     int found;
-    int tier;
+    int tier;                 /* TQKV_CLIENT_TIER_* */
     tqkv_block_shape_t shape; /* as sent by the server (zero when !found) */
     const void *page;         /* PACKED */
     size_t page_len;
@@ -288,7 +312,8 @@ typedef struct tqkv_client_stats {
     uint64_t hits, misses, evictions, bytes_in, bytes_out, pages, page_bytes, bf16_bytes;
     double compression_ratio; /* bf16_bytes / page_bytes over all targets */
     size_t num_tiers;
-    tqkv_client_tier_stats_t tiers[4]; /* summed per tier over the targets */
+    tqkv_client_tier_stats_t tiers[TQKV_CLIENT_TIER_COUNT]; /* summed per tier over the
+                                                               targets, num_tiers of them */
 } tqkv_client_stats_t;
 
 /* Stats of a namespace (ns "" = the whole server) summed over the live targets. */
@@ -307,7 +332,7 @@ tqkv_status_t tqkv_client_health(tqkv_client_t *c, size_t target, const char *se
 tqkv_status_t tqkv_client_decode_page(const void *page, size_t len, uint16_t *k, uint16_t *v,
                                       tqkv_block_shape_t *shape);
 
-/* Fused decode attention (kernels/attention.h) of one query token over packed pages
+/* Fused decode attention of one query token over packed pages
  * the caller received (borrowed; consecutive blocks of one sequence, one layer). q and
  * out are float [num_q_heads][head_dim]. Page CRCs are checked. Returns the statuses
  * of tqkv_attn_decode. */

@@ -33,6 +33,9 @@ tqkv_client_put_many(tqkv_client_t *c, const tqkv_put_opts_t *opts, const tqkv_p
         return tqkv__client_set_error(TQKV_EINVAL, 0, "put_many: empty grid");
     if (tensor_bytes(&req->shape) == 0)
         return tqkv__client_set_error(TQKV_EINVAL, 0, "put_many: zero shape");
+    /* every block has this shape: checked once, before any key or value is read */
+    if ((st = tqkv__client_check_shape(c, &req->shape, "put_many")) != TQKV_OK)
+        return st;
     if ((st = tqkv_client_put_begin(c, opts, &p)) != TQKV_OK)
         return st;
     size_t n = req->num_hashes;

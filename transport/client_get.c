@@ -152,6 +152,19 @@ typedef struct getop {
     size_t bad_hash; /* the page that failed its CRC (get_message returned 1), and where */
     size_t bad_target;
     uint32_t bad_layer;
+    /* the Get's candidates (n * nc, rank order) and one round's calls: hashes grouped by
+     * target (start/fill, gidx, hb), one call per target (rs, started), the data channels
+     * polled (pf, who, buffered), the completion queue and the calls still live */
+    uint32_t *cand;
+    ProtobufCBinaryData *hb;
+    size_t *gidx, *start, *fill, *who;
+    rpc_t *rs;
+    int *started, *buffered;
+    struct pollfd *pf;
+    gpr_timespec dl;
+    uint64_t dl_ns; /* dl as monotonic ns */
+    grpc_completion_queue *cq;
+    size_t live;
 } getop_t;
 
 static int
@@ -521,14 +534,10 @@ tqkv_client_get(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, voi
     return st;
 }
 
+/* The request's checks before anything is sent. */
 static tqkv_status_t
-get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
+get_check(const tqkv_get_req_t *q, tqkv_get_cb_t cb)
 {
-    getop_t g;
-    tqkv_status_t st = TQKV_OK;
-    memset(&g, 0, sizeof g);
-    if (c == NULL || q == NULL)
-        return tqkv__client_err(TQKV_EINVAL, 0, "get: client and request required");
     if (q->ns == NULL || cb == NULL || q->layer_end <= q->layer_begin)
         return tqkv__client_err(TQKV_EINVAL, 0,
                                 "get: namespace, callback and layer_end > layer_begin");
@@ -538,6 +547,346 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
     for (size_t i = 0; i < q->num_hashes; i++)
         if (!tqkv__hash_ok(&q->hashes[i]))
             return tqkv__client_err(TQKV_EINVAL, 0, "get: hash %zu is not 8..64 bytes", i);
+    return TQKV_OK;
+}
+
+static void
+get_free(getop_t *g)
+{
+    free(g->cand);
+    free(g->hb);
+    free(g->gidx);
+    free(g->start);
+    free(g->rs);
+    free(g->fill);
+    free(g->who);
+    free(g->started);
+    free(g->pf);
+    free(g->buffered);
+    free(g->done);
+    free(g->corrupt);
+    free(g->sc.mem);
+    free(g->sv.mem);
+}
+
+/* Allocates the Get's arrays and ranks the candidates of every hash. */
+static tqkv_status_t
+get_alloc(getop_t *g)
+{
+    tqkv_client_t *c = g->c;
+    size_t n = g->n, nc = g->nc;
+    g->cand = malloc(n * nc * sizeof *g->cand);
+    g->hb = malloc(n * sizeof *g->hb);
+    g->gidx = malloc(n * sizeof *g->gidx);
+    g->start = malloc((c->nt + 1) * sizeof *g->start);
+    g->rs = calloc(c->nt, sizeof *g->rs);
+    g->fill = malloc((c->nt + 1) * sizeof *g->fill);
+    g->who = malloc(c->nt * sizeof *g->who);
+    g->started = calloc(c->nt, sizeof *g->started);
+    g->pf = malloc(c->nt * sizeof *g->pf);
+    g->buffered = malloc(c->nt * sizeof *g->buffered);
+    g->done = calloc(n * g->L, 1);
+    if (!g->cand || !g->hb || !g->gidx || !g->start || !g->rs || !g->done || !g->fill || !g->who ||
+        !g->started || !g->pf || !g->buffered)
+        return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        uint32_t all[RANK_MAX];
+        tqkv__candidates(c, g->q->ns, &g->q->hashes[i], all);
+        memcpy(&g->cand[i * nc], all, nc * sizeof *g->cand);
+    }
+    return TQKV_OK;
+}
+
+/* Whether hash i still has an unreported layer and its candidate of this round takes
+ * calls. */
+static int
+get_round_needs(getop_t *g, size_t i, uint64_t now)
+{
+    int need = 0;
+    for (size_t l = 0; l < g->L && !need; l++)
+        need = !g->done[i * g->L + l];
+    return need && tqkv__target_usable(g->c, g->cand[i * g->nc + g->round], now);
+}
+
+/* Groups the hashes asked this round by target: target t asks hb[start[t]..start[t+1]). */
+static void
+get_round_plan(getop_t *g)
+{
+    tqkv_client_t *c = g->c;
+    size_t n = g->n, nc = g->nc, round = g->round;
+    uint64_t now = tqkv_shard_now_ns();
+    /* A hash is asked again while any of its layers is unreported. */
+    memset(g->start, 0, (c->nt + 1) * sizeof *g->start);
+    for (size_t i = 0; i < n; i++)
+        if (get_round_needs(g, i, now))
+            g->start[g->cand[i * nc + round] + 1]++;
+    for (size_t t = 0; t < c->nt; t++)
+        g->start[t + 1] += g->start[t];
+    memcpy(g->fill, g->start, c->nt * sizeof *g->fill);
+    for (size_t i = 0; i < n; i++) {
+        if (get_round_needs(g, i, now)) {
+            size_t t = g->cand[i * nc + round];
+            g->gidx[g->fill[t]] = i;
+            g->hb[g->fill[t]].data = (uint8_t *)g->q->hashes[i].bytes;
+            g->hb[g->fill[t]].len = g->q->hashes[i].len;
+            g->fill[t]++;
+        }
+    }
+}
+
+/* Starts this round's call to every target with hashes to ask (over a data channel
+ * where the client and the server have them). */
+static void
+get_round_start(getop_t *g, tqkv_status_t *st)
+{
+    tqkv_client_t *c = g->c;
+    const tqkv_get_req_t *q = g->q;
+    rpc_t *rs = g->rs;
+    g->cq = grpc_completion_queue_create_for_next(NULL);
+    g->live = 0;
+    memset(rs, 0, c->nt * sizeof *rs);
+    memset(g->started, 0, c->nt * sizeof *g->started);
+    for (size_t t = 0; t < c->nt; t++) {
+        if (g->start[t + 1] == g->start[t])
+            continue;
+        Tqkv__V1__GetRequest m;
+        tqkv__v1__get_request__init(&m);
+        m.namespace_ = (char *)q->ns;
+        m.hashes = &g->hb[g->start[t]];
+        m.n_hashes = g->start[t + 1] - g->start[t];
+        m.layer_begin = q->layer_begin;
+        m.layer_end = q->layer_end;
+        m.encoding = q->encoding == TQKV_CLIENT_BF16 ? TQKV__V1__ENCODING__ENCODING_BF16
+                                                     : TQKV__V1__ENCODING__ENCODING_PACKED;
+        rpc_t *r = &rs[t];
+        r->gidx = &g->gidx[g->start[t]];
+        r->count = m.n_hashes;
+        /* Setting a channel up may take half the time left: a server that never
+         * answers leaves the other half to the gRPC fallback. */
+        uint64_t now_ns = tqkv_shard_now_ns();
+        uint32_t setup_ms = now_ns < g->dl_ns ? (uint32_t)((g->dl_ns - now_ns) / 2000000u) : 0;
+        if (c->transport == TQKV_CLIENT_TRANSPORT_TCP && q->encoding != TQKV_CLIENT_BF16 &&
+            setup_ms > 0 && (r->dc = tqkv__dcc_acquire(c, t, setup_ms)) != NULL) {
+            m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
+            m.channel_id = r->dc->id;
+            r->frames_left = m.n_hashes * g->L;
+        }
+        grpc_byte_buffer *bb = tqkv_wire_encode(&m.base);
+        tqkv_status_t s2 = tqkv__rpc_start(c, r, g->cq, t, M_GET, g->dl, bb);
+        if (r->call == NULL)
+            grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
+        g->started[t] = 1;
+        if (s2 == TQKV_OK)
+            tqkv__rpc_recv(r); /* a data channel Get's stream ends without messages */
+        else if (s2 != TQKV_OK && *st == TQKV_OK)
+            *st = s2;
+        if (s2 != TQKV_OK)
+            r->frames_left = 0, r->dc_bad = 1;
+        g->live += r->inflight > 0;
+    }
+}
+
+/* Reads the frames of the data channels poll found readable (pf[0..nfd), pr of them). */
+static void
+get_round_frames(getop_t *g, size_t nfd, int pr, tqkv_status_t *st)
+{
+    tqkv_client_t *c = g->c;
+    for (size_t i = 0; i < nfd && pr > 0; i++) {
+        if (g->pf[i].revents == 0 || g->canceled)
+            continue;
+        rpc_t *r = &g->rs[g->who[i]];
+        char why[240];
+        int bad = get_frame(g, r, g->dl_ns, why, sizeof why);
+        if (bad == -2 && !r->status_done) {
+            /* the server closed the channel: its status, still to come, says why
+             * (the gRPC deadline bounds the wait); OK would not explain it */
+            r->dc_bad = 1, r->frames_left = 0;
+            snprintf(r->dc_eof, sizeof r->dc_eof, "%s", why);
+        } else if (bad != 0) {
+            r->dc_bad = 1;
+            r->frames_left = 0;
+            if (r->inflight > 0)
+                tqkv__rpc_cancel(r);
+            if (*st == TQKV_OK && bad > 0)
+                *st = tqkv__client_err(TQKV_ECORRUPT, 0,
+                                       "%s: page of hash %zu layer %u failed its CRC32C check "
+                                       "(not delivered; no replica left with a good copy)",
+                                       c->t[g->bad_target]->name, g->bad_hash, g->bad_layer);
+            else if (*st == TQKV_OK && bad == -3)
+                *st = tqkv__client_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
+                                       "%s: data channel: %s", c->t[r->target]->name, why);
+            else if (*st == TQKV_OK)
+                *st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
+                                       "%s: data channel: %s", c->t[r->target]->name, why);
+        } else if (g->canceled) {
+            get_cancel_all(c, g->rs, g->started);
+        }
+    }
+}
+
+/* Drives this round's calls until every one has ended: data channels with frames due
+ * are read as they become readable; between reads the completion queue is polled
+ * without waiting (statuses). */
+static void
+get_round_drive(getop_t *g, tqkv_status_t *st)
+{
+    tqkv_client_t *c = g->c;
+    rpc_t *rs = g->rs;
+    for (;;) {
+        size_t nfd = 0;
+        int nbuf = 0; /* TLS records already read: poll cannot see them (buffered[]) */
+        for (size_t t = 0; t < c->nt; t++)
+            if (g->started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
+                tqkv__dcio_t io = {rs[t].dc->fd, rs[t].dc->ssl};
+                g->pf[nfd].fd = rs[t].dc->fd;
+                g->pf[nfd].events = POLLIN;
+                g->pf[nfd].revents = 0;
+                g->buffered[nfd] = tqkv__dcio_pending(&io);
+                nbuf += g->buffered[nfd];
+                g->who[nfd++] = t;
+            }
+        if (nfd == 0) {
+            if (g->live == 0)
+                break;
+            tag_kind_t k;
+            int ok;
+            rpc_t *r = tqkv__cq_step(g->cq, &k, &ok);
+            if (r == NULL)
+                break;
+            get_event(c, g, rs, g->started, r, k, st);
+            if (r->inflight == 0)
+                g->live--;
+            continue;
+        }
+        int pr = poll(g->pf, (nfds_t)nfd, nbuf ? 0 : g->live > 0 ? 1 : 50);
+        for (size_t i = 0; i < nfd && nbuf; i++)
+            if (g->buffered[i]) {
+                pr += g->pf[i].revents == 0;
+                g->pf[i].revents |= POLLIN;
+            }
+        get_round_frames(g, nfd, pr, st);
+        if (pr == 0 && g->live == 0 && tqkv_shard_now_ns() >= g->dl_ns) {
+            for (size_t i = 0; i < nfd; i++)
+                rs[g->who[i]].dc_bad = 1, rs[g->who[i]].frames_left = 0;
+            if (*st == TQKV_OK)
+                *st = tqkv__client_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
+                                       "%s: data channel: deadline passed with frames still due",
+                                       c->t[rs[g->who[0]].target]->name);
+        }
+        while (g->live > 0) {
+            grpc_event ev =
+                grpc_completion_queue_next(g->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+            if (ev.type != GRPC_OP_COMPLETE)
+                break;
+            rtag_t *tg = ev.tag;
+            tqkv__rpc_event(tg->r, tg->k, ev.success);
+            get_event(c, g, rs, g->started, tg->r, tg->k, st);
+            if (tg->r->inflight == 0)
+                g->live--;
+        }
+    }
+}
+
+/* The statuses of this round's calls (the first failure wins), data channels back to
+ * the pool (reused when in step), the calls freed. */
+static void
+get_round_finish(getop_t *g, tqkv_status_t *st)
+{
+    tqkv_client_t *c = g->c;
+    rpc_t *rs = g->rs;
+    for (size_t t = 0; t < c->nt; t++) {
+        if (!g->started[t])
+            continue;
+        if (rs[t].call && !g->canceled) {
+            /* rpc_result records the call's status in the thread's error (a call
+             * cancelled above for a bad page reads CANCELLED): the caller reads the
+             * error of the status returned, the first failure */
+            tqkv_client_error_t first = tqkv__client_last_err;
+            tqkv_status_t s2 = tqkv__rpc_result(c, &rs[t]);
+            if (s2 != TQKV_OK && *st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE)) {
+                *st = s2;
+                if (s2 == TQKV_ETIMEDOUT && rs[t].dc_eof[0]) {
+                    /* no status came to say why the server closed the channel */
+                    size_t ml = strlen(tqkv__client_last_err.message);
+                    snprintf(tqkv__client_last_err.message + ml,
+                             sizeof tqkv__client_last_err.message - ml,
+                             " (data channel closed first: %s)", rs[t].dc_eof);
+                }
+            } else if (*st != TQKV_OK) {
+                tqkv__client_last_err = first;
+            }
+            if (s2 != TQKV_OK)
+                rs[t].dc_bad = 1;
+            if (s2 == TQKV_OK && rs[t].dc_eof[0] && *st == TQKV_OK)
+                *st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
+                                       "%s: data channel: %s", c->t[t]->name, rs[t].dc_eof);
+        }
+        if (rs[t].dc && rs[t].frames_left > 0 && *st == TQKV_OK && !g->canceled)
+            *st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: data channel: %zu frames missing",
+                                   c->t[t]->name, rs[t].frames_left);
+        tqkv__dcc_release(c, t, rs[t].dc,
+                          !rs[t].dc_bad && rs[t].frames_left == 0 && !g->canceled &&
+                              rs[t].status_done && rs[t].status == GRPC_STATUS_OK);
+        rs[t].dc = NULL;
+        tqkv__rpc_fini(&rs[t]);
+    }
+    tqkv__cq_destroy(g->cq);
+    g->cq = NULL;
+}
+
+/* After the last round: pages whose copies all failed their CRC fail the Get; what no
+ * candidate had is reported missing, in layer-major order. */
+static tqkv_status_t
+get_finish(getop_t *g, tqkv_status_t st)
+{
+    tqkv_client_t *c = g->c;
+    const tqkv_get_req_t *q = g->q;
+    size_t n = g->n;
+    if (g->canceled) {
+        st = tqkv__client_err(TQKV_ECANCELED, (int)GRPC_STATUS_CANCELLED,
+                              "get: canceled by callback");
+    } else if (st == TQKV_OK) {
+        /* A page whose copies failed their CRC and whose later candidates were down. */
+        for (size_t i = 0; i < n * g->L && st == TQKV_OK; i++)
+            if (!g->done[i] && g->corrupt && g->corrupt[i])
+                st = tqkv__client_err(TQKV_ECORRUPT, 0,
+                                      "%s: page of hash %zu layer %u failed its CRC32C check (not "
+                                      "delivered; no replica left with a good copy)",
+                                      c->t[g->corrupt[i] - 1u]->name, i / g->L,
+                                      q->layer_begin + (uint32_t)(i % g->L));
+    }
+    if (st == TQKV_OK && !g->canceled) {
+        /* What no candidate had, in layer-major order. */
+        for (size_t l = 0; l < g->L && !g->canceled; l++) {
+            for (size_t i = 0; i < n && !g->canceled; i++) {
+                if (g->done[i * g->L + l])
+                    continue;
+                tqkv_get_page_t pg;
+                memset(&pg, 0, sizeof pg);
+                pg.hash_index = i;
+                pg.layer = q->layer_begin + (uint32_t)l;
+                pg.target = -1;
+                g->done[i * g->L + l] = 1;
+                deliver(g, &pg);
+            }
+        }
+        if (g->canceled)
+            st = tqkv__client_err(TQKV_ECANCELED, (int)GRPC_STATUS_CANCELLED,
+                                  "get: canceled by callback");
+    }
+    return st;
+}
+
+static tqkv_status_t
+get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
+{
+    getop_t g;
+    tqkv_status_t st = TQKV_OK;
+    memset(&g, 0, sizeof g);
+    if (c == NULL || q == NULL)
+        return tqkv__client_err(TQKV_EINVAL, 0, "get: client and request required");
+    if ((st = get_check(q, cb)) != TQKV_OK)
+        return st;
     if (q->num_hashes == 0)
         return TQKV_OK;
     g.c = c;
@@ -547,270 +896,18 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
     g.n = q->num_hashes;
     g.L = q->layer_end - q->layer_begin;
     g.nc = tqkv__read_candidates(c);
-    size_t n = g.n, nc = g.nc;
-
-    uint32_t *cand = malloc(n * nc * sizeof *cand);
-    ProtobufCBinaryData *hb = malloc(n * sizeof *hb);
-    size_t *gidx = malloc(n * sizeof *gidx);
-    size_t *start = malloc((c->nt + 1) * sizeof *start);
-    rpc_t *rs = calloc(c->nt, sizeof *rs);
-    size_t *fill = malloc((c->nt + 1) * sizeof *fill), *who = malloc(c->nt * sizeof *who);
-    int *started = calloc(c->nt, sizeof *started);
-    struct pollfd *pf = malloc(c->nt * sizeof *pf);
-    int *buffered = malloc(c->nt * sizeof *buffered);
-    g.done = calloc(n * g.L, 1);
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
-    gpr_timespec dl = tqkv__deadline_after(op_ms);
-    uint64_t dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull; /* the same instant */
-    if (!cand || !hb || !gidx || !start || !rs || !g.done || !fill || !who || !started || !pf ||
-        !buffered) {
-        st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-        goto out;
+    g.dl = tqkv__deadline_after(op_ms);
+    g.dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull; /* the same instant */
+    if ((st = get_alloc(&g)) == TQKV_OK) {
+        for (g.round = 0; g.round < g.nc && st == TQKV_OK && !g.canceled; g.round++) {
+            get_round_plan(&g);
+            get_round_start(&g, &st);
+            get_round_drive(&g, &st);
+            get_round_finish(&g, &st);
+        }
+        st = get_finish(&g, st);
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t all[RANK_MAX];
-        tqkv__candidates(c, q->ns, &q->hashes[i], all);
-        memcpy(&cand[i * nc], all, nc * sizeof *cand);
-    }
-    for (g.round = 0; g.round < nc && st == TQKV_OK && !g.canceled; g.round++) {
-        size_t round = g.round;
-        uint64_t now = tqkv_shard_now_ns();
-        /* A hash is asked again while any of its layers is unreported. */
-        memset(start, 0, (c->nt + 1) * sizeof *start);
-        for (size_t i = 0; i < n; i++) {
-            int need = 0;
-            for (size_t l = 0; l < g.L && !need; l++)
-                need = !g.done[i * g.L + l];
-            if (need && tqkv__target_usable(c, cand[i * nc + round], now))
-                start[cand[i * nc + round] + 1]++;
-        }
-        for (size_t t = 0; t < c->nt; t++)
-            start[t + 1] += start[t];
-        memcpy(fill, start, c->nt * sizeof *fill);
-        for (size_t i = 0; i < n; i++) {
-            int need = 0;
-            for (size_t l = 0; l < g.L && !need; l++)
-                need = !g.done[i * g.L + l];
-            if (need && tqkv__target_usable(c, cand[i * nc + round], now)) {
-                size_t t = cand[i * nc + round];
-                gidx[fill[t]] = i;
-                hb[fill[t]].data = (uint8_t *)q->hashes[i].bytes;
-                hb[fill[t]].len = q->hashes[i].len;
-                fill[t]++;
-            }
-        }
-        grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-        size_t live = 0;
-        memset(rs, 0, c->nt * sizeof *rs);
-        memset(started, 0, c->nt * sizeof *started);
-        for (size_t t = 0; t < c->nt; t++) {
-            if (start[t + 1] == start[t])
-                continue;
-            Tqkv__V1__GetRequest m;
-            tqkv__v1__get_request__init(&m);
-            m.namespace_ = (char *)q->ns;
-            m.hashes = &hb[start[t]];
-            m.n_hashes = start[t + 1] - start[t];
-            m.layer_begin = q->layer_begin;
-            m.layer_end = q->layer_end;
-            m.encoding = q->encoding == TQKV_CLIENT_BF16 ? TQKV__V1__ENCODING__ENCODING_BF16
-                                                         : TQKV__V1__ENCODING__ENCODING_PACKED;
-            rpc_t *r = &rs[t];
-            r->gidx = &gidx[start[t]];
-            r->count = m.n_hashes;
-            /* Setting a channel up may take half the time left: a server that never
-             * answers leaves the other half to the gRPC fallback. */
-            uint64_t now_ns = tqkv_shard_now_ns();
-            uint32_t setup_ms = now_ns < dl_ns ? (uint32_t)((dl_ns - now_ns) / 2000000u) : 0;
-            if (c->transport == TQKV_CLIENT_TRANSPORT_TCP && q->encoding != TQKV_CLIENT_BF16 &&
-                setup_ms > 0 && (r->dc = tqkv__dcc_acquire(c, t, setup_ms)) != NULL) {
-                m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
-                m.channel_id = r->dc->id;
-                r->frames_left = m.n_hashes * g.L;
-            }
-            grpc_byte_buffer *bb = tqkv_wire_encode(&m.base);
-            tqkv_status_t s2 = tqkv__rpc_start(c, r, cq, t, M_GET, dl, bb);
-            if (r->call == NULL)
-                grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
-            started[t] = 1;
-            if (s2 == TQKV_OK)
-                tqkv__rpc_recv(r); /* a data channel Get's stream ends without messages */
-            else if (s2 != TQKV_OK && st == TQKV_OK)
-                st = s2;
-            if (s2 != TQKV_OK)
-                r->frames_left = 0, r->dc_bad = 1;
-            live += r->inflight > 0;
-        }
-        for (;;) {
-            /* Data channels with frames due are read as they become readable; between
-             * reads the completion queue is polled without waiting (statuses). */
-            size_t nfd = 0;
-            int nbuf = 0; /* TLS records already read: poll cannot see them (buffered[]) */
-            for (size_t t = 0; t < c->nt; t++)
-                if (started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
-                    tqkv__dcio_t io = {rs[t].dc->fd, rs[t].dc->ssl};
-                    pf[nfd].fd = rs[t].dc->fd;
-                    pf[nfd].events = POLLIN;
-                    pf[nfd].revents = 0;
-                    buffered[nfd] = tqkv__dcio_pending(&io);
-                    nbuf += buffered[nfd];
-                    who[nfd++] = t;
-                }
-            if (nfd == 0) {
-                if (live == 0)
-                    break;
-                tag_kind_t k;
-                int ok;
-                rpc_t *r = tqkv__cq_step(cq, &k, &ok);
-                if (r == NULL)
-                    break;
-                get_event(c, &g, rs, started, r, k, &st);
-                if (r->inflight == 0)
-                    live--;
-                continue;
-            }
-            int pr = poll(pf, (nfds_t)nfd, nbuf ? 0 : live > 0 ? 1 : 50);
-            for (size_t i = 0; i < nfd && nbuf; i++)
-                if (buffered[i]) {
-                    pr += pf[i].revents == 0;
-                    pf[i].revents |= POLLIN;
-                }
-            for (size_t i = 0; i < nfd && pr > 0; i++) {
-                if (pf[i].revents == 0 || g.canceled)
-                    continue;
-                rpc_t *r = &rs[who[i]];
-                char why[240];
-                int bad = get_frame(&g, r, dl_ns, why, sizeof why);
-                if (bad == -2 && !r->status_done) {
-                    /* the server closed the channel: its status, still to come, says why
-                     * (the gRPC deadline bounds the wait); OK would not explain it */
-                    r->dc_bad = 1, r->frames_left = 0;
-                    snprintf(r->dc_eof, sizeof r->dc_eof, "%s", why);
-                } else if (bad != 0) {
-                    r->dc_bad = 1;
-                    r->frames_left = 0;
-                    if (r->inflight > 0)
-                        tqkv__rpc_cancel(r);
-                    if (st == TQKV_OK && bad > 0)
-                        st = tqkv__client_err(
-                            TQKV_ECORRUPT, 0,
-                            "%s: page of hash %zu layer %u failed its CRC32C check "
-                            "(not delivered; no replica left with a good copy)",
-                            c->t[g.bad_target]->name, g.bad_hash, g.bad_layer);
-                    else if (st == TQKV_OK && bad == -3)
-                        st = tqkv__client_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
-                                              "%s: data channel: %s", c->t[r->target]->name, why);
-                    else if (st == TQKV_OK)
-                        st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
-                                              "%s: data channel: %s", c->t[r->target]->name, why);
-                } else if (g.canceled) {
-                    get_cancel_all(c, rs, started);
-                }
-            }
-            if (pr == 0 && live == 0 && tqkv_shard_now_ns() >= dl_ns) {
-                for (size_t i = 0; i < nfd; i++)
-                    rs[who[i]].dc_bad = 1, rs[who[i]].frames_left = 0;
-                if (st == TQKV_OK)
-                    st = tqkv__client_err(TQKV_ETIMEDOUT, (int)GRPC_STATUS_DEADLINE_EXCEEDED,
-                                          "%s: data channel: deadline passed with frames still due",
-                                          c->t[rs[who[0]].target]->name);
-            }
-            while (live > 0) {
-                grpc_event ev =
-                    grpc_completion_queue_next(cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
-                if (ev.type != GRPC_OP_COMPLETE)
-                    break;
-                rtag_t *tg = ev.tag;
-                tqkv__rpc_event(tg->r, tg->k, ev.success);
-                get_event(c, &g, rs, started, tg->r, tg->k, &st);
-                if (tg->r->inflight == 0)
-                    live--;
-            }
-        }
-        for (size_t t = 0; t < c->nt; t++) {
-            if (!started[t])
-                continue;
-            if (rs[t].call && !g.canceled) {
-                /* rpc_result records the call's status in the thread's error (a call
-                 * cancelled above for a bad page reads CANCELLED): the caller reads the
-                 * error of the status returned, the first failure */
-                tqkv_client_error_t first = tqkv__client_last_err;
-                tqkv_status_t s2 = tqkv__rpc_result(c, &rs[t]);
-                if (s2 != TQKV_OK && st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE)) {
-                    st = s2;
-                    if (s2 == TQKV_ETIMEDOUT && rs[t].dc_eof[0]) {
-                        /* no status came to say why the server closed the channel */
-                        size_t ml = strlen(tqkv__client_last_err.message);
-                        snprintf(tqkv__client_last_err.message + ml,
-                                 sizeof tqkv__client_last_err.message - ml,
-                                 " (data channel closed first: %s)", rs[t].dc_eof);
-                    }
-                } else if (st != TQKV_OK) {
-                    tqkv__client_last_err = first;
-                }
-                if (s2 != TQKV_OK)
-                    rs[t].dc_bad = 1;
-                if (s2 == TQKV_OK && rs[t].dc_eof[0] && st == TQKV_OK)
-                    st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
-                                          "%s: data channel: %s", c->t[t]->name, rs[t].dc_eof);
-            }
-            if (rs[t].dc && rs[t].frames_left > 0 && st == TQKV_OK && !g.canceled)
-                st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: data channel: %zu frames missing",
-                                      c->t[t]->name, rs[t].frames_left);
-            tqkv__dcc_release(c, t, rs[t].dc,
-                              !rs[t].dc_bad && rs[t].frames_left == 0 && !g.canceled &&
-                                  rs[t].status_done && rs[t].status == GRPC_STATUS_OK);
-            rs[t].dc = NULL;
-            tqkv__rpc_fini(&rs[t]);
-        }
-        tqkv__cq_destroy(cq);
-    }
-    if (g.canceled) {
-        st = tqkv__client_err(TQKV_ECANCELED, (int)GRPC_STATUS_CANCELLED,
-                              "get: canceled by callback");
-    } else if (st == TQKV_OK) {
-        /* A page whose copies failed their CRC and whose later candidates were down. */
-        for (size_t i = 0; i < n * g.L && st == TQKV_OK; i++)
-            if (!g.done[i] && g.corrupt && g.corrupt[i])
-                st = tqkv__client_err(TQKV_ECORRUPT, 0,
-                                      "%s: page of hash %zu layer %u failed its CRC32C check (not "
-                                      "delivered; no replica left with a good copy)",
-                                      c->t[g.corrupt[i] - 1u]->name, i / g.L,
-                                      q->layer_begin + (uint32_t)(i % g.L));
-    }
-    if (st == TQKV_OK && !g.canceled) {
-        /* What no candidate had, in layer-major order. */
-        for (size_t l = 0; l < g.L && !g.canceled; l++) {
-            for (size_t i = 0; i < n && !g.canceled; i++) {
-                if (g.done[i * g.L + l])
-                    continue;
-                tqkv_get_page_t pg;
-                memset(&pg, 0, sizeof pg);
-                pg.hash_index = i;
-                pg.layer = q->layer_begin + (uint32_t)l;
-                pg.target = -1;
-                g.done[i * g.L + l] = 1;
-                deliver(&g, &pg);
-            }
-        }
-        if (g.canceled)
-            st = tqkv__client_err(TQKV_ECANCELED, (int)GRPC_STATUS_CANCELLED,
-                                  "get: canceled by callback");
-    }
-out:
-    free(cand);
-    free(hb);
-    free(gidx);
-    free(start);
-    free(rs);
-    free(fill);
-    free(who);
-    free(started);
-    free(pf);
-    free(buffered);
-    free(g.done);
-    free(g.corrupt);
-    free(g.sc.mem);
-    free(g.sv.mem);
+    get_free(&g);
     return st;
 }

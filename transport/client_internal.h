@@ -1,6 +1,8 @@
 /* client_internal.h - what the files of libtqkv's client share (tqkv__, not API).
  *
- * client.c: create/destroy, the target table and block placement over it
+ * client.c: create/destroy, the targets the membership attaches
+ * client_view.c: views of the target table, block placement over them
+ * client_repair.c: read repair (re-puts pages found below their primaries)
  * client_call.c: one gRPC call (rpc_t) on an operation's completion queue, the unary
  *   fan-out, the thread's last error
  * client_put.c: put sessions
@@ -23,6 +25,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "transport/client.h"
+#include "transport/client_server.h"
 #include "transport/membership.h"
 #include "transport/node_id.h"
 #include "transport/shard.h"
@@ -225,31 +228,41 @@ void tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const cha
                         ProtobufCMessage *const *reqs, const ProtobufCMessageDescriptor *rd,
                         uint32_t deadline_ms, ProtobufCMessage **resps, tqkv_status_t *sts);
 
-/* ---- targets (client.c) ---- */
+/* ---- targets (client_view.c) ---- */
 
 /* Candidate targets of a block, best first: cand[0..nc). */
 size_t tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t *cand);
 /* How many rank positions Get and Lookup ask. */
 size_t tqkv__read_candidates(tqkv_client_t *c);
 
-/* Views (client.c): a copy of client c whose t/nt/tab are the current membership table,
+/* Views (client_view.c): a copy of client c whose t/nt/tab are the current membership table,
  * referenced until tqkv__view_leave; every entry point runs on one. */
 tqkv_client_t *tqkv__view_enter(const tqkv_client_t *c, tqkv_client_t *v);
 void tqkv__view_leave(tqkv_client_t *v);
 /* Index of target t in view c, or c->nt when its table no longer lists it. */
 size_t tqkv__view_find(const tqkv_client_t *c, const target_t *t);
-/* Read repair (client.c): queues a page found below its block's primaries. */
+int tqkv__hash_ok(const tqkv_hash_t *h);
+/* Checks a BF16 block's shape against the limits the server enforces (the page codec's,
+ * shared: tqkv_page_check_params) and K + V against the client's message limit (c may
+ * be NULL: not checked). Sets the error, prefixed by what. */
+tqkv_status_t tqkv__client_check_shape(const tqkv_client_t *c, const tqkv_block_shape_t *s,
+                                       const char *what);
+/* R as the client uses it: opts->replicas (0 = 1) clamped to the number of targets. */
+uint32_t tqkv__client_replicas(const tqkv_client_t *c);
+
+/* ---- read repair (client_repair.c) ---- */
+
+/* Queues a page found below its block's primaries. */
 void tqkv__repair_offer(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_t layer,
                         const tqkv_block_shape_t *shape, const void *page, size_t len);
-int tqkv__hash_ok(const tqkv_hash_t *h);
+/* Starts the repair thread when read repair is on; stops it and frees the queue. */
+tqkv_status_t tqkv__repair_start(tqkv_client_t *c);
+void tqkv__repair_stop(client_shared_t *sh);
 
 /* ---- TCP data channels (client_dc.c) ---- */
 
 /* A data channel for one Get to target ti, or NULL: ask over gRPC. */
 dconn_t *tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms);
 void tqkv__dcc_release(tqkv_client_t *c, size_t ti, dconn_t *d, int reuse);
-
-/* R as the client uses it: opts->replicas (0 = 1) clamped to the number of targets. */
-uint32_t tqkv__client_replicas(const tqkv_client_t *c);
 
 #endif

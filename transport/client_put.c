@@ -10,6 +10,49 @@
 
 /* ---- Put ---- */
 
+/* The public numberings are the proto's: a value passes the boundary unchanged. */
+#define SAME(a, b) ((int)(a) == (int)(b))
+_Static_assert(SAME(TQKV_CLIENT_MODE_DEFAULT, TQKV__V1__MODE__MODE_DEFAULT) &&
+                   SAME(TQKV_CLIENT_MODE_MSE, TQKV__V1__MODE__MODE_MSE) &&
+                   SAME(TQKV_CLIENT_MODE_PROD, TQKV__V1__MODE__MODE_PROD),
+               "client.h modes are the proto's Mode");
+_Static_assert(SAME(TQKV_CLIENT_TIER_NONE, TQKV__V1__TIER__TIER_NONE) &&
+                   SAME(TQKV_CLIENT_TIER_HBM, TQKV__V1__TIER__TIER_HBM) &&
+                   SAME(TQKV_CLIENT_TIER_DRAM, TQKV__V1__TIER__TIER_DRAM) &&
+                   SAME(TQKV_CLIENT_TIER_DISK, TQKV__V1__TIER__TIER_DISK) &&
+                   SAME(TQKV_CLIENT_TIER_COUNT, TQKV__V1__TIER__TIER_DISK + 1),
+               "client.h tiers are the proto's Tier");
+_Static_assert(SAME(TQKV_CLIENT_TRANSPORT_GRPC, TQKV__V1__TRANSPORT__TRANSPORT_GRPC) &&
+                   SAME(TQKV_CLIENT_TRANSPORT_NCCL, TQKV__V1__TRANSPORT__TRANSPORT_NCCL) &&
+                   SAME(TQKV_CLIENT_TRANSPORT_TCP, TQKV__V1__TRANSPORT__TRANSPORT_TCP),
+               "client.h transports are the proto's Transport");
+_Static_assert(SAME(TQKV_CLIENT_PACKED, TQKV__V1__ENCODING__ENCODING_PACKED) &&
+                   SAME(TQKV_CLIENT_BF16, TQKV__V1__ENCODING__ENCODING_BF16),
+               "client.h encodings are the proto's Encoding");
+
+tqkv_status_t
+tqkv__client_check_shape(const tqkv_client_t *c, const tqkv_block_shape_t *s, const char *what)
+{
+    /* The server's own check (tqkv_page_check_params, handlers_kv.c) with the smallest
+     * codec: whatever it refuses here, the server refuses under every policy. */
+    tqkv_block_codec_t least = {.k = {.bits_x2 = 2, .mode = TQKV_MODE_MSE},
+                                .v = {.bits_x2 = 2, .mode = TQKV_MODE_MSE},
+                                .rotation = TQKV_ROT_DENSE};
+    char err[160];
+    tqkv_status_t st = tqkv_page_check_params(s, &least, err, sizeof err);
+    if (st != TQKV_OK)
+        return tqkv__client_err(st, 0, "%s: shape %ux%ux%u: %s", what, s->num_tokens,
+                                s->num_kv_heads, s->head_dim, err);
+    uint64_t kv = 2ull * s->num_tokens * s->num_kv_heads * s->head_dim * 2;
+    if (c && kv > c->max_msg)
+        return tqkv__client_err(TQKV_EINVAL, 0,
+                                "%s: shape %ux%ux%u: K and V are %llu bytes, above the message "
+                                "limit %zu (max_message_bytes)",
+                                what, s->num_tokens, s->num_kv_heads, s->head_dim,
+                                (unsigned long long)kv, c->max_msg);
+    return TQKV_OK;
+}
+
 /* A Put message kept (sharing its slices) until its stream's response, so that with
  * several targets the blocks of a stream that fails can go to the next in rank. */
 typedef struct kept {
@@ -86,6 +129,7 @@ tqkv_client_put_begin(tqkv_client_t *c, const tqkv_put_opts_t *o, tqkv_put_t **o
     p->deadline = tqkv__deadline_after(o && o->deadline_ms ? o->deadline_ms : c->deadline_ms);
     tqkv__v1__codec__init(&p->codec);
     if (o && (o->key_bits > 0 || o->value_bits > 0 || o->key_mode || o->value_mode)) {
+        /* the one mapping of the public modes: the proto's numbers (asserted above) */
         p->has_codec = 1;
         p->codec.key_bits = o->key_bits;
         p->codec.value_bits = o->value_bits;
@@ -234,10 +278,13 @@ tqkv_client_put_block(tqkv_put_t *p, const tqkv_put_block_t *b)
         return tqkv__client_err(TQKV_EINVAL, 0,
                                 "put: namespace and a hash of 8..64 bytes required");
     if (b->page == NULL) {
-        tensor = (size_t)b->shape.num_tokens * b->shape.num_kv_heads * b->shape.head_dim * 2;
-        if (tensor == 0 || b->key == NULL || b->value == NULL)
+        tqkv_status_t sst;
+        if (b->key == NULL || b->value == NULL)
             return tqkv__client_err(TQKV_EINVAL, 0,
                                     "put: key, value and a non-zero shape required");
+        if ((sst = tqkv__client_check_shape(c, &b->shape, "put")) != TQKV_OK)
+            return sst; /* before key and value are read */
+        tensor = (size_t)b->shape.num_tokens * b->shape.num_kv_heads * b->shape.head_dim * 2;
     } else if (b->page_len == 0) {
         return tqkv__client_err(TQKV_EINVAL, 0, "put: empty page");
     }

@@ -333,7 +333,7 @@ stats_v(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out)
             while (j < out->num_tiers && out->tiers[j].tier != (int)ts->tier)
                 j++;
             if (j == out->num_tiers) {
-                if (j == 4)
+                if (j == TQKV_CLIENT_TIER_COUNT)
                     continue;
                 out->num_tiers++;
                 out->tiers[j].tier = (int)ts->tier;

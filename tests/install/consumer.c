@@ -1,13 +1,17 @@
 /* consumer.c - a C11 program built against the INSTALLED libtqkv with nothing but
  * `pkg-config --cflags --libs tqkv` (tests/install/run.sh): Put one BF16 block, Lookup
  * it, Get it PACKED and decode it with tqkv_client_decode_page, Get it BF16 (the
- * server's decode of the same page) and compare exactly; check the error path.
+ * server's decode of the same page) and compare exactly; check the error paths (a NULL
+ * hash array; a put_many shape beyond the server's limits over a 32 KiB buffer is refused
+ * before the buffer is read; an options struct from a newer header with a field this
+ * library does not know). Options start from TQKV_CLIENT_OPTS_INIT.
  * Usage: consumer HOST:PORT. Exit 0 on success, 1 with a message on failure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <tqkv/client.h>
+#include <tqkv/client_bulk.h>
 #include <tqkv/kernels/version.h>
 
 #define T 16
@@ -72,7 +76,7 @@ main(int argc, char **argv)
         fprintf(stderr, "usage: consumer HOST:PORT\n");
         return 2;
     }
-    if (strncmp(tqkv_version(), "0.", 2) != 0 || tqkv_version_number() < 100) {
+    if (tqkv_version()[0] < '0' || tqkv_version()[0] > '9' || tqkv_version_number() < 100) {
         fprintf(stderr, "consumer.c: tqkv_version() %s\n", tqkv_version());
         return 1;
     }
@@ -82,8 +86,11 @@ main(int argc, char **argv)
         v_in[i] = bf16((float)rand() / RAND_MAX - 0.5f);
     }
     const char *targets[] = {argv[1]};
-    tqkv_client_opts_t o;
-    memset(&o, 0, sizeof o);
+    tqkv_client_opts_t o = TQKV_CLIENT_OPTS_INIT;
+    if (o.struct_size != sizeof o || o.transport != TQKV_CLIENT_TRANSPORT_GRPC) {
+        fprintf(stderr, "consumer.c: TQKV_CLIENT_OPTS_INIT\n");
+        return 1;
+    }
     o.targets = targets;
     o.num_targets = 1;
     o.wait_for_ready = 1;
@@ -151,6 +158,60 @@ main(int argc, char **argv)
         fprintf(stderr, "consumer.c: a NULL hash array was not EINVAL with a message\n");
         return 1;
     }
+    /* A shape the server would refuse, over a 32 KiB buffer: refused before the buffer is
+     * read (it used to copy 16 * 8 * 100000 * 2 bytes out of it). */
+    static uint16_t small[16 * 1024];
+    const void *kv[1] = {small};
+    tqkv_put_many_req_t pm = {.ns = "install-c", .hashes = &h, .num_hashes = 1, .layer_end = 1};
+    pm.shape.num_tokens = 16;
+    pm.shape.num_kv_heads = 8;
+    pm.shape.head_dim = 100000;
+    pm.keys = kv;
+    pm.values = kv;
+    st = tqkv_client_put_many(c, NULL, &pm, NULL);
+    if ((st != TQKV_EINVAL && st != TQKV_EUNSUPPORTED) ||
+        strstr(tqkv_client_last_error()->message, "head_dim") == NULL) {
+        fprintf(stderr, "consumer.c: put_many of a 16x8x100000 shape: %s (%s)\n", tqkv_strerror(st),
+                tqkv_client_last_error()->message);
+        return 1;
+    }
+    /* The same through a put session: the session stays usable. */
+    tqkv_hash_t h2 = {.len = 16};
+    memcpy(h2.bytes, "consumer.c-hsh2!", 16);
+    tqkv_put_block_t big_block = b;
+    big_block.hash = &h2;
+    big_block.shape = pm.shape;
+    big_block.key = big_block.value = small;
+    if ((st = tqkv_client_put_begin(c, NULL, &p)) != TQKV_OK)
+        return fail("put_begin", st);
+    st = tqkv_client_put_block(p, &big_block);
+    if (st != TQKV_EINVAL && st != TQKV_EUNSUPPORTED) {
+        fprintf(stderr, "consumer.c: put_block of a 16x8x100000 shape: %s\n", tqkv_strerror(st));
+        return 1;
+    }
+    big_block.shape.head_dim = 128;
+    big_block.shape.num_kv_heads = 1; /* 16 x 1 x 128 x 2 = 4 KiB: within the buffer */
+    if ((st = tqkv_client_put_block(p, &big_block)) != TQKV_OK ||
+        (st = tqkv_client_put_end(p, &r)) != TQKV_OK || r.blocks_stored != 1)
+        return fail("put of a small block after a refused one", st);
+    tqkv_client_destroy(c);
+    /* Options from a newer header: a set field past this library's struct is refused; the
+     * same struct with that field zero works (read as the default). */
+    struct {
+        tqkv_client_opts_t o;
+        uint64_t newer_field;
+    } big;
+    memset(&big, 0, sizeof big);
+    big.o = o;
+    big.o.struct_size = sizeof big;
+    big.newer_field = 1;
+    if ((st = tqkv_client_create(&big.o, &c)) != TQKV_EUNSUPPORTED || c != NULL) {
+        fprintf(stderr, "consumer.c: opts with an unknown field set: %s\n", tqkv_strerror(st));
+        return 1;
+    }
+    big.newer_field = 0;
+    if ((st = tqkv_client_create(&big.o, &c)) != TQKV_OK)
+        return fail("create with a larger zero-tailed opts", st);
     tqkv_client_destroy(c);
     printf("consumer.c: ok (tqkv %s, rel err^2 K %.4f)\n", tqkv_version(), e / n);
     return 0;

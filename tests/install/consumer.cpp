@@ -38,7 +38,7 @@ main(int argc, char **argv)
         return 2;
     }
     const char *targets[] = {argv[1]};
-    tqkv_client_opts_t o{};
+    tqkv_client_opts_t o = TQKV_CLIENT_OPTS_INIT;
     o.targets = targets;
     o.num_targets = 1;
     o.wait_for_ready = 1;

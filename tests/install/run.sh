@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # tests/install/run.sh BUILD_DIR TQKV_SERVER - libtqkv as an engine developer gets it:
 # `cmake --install` into a temporary prefix, then, against the INSTALLED files only:
-#   - libtqkv.so carries its soname (libtqkv.so.<major>) and exports tqkv_* functions
-#     only (nm -D), none of the internal tqkv__ ones or of the libraries linked in;
+#   - include/tqkv holds exactly the API headers (docs/api.md), none with static inline
+#     code or an include of a header that is not installed;
+#   - libtqkv.so carries its soname (libtqkv.so.1) and exports exactly the names of
+#     transport/libtqkv.sym, each in version node TQKV_1.0 (nm -D), every one declared
+#     by the installed headers; the names libtqkv.so.0 exported and 1.0 dropped are
+#     exactly those docs/api.md lists (tests/install/libtqkv-0.syms: nm -D of the 0.x
+#     library built from 4a5a7f7);
+#   - tqkv-server, tqkv-codec and tqkv-bench are installed in bin/ and run from there
+#     without LD_LIBRARY_PATH;
 #   - a C11 and a C++17 consumer build with `pkg-config --cflags --libs tqkv` and
 #     -Wall -Werror alone, and a CMake project with find_package(tqkv) / tqkv::tqkv;
 #   - the consumers run against a real tqkv-server on a free loopback port (with a TCP
@@ -27,32 +34,69 @@ cmake --install "$BUILD" --prefix "$PREFIX" > "$TMP/install.log" || { cat "$TMP/
 LIB=$(find "$PREFIX" -name 'libtqkv.so.*.*.*' | head -1)
 [ -n "$LIB" ] || die "no libtqkv.so.X.Y.Z installed"
 LIBDIR=$(dirname "$LIB")
-for f in include/tqkv/client.h include/tqkv/client_bulk.h include/tqkv/kernels/page.h \
-         include/tqkv/kernels/page_format.h include/tqkv/kernels/status.h \
-         include/tqkv/kernels/version.h; do
-  [ -f "$PREFIX/$f" ] || die "$f not installed"
+SRC=$(dirname "$(dirname "$HERE")")
+# The installed headers: exactly the API's.
+WANT_H="client.h client_bulk.h kernels/block_shape.h kernels/status.h kernels/version.h"
+GOT_H=$(cd "$PREFIX/include/tqkv" && find . -type f | sed 's|^\./||' | sort | tr '\n' ' ')
+[ "$GOT_H" = "$(echo $WANT_H | tr ' ' '\n' | sort | tr '\n' ' ')" ] \
+  || die "installed headers '$GOT_H', want '$WANT_H' (docs/api.md)"
+[ "$(find "$PREFIX/include" -type f | wc -l)" = 5 ] || die "files under include/ outside include/tqkv"
+! grep -l 'static inline\|TQKV_HD' "$PREFIX"/include/tqkv/*.h "$PREFIX"/include/tqkv/kernels/*.h \
+  || die "an installed header carries inline code"
+for h in $WANT_H; do
+  for inc in $(sed -n 's/^#include "\(.*\)"/\1/p' "$PREFIX/include/tqkv/$h"); do
+    [ -f "$PREFIX/include/tqkv/$inc" ] || die "$h includes \"$inc\", which is not installed"
+  done
 done
 [ -L "$LIBDIR/libtqkv.so" ] || die "no libtqkv.so link (the dev link)"
 SONAME=$(objdump -p "$LIB" | awk '/SONAME/ {print $2}')
-[[ "$SONAME" =~ ^libtqkv\.so\.[0-9]+$ ]] || die "soname '$SONAME'"
+[ "$SONAME" = libtqkv.so.1 ] || die "soname '$SONAME', want libtqkv.so.1"
 [ -e "$LIBDIR/$SONAME" ] || die "$SONAME link missing"
 echo "install test: $LIB soname $SONAME"
 
-# Exports: every defined dynamic symbol is a public tqkv_ function.
-nm -D --defined-only "$LIB" | awk '$2 ~ /[TWDBR]/ {print $3}' | sed 's/@.*//' | sort -u > "$TMP/syms"
-BAD=$(grep -v '^tqkv_[a-z0-9]' "$TMP/syms" || true)
-BAD2=$(grep '^tqkv__' "$TMP/syms" || true)
-[ -z "$BAD$BAD2" ] || die "non-API symbols exported: $(echo $BAD $BAD2 | head -c 400)"
-for s in tqkv_client_create tqkv_client_get tqkv_client_get_into tqkv_client_put_many \
-         tqkv_version tqkv_strerror tqkv_page_decode_bf16; do
-  grep -qx "$s" "$TMP/syms" || die "$s not exported"
+# Exports: exactly transport/libtqkv.sym, in version node TQKV_1.0.
+grep -v '^\s*#' "$SRC/transport/libtqkv.sym" | grep . | sort -u > "$TMP/want_syms"
+nm -D --defined-only "$LIB" | awk '$2 ~ /[TWDBRV]/ {print $3}' | grep -v '^TQKV_1\.0$' | sort -u > "$TMP/vsyms"
+sed 's/@.*//' "$TMP/vsyms" | sort -u > "$TMP/syms"
+if ! diff -u "$TMP/want_syms" "$TMP/syms" > "$TMP/syms.diff"; then
+  cat "$TMP/syms.diff"
+  die "exported symbols differ from transport/libtqkv.sym (- listed only, + exported only)"
+fi
+NOTV=$(grep -v '@@TQKV_1\.0$' "$TMP/vsyms" || true)
+[ -z "$NOTV" ] || die "exported without version node TQKV_1.0: $(echo $NOTV | head -c 300)"
+# Every listed function is declared by the installed headers (C11, no implicit
+# declarations): its address is taken with nothing but the public includes.
+{
+  echo '#include <tqkv/client.h>'
+  echo '#include <tqkv/client_bulk.h>'
+  echo 'void (*const tqkv_api_fns[])(void) = {'
+  sed 's/.*/    (void (*)(void))\&&,/' "$TMP/want_syms"
+  echo '};'
+} > "$TMP/decl.c"
+cc -std=c11 -Wall -Werror=implicit-function-declaration -Werror -I"$PREFIX/include" -c \
+  "$TMP/decl.c" -o "$TMP/decl.o" 2> "$TMP/decl.err" \
+  || { cat "$TMP/decl.err"; die "a libtqkv.sym name is not declared by the installed headers"; }
+# The break from libtqkv.so.0: what 0.x exported and 1.0 does not is docs/api.md's list.
+comm -23 <(sort -u "$HERE/libtqkv-0.syms") "$TMP/want_syms" > "$TMP/removed"
+sed -n '/<!-- removed-symbols -->/,/<!-- \/removed-symbols -->/p' "$SRC/docs/api.md" \
+  | sed -n 's/^- `\(tqkv_[a-z0-9_]*\)`.*/\1/p' | sort -u > "$TMP/removed_doc"
+diff -u "$TMP/removed_doc" "$TMP/removed" > "$TMP/removed.diff" \
+  || { cat "$TMP/removed.diff"; die "docs/api.md's removed list differs from libtqkv.so.0 minus 1.0 (+: undocumented removal)"; }
+echo "install test: $(wc -l < "$TMP/syms") exported symbols = libtqkv.sym, all @@TQKV_1.0; $(wc -l < "$TMP/removed") removed since 0.x, as docs/api.md lists"
+
+# The executables, run from bin/ with no library path.
+for x in tqkv-server tqkv-codec tqkv-bench; do
+  [ -x "$PREFIX/bin/$x" ] || die "bin/$x not installed"
+  env -u LD_LIBRARY_PATH "$PREFIX/bin/$x" --version > "$TMP/$x.version" 2>&1 \
+    || { cat "$TMP/$x.version"; die "bin/$x --version"; }
 done
-echo "install test: $(wc -l < "$TMP/syms") exported symbols, all tqkv_*"
+SERVER=$PREFIX/bin/tqkv-server
 
 export PKG_CONFIG_PATH=$LIBDIR/pkgconfig
 FLAGS=$(pkg-config --cflags --libs tqkv)
 echo "install test: pkg-config tqkv $(pkg-config --modversion tqkv): $FLAGS"
 case "$FLAGS" in *"$BUILD"*|*"$(dirname "$HERE")"*) die "pkg-config flags point into the tree";; esac
+case " $(pkg-config --cflags tqkv) " in *"/include/tqkv "*) die "pkg-config puts include/tqkv itself on the path";; esac
 cc -std=c11 -Wall -Werror -o "$TMP/consumer_c" "$HERE/consumer.c" $FLAGS || die "C consumer build"
 c++ -std=c++17 -Wall -Werror -o "$TMP/consumer_cpp" "$HERE/consumer.cpp" $FLAGS || die "C++ consumer build"
 # Also without C11 extensions: -pedantic on the C side catches non-portable headers.
@@ -64,7 +108,7 @@ mkdir -p "$TMP/cmk"
 cat > "$TMP/cmk/CMakeLists.txt" <<CMK
 cmake_minimum_required(VERSION 3.16)
 project(tqkv_consumer C)
-find_package(tqkv 0.1 REQUIRED)
+find_package(tqkv REQUIRED)
 add_executable(consumer_cmake $HERE/consumer.c)
 target_compile_options(consumer_cmake PRIVATE -Wall -Werror)
 target_link_libraries(consumer_cmake PRIVATE tqkv::tqkv)

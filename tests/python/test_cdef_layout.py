@@ -5,7 +5,9 @@ of the public headers that cffi lays structs out from) agree with the headers.
 For every struct typedef of CDEF: its size and each field's offset and size as cffi
 computes them, against sizeof/offsetof from the C compiler on the real headers. For every
 function of CDEF: its declaration, assigned as a function pointer to the real function
-under -Werror (a changed parameter or return type is a compile error).
+under -Werror (a changed parameter or return type is a compile error). For every
+constant of CDEF (#define NAME N, enum members): a _Static_assert that the header has the
+same value. The headers are the installed ones (docs/api.md), nothing else.
 
 The program links against $TQKV_LIBRARY (libtqkv.so), so every declared function is
 also shown to be exported.
@@ -38,7 +40,7 @@ def read_cdef():
 
 CDEF = read_cdef()
 
-HEADERS = ["transport/client.h", "transport/client_bulk.h", "kernels/page.h",
+HEADERS = ["transport/client.h", "transport/client_bulk.h", "kernels/block_shape.h",
            "kernels/status.h", "kernels/version.h"]
 
 
@@ -52,9 +54,16 @@ def main():
         print("FAIL: parsed only %d structs and %d functions from CDEF" % (len(structs),
                                                                            len(funcs)))
         return 1
+    consts = re.findall(r"^#define\s+(TQKV_\w+)\s+(\d+)\s*$", CDEF, re.M)
+    for body in re.findall(r"enum\s*\{(.*?)\}", CDEF, re.S):
+        consts += re.findall(r"(TQKV_\w+)\s*=\s*(\d+)", body)
+    if len(consts) < 10:
+        print("FAIL: parsed only %d constants from CDEF" % len(consts))
+        return 1
     want = {}
     lines = ["#include <stddef.h>", "#include <stdio.h>"]
     lines += ['#include "%s"' % h for h in HEADERS]
+    lines += ['_Static_assert(%s == %s, "CDEF: %s = %s");' % (n, v, n, v) for n, v in consts]
     body = []
     for s in structs:
         want["%s size" % s] = ffi.sizeof(s)
@@ -102,8 +111,9 @@ def main():
     bad = ["%s: cffi %s, C %s" % (k, want[k], got.get(k)) for k in want if got.get(k) != want[k]]
     for b in bad:
         print("FAIL: " + b)
-    print("%d structs (%d sizes and offsets of them and their fields), %d functions checked against the headers" %
-          (len(structs), len(want), len(funcs)))
+    print("%d structs (%d sizes and offsets of them and their fields), %d functions, %d "
+          "constants checked against the headers" % (len(structs), len(want), len(funcs),
+                                                      len(consts)))
     return 1 if bad else 0
 
 

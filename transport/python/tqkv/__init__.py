@@ -10,12 +10,18 @@
 
 See docs/integration.md. The vLLM KV connector is tqkv.vllm_connector.
 """
+from typing import List
+
 from ._ffi import library_path
-from .client import (BF16, PACKED, STATUS, TIER_DRAM, TIER_HBM, TIER_NONE, Client, Error,
-                     bf16_from_float32, bf16_to_float32, buffer_address, decode_page, version)
+from ._version import __version__
+from .client import (BF16, MODE_DEFAULT, MODE_MSE, MODE_PROD, PACKED, STATUS, TIER_DISK,
+                     TIER_DRAM, TIER_HBM, TIER_NONE, Client, Error, bf16_from_float32,
+                     bf16_to_float32, buffer_address, decode_page, version)
 
 globals().update(STATUS)  # tqkv.EINVAL, tqkv.ENOTFOUND, ...
 
-__all__ = ["Client", "Error", "decode_page", "bf16_from_float32", "bf16_to_float32",
-           "buffer_address", "version", "library_path", "PACKED", "BF16", "TIER_NONE",
-           "TIER_HBM", "TIER_DRAM", "STATUS"] + list(STATUS)
+library_path: str
+__all__: List[str] = ["__version__", "Client", "Error", "decode_page", "bf16_from_float32",
+                      "bf16_to_float32", "buffer_address", "version", "library_path", "PACKED",
+                      "BF16", "TIER_NONE", "TIER_HBM", "TIER_DRAM", "TIER_DISK",
+                      "MODE_DEFAULT", "MODE_MSE", "MODE_PROD", "STATUS"] + list(STATUS)

@@ -1,11 +1,12 @@
 """The C side of the tqkv package: libtqkv.so loaded with cffi in ABI mode.
 
 The declarations below are copied from the installed headers (tqkv/client.h,
-tqkv/client_bulk.h, tqkv/kernels/page.h, tqkv/kernels/status.h,
+tqkv/client_bulk.h, tqkv/kernels/block_shape.h, tqkv/kernels/status.h,
 tqkv/kernels/version.h); only what the package calls is declared, but every struct
-is declared whole, field for field, since cffi lays them out from this text.
+is declared whole, field for field, since cffi lays them out from this text
+(tests/python/test_cdef_layout.py checks both against the C compiler).
 
-The library is found in this order: $TQKV_LIBRARY (a path), the libtqkv.so.0 of the
+The library is found in this order: $TQKV_LIBRARY (a path), the libtqkv.so.1 of the
 install the package came from (<libdir>/python3/dist-packages/tqkv/../../..), then
 the dynamic linker's search path.
 """
@@ -20,7 +21,6 @@ const char *tqkv_status_name(tqkv_status_t st);
 const char *tqkv_version(void);
 int tqkv_version_number(void);
 const char *tqkv_version_git(void);
-const char *tqkv_kernels_isa(void);
 
 typedef struct tqkv_block_shape {
     uint32_t num_tokens;
@@ -31,7 +31,21 @@ typedef struct tqkv_block_shape {
 typedef struct tqkv_client tqkv_client_t;
 typedef struct tqkv_put tqkv_put_t;
 
+#define TQKV_CLIENT_TRANSPORT_GRPC 0
+#define TQKV_CLIENT_TRANSPORT_NCCL 1
+#define TQKV_CLIENT_TRANSPORT_TCP 2
+enum {
+    TQKV_CLIENT_TIER_NONE = 0,
+    TQKV_CLIENT_TIER_HBM = 1,
+    TQKV_CLIENT_TIER_DRAM = 2,
+    TQKV_CLIENT_TIER_DISK = 3,
+    TQKV_CLIENT_TIER_COUNT = 4
+};
+enum { TQKV_CLIENT_PACKED = 0, TQKV_CLIENT_BF16 = 1 };
+enum { TQKV_CLIENT_MODE_DEFAULT = 0, TQKV_CLIENT_MODE_MSE = 1, TQKV_CLIENT_MODE_PROD = 2 };
+
 typedef struct tqkv_client_opts {
+    size_t struct_size;
     const char *const *targets;
     size_t num_targets;
     int resolve_targets;
@@ -53,8 +67,6 @@ typedef struct tqkv_client_opts {
     uint32_t resolve_interval_ms;
     size_t read_repair_bytes;
     int no_read_repair;
-    const char *exclude_node_id;
-    int hop;
 } tqkv_client_opts_t;
 
 typedef struct tqkv_hash {
@@ -85,7 +97,6 @@ typedef struct tqkv_client_repair_stats {
     uint64_t pending_bytes;
 } tqkv_client_repair_stats_t;
 void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out);
-int tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms);
 
 typedef struct tqkv_put_opts {
     float key_bits, value_bits;
@@ -174,7 +185,7 @@ typedef struct tqkv_client_stats {
     uint64_t hits, misses, evictions, bytes_in, bytes_out, pages, page_bytes, bf16_bytes;
     double compression_ratio;
     size_t num_tiers;
-    tqkv_client_tier_stats_t tiers[4];
+    tqkv_client_tier_stats_t tiers[TQKV_CLIENT_TIER_COUNT];
 } tqkv_client_stats_t;
 
 tqkv_status_t tqkv_client_stats(tqkv_client_t *c, const char *ns, tqkv_client_stats_t *out);
@@ -214,7 +225,7 @@ tqkv_status_t tqkv_client_get_into(tqkv_client_t *c, const tqkv_get_req_t *req,
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
 
-SONAME = "libtqkv.so.0"
+SONAME = "libtqkv.so.1"
 
 
 def _candidates():

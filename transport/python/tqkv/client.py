@@ -11,18 +11,36 @@ arrays of per-block addresses (put_ptrs / get_into) for caches with their own la
 Everything that can fail raises tqkv.Error (.status, .status_name, .grpc_code,
 .message). The calls release the GIL while they run.
 """
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
 import numpy as np
 
 from ._ffi import ffi, lib
 
-TRANSPORT_GRPC = 0
-TRANSPORT_TCP = 1
-PACKED = 0
-BF16 = 1
-TIER_NONE, TIER_HBM, TIER_DRAM = 0, 1, 2
+# The C API's numbers (client.h), read from the declarations the library is checked
+# against (tests/python/test_cdef_layout.py): one numbering, the proto's.
+TRANSPORT_GRPC: int = lib.TQKV_CLIENT_TRANSPORT_GRPC
+TRANSPORT_TCP: int = lib.TQKV_CLIENT_TRANSPORT_TCP
+PACKED: int = lib.TQKV_CLIENT_PACKED
+BF16: int = lib.TQKV_CLIENT_BF16
+TIER_NONE: int = lib.TQKV_CLIENT_TIER_NONE
+TIER_HBM: int = lib.TQKV_CLIENT_TIER_HBM
+TIER_DRAM: int = lib.TQKV_CLIENT_TIER_DRAM
+TIER_DISK: int = lib.TQKV_CLIENT_TIER_DISK
+MODE_DEFAULT: int = lib.TQKV_CLIENT_MODE_DEFAULT
+MODE_MSE: int = lib.TQKV_CLIENT_MODE_MSE
+MODE_PROD: int = lib.TQKV_CLIENT_MODE_PROD
+
+Hash = Union[bytes, bytearray, memoryview]
+Shape = Tuple[int, int, int]
+# A BF16 block array: a NumPy uint16 array or a CPU torch.bfloat16 tensor.
+Array = Any
 
 # Status codes (kernels/status.h), as module constants: tqkv.EINVAL, ...
-STATUS = {}
+STATUS: Dict[str, int] = {}
 for _st in range(64):
     _name = ffi.string(lib.tqkv_status_name(_st)).decode()
     if not _name or _name.lower().startswith("unknown"):
@@ -35,7 +53,7 @@ class Error(Exception):
     """A failed tqkv call: .status (int, kernels/status.h), .status_name ("ENOTFOUND"),
     .grpc_code (0 when the failure was local) and .message (the reason)."""
 
-    def __init__(self, status, message, grpc_code=0):
+    def __init__(self, status: int, message: str, grpc_code: int = 0) -> None:
         self.status = int(status)
         self.status_name = ffi.string(lib.tqkv_status_name(self.status)).decode()
         self.grpc_code = int(grpc_code)
@@ -43,7 +61,7 @@ class Error(Exception):
         super().__init__("%s: %s" % (self.status_name, message))
 
 
-def _check(st, what):
+def _check(st: int, what: str) -> None:
     if st != 0:
         e = lib.tqkv_client_last_error()
         msg = ffi.string(e.message).decode(errors="replace") if e != ffi.NULL else ""
@@ -53,11 +71,11 @@ def _check(st, what):
         raise Error(st, "%s: %s" % (what, msg), grpc_code)
 
 
-def _einval(msg):
+def _einval(msg: str) -> Error:
     return Error(STATUS.get("EINVAL", 1), msg)
 
 
-def version():
+def version() -> str:
     """libtqkv's release ("0.1.0")."""
     return ffi.string(lib.tqkv_version()).decode()
 
@@ -98,7 +116,7 @@ def _one_hash(h):
     return p, buf
 
 
-def buffer_address(x, writable):
+def buffer_address(x: Any, writable: bool) -> Tuple[int, int]:
     """(address, nbytes) of x's memory: a C-contiguous NumPy array or CPU torch tensor
     of 2-byte elements (BF16 bits), or (read-only) any object with the buffer protocol.
     Never copies."""
@@ -166,11 +184,15 @@ class Client:
     queueing at most read_repair_bytes (0 = 64 MiB).
     """
 
-    def __init__(self, targets, replicas=1, token=None, tls=False, tls_ca=None, tls_cert=None,
-                 tls_key=None, tls_target_name=None, transport="tcp", deadline_ms=0,
-                 channels_per_target=0, wait_for_ready=True, resolve_targets=False,
-                 max_message_bytes=0, backoff_min_ms=0, backoff_max_ms=0, dns_servers=None,
-                 resolve_interval_ms=0, read_repair=True, read_repair_bytes=0):
+    def __init__(self, targets: Union[str, Sequence[str]], replicas: int = 1,
+                 token: Optional[str] = None, tls: bool = False, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_target_name: Optional[str] = None, transport: str = "tcp",
+                 deadline_ms: int = 0, channels_per_target: int = 0, wait_for_ready: bool = True,
+                 resolve_targets: bool = False, max_message_bytes: int = 0,
+                 backoff_min_ms: int = 0, backoff_max_ms: int = 0,
+                 dns_servers: Optional[str] = None, resolve_interval_ms: int = 0,
+                 read_repair: bool = True, read_repair_bytes: int = 0) -> None:
         if isinstance(targets, str):
             targets = [targets]
         if transport not in ("tcp", "grpc"):
@@ -179,6 +201,7 @@ class Client:
         keep = [_cstr(t) for t in targets]
         arr = ffi.new("const char *[]", keep) if keep else ffi.NULL
         o = ffi.new("tqkv_client_opts_t *")
+        o.struct_size = ffi.sizeof("tqkv_client_opts_t")  # TQKV_CLIENT_OPTS_INIT
         o.targets = arr
         o.num_targets = len(keep)
         o.resolve_targets = int(bool(resolve_targets))
@@ -203,16 +226,16 @@ class Client:
         self._c = out[0]
 
     # -- lifetime --
-    def close(self):
+    def close(self) -> None:
         """Destroys the client (no call may be running). Idempotent."""
         if self._c != ffi.NULL:
             lib.tqkv_client_destroy(self._c)
             self._c = ffi.NULL
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __del__(self):
@@ -227,13 +250,13 @@ class Client:
         return self._c
 
     @property
-    def targets(self):
+    def targets(self) -> List[str]:
         c = self._h()
         return [ffi.string(lib.tqkv_client_target_name(c, i)).decode()
                 for i in range(lib.tqkv_client_num_targets(c))]
 
     @property
-    def node_ids(self):
+    def node_ids(self) -> List[Optional[str]]:
         """The node id each target reported (--node-id), None where none is known yet;
         in the order of `targets`."""
         c = self._h()
@@ -244,12 +267,12 @@ class Client:
             out.append(ffi.string(buf).decode() if rc == 0 else None)
         return out
 
-    def refresh(self):
+    def refresh(self) -> int:
         """Resolves and identifies the targets now (a background thread does it every
         resolve_interval_ms). Returns the target table's version (+1 per change)."""
         return int(lib.tqkv_client_refresh(self._h()))
 
-    def repair_stats(self):
+    def repair_stats(self) -> Dict[str, int]:
         """Read repair counters since the client was created: a dict of queued, repaired,
         stored, dropped, failed (pages) and pending_bytes."""
         st = ffi.new("tqkv_client_repair_stats_t *")
@@ -257,13 +280,23 @@ class Client:
         return {f: int(getattr(st, f)) for f in
                 ("queued", "repaired", "stored", "dropped", "failed", "pending_bytes")}
 
-    def repair_wait(self, timeout_ms=10000):
-        """Waits until the read-repair queue is empty and idle: True, or False on timeout."""
-        return lib.tqkv_client_repair_wait(self._h(), timeout_ms) == 0
+    def repair_wait(self, timeout_ms: int = 10000) -> bool:
+        """Waits until every page read repair queued has been put again (or failed) and
+        nothing is pending: True, or False on timeout. Polls repair_stats (libtqkv has no
+        waiting call in its API: tests and tools use this)."""
+        end = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            s = self.repair_stats()
+            if s["pending_bytes"] == 0 and s["repaired"] + s["failed"] >= s["queued"]:
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
 
     # -- Put --
-    def put(self, ns, hashes, keys, values, layer_begin=0, parent=None, num_layers=0,
-            key_bits=0, value_bits=0, deadline_ms=0):
+    def put(self, ns: str, hashes: Sequence[Hash], keys: Array, values: Array,
+            layer_begin: int = 0, parent: Optional[Hash] = None, num_layers: int = 0,
+            key_bits: float = 0, value_bits: float = 0, deadline_ms: int = 0) -> Dict[str, int]:
         """Puts BF16 blocks: keys and values are [L][N][T][H][D] (or [N][T][H][D]) arrays
         for hashes[0..N) at layers layer_begin.. (the server encodes them). parent: the
         hash before hashes[0] (None for a sequence's first block). Returns a dict of the
@@ -279,8 +312,10 @@ class Client:
         return self.put_ptrs(ns, hashes, shape, kp, vp, layer_begin, layer_begin + layers,
                              parent, num_layers, key_bits, value_bits, deadline_ms)
 
-    def put_ptrs(self, ns, hashes, shape, key_ptrs, value_ptrs, layer_begin, layer_end,
-                 parent=None, num_layers=0, key_bits=0, value_bits=0, deadline_ms=0):
+    def put_ptrs(self, ns: str, hashes: Sequence[Hash], shape: Shape, key_ptrs: Any,
+                 value_ptrs: Any, layer_begin: int, layer_end: int,
+                 parent: Optional[Hash] = None, num_layers: int = 0, key_bits: float = 0,
+                 value_bits: float = 0, deadline_ms: int = 0) -> Dict[str, int]:
         """Puts BF16 blocks given by address: key_ptrs[(l - layer_begin) * N + i] is the
         [T][H][D] BF16 K of hashes[i] at layer l (NumPy array of addresses; the memory
         must stay valid during the call)."""
@@ -312,7 +347,8 @@ class Client:
         return {f: getattr(res, f) for f in ("blocks_sent", "blocks_stored", "blocks_duplicate",
                                              "bytes_in", "bytes_stored", "blocks_lost")}
 
-    def put_pages(self, ns, blocks, num_layers=0, deadline_ms=0):
+    def put_pages(self, ns: str, blocks: Iterable[Tuple[Hash, int, Any, Optional[Hash]]],
+                  num_layers: int = 0, deadline_ms: int = 0) -> Dict[str, int]:
         """Puts encoded pages: blocks is a sequence of (hash, layer, page bytes, parent or
         None). Each page is validated (CRC included) first. Returns the totals as put()."""
         c = self._h()
@@ -353,7 +389,8 @@ class Client:
                                              "bytes_in", "bytes_stored", "blocks_lost")}
 
     # -- Lookup --
-    def lookup(self, ns, hashes, num_layers=1, lease_ms=0, deadline_ms=0):
+    def lookup(self, ns: str, hashes: Sequence[Hash], num_layers: int = 1, lease_ms: int = 0,
+               deadline_ms: int = 0) -> Tuple[int, np.ndarray]:
         """Returns (prefix_blocks, tiers): how many leading hashes have all layers
         [0, num_layers) stored, and each hash's tier (TIER_NONE when absent). lease_ms > 0
         pins the found blocks that long."""
@@ -370,8 +407,11 @@ class Client:
         return int(prefix[0]), tiers
 
     # -- Get --
-    def get(self, ns, hashes, layer_begin=0, layer_end=None, keys=None, values=None,
-            shape=None, encoding="packed", deadline_ms=0):
+    def get(self, ns: str, hashes: Sequence[Hash], layer_begin: int = 0,
+            layer_end: Optional[int] = None, keys: Optional[Array] = None,
+            values: Optional[Array] = None, shape: Optional[Shape] = None,
+            encoding: Union[str, int] = "packed",
+            deadline_ms: int = 0) -> Tuple[Array, Array, np.ndarray]:
         """Gets hashes x layers [layer_begin, layer_end) decoded to BF16 into keys and
         values ([L][N][T][H][D] arrays, written in place; allocated as uint16 NumPy arrays
         when None, which needs shape=(T, H, D)). encoding "packed": pages travel packed
@@ -403,8 +443,9 @@ class Client:
                               encoding, deadline_ms)
         return keys, values, found.reshape(layers, n)
 
-    def get_into(self, ns, hashes, layer_begin, layer_end, shape, key_ptrs, value_ptrs,
-                 encoding="packed", deadline_ms=0):
+    def get_into(self, ns: str, hashes: Sequence[Hash], layer_begin: int, layer_end: int,
+                 shape: Shape, key_ptrs: Any, value_ptrs: Any,
+                 encoding: Union[str, int] = "packed", deadline_ms: int = 0) -> np.ndarray:
         """Gets a grid into BF16 destinations given by address (key_ptrs[(l - layer_begin)
         * N + i], value_ptrs likewise; 0 = not wanted). Returns found, a bool array of
         the same indexing."""
@@ -432,14 +473,16 @@ class Client:
         return found.astype(bool)
 
     @staticmethod
-    def _encoding(e):
+    def _encoding(e: Union[str, int]) -> int:
         if e in ("packed", PACKED):
             return PACKED
         if e in ("bf16", BF16):
             return BF16
         raise _einval("encoding must be 'packed' or 'bf16', not %r" % (e,))
 
-    def get_pages(self, ns, hashes, layer_begin=0, layer_end=None, deadline_ms=0, info=None):
+    def get_pages(self, ns: str, hashes: Sequence[Hash], layer_begin: int = 0,
+                  layer_end: Optional[int] = None, deadline_ms: int = 0,
+                  info: Optional[Dict[str, Any]] = None) -> Dict[Tuple[int, int], bytes]:
         """The packed pages themselves: {(hash index, layer): bytes} for the blocks found
         (CRC checked by the library). For tools and tests; get() is the fast path. A dict
         passed as info gets per-page facts: "data_channel" (pages that came over a TCP
@@ -471,7 +514,8 @@ class Client:
         return pages
 
     # -- Delete, Stats, Health --
-    def delete(self, ns, hashes=None, all=False):
+    def delete(self, ns: str, hashes: Optional[Sequence[Hash]] = None,
+               all: bool = False) -> Tuple[int, int]:
         """Deletes every layer of hashes (or the whole namespace with all=True). Returns
         (pages_deleted, bytes_freed)."""
         c = self._h()
@@ -486,7 +530,7 @@ class Client:
         _check(lib.tqkv_client_delete(c, nsb, hp, n, int(bool(all)), pages, freed), "delete")
         return int(pages[0]), int(freed[0])
 
-    def stats(self, ns=""):
+    def stats(self, ns: str = "") -> Dict[str, Any]:
         """Stats of a namespace ("" = the whole server), summed over the live targets."""
         c = self._h()
         s = ffi.new("tqkv_client_stats_t *")
@@ -499,19 +543,20 @@ class Client:
         out["tiers"] = [{k: getattr(s.tiers[i], k) for k in tk} for i in range(s.num_tiers)]
         return out
 
-    def health(self, target=0, service=""):
+    def health(self, target: int = 0, service: str = "") -> int:
         """grpc.health.v1 serving status of target (1 = SERVING)."""
         c = self._h()
         out = ffi.new("int *")
         _check(lib.tqkv_client_health(c, target, _cstr(service), out), "health")
         return int(out[0])
 
-    def data_channel_status(self, target=0):
+    def data_channel_status(self, target: int = 0) -> str:
         """"" while target's TCP data channels work, else why Gets fall back to gRPC."""
         return ffi.string(lib.tqkv_client_data_channel_status(self._h(), target)).decode()
 
 
-def decode_page(page, keys=None, values=None):
+def decode_page(page: Any, keys: Optional[Array] = None,
+                values: Optional[Array] = None) -> Tuple[Array, Array]:
     """Validates (with CRC) and decodes one packed page into BF16 keys/values [T][H][D]
     (allocated as uint16 arrays when None). Returns (keys, values)."""
     pg = ffi.from_buffer(page)
@@ -532,7 +577,7 @@ def decode_page(page, keys=None, values=None):
     return keys, values
 
 
-def bf16_from_float32(a):
+def bf16_from_float32(a: Any) -> np.ndarray:
     """float32 -> BF16 bits (uint16), rounding to nearest even (NaN stays NaN)."""
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
     r = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
@@ -543,7 +588,7 @@ def bf16_from_float32(a):
     return r
 
 
-def bf16_to_float32(h):
+def bf16_to_float32(h: Any) -> np.ndarray:
     """BF16 bits (uint16) -> float32, exact."""
     return (np.ascontiguousarray(h, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(
         np.float32)
