@@ -45,7 +45,7 @@ static void
 setup(void)
 {
     SANITIZED = tqkv_test_sanitized();
-    SEED = tqkv_test_seed() ^ (uint64_t)getpid();
+    SEED = tqkv_test_seed();
     ck_assert_msg(srv_start(&S, 0, NULL) == 0, "cannot start tqkv-server");
     CL = client_for(S.addr, 30000);
 }

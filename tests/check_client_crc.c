@@ -843,7 +843,7 @@ END_TEST
 static void
 setup(void)
 {
-    SEED = tqkv_test_seed() ^ (uint64_t)getpid();
+    SEED = tqkv_test_seed();
     atexit(stop_live);
 }
 

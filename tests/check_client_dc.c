@@ -155,7 +155,7 @@ same_pages(const pages_t *a, const pages_t *b)
 static void
 setup(void)
 {
-    SEED = tqkv_test_seed() ^ (uint64_t)getpid();
+    SEED = tqkv_test_seed();
     for (size_t i = 0; i < NH; i++)
         tqkv_test_hash(&HS[i], SEED, i, 16);
 }

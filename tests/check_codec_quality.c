@@ -218,15 +218,21 @@ END_TEST
 /* Exactly one-hot inputs: the dense (Haar) rotation meets the 10% bound. The
  * H D2 H D1 rotation maps e_k to H r / g with r a random sign vector, whose z-domain
  * coordinates lie on a lattice of step 2/sqrt(g); at d = 64 the lattice is coarse
- * enough to move D_mse by up to ~45% at 4 bits (d = 128: ~15%; PAGE_FORMAT.md). Measured here
- * so a change to the rotation shows up. */
+ * enough to move D_mse by ~40% at 4 bits (d = 128: ~7%; PAGE_FORMAT.md). Measured here
+ * so a change to the rotation shows up. The excess is a bias plus a wide spread between
+ * rotations (every page has its own): over 58 seeds at 64 pages, d = 64 b = 4 measured
+ * mean +41.2%, sd 6.1%, max +57.7% (and +65.0% once in CI, seed 4767804040607313073),
+ * d = 128 b = 4 mean +6.9%, sd 4.3%, max +17.6% against the 25% bound. 256 pages halve
+ * the spread: over 35 seeds (docs/testing.md, "Statistical bounds") d = 64 b = 4
+ * measured mean +41.0%, sd 2.5%, max +47.0% (b = 3: +22.6%, sd 5.0%, max +32.8%), d = 128
+ * b = 4 mean +7.8%, sd 1.9%, max +10.8%: the bounds sit 7 sd or more above the means. */
 START_TEST(test_dmse_onehot)
 {
     rng = tqkv_test_seed() + 5;
     check_dmse(DATA_ONEHOT, 128, TQKV_ROT_DENSE, 32, (uint32_t)scale_n(48), tol(0.10));
     check_dmse(DATA_ONEHOT, 64, TQKV_ROT_DENSE, 32, (uint32_t)scale_n(48), tol(0.10));
-    check_dmse(DATA_ONEHOT, 128, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(64), tol(0.25));
-    check_dmse(DATA_ONEHOT, 64, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(64), tol(0.60));
+    check_dmse(DATA_ONEHOT, 128, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(256), tol(0.25));
+    check_dmse(DATA_ONEHOT, 64, TQKV_ROT_HADAMARD, 32, (uint32_t)scale_n(256), tol(0.60));
 }
 END_TEST
 
@@ -270,19 +276,26 @@ START_TEST(test_mse_shrinks_by_2_over_pi)
 }
 END_TEST
 
+/* One test case per test, so a seed sweep can run one alone (CK_RUN_CASE=onehot). */
+static void
+add_case(Suite *s, const char *name, const TTest *fn)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, fn);
+    suite_add_tcase(s, tc);
+}
+
 static Suite *
 quality_suite(void)
 {
     Suite *s = suite_create("codec_quality");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_dmse_random_d128);
-    tcase_add_test(tc, test_dmse_random_d64_d256);
-    tcase_add_test(tc, test_dmse_structured);
-    tcase_add_test(tc, test_dmse_onehot);
-    tcase_add_test(tc, test_prod_unbiased);
-    tcase_add_test(tc, test_mse_shrinks_by_2_over_pi);
-    suite_add_tcase(s, tc);
+    add_case(s, "random_d128", test_dmse_random_d128);
+    add_case(s, "random_d64_d256", test_dmse_random_d64_d256);
+    add_case(s, "structured", test_dmse_structured);
+    add_case(s, "onehot", test_dmse_onehot);
+    add_case(s, "prod_unbiased", test_prod_unbiased);
+    add_case(s, "mse_2_over_pi", test_mse_shrinks_by_2_over_pi);
     return s;
 }
 

@@ -180,7 +180,7 @@ check_all(tqkv_disk_t *d, uint64_t lo, uint64_t hi)
 static void
 setup(void)
 {
-    g_run = tqkv_test_seed() ^ (uint64_t)getpid();
+    g_run = tqkv_test_seed();
     mkdir_tmp(NULL);
 }
 

@@ -262,7 +262,7 @@ rank_of(tqkv_client_t *c, const char *node)
 static void
 cluster_up(int nsrv)
 {
-    SEED = tqkv_test_seed() ^ (uint64_t)getpid();
+    SEED = tqkv_test_seed();
     memset(&D, 0, sizeof D);
     memset(up, 0, sizeof up);
     NB = 0;

@@ -32,7 +32,7 @@ static uint64_t SEED;
 static void
 setup(void)
 {
-    SEED = tqkv_test_seed() ^ (uint64_t)getpid();
+    SEED = tqkv_test_seed();
     ck_assert_msg(srv_start(&S, 0, NULL) == 0, "cannot start tqkv-server");
     const char *t[1] = {S.addr};
     tqkv_client_opts_t o = {

@@ -143,7 +143,7 @@ shard_client(uint32_t replicas)
 static void
 setup(void)
 {
-    SEED = tqkv_test_seed() ^ (uint64_t)getpid();
+    SEED = tqkv_test_seed();
     for (int i = 0; i < NS_; i++)
         ck_assert_msg(srv_start(&S[i], 0, NULL) == 0, "cannot start server %d", i);
 }

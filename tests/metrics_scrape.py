@@ -37,8 +37,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 SERVER = None
 PROTO_DIR = None
-SEED = int(os.environ.get("TQKV_TEST_SEED", str(int(time.time() * 1000) & 0xFFFFFFFF)))
-print("TQKV_TEST_SEED=%d" % SEED, file=sys.stderr)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from tqkv_seed import test_seed  # noqa: E402
+
+SEED = test_seed()
 RNG = np.random.default_rng(SEED)
 TMP = None
 pb = None

@@ -37,8 +37,10 @@ from tqkv_harness import grpc, health_pb2, health_pb2_grpc, pb  # noqa: E402
 
 SC = grpc.StatusCode
 IDENT = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
-SEED = int(os.environ.get("TQKV_TEST_SEED", str(int(time.time()) & 0xFFFFFF)))
-print("TQKV_TEST_SEED=%d" % SEED, flush=True)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_seed import test_seed  # noqa: E402
+
+SEED = test_seed()
 RNG = np.random.default_rng(SEED)
 
 

@@ -26,9 +26,11 @@ import numpy as np
 
 SERVER = None
 PROTO_DIR = None
-SEED = int(os.environ.get("TQKV_TEST_SEED", str(int(time.time() * 1000) & 0xFFFFFFFF)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_seed import test_seed  # noqa: E402
+
+SEED = test_seed()
 SANITIZED = os.environ.get("TQKV_SANITIZED") == "1"
-print("TQKV_TEST_SEED=%d" % SEED, file=sys.stderr)
 RNG = np.random.default_rng(SEED)
 
 pb = None  # tqkv.v1.kvcache_pb2

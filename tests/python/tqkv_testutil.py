@@ -13,7 +13,10 @@ import time
 import numpy as np
 
 SERVER = os.environ.get("TQKV_SERVER", "")
-SEED = int(os.environ.get("TQKV_TEST_SEED", str(int(time.time() * 1000) & 0xFFFFFFFF)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_seed import test_seed  # noqa: E402
+
+SEED = test_seed()
 
 
 class Server:
@@ -81,7 +84,6 @@ class Server:
 
 
 def rng(offset=0):
-    print("TQKV_TEST_SEED=%d" % SEED, file=sys.stderr)
     return np.random.default_rng(SEED + offset)
 
 
