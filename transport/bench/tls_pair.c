@@ -55,6 +55,7 @@ server_ctx(void)
     SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
     SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256");
     SSL_CTX_set_num_tickets(ctx, 0);
+    tqkv__dctls_ctx_prepare(ctx); /* the data channels' record layer */
     if (SSL_CTX_use_certificate(ctx, x) != 1 || SSL_CTX_use_PrivateKey(ctx, pk) != 1) {
         SSL_CTX_free(ctx);
         ctx = NULL;
@@ -129,7 +130,7 @@ send_main(void *arg)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     SSL *ssl = tqkv__dctls_handshake(p->sctx, fd, NULL, tqkv__dcio_now_ns() + 10000000000ull, err,
                                      sizeof err);
-    if (ssl && tqkv__dctls_batch_writes(ssl) == 0) {
+    if (ssl) {
         tqkv__dcio_t io = {fd, ssl};
         size_t sent = 0, off = 0;
         while (sent < p->total) {
