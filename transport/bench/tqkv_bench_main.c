@@ -40,6 +40,7 @@
 #include "kernels/page.h"
 #include "kernels/version.h"
 #include "transport/bench/tls_pair.h"
+#include "transport/bench/tls_report.h"
 #include "transport/client.h"
 
 /* jemalloc (linked into the executables) reads this at start-up: keep freed pages
@@ -1216,6 +1217,7 @@ usage(void)
         "  --version (print the version and build, exit)\n"
         "exit status: 0 ok, 1 cannot run or write a report, 2 bad flags, 3 verify failures,\n"
         "             4 RPC errors (see \"errors\")\n");
+    fputs(tqkv_bench_tls_usage, stderr);
 }
 
 static int
@@ -1441,6 +1443,9 @@ main(int argc, char **argv)
             C.dns = v;
         } else if (ARG("--resolve-interval-ms")) {
             if (arg_u32("--resolve-interval-ms", v, 1, 3600000, &C.resolve_ms) != 0)
+                return 2;
+        } else if (ARG("--plain-wire-gbps")) {
+            if (tqkv_bench_tls_flag(a, v) < 0)
                 return 2;
         } else if (ARG("--tls-ca")) {
             C.tls_ca = v;
@@ -1811,6 +1816,7 @@ main(int argc, char **argv)
                 }
             }
             cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
+            tqkv_bench_tls_measure();
         }
     }
 
@@ -1883,6 +1889,7 @@ main(int argc, char **argv)
                 fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS", wire_gbps / tls);
             if (tcp > 0 && tls > 0)
                 fprintf(o, "  %-34s %12.2f\n", "raw TLS / raw TCP", tls / tcp);
+            tqkv_bench_tls_print(o, wire_gbps, tls);
         }
     }
     fflush(o);
@@ -1934,6 +1941,7 @@ main(int argc, char **argv)
                             ", \"raw_tls_gbps\": %.6f, \"raw_tls_suite\": \"%s\", "
                             "\"aes_128_gcm_gbps\": %.6f",
                             tls, tls_suite, cipher_gbps);
+                tqkv_bench_tls_json(j, wire_gbps, tls);
             }
             fprintf(j, "}}\n");
             if (report_close(j) != 0) {
