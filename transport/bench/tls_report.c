@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/bench/tls_pair.h"
 #include "transport/dc_tls.h"
 
 const char tqkv_bench_tls_usage[] =
@@ -17,7 +18,7 @@ const char tqkv_bench_tls_usage[] =
     "               beside it; the report then prints the cipher-bound limit)\n";
 
 static struct {
-    double plain, aes;
+    double plain, aes, pair_ch;
     int cores, measured;
     char path[48], cipher[64];
 } R;
@@ -38,11 +39,13 @@ tqkv_bench_tls_flag(const char *a, const char *v)
     return 1;
 }
 
+/* This thread's CPU time: the cipher's speed per core-second, as `openssl speed`
+ * reports it (user time), whatever else the machine runs. */
 static double
 now_s(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -95,8 +98,15 @@ tqkv_bench_cipher_bound(double plain_gbps, double aes_gbps, int cores)
 }
 
 void
-tqkv_bench_tls_measure(void)
+tqkv_bench_tls_measure(size_t total, size_t msg, const uint8_t *src, size_t src_len, int conns)
 {
+    for (int rep = 0; rep < 3; rep++) { /* best of 3, as the other pairs */
+        char suite[64];
+        double g =
+            tqkv_bench_tls_pair_channel_layer(total, msg, src, src_len, conns, suite, sizeof suite);
+        if (g > R.pair_ch)
+            R.pair_ch = g;
+    }
     cpu_set_t cs;
     R.cores = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs)
                                                         : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -112,7 +122,9 @@ tqkv_bench_tls_print(FILE *o, double wire_gbps, double raw_tls_gbps)
         return;
     fprintf(o, "  %-34s %12s  (%s)\n", "data channel TLS path", R.path[0] ? R.path : "none",
             R.cipher[0] ? R.cipher : "no TLS data channel was opened");
-    fprintf(o, "  %-34s %12.3f  (in-process EVP, 16 KiB records, one core)\n",
+    fprintf(o, "  %-34s %12.3f  (best of 3; the channels' record layer)\n",
+            "raw TLS pair, channel records", R.pair_ch);
+    fprintf(o, "  %-34s %12.3f  (in-process EVP, 16 KiB records, per CPU-second)\n",
             "AES-128-GCM GB/s, one core", R.aes);
     double lim = tqkv_bench_cipher_bound(R.plain, R.aes, R.cores);
     if (lim > 0) {
@@ -126,6 +138,8 @@ tqkv_bench_tls_print(FILE *o, double wire_gbps, double raw_tls_gbps)
     }
     if (raw_tls_gbps > 0)
         fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS pair", wire_gbps / raw_tls_gbps);
+    if (R.pair_ch > 0)
+        fprintf(o, "  %-34s %12.2f\n", "Get wire / pair, channel records", wire_gbps / R.pair_ch);
 }
 
 void
@@ -137,7 +151,8 @@ tqkv_bench_tls_json(FILE *j, double wire_gbps, double raw_tls_gbps)
     fprintf(j,
             ", \"tls\": {\"path\": \"%s\", \"cipher\": \"%s\", \"aes_128_gcm_evp_gbps\": %.6f, "
             "\"cores\": %d, \"plain_wire_gbps\": %.6f, \"cipher_bound_gbps\": %.6f, "
-            "\"wire_vs_cipher_bound\": %.4f, \"wire_vs_raw_tls\": %.4f}",
+            "\"wire_vs_cipher_bound\": %.4f, \"wire_vs_raw_tls\": %.4f, "
+            "\"raw_tls_channel_records_gbps\": %.6f}",
             R.path, R.cipher, R.aes, R.cores, R.plain, lim, lim > 0 ? wire_gbps / lim : 0,
-            raw_tls_gbps > 0 ? wire_gbps / raw_tls_gbps : 0);
+            raw_tls_gbps > 0 ? wire_gbps / raw_tls_gbps : 0, R.pair_ch);
 }

@@ -12,6 +12,8 @@
 #ifndef TQKV_BENCH_TLS_REPORT_H
 #define TQKV_BENCH_TLS_REPORT_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* The report's flag: "--plain-wire-gbps G". Returns 1 when a was it (v taken), 0 when
@@ -21,9 +23,11 @@ int tqkv_bench_tls_flag(const char *a, const char *v);
 /* "  --plain-wire-gbps G ..." for the usage text. */
 extern const char tqkv_bench_tls_usage[];
 
-/* Measures the cipher in-process (about 1 s) and reads the data channels' path and
- * cipher. Call after the run, beside the raw TLS pair. */
-void tqkv_bench_tls_measure(void);
+/* Measures the cipher in-process (about 1 s of CPU), the raw TLS pair again with the
+ * channels' own record layer (best of 3; the arguments of tqkv_bench_tls_pair), and
+ * reads the data channels' path and cipher. Call after the run, beside the raw pairs. */
+void tqkv_bench_tls_measure(size_t total, size_t msg, const uint8_t *src, size_t src_len,
+                            int conns);
 
 /* The report lines (text) for a run that moved wire_gbps over TLS data channels, with
  * the raw TLS pair at raw_tls_gbps (<= 0: not measured). */
@@ -36,7 +40,8 @@ void tqkv_bench_tls_json(FILE *j, double wire_gbps, double raw_tls_gbps);
 double tqkv_bench_cipher_bound(double plain_gbps, double aes_gbps, int cores);
 
 /* One core's AES-128-GCM GB/s over 16 KiB TLS records (in-process EVP, the record
- * layer's calls), best of three bursts of seconds/3. */
+ * layer's calls) per second of this thread's CPU time (as `openssl speed` divides by
+ * user time), best of three bursts of seconds/3. */
 double tqkv_bench_aes_gcm_gbps(double seconds);
 
 #endif
