@@ -1816,7 +1816,8 @@ main(int argc, char **argv)
                 }
             }
             cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
-            tqkv_bench_tls_measure();
+            tqkv_bench_tls_measure(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2,
+                                   C.concurrency);
         }
     }
 
