@@ -429,6 +429,16 @@ tqkv__dctls_path(SSL *ssl, char *buf, size_t cap)
 }
 
 void
+tqkv__dctls_note_client(SSL *ssl)
+{
+    pthread_mutex_lock(&last_mu);
+    tqkv__dctls_path(ssl, last_path, sizeof last_path);
+    snprintf(last_cipher, sizeof last_cipher, "%s %s", SSL_get_version(ssl),
+             SSL_get_cipher_name(ssl));
+    pthread_mutex_unlock(&last_mu);
+}
+
+void
 tqkv__dctls_client_last(char *path, size_t pcap, char *cipher, size_t ccap)
 {
     pthread_mutex_lock(&last_mu);
@@ -497,13 +507,6 @@ tqkv__dctls_handshake(SSL_CTX *ctx, int fd, const char *name, uint64_t deadline_
         int rc = SSL_do_handshake(ssl);
         if (rc == 1) {
             take_over(ssl);
-            if (name) {
-                pthread_mutex_lock(&last_mu);
-                tqkv__dctls_path(ssl, last_path, sizeof last_path);
-                snprintf(last_cipher, sizeof last_cipher, "%s %s", SSL_get_version(ssl),
-                         SSL_get_cipher_name(ssl));
-                pthread_mutex_unlock(&last_mu);
-            }
             return ssl;
         }
         int e = SSL_get_error(ssl, rc);

@@ -60,8 +60,11 @@ void tqkv__dctls_ctx_prepare(SSL_CTX *ctx);
  * "tx ktls, rx userspace" when the directions differ. */
 void tqkv__dctls_path(SSL *ssl, char *buf, size_t cap);
 
-/* The path and "TLSv1.3 TLS_AES_128_GCM_SHA256" of the last client-side handshake of
- * this process ("" before any): what tqkv-bench reports for its data channels. */
+/* Notes ssl as this process's latest client data channel (tqkv__dcc_connect). */
+void tqkv__dctls_note_client(SSL *ssl);
+
+/* The path and "TLSv1.3 TLS_AES_128_GCM_SHA256" of the latest data channel this
+ * process connected as a client ("" before any): what tqkv-bench reports. */
 void tqkv__dctls_client_last(char *path, size_t pcap, char *cipher, size_t ccap);
 
 /* Tests: the userspace layer sends a KeyUpdate after n records of one key (0: the
