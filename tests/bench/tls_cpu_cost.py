@@ -11,11 +11,11 @@ C cores busy, the same statement about CPU time per byte:
 cost_x = (CPU seconds of server + bench) / GB moved over the channel, AES = one core's
 AES-128-GCM GB/s per CPU-second. On a shared machine wall-clock GB/s depend on what
 else runs; CPU seconds per byte do not (much). Each mode runs tqkv-bench --phase decode
-twice, for D1 and D2 seconds (own namespace each, so both store the same working set),
-and the cost is the difference of CPU over the difference of bytes: the untimed Puts,
-start-up and first-read content checks cancel.
+for --duration seconds; the CPU of server and bench (/proc) is sampled at each of the
+bench's progress lines (every 5 s of the timed phase) and the bytes of those intervals
+come from their pages/s: the untimed Puts and start-up stay out.
 
-Usage: tls_cpu_cost.py TQKV_BENCH TQKV_SERVER [--d1 5] [--d2 15] [--rounds 1]
+Usage: tls_cpu_cost.py TQKV_BENCH TQKV_SERVER [--duration 30] [--rounds 1]
 Prints per mode core-ns per byte, and efficiency = (cost_plain + 2/AES) / cost_tls.
 """
 import argparse
@@ -30,8 +30,7 @@ import tempfile
 ap = argparse.ArgumentParser()
 ap.add_argument("bench")
 ap.add_argument("server")
-ap.add_argument("--d1", type=int, default=5)
-ap.add_argument("--d2", type=int, default=15)
+ap.add_argument("--duration", type=int, default=30)
 ap.add_argument("--rounds", type=int, default=1)
 ap.add_argument("--model", default="llama3-8b")
 ap.add_argument("--concurrency", type=int, default=4)
@@ -74,22 +73,32 @@ def children_cpu():
 run_no = [0]
 
 
-def run(srv, port, tls, dur):
+def run(srv, port, tls):
+    """One bench run; CPU of server + bench sampled at each progress line (every 5 s of
+    the timed phase): returns (CPU seconds, bytes) from the first progress line to the
+    last, so the untimed Puts and start-up stay out."""
     run_no[0] += 1
     cmd = [a.bench, "--target", "127.0.0.1:%d" % port, "--phase", "decode", "--duration",
-           str(dur), "--model", a.model, "--concurrency", str(a.concurrency), "--working-set",
-           str(a.working_set), "--namespace", "cost%d" % run_no[0], "--no-baselines",
-           "--json", "-"]
+           str(a.duration), "--model", a.model, "--concurrency", str(a.concurrency),
+           "--working-set", str(a.working_set), "--namespace", "cost%d" % run_no[0],
+           "--no-baselines", "--json", "-"]
     if tls:
         cmd += ["--tls-ca", cert]
-    s0, c0 = proc_cpu(srv.pid), children_cpu()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    s1, c1 = proc_cpu(srv.pid), children_cpu()
-    out = p.stdout
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    samples = []  # (t, pages/s of the interval ending at t, cpu)
+    for line in p.stderr:
+        m = re.search(r"progress ([\d.]+)s.* ([\d.]+) pages/s", line)
+        if m:
+            samples.append((float(m.group(1)), float(m.group(2)),
+                            proc_cpu(srv.pid) + proc_cpu(p.pid)))
+    out = p.stdout.read()
+    p.wait()
     j = json.loads(out[out.index("{\"bf16_equiv_gbps\""):].splitlines()[0])
     if p.returncode != 0 or j["verify_failures"] or j["errors"] or j["data_channel_pages"] == 0:
-        sys.exit("bench failed: %d %s" % (p.returncode, p.stderr[-500:]))
-    return (s1 - s0) + (c1 - c0), j["wire_gbps"] * j["elapsed_s"]
+        sys.exit("bench failed: %d" % p.returncode)
+    page = j["wire_gbps"] * 1e9 * j["elapsed_s"] / max(1, j["pages_found"])
+    gb = sum(ps * (t - samples[i][0]) for i, (t, ps, _) in enumerate(samples[1:])) * page / 1e9
+    return samples[-1][2] - samples[0][2], gb
 
 
 def aes_speed():
@@ -111,11 +120,10 @@ try:
         cost = {}
         for mode, (srv, port, tls) in (("plain", (srv_p, port_p, False)),
                                        ("tls", (srv_t, port_t, True))):
-            cpu1, gb1 = run(srv, port, tls, a.d1)
-            cpu2, gb2 = run(srv, port, tls, a.d2)
-            cost[mode] = (cpu2 - cpu1) / (gb2 - gb1)  # core-seconds per GB = core-ns per byte
-            print("  %-5s D=%d: %.2f CPU-s, %.3f GB; D=%d: %.2f CPU-s, %.3f GB -> %.3f core-ns/B"
-                  % (mode, a.d1, cpu1, gb1, a.d2, cpu2, gb2, cost[mode]), flush=True)
+            cpu, gb = run(srv, port, tls)
+            cost[mode] = cpu / gb  # core-seconds per GB = core-ns per byte
+            print("  %-5s %.2f CPU-s for %.3f GB in the timed phase -> %.3f core-ns/B"
+                  % (mode, cpu, gb, cost[mode]), flush=True)
         aes = aes_speed()
         bound = cost["plain"] + 2 / aes
         print("round %d: plain %.3f core-ns/B, TLS %.3f, cipher 2/AES %.3f (AES %.2f GB/s per "
