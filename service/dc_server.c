@@ -356,8 +356,6 @@ conn_main(void *arg)
         fcntl(a.fd, F_SETFL, fl | O_NONBLOCK);
         io.ssl = tqkv__dctls_handshake(tls, a.fd, NULL, deadline, err, sizeof err);
         SSL_CTX_free(tls); /* the session holds its own reference */
-        if (io.ssl != NULL && tqkv__dctls_batch_writes(io.ssl) != 0)
-            tqkv_log(TQKV_LOG_WARN, "data channel: no write ring (out of memory)", "fd=%d", a.fd);
         if (io.ssl == NULL) {
             handshake_ok = 0;
             tqkv_log(TQKV_LOG_DEBUG, "data channel TLS handshake failed", "reason=\"%s\"", err);
@@ -382,6 +380,17 @@ conn_main(void *arg)
     }
     if (chan_write(ch, &iov, 1) != 0)
         atomic_store(&ch->dead, 1);
+    if (io.ssl) {
+        /* Which record layer the channel's bytes go through: the first one at info. */
+        static atomic_int told;
+        char path[48];
+        const char *ver, *cipher;
+        tqkv__dctls_path(io.ssl, path, sizeof path);
+        tqkv__dctls_describe(io.ssl, &ver, &cipher);
+        tqkv_log(atomic_exchange(&told, 1) ? TQKV_LOG_DEBUG : TQKV_LOG_INFO, "data channel TLS",
+                 "channel=%llu path=\"%s\" version=%s cipher=%s", (unsigned long long)ch->id, path,
+                 ver, cipher);
+    }
     int one = 1;
     setsockopt(a.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     while (!atomic_load(&ch->dead)) {
@@ -598,6 +607,27 @@ int
 tqkv__dc_port(const tqkv_server_t *s)
 {
     return s->dc ? s->dc->port : 0;
+}
+
+const char *
+tqkv__dc_tls_summary(const tqkv_server_t *s)
+{
+    if (s->dc == NULL || s->dc->tls == NULL)
+        return "off";
+    /* kTLS needs the kernel's "tls" TCP ULP; each channel's path is logged as it attaches. */
+    char ulp[256] = "";
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_available_ulp", "r");
+    if (f) {
+        if (fgets(ulp, sizeof ulp, f) == NULL)
+            ulp[0] = '\0';
+        fclose(f);
+    }
+    char *save = NULL;
+    for (char *t = strtok_r(ulp, " \n", &save); t; t = strtok_r(NULL, " \n", &save))
+        if (!strcmp(t, "tls"))
+            return "TLSv1.3, AES-128-GCM preferred, records: ktls (userspace where the kernel "
+                   "declines a suite)";
+    return "TLSv1.3, AES-128-GCM preferred, records: userspace (the kernel has no tls ULP)";
 }
 
 void

@@ -18,6 +18,9 @@ typedef struct tqkv_server tqkv_server_t;
 tqkv_status_t tqkv__dc_start(tqkv_server_t *s, const char *listen, char *err, size_t errlen);
 /* The bound port, 0 without data channels. */
 int tqkv__dc_port(const tqkv_server_t *s);
+/* What the start-up log says of the channels' TLS: "off", or the protocol, the
+ * preferred suite and the record path the kernel allows (kTLS or userspace). Static. */
+const char *tqkv__dc_tls_summary(const tqkv_server_t *s);
 /* Stops accepting new connections (graceful stop begins). */
 void tqkv__dc_stop_accepting(tqkv_server_t *s);
 /* Closes every channel, waits (up to wait_ms) for their threads; returns how many are

@@ -654,10 +654,13 @@ tqkv_server_start(tqkv_server_t *s)
                  s->cfg.tls_client_ca[0] ? "on" : "off");
     }
     tqkv__reload_watch_start(s);
-    if (s->dc)
-        tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=%s port=%d tls=%s", s->cfg.data_listen,
-                 tqkv__dc_port(s),
-                 s->cfg.tls_cert[0] ? "openssl-userspace TLSv1.3 (AES-128-GCM preferred)" : "off");
+    if (s->dc) {
+        char listen[300], tls[160]; /* quoted: the values have spaces */
+        tqkv_log_quote(listen, sizeof listen, s->cfg.data_listen);
+        tqkv_log_quote(tls, sizeof tls, tqkv__dc_tls_summary(s));
+        tqkv_log(TQKV_LOG_INFO, "TCP data channels", "listen=\"%s\" port=%d tls=\"%s\"", listen,
+                 tqkv__dc_port(s), tls);
+    }
     if (s->gpu_encode_device >= 0)
         tqkv_log(TQKV_LOG_INFO, "put encoding", "device=%d", s->gpu_encode_device);
     else if (s->cfg.store.device >= 0 && !tqkv__gpu_encode_available(s->cfg.store.device))

@@ -107,6 +107,7 @@ tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
             close(fd);
             return -1;
         }
+        tqkv__dctls_note_client(io.ssl);
     }
     uint8_t hello[TQKV_DC_HELLO_BYTES], ack[TQKV_DC_ACK_BYTES];
     tqkv_dc_hello_encode(hello, id, secret);

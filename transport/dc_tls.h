@@ -1,14 +1,21 @@
-/* dc_tls.h - TLS on TCP data channels (OpenSSL, in user space), shared by tqkv-server
- * and libtqkv: the contexts (same certificate, key and client-CA rules as gRPC), the
- * handshake within a deadline, and whole writes/reads over a connection that is
- * either plain TCP or TLS.
+/* dc_tls.h - TLS on TCP data channels, shared by tqkv-server and libtqkv: the contexts
+ * (same certificate, key and client-CA rules as gRPC), the handshake within a deadline
+ * (OpenSSL), and whole writes/reads over a connection that is either plain TCP or TLS.
  *
  * TLS 1.3 only, AES-128-GCM preferred (AES-NI + PCLMUL make it the fastest suite on
- * x86; ChaCha20-Poly1305 stays allowed for CPUs without them), no session tickets (a
- * channel lives for many Gets). Page bytes are encrypted by SSL_write straight from the
- * pinned page into OpenSSL's record buffer, and decrypted by SSL_read into the
- * client's page buffer: the cipher's own pass is the only copy. The kernel TLS
- * offload (kTLS) is not used: the machines it was built on have no CONFIG_TLS.
+ * x86; AES-256-GCM and ChaCha20-Poly1305 stay allowed), no session tickets (a channel
+ * lives for many Gets). After the handshake the records are no longer OpenSSL's:
+ *  - kernel TLS (kTLS) where OpenSSL could turn it on (SSL_OP_ENABLE_KTLS; the kernel
+ *    needs the "tls" TCP ULP): writes are plain sendmsg() of the caller's buffers,
+ *    sealed by the kernel;
+ *  - else a userspace TLS 1.3 record layer on the handshake's traffic secrets (the same
+ *    records on the wire; any TLS 1.3 peer reads them): each buffer is sealed by the
+ *    AEAD straight from the pinned page into maximal (16 KiB) records gathered in a
+ *    256 KiB buffer sent with one send(), and received ciphertext (large recv()s) is
+ *    opened straight into the caller's buffer. Key updates both ways (sent every 2^24
+ *    records, below AES-GCM's limit);
+ *  - OpenSSL's own record layer only for a session neither could take.
+ * tqkv__dctls_path names the path of each direction.
  */
 #ifndef TQKV_TRANSPORT_DC_TLS_H
 #define TQKV_TRANSPORT_DC_TLS_H
@@ -43,13 +50,28 @@ SSL_CTX *tqkv__dctls_client_ctx(const char *ca_path, const char *cert_path, cons
 SSL *tqkv__dctls_handshake(SSL_CTX *ctx, int fd, const char *name, uint64_t deadline_ns, char *err,
                            size_t errlen);
 
-/* Sends ssl's records through a 1 MiB in-memory ring (a BIO pair) that
- * tqkv__dcio_write drains with large send()s, instead of one write() per 16 KiB
- * record. For a connection that mostly writes (the server's side of a channel).
- * Returns 0, or -1 (out of memory: records then go to the socket one by one). */
-int tqkv__dctls_batch_writes(SSL *ssl);
+/* Sets what the record layer needs on a context built elsewhere (tqkv-bench's raw TLS
+ * pair): the keylog callback that keeps the traffic secrets for the userspace record
+ * layer, SSL_OP_ENABLE_KTLS, no read-ahead during the handshake. The contexts above
+ * have it. */
+void tqkv__dctls_ctx_prepare(SSL_CTX *ctx);
 
-/* Frees ssl and its write ring (NULL: no-op). */
+/* The record path of an established ssl into buf: "userspace", "ktls", "openssl", or
+ * "tx ktls, rx userspace" when the directions differ. */
+void tqkv__dctls_path(SSL *ssl, char *buf, size_t cap);
+
+/* Notes ssl as this process's latest client data channel (tqkv__dcc_connect). */
+void tqkv__dctls_note_client(SSL *ssl);
+
+/* The path and "TLSv1.3 TLS_AES_128_GCM_SHA256" of the latest data channel this
+ * process connected as a client ("" before any): what tqkv-bench reports. */
+void tqkv__dctls_client_last(char *path, size_t pcap, char *cipher, size_t ccap);
+
+/* Tests: the userspace layer sends a KeyUpdate after n records of one key (0: the
+ * default, 2^24). Process-wide. */
+void tqkv__dctls_set_rekey_records(uint64_t n);
+
+/* Frees ssl and its record layer (NULL: no-op; SSL_free does the same). */
 void tqkv__dctls_free(SSL *ssl);
 
 /* "TLSv1.3 TLS_AES_128_GCM_SHA256" for an established ssl (static storage of OpenSSL). */

@@ -16,6 +16,7 @@ served; with tokens, a Get on a channel opened under another token is refused
 server stays up and every block stored stays readable through all of it.
 """
 import os
+import json
 import secrets
 import shutil
 import signal
@@ -301,6 +302,46 @@ def test_tls_channel_reload_and_metrics(r, pki):
     r.stop(srv)
 
 
+def test_json_log(r, pki):
+    """The start-up line of TLS data channels and each channel's record path are valid
+    JSON with --log-format json: the values with spaces are quoted, not split into
+    bogus keys (the line once had "TLSv1.3" and "(AES-128-GCM" as keys)."""
+    srv = server(pki, "--log-level", "info", "--log-format", "json")
+    stub = secure_stub(srv, pki)
+    chan = stub.OpenChannel(pb.OpenChannelRequest(transport=pb.TRANSPORT_TCP), timeout=10)
+    s, st = attach(chan.data_port, chan, tls_context(pki))
+    r.check("JSON log server: TLS channel attaches", st == ACK_OK, "ack %r" % st)
+    s.close()
+    lines, bad = [], []
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        lines, bad = [], []
+        for ln in srv.stderr(full=True).splitlines():
+            if not ln.startswith("{"):
+                continue
+            try:
+                lines.append(json.loads(ln))
+            except ValueError:
+                bad.append(ln)
+        if any(j.get("msg") == "data channel TLS" for j in lines):
+            break
+        time.sleep(0.1)
+    r.check("every JSON log line parses", not bad, "\n".join(bad[:3]))
+    dc = [j for j in lines if j.get("msg") == "TCP data channels"]
+    r.check("start-up line of TLS data channels: exactly its keys",
+            len(dc) == 1 and set(dc[0]) == {"ts", "level", "msg", "listen", "port", "tls"},
+            str(dc))
+    r.check("its tls value is whole: protocol, suite and record path",
+            len(dc) == 1 and dc[0]["tls"].startswith("TLSv1.3, AES-128-GCM preferred, records: ")
+            and ("userspace" in dc[0]["tls"] or "ktls" in dc[0]["tls"]), str(dc))
+    ch = [j for j in lines if j.get("msg") == "data channel TLS"]
+    r.check("the channel's record path is logged (userspace here, or ktls)",
+            len(ch) >= 1 and ch[0].get("path") in ("userspace", "ktls") and
+            ch[0].get("cipher") == "TLS_AES_128_GCM_SHA256" and ch[0].get("version") == "TLSv1.3",
+            str(ch))
+    r.stop(srv)
+
+
 def main():
     r = H.Runner("test_dc_tls")
     pki = H.make_pki(os.path.join(H.tmpdir(), "pki"))
@@ -308,6 +349,7 @@ def main():
     r.run(test_mtls_channel, pki)
     r.run(test_tls_channel_tokens, pki)
     r.run(test_tls_channel_reload_and_metrics, pki)
+    r.run(test_json_log, pki)
     r.finish()
 
 

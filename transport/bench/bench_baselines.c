@@ -23,6 +23,7 @@
 #include "kernels/page.h"
 #include "kernels/version.h"
 #include "transport/bench/tls_pair.h"
+#include "transport/bench/tls_report.h"
 #include "transport/bench/bench.h"
 #include "transport/client.h"
 
@@ -545,5 +546,6 @@ bench_run_baselines(result_t *r)
             }
         }
         r->cipher_gbps = tqkv_bench_cipher_speed("aes-128-gcm", 1);
+        tqkv_bench_tls_measure(tw, wmsg, (const uint8_t *)data_pool, data_elems * 2, C.concurrency);
     }
 }

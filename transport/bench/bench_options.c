@@ -22,6 +22,7 @@
 #include "kernels/page.h"
 #include "kernels/version.h"
 #include "transport/bench/tls_pair.h"
+#include "transport/bench/tls_report.h"
 #include "transport/bench/bench.h"
 #include "transport/client.h"
 
@@ -54,6 +55,7 @@ usage(void)
         "  --version (print the version and build, exit)\n"
         "exit status: 0 ok, 1 cannot run or write a report, 2 bad flags, 3 verify failures,\n"
         "             4 RPC errors (see \"errors\")\n");
+    fputs(tqkv_bench_tls_usage, stderr);
 }
 
 static int
@@ -272,6 +274,9 @@ flag_setup(const char *a, const char *v, int *i)
         C.dns = v;
     } else if (ARG("--resolve-interval-ms")) {
         if (arg_u32("--resolve-interval-ms", v, 1, 3600000, &C.resolve_ms) != 0)
+            return 2;
+    } else if (ARG("--plain-wire-gbps")) {
+        if (tqkv_bench_tls_flag(a, v) < 0)
             return 2;
     } else if (ARG("--tls-ca")) {
         C.tls_ca = v;

@@ -21,6 +21,7 @@
 #include "kernels/page.h"
 #include "kernels/version.h"
 #include "transport/bench/tls_pair.h"
+#include "transport/bench/tls_report.h"
 #include "transport/bench/bench.h"
 #include "transport/client.h"
 
@@ -76,6 +77,7 @@ print_baselines(FILE *o, const result_t *r)
             fprintf(o, "  %-34s %12.2f\n", "Get wire / raw TLS", r->wire_gbps / r->tls);
         if (r->tcp > 0 && r->tls > 0)
             fprintf(o, "  %-34s %12.2f\n", "raw TLS / raw TCP", r->tls / r->tcp);
+        tqkv_bench_tls_print(o, r->wire_gbps, r->tls);
     }
 }
 
@@ -148,6 +150,8 @@ json_baselines(FILE *j, const result_t *r)
                 ", \"raw_tls_gbps\": %.6f, \"raw_tls_suite\": \"%s\", "
                 "\"aes_128_gcm_gbps\": %.6f",
                 r->tls, r->tls_suite, r->cipher_gbps);
+    if (C.tls_ca)
+        tqkv_bench_tls_json(j, r->wire_gbps, r->tls);
 }
 
 /* The --json report (a file, or - for stdout). 0, or -1 when it could not be written

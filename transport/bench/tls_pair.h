@@ -9,10 +9,17 @@
 /* Streams total bytes in msg-byte writes over conns TLS connections at once (an
  * ephemeral self-signed P-256 certificate, the data channels' TLS settings of
  * transport/dc_tls.c, so the same suite: TLS_AES_128_GCM_SHA256 on AES-NI), src walked
- * cyclically. Returns the aggregate GB/s of plaintext moved, or 0 on a failure; the
- * negotiated suite goes to cipher (cap bytes). */
+ * cyclically, with OpenSSL's own record layer (SSL_write, SSL_read with read-ahead):
+ * what TLS costs an application using OpenSSL as it comes. Returns the aggregate GB/s
+ * of plaintext moved, or 0 on a failure; the negotiated suite goes to cipher (cap
+ * bytes). */
 double tqkv_bench_tls_pair(size_t total, size_t msg, const uint8_t *src, size_t src_len, int conns,
                            char *cipher, size_t cap);
+
+/* The same pair with the data channels' own record layer (kTLS or userspace records,
+ * dc_tls.h): raw TCP plus the cipher, the ceiling of the channel. */
+double tqkv_bench_tls_pair_channel_layer(size_t total, size_t msg, const uint8_t *src,
+                                         size_t src_len, int conns, char *cipher, size_t cap);
 
 /* The cipher's speed on this machine: `openssl speed -evp aes-128-gcm` at 16 KiB
  * blocks (the TLS record size) for about `seconds`, in GB/s; 0 when openssl is missing. */
