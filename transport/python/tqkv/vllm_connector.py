@@ -199,6 +199,12 @@ class TqkvConnector(KVConnectorBase_V1):
         self._save_q = None
         self._save_thread = None
 
+    @property
+    def requires_kv_delivery(self):
+        """False: tqkv is a best-effort cache. A save lost to a preemption (or to a
+        server fault) is a later miss, never a request that must be recomputed."""
+        return False
+
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         """NHD: a block's [block_size][num_kv_heads][head_size] is contiguous, which is
@@ -310,8 +316,14 @@ class TqkvConnector(KVConnectorBase_V1):
             return
         self._loads[request.request_id] = _Load(request.request_id, ns, hashes[lo:hi],
                                                 block_ids[lo:hi])
-        # What is loaded is not saved again.
-        self._reqs[request.request_id] = _ReqState(ns, None, None, hi)
+        # What is loaded is not saved again. A request preempted and now resumed keeps
+        # its state (tokens, hashes, what it saved before): build_connector_meta gives
+        # it its new block table and saves the rest of its prompt from there.
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            self._reqs[request.request_id] = _ReqState(ns, None, None, hi)
+        else:
+            st.saved = max(st.saved, hi)
 
     def build_connector_meta(self, scheduler_output):
         meta = TqkvConnectorMetadata()
