@@ -141,6 +141,55 @@ class Connector(unittest.TestCase):
             srv.stop()
 
 
+class RealBase(unittest.TestCase):
+    """The connector against the installed vLLM's KVConnectorBase_V1 (run under the venv
+    of deploy/python-env.sh vllm; TQKV_REQUIRE_VLLM=1 makes its absence a failure)."""
+
+    def setUp(self):
+        from tqkv._vllm_base import HAVE_VLLM, VLLM_IMPORT_ERROR
+        if not HAVE_VLLM:
+            if os.environ.get("TQKV_REQUIRE_VLLM") == "1":
+                self.fail("vLLM not importable: %s" % VLLM_IMPORT_ERROR)
+            self.skipTest("vLLM not importable here (%s): the stand-in base is in use" %
+                          VLLM_IMPORT_ERROR)
+
+    def test_real_classes(self):
+        import vllm
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+        from tqkv.vllm_connector import TqkvConnector, TqkvConnectorMetadata
+        from tqkv import vllm_connector as vc
+        print("\n  vLLM %s from %s" % (vllm.__version__, os.path.dirname(vllm.__file__)),
+              file=sys.stderr)
+        self.assertIs(vc.KVConnectorBase_V1, KVConnectorBase_V1)
+        self.assertIs(vc.KVConnectorRole, KVConnectorRole)
+        self.assertTrue(issubclass(TqkvConnector, KVConnectorBase_V1))
+        self.assertTrue(issubclass(TqkvConnectorMetadata, KVConnectorMetadata))
+        self.assertEqual(TqkvConnector.__abstractmethods__, frozenset())
+        # What the connector overrides of the real base: every abstract method and the
+        # optional ones a best-effort offload cache needs.
+        for name in ("get_num_new_matched_tokens", "update_state_after_alloc",
+                     "build_connector_meta", "request_finished", "start_load_kv",
+                     "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                     "register_kv_caches", "get_finished", "get_block_ids_with_load_errors",
+                     "shutdown", "requires_kv_delivery", "get_required_kvcache_layout",
+                     "requires_piecewise_for_cudagraph"):
+            self.assertIn(name, TqkvConnector.__dict__, name)
+        from types import SimpleNamespace as NS
+        ktc = KVTransferConfig(kv_connector="TqkvConnector", kv_role="kv_both",
+                               kv_connector_module_path="tqkv.vllm_connector",
+                               kv_connector_extra_config={"tqkv_targets": ["127.0.0.1:9"],
+                                                          "tqkv_num_layers": 2})
+        cfg = NS(kv_transfer_config=ktc, cache_config=NS(block_size=BS),
+                 model_config=NS(model="m"), parallel_config=NS(tensor_parallel_size=1))
+        c = TqkvConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config=None)
+        self.assertTrue(ktc.is_kv_producer)  # the base would say True ...
+        self.assertIs(c.requires_kv_delivery, False)  # ... a best-effort cache says False
+        self.assertEqual(c.role, KVConnectorRole.SCHEDULER)
+        c.shutdown()
+
+
 class Blocks:
     """vllm.v1.core.kv_cache_manager.KVCacheBlocks, as the connector reads it."""
 
