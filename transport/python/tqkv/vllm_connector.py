@@ -183,7 +183,11 @@ class TqkvConnector(KVConnectorBase_V1):
         self._lock = threading.Lock()
         self._counters = dict(lookups=0, lookup_errors=0, lookup_hit_tokens=0,
                               lookup_query_tokens=0, load_blocks=0, load_failed_blocks=0,
-                              load_errors=0, save_blocks=0, save_failed_blocks=0, save_errors=0)
+                              load_errors=0, save_blocks=0, save_failed_blocks=0, save_errors=0,
+                              saves_emitted=0, resumed=0)
+        # tqkv_stats_path: counters written as JSON to <path>.<scheduler|worker>.json
+        # after each step (for tests and debugging; off by default).
+        self._stats_path = extra.get("tqkv_stats_path")
         # scheduler side
         self._pending = {}  # req_id -> (ns, hashes, hit_blocks, local_tokens)
         self._loads = {}  # req_id -> _Load, for the next build_connector_meta
@@ -198,6 +202,12 @@ class TqkvConnector(KVConnectorBase_V1):
         self._failed_blocks = set()
         self._save_q = None
         self._save_thread = None
+
+    @property
+    def requires_kv_delivery(self):
+        """False: tqkv is a best-effort cache. A save lost to a preemption (or to a
+        server fault) is a later miss, never a request that must be recomputed."""
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
@@ -310,8 +320,14 @@ class TqkvConnector(KVConnectorBase_V1):
             return
         self._loads[request.request_id] = _Load(request.request_id, ns, hashes[lo:hi],
                                                 block_ids[lo:hi])
-        # What is loaded is not saved again.
-        self._reqs[request.request_id] = _ReqState(ns, None, None, hi)
+        # What is loaded is not saved again. A request preempted and now resumed keeps
+        # its state (tokens, hashes, what it saved before): build_connector_meta gives
+        # it its new block table and saves the rest of its prompt from there.
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            self._reqs[request.request_id] = _ReqState(ns, None, None, hi)
+        else:
+            st.saved = max(st.saved, hi)
 
     def build_connector_meta(self, scheduler_output):
         meta = TqkvConnectorMetadata()
@@ -326,6 +342,8 @@ class TqkvConnector(KVConnectorBase_V1):
             if st is None:
                 st = _ReqState(None, None, None, self._stored.get(nr.req_id, 0))
                 self._reqs[nr.req_id] = st
+            elif st.tokens is not None:
+                self._count(resumed=1)  # resumed, as a new request (model runner v2)
             self._stored.pop(nr.req_id, None)
             req = self._req_objs.get(nr.req_id, nr)
             st.block_ids = list(nr.block_ids[0])
@@ -345,6 +363,9 @@ class TqkvConnector(KVConnectorBase_V1):
                 new_ids = cached.new_block_ids[i] if cached.new_block_ids else None
                 was_resumed = (resumed is not None and req_id in resumed) or \
                     (resumed_list is not None and resumed_list[i])
+                if was_resumed:
+                    self._count(resumed=1)
+                    self._stored.pop(req_id, None)
                 if new_ids:
                     if was_resumed:
                         st.block_ids = list(new_ids[0])
@@ -352,7 +373,18 @@ class TqkvConnector(KVConnectorBase_V1):
                         st.block_ids.extend(new_ids[0])
                 done = cached.num_computed_tokens[i] + nsched.get(req_id, 0)
                 self._emit_saves(meta, req_id, st, done)
+        self._dump_stats("scheduler")
         return meta
+
+    def _dump_stats(self, role):
+        if not self._stats_path:
+            return
+        import json
+        import os
+        tmp = "%s.%s.json.tmp" % (self._stats_path, role)
+        with open(tmp, "w") as f:
+            json.dump(self.stats(), f)
+        os.replace(tmp, "%s.%s.json" % (self._stats_path, role))
 
     def _emit_saves(self, meta, req_id, st, computed_tokens):
         bs = self._block_size
@@ -367,6 +399,7 @@ class TqkvConnector(KVConnectorBase_V1):
         parent = st.hashes[st.saved - 1] if st.saved > 0 else None
         meta.saves.append(_Save(req_id, st.ns, st.hashes[st.saved:upto],
                                 st.block_ids[st.saved:upto], parent))
+        self._count(saves_emitted=upto - st.saved)
         st.saved = upto
 
     def request_finished(self, request, block_ids):
@@ -540,6 +573,7 @@ class TqkvConnector(KVConnectorBase_V1):
         if self._save_q is not None:
             self._save_q.join()
         self._join_load()
+        self._dump_stats("worker")
 
     def get_finished(self, finished_req_ids):
         return None, None
