@@ -126,10 +126,10 @@ typedef struct get_state {
     /* BF16 */
     pthread_mutex_t mu; /* slot state transitions made by jobs */
     unsigned window;
-    unsigned jobs; /* decode jobs in flight (worker thread only) */
-    int sending;   /* a SEND_MESSAGE is in flight */
-    int prefetch;  /* copying blocks a peer owns (forward.h) before streaming */
-    grpc_status_code fail;
+    unsigned jobs;      /* decode jobs in flight (worker thread only) */
+    int sending;        /* a SEND_MESSAGE is in flight */
+    int prefetch;       /* copying blocks a peer owns (forward.h) before streaming */
+    tqkv_status_t fail; /* the first failure (err says what), TQKV_OK while none */
     char err[TQKV__KV_ERRLEN];
     get_slot_t slots[GET_WINDOW_MAX];
 } get_state_t;
@@ -275,6 +275,16 @@ too_big_msg(const get_state_t *h, size_t idx, uint64_t bytes, uint64_t limit, ch
              bf16 ? " (BF16 is larger than the stored page: ask for ENCODING_PACKED)" : "");
 }
 
+/* Finishes c with the failure st, msg saying what failed: the one place Get translates a
+ * status. input: the client's request was at fault (tqkv_status_to_grpc_input), else the
+ * server's work (tqkv_status_to_grpc). */
+static void
+get_finish_failed(tqkv__call_t *c, tqkv_status_t st, int input, const char *msg)
+{
+    tqkv__call_finish(c, input ? tqkv_status_to_grpc_input(st) : tqkv_status_to_grpc(st), msg,
+                      NULL);
+}
+
 static void
 get_fail(tqkv__call_t *c, size_t idx, tqkv_status_t st)
 {
@@ -284,7 +294,7 @@ get_fail(tqkv__call_t *c, size_t idx, tqkv_status_t st)
     block_of(c->h, idx, &layer, &hash);
     snprintf(msg, sizeof msg, "layer %u, hashes[%zu]: %s", layer,
              idx % ((get_state_t *)c->h)->req->n_hashes, tqkv_strerror(st));
-    tqkv__call_finish(c, tqkv_status_to_grpc(st), msg, NULL);
+    get_finish_failed(c, st, 0, msg);
 }
 
 /* PACKED: look up and send block h->i (no read-ahead needed: no codec work). */
@@ -319,7 +329,7 @@ packed_next(tqkv__call_t *c)
             char msg[TQKV__KV_ERRLEN];
             tqkv_page_ref_release(ref);
             too_big_msg(h, h->i, bytes, limit, msg, sizeof msg);
-            tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
+            get_finish_failed(c, TQKV_ENOSPC, 0, msg); /* RESOURCE_EXHAUSTED */
             return;
         }
         get_send_packed(c, h->i, ref);
@@ -410,13 +420,13 @@ bf16_pump(tqkv__call_t *c)
     get_state_t *h = c->h;
     if (c->state == TQKV__CS_DONE || h->sending)
         return;
-    if (c->closed || h->fail != GRPC_STATUS_OK) {
+    if (c->closed || h->fail != TQKV_OK) {
         if (h->jobs > 0) {
             tqkv__call_set_state(c, TQKV__CS_WORK); /* wait for the decodes */
         } else if (c->closed) {
             tqkv__call_abort(c);
         } else {
-            tqkv__call_finish(c, h->fail, h->err, NULL);
+            get_finish_failed(c, h->fail, 0, h->err);
         }
         return;
     }
@@ -435,7 +445,7 @@ bf16_pump(tqkv__call_t *c)
         return;
     }
     if (sl->too_big) {
-        h->fail = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        h->fail = TQKV_ENOSPC; /* RESOURCE_EXHAUSTED */
         too_big_msg(h, h->i, sl->too_big, c->srv->limits.max_message_bytes, h->err,
                     TQKV__KV_ERRLEN);
         bf16_pump(c);
@@ -445,7 +455,7 @@ bf16_pump(tqkv__call_t *c)
         uint32_t layer;
         const ProtobufCBinaryData *hash;
         block_of(h, h->i, &layer, &hash);
-        h->fail = tqkv_status_to_grpc(sl->st);
+        h->fail = sl->st;
         snprintf(h->err, TQKV__KV_ERRLEN, "layer %u, hashes[%zu]: %s", layer,
                  h->i % h->req->n_hashes, tqkv_strerror(sl->st));
         bf16_pump(c);
@@ -468,18 +478,18 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
     size_t len = 0;
     uint8_t *buf = c->recv_bb ? tqkv__bb_read(c->recv_bb, &len) : NULL;
     if (buf == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "message: missing request", NULL);
+        get_finish_failed(c, TQKV_EINVAL, 1, "message: missing request");
         return -1;
     }
     tqkv_status_t st = tqkv_validate_get(buf, len, &c->srv->limits, req, err, sizeof err);
     free(buf);
     if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc_input(st), err, NULL);
+        get_finish_failed(c, st, 1, err);
         return -1;
     }
     st = tqkv__call_auth(c, (*req)->namespace_, TQKV_AUTH_READ, err, sizeof err);
     if (st != TQKV_OK) {
-        tqkv__call_finish(c, tqkv_status_to_grpc(st), err, NULL);
+        get_finish_failed(c, st, 0, err);
         return -1;
     }
     /* Disk tier: the request's disk-only pages are read in one parallel round and promoted
@@ -548,11 +558,11 @@ get_start(tqkv__call_t *c)
 {
     get_state_t *h = calloc(1, sizeof *h);
     if (h == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        get_finish_failed(c, TQKV_ENOMEM, 0, "out of memory");
         return;
     }
     pthread_mutex_init(&h->mu, NULL);
-    h->fail = GRPC_STATUS_OK;
+    h->fail = TQKV_OK;
     c->h = h;
     if (tqkv__get_request(c, &h->req) != 0)
         return;
