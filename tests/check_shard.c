@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "tests/check_main.h"
-#include "transport/client.h"
+#include "transport/client_server.h"
 #include "transport/shard.h"
 
 #include "tests/support/kv_data.h"
