@@ -3,7 +3,8 @@
  * Work per batch of blocks (same shape and codec), all on the caller's stream:
  *   1. memset the pages to 0 (padding and the bit rows start at zero);
  *   2. stats_kernel, one thread block per (head, tensor, page): per-channel key mean
- *      (centering) and energy over the tokens (tq_math.h tqkv_channel_*), the outlier
+ *      (centering; kept only where it lowers the head's relative energy, tq_math.h
+ *      tqkv_center_keep) and energy over the tokens (tq_math.h tqkv_channel_*), the outlier
  *      mask = channels of energy rank < n_hi (ties to the lower channel); the header;
  *   3. encode_kernel, one launch per (tensor, group), one warp per vector: the warp
  *      runs the operations of tqkv_group_encode_vec (tq_math.h) in the same order and
@@ -66,7 +67,9 @@ static __global__ void
 stats_kernel(tqkv_page_header_t hdr, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
              size_t in_stride, uint8_t *__restrict__ pages, size_t page_stride)
 {
-    TQKV_DYN_SMEM(double, shd); /* energy[D], then the block's max deviation */
+    /* energy[D], the block's max deviation, the centering votes and non-zero tokens (two
+     * u64), then the head's mean f32[D] */
+    TQKV_DYN_SMEM(double, shd);
     uint32_t h = blockIdx.x, t = blockIdx.y, D = hdr.head_dim, H = hdr.num_kv_heads;
     uint32_t T = hdr.num_tokens, c = threadIdx.x;
     const tqkv_page_tensor_desc_t *td = &hdr.tensor[t];
@@ -81,8 +84,13 @@ stats_kernel(tqkv_page_header_t hdr, const uint16_t *__restrict__ k, const uint1
     if (!td->bits_x2 || (!td->lo_bits && !centered))
         return;
     if (centered) {
-        if (c == 0)
+        unsigned long long *votes = (unsigned long long *)(shd + D + 1), *nonzero = votes + 1;
+        float *mus = (float *)(shd + D + 3);
+        if (c == 0) {
             *maxdev = 0;
+            *votes = 0;
+            *nonzero = 0;
+        }
         __syncthreads();
         double md = 0;
         if (c < D) {
@@ -93,6 +101,23 @@ stats_kernel(tqkv_page_header_t hdr, const uint16_t *__restrict__ k, const uint1
         atomicMax((unsigned long long *)maxdev, (unsigned long long)__double_as_longlong(md));
         __syncthreads();
         if (*maxdev > 0x1p126)
+            mu = 0.0f;
+        if (c < D)
+            mus[c] = mu;
+        __syncthreads();
+        /* the centering decision (tq_math.h tqkv_center_keep): tokens spread over the
+         * threads; the votes are integers, so their sum does not depend on the order */
+        unsigned long long v = 0, nz = 0;
+        for (uint32_t tok = c; tok < T; tok += blockDim.x) {
+            double ep, ec;
+            tqkv_token_center_energy(x + (uint64_t)tok * H * D + (uint64_t)h * D, mus, D, &ep, &ec);
+            v += tqkv_center_vote(ep, ec);
+            nz += ep > 0;
+        }
+        atomicAdd(votes, v);
+        atomicAdd(nonzero, nz);
+        __syncthreads();
+        if (!tqkv_center_keep(*votes, *nonzero))
             mu = 0.0f;
         if (c < D)
             ((float *)(page + hdr.mean_offset))[(uint64_t)h * D + c] = mu;
@@ -414,8 +439,9 @@ launch_encode(const enc_plan_t *P, uint32_t n_blocks, const uint16_t *d_k, const
              "cudaMemsetAsync(pages)")) != TQKV_OK)
         return st;
     uint32_t sthreads = (D + 31) / 32 * 32;
-    TQKV_LAUNCH(stats_kernel, dim3(H, 2, n_blocks), sthreads, (D + 1) * sizeof(double), stream, *h,
-                d_k, d_v, in_stride, pages, page_stride);
+    TQKV_LAUNCH(stats_kernel, dim3(H, 2, n_blocks), sthreads,
+                (D + 3) * sizeof(double) + D * sizeof(float), stream, *h, d_k, d_v, in_stride,
+                pages, page_stride);
     TQKV__CUDA_LAUNCH_CHECK("stats_kernel");
     for (uint32_t t = 0; t < 2; t++)
         for (uint32_t g = 0; g < 2; g++) {

@@ -680,6 +680,24 @@ sum_accum_body(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
     return maxmag;
 }
 
+/* The centering votes of one head over T tokens (row t at x + t * xs, D channels) against
+ * its mean mu (tq_math.h tqkv_token_center_energy / tqkv_center_vote): their sum and the
+ * number of non-zero tokens. Integer sums: any token order gives the same result. */
+static inline __attribute__((always_inline)) void
+center_votes_body(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                  uint64_t *votes, uint64_t *nonzero)
+{
+    uint64_t v = 0, n = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        double ep, ec;
+        tqkv_token_center_energy(x + t * xs, mu, D, &ep, &ec);
+        v += tqkv_center_vote(ep, ec);
+        n += ep > 0;
+    }
+    *votes = v;
+    *nonzero = n;
+}
+
 /* One copy per ISA, picked at run time. Not target_clones: its IFUNC resolvers run before
  * the sanitizer runtimes are up (every TSan binary crashed at start-up). */
 __attribute__((target("avx512f"))) static void
@@ -713,6 +731,25 @@ sum_accum_plain(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
     return sum_accum_body(acc, x, n, maxmag);
 }
 
+__attribute__((target("avx512f"))) static void
+center_votes_avx512(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                    uint64_t *votes, uint64_t *nonzero)
+{
+    center_votes_body(x, xs, T, D, mu, votes, nonzero);
+}
+__attribute__((target("avx2"))) static void
+center_votes_avx2(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                  uint64_t *votes, uint64_t *nonzero)
+{
+    center_votes_body(x, xs, T, D, mu, votes, nonzero);
+}
+static void
+center_votes_plain(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                   uint64_t *votes, uint64_t *nonzero)
+{
+    center_votes_body(x, xs, T, D, mu, votes, nonzero);
+}
+
 static int accum_isa; /* 2 avx512f, 1 avx2, 0 plain */
 static pthread_once_t accum_once = PTHREAD_ONCE_INIT;
 
@@ -744,6 +781,19 @@ sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
     if (accum_isa == 1)
         return sum_accum_avx2(acc, x, n, maxmag);
     return sum_accum_plain(acc, x, n, maxmag);
+}
+
+static void
+center_votes(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+             uint64_t *votes, uint64_t *nonzero)
+{
+    pthread_once(&accum_once, accum_init);
+    if (accum_isa == 2)
+        center_votes_avx512(x, xs, T, D, mu, votes, nonzero);
+    else if (accum_isa == 1)
+        center_votes_avx2(x, xs, T, D, mu, votes, nonzero);
+    else
+        center_votes_plain(x, xs, T, D, mu, votes, nonzero);
 }
 
 static int have_vbmi2;
@@ -896,6 +946,16 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
                 big |= acc[(uint64_t)hh * D + c] > 0x1p126;
             if (big)
                 memset(mean + (uint64_t)hh * D, 0, sizeof(float) * D);
+        }
+        /* a head keeps mu only where centering lowers its tokens' mean relative energy
+         * (tq_math.h tqkv_center_keep); else its mean row is zeros: stored uncentered */
+        for (uint32_t hh = 0; hh < H; hh++) {
+            float *mh = mean + (uint64_t)hh * D;
+            uint64_t votes, nonzero;
+            (fast ? center_votes : center_votes_plain)(x + (uint64_t)hh * D, HD, T, D, mh, &votes,
+                                                       &nonzero);
+            if (!tqkv_center_keep(votes, nonzero))
+                memset(mh, 0, sizeof(float) * D);
         }
     }
     if (ngroups == 2) {

@@ -562,6 +562,67 @@ tqkv_channel_energy(const uint16_t *x, uint32_t T, uint32_t H, uint32_t D, uint3
     return e;
 }
 
+/* ---- the key-centering decision (proto/PAGE_FORMAT.md section 7, step 2) ----
+ * Centering helps a head only when it shrinks its vectors relative to themselves: the
+ * quantization error of a token scales with the norm of what is encoded, so the relative
+ * error of token t grows by |x_t - mu|^2 / |x_t|^2. (The page's total energy always drops,
+ * sum |x - mu|^2 <= sum |x|^2, so that is no test.) A head keeps mu when the mean of that
+ * ratio over its non-zero tokens is below 1, else its mean row is stored as zeros. */
+
+/* Squared norms of one token's D channels of a head (row xr, BF16) before and after
+ * subtracting mu (f32[D]): f64, 8 lanes (lane j sums channels c = j mod 8 in order),
+ * joined as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), so SIMD copies give the
+ * same bits. */
+TQKV_HD void
+tqkv_token_center_energy(const uint16_t *xr, const float *mu, uint32_t D, double *e_plain,
+                         double *e_centered)
+{
+    double p[8] = {0, 0, 0, 0, 0, 0, 0, 0}, q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t c = 0;
+    for (; c + 8 <= D; c += 8)
+        for (uint32_t j = 0; j < 8; j++) {
+            double a = (double)tqkv_bf16_to_f32(xr[c + j]), v = TQKV_DSUB(a, (double)mu[c + j]);
+            p[j] = TQKV_DADD(p[j], TQKV_DMUL(a, a));
+            q[j] = TQKV_DADD(q[j], TQKV_DMUL(v, v));
+        }
+    for (uint32_t j = 0; c + j < D; j++) {
+        double a = (double)tqkv_bf16_to_f32(xr[c + j]), v = TQKV_DSUB(a, (double)mu[c + j]);
+        p[j] = TQKV_DADD(p[j], TQKV_DMUL(a, a));
+        q[j] = TQKV_DADD(q[j], TQKV_DMUL(v, v));
+    }
+    *e_plain = TQKV_DADD(TQKV_DADD(TQKV_DADD(p[0], p[1]), TQKV_DADD(p[2], p[3])),
+                         TQKV_DADD(TQKV_DADD(p[4], p[5]), TQKV_DADD(p[6], p[7])));
+    *e_centered = TQKV_DADD(TQKV_DADD(TQKV_DADD(q[0], q[1]), TQKV_DADD(q[2], q[3])),
+                            TQKV_DADD(TQKV_DADD(q[4], q[5]), TQKV_DADD(q[6], q[7])));
+}
+
+#define TQKV_CENTER_ONE (1ull << 20) /* a ratio of 1 in the votes' fixed point */
+
+/* A token's vote: min(e_centered / e_plain, 2^20) in units of 2^-20, truncated (integer,
+ * so the head's sum is the same in any order); 0 for a zero token, which does not count. */
+TQKV_HD uint64_t
+tqkv_center_vote(double e_plain, double e_centered)
+{
+    double r;
+    if (!(e_plain > 0))
+        return 0;
+#ifdef __CUDA_ARCH__
+    r = __ddiv_rn(e_centered, e_plain);
+#else
+    r = e_centered / e_plain;
+#endif
+    if (!(r < (double)TQKV_CENTER_ONE)) /* also NaN: x - mu overflowed (not centered) */
+        r = (double)TQKV_CENTER_ONE;
+    return (uint64_t)TQKV_DMUL(r, (double)TQKV_CENTER_ONE);
+}
+
+/* The head centers when sum(votes) < (non-zero tokens) * TQKV_CENTER_ONE. */
+TQKV_HD int
+tqkv_center_keep(uint64_t votes, uint64_t nonzero)
+{
+    return votes < nonzero * TQKV_CENTER_ONE;
+}
+
 /* ---- CRC32C pieces for parallel CRCs (the CUDA encoder computes page CRCs) ----
  * The CRC register is reflected (poly 0x82F63B78). tqkv_crc32c_raw runs the register
  * over bytes with no pre/post inversion; tqkv_crc32c_shift advances a register over

@@ -174,6 +174,10 @@ typedef struct cfg {
     uint32_t split;
 } cfg_t;
 
+/* Set by test_fused_center_decision: run_cfg's even heads get the structured mix
+ * (tqkv_test_kv_mix), which the encoder stores uncentered. */
+static int cfg_mix;
+
 /* Runs one configuration through the fused (best ISA and scalar) and reference paths and
  * checks each against the oracle. Returns the worst relative error. */
 static double
@@ -191,8 +195,25 @@ run_cfg(const cfg_t *c, uint64_t *r)
     tqkv_attn_opts_t opts;
     seq_t s;
     gen_kv(r, c->T, c->H, c->D, k, v);
+    if (cfg_mix) {
+        uint8_t mh[64] = {0};
+        for (uint32_t h = 0; h < c->H && h < 64; h += 2)
+            mh[h] = 1;
+        tqkv_test_kv_mix(r, c->T, c->H, c->D, mh, k, NULL);
+    }
     gen_q(r, c->HQ, c->H, c->D, c->T, k, q);
     seq_encode(&s, &codec, k, v, c->T, c->H, c->D, c->blocks, c->nblocks);
+    /* the centering decision, per head, is in the pages: the mix heads store zero means,
+     * the others keep theirs (blocks of 16 tokens or more) */
+    for (size_t i = 0; cfg_mix && c->center && i < s.n; i++)
+        for (uint32_t h = 0; s.tokens[i] >= 16 && h < c->H; h++) {
+            const float *mu = tqkv_page_key_mean(s.pages[i], h);
+            int kept = 0;
+            ck_assert_ptr_nonnull(mu);
+            for (uint32_t j = 0; j < c->D; j++)
+                kept |= mu[j] != 0.0f;
+            ck_assert_msg(kept == (int)(h % 2), "page %zu head %u: centered %d", i, h, kept);
+        }
     oracle(&s, q, c->HQ, c->H, c->D, c->T, ref);
     tqkv_attn_opts_default(&opts);
     opts.split_tokens = c->split;
@@ -282,6 +303,36 @@ START_TEST(test_fused_norm_center)
                            64};
                 run_cfg(&c, &r);
             }
+}
+END_TEST
+
+/* Heads of one page decided differently (tqkv_center_keep): the fused kernels (every
+ * ISA, scalar, reference) honour the zero mean rows the encoder stored for the mix heads. */
+START_TEST(test_fused_center_decision)
+{
+    uint64_t r = tqkv_test_seed() ^ 0x100c;
+    cfg_mix = 1;
+    for (int nc = 0; nc < 2; nc++)
+        for (int mode = 0; mode < 2; mode++)
+            for (uint8_t kb = 4; kb <= 8; kb += 1) {
+                cfg_t c = {400,
+                           4,
+                           128,
+                           8,
+                           kb,
+                           6,
+                           (uint8_t)mode,
+                           0,
+                           (uint8_t)nc,
+                           (uint8_t)nc,
+                           1,
+                           TQKV_ROT_HADAMARD,
+                           blkmix,
+                           5,
+                           64};
+                run_cfg(&c, &r);
+            }
+    cfg_mix = 0;
 }
 END_TEST
 
@@ -745,6 +796,7 @@ attention_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_fused_bits_modes);
     tcase_add_test(tc, test_fused_norm_center);
+    tcase_add_test(tc, test_fused_center_decision);
     tcase_add_test(tc, test_fused_gqa_dims);
     tcase_add_test(tc, test_fused_lengths_blocks);
     tcase_add_test(tc, test_fused_long_context);

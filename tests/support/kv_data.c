@@ -45,6 +45,36 @@ tqkv_test_kv_harness(uint64_t *rng, uint32_t T, uint32_t H, uint32_t D, uint16_t
 }
 
 void
+tqkv_test_kv_mix(uint64_t *rng, uint32_t T, uint32_t H, uint32_t D, const uint8_t *mix_heads,
+                 uint16_t *k, uint16_t *v)
+{
+    for (uint32_t h = 0; h < H; h++) {
+        double sign = tqkv_test_unif(rng) < 0.5 ? -1.0 : 1.0;
+        if (!mix_heads[h])
+            continue;
+        for (uint32_t t = 0; t < T; t++) {
+            uint16_t *x = k + ((uint64_t)t * H + h) * D;
+            double a = exp(tqkv_test_gauss(rng));
+            uint32_t kind = (uint32_t)(tqkv_test_rand(rng) % 3);
+            for (uint32_t j = 0; j < D; j++) {
+                double y;
+                if (kind == 0)
+                    y = 0.0;
+                else if (kind == 1)
+                    y = a * sign;
+                else
+                    y = tqkv_test_gauss(rng) * (j % 37 == 5 ? 30.0 : 1.0);
+                x[j] = tqkv_f32_to_bf16((float)y);
+            }
+            if (kind == 0)
+                x[tqkv_test_rand(rng) % D] = tqkv_f32_to_bf16((float)(a * sign));
+            for (uint32_t j = 0; v && j < D; j++)
+                v[((uint64_t)t * H + h) * D + j] = tqkv_f32_to_bf16((float)tqkv_test_gauss(rng));
+        }
+    }
+}
+
+void
 tqkv_test_q_harness(uint64_t *rng, uint32_t HQ, uint32_t H, uint32_t D, uint32_t T,
                     const uint16_t *k, float peak, float *q)
 {

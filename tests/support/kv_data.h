@@ -31,6 +31,15 @@ void tqkv_test_kv_loud(uint64_t *rng, uint16_t *x, uint64_t T, uint32_t H, uint3
 void tqkv_test_kv_harness(uint64_t *rng, uint32_t T, uint32_t H, uint32_t D, uint16_t *k,
                           uint16_t *v);
 
+/* The structured mix of issue 24, on the heads h with mix_heads[h] != 0: each token is,
+ * at random, one-hot (a e_j), constant (every channel a, one sign per head) or
+ * outlier-channel (N(0, 1), channels j % 37 == 5 at 30x), a = exp(N(0, 1)): a block
+ * whose per-channel mean dominates its small vectors. Other heads of k are left as
+ * they are (fill them first, e.g. with tqkv_test_kv_harness). v (may be NULL): N(0, 1)
+ * on the mix heads. Layout x[T][H][D]. */
+void tqkv_test_kv_mix(uint64_t *rng, uint32_t T, uint32_t H, uint32_t D, const uint8_t *mix_heads,
+                      uint16_t *k, uint16_t *v);
+
 /* The attn-eval harness queries: each of the HQ query heads (HQ a multiple of H) aims at
  * 4 random keys of its KV head (centered by the head's key mean) with weights peak,
  * 0.85 peak, ... that make attention peaked but not one-hot, plus N(0, 0.3^2) noise.
