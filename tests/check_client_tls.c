@@ -15,6 +15,7 @@
 
 #include "tests/check_main.h"
 #include "transport/client.h"
+#include "transport/dc_tls.h"
 
 #include "tests/support/kv_data.h"
 #include "tests/support/server_proc.h"
@@ -229,6 +230,12 @@ START_TEST(test_tls_data_channel)
         }
     }
     ck_assert_str_eq(tqkv_client_data_channel_status(c, 0), "");
+    /* The channel's records took the fast path: the kernel's, or the userspace TLS 1.3
+     * layer (never OpenSSL's own copy-in/copy-out records). */
+    char path[48], cipher[64];
+    tqkv__dctls_client_last(path, sizeof path, cipher, sizeof cipher);
+    ck_assert_msg(!strcmp(path, "userspace") || !strcmp(path, "ktls"), "record path '%s'", path);
+    ck_assert_str_eq(cipher, "TLSv1.3 TLS_AES_128_GCM_SHA256");
     tqkv_client_destroy(c);
 
     /* A client that trusts another certificate: gRPC fails its handshake too, so the Get

@@ -43,12 +43,19 @@ checks = [
      "TLS_AES_128_GCM_SHA256" in b.get("raw_tls_suite", "")),
     ("cipher speed measured", b.get("aes_128_gcm_gbps", 0) > 0),
     ("raw TCP measured", b.get("raw_tcp_gbps", 0) > 0),
+    ("the data channels' record path reported (userspace, or ktls where the kernel has it)",
+     b.get("tls", {}).get("path") in ("userspace", "ktls")),
+    ("the data channels' cipher reported",
+     b.get("tls", {}).get("cipher") == "TLSv1.3 TLS_AES_128_GCM_SHA256"),
+    ("in-process AES-128-GCM measured", b.get("tls", {}).get("aes_128_gcm_evp_gbps", 0) > 0),
+    ("raw TLS pair with the channels' records measured",
+     b.get("tls", {}).get("raw_tls_channel_records_gbps", 0) > 0),
 ]
 for what, ok in checks:
     print("%s  %s" % ("PASS" if ok else "FAIL", what))
-print("wire %.3f GB/s, raw TLS %.3f, raw TCP %.3f, AES-128-GCM %.3f" %
+print("wire %.3f GB/s, raw TLS %.3f, raw TCP %.3f, AES-128-GCM %.3f, path %s" %
       (j.get("wire_gbps", 0), b.get("raw_tls_gbps", 0), b.get("raw_tcp_gbps", 0),
-       b.get("aes_128_gcm_gbps", 0)))
+       b.get("aes_128_gcm_gbps", 0), b.get("tls", {}).get("path")))
 bad = [w for w, ok in checks if not ok]
 if bad:
     print(p.stderr[-2000:])
