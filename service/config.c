@@ -129,6 +129,8 @@ parse_mode(const char *s, uint8_t *out)
         *out = TQKV_MODE_MSE;
     else if (!strcmp(s, "prod"))
         *out = TQKV_MODE_PROD;
+    else if (!strcmp(s, "lossless"))
+        *out = TQKV_MODE_RAW;
     else
         return TQKV_EINVAL;
     return TQKV_OK;
@@ -463,7 +465,7 @@ set_key_mode(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b
 {
     uint8_t m;
     if (parse_mode(v, &m) != TQKV_OK)
-        return "expected mse or prod";
+        return "expected mse, prod or lossless";
     pol->k.mode = pol->k_boundary.mode = m;
     return NULL;
 }
@@ -473,9 +475,50 @@ set_value_mode(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int
 {
     uint8_t m;
     if (parse_mode(v, &m) != TQKV_OK)
-        return "expected mse or prod";
+        return "expected mse, prod or lossless";
     pol->v.mode = pol->v_boundary.mode = m;
     return NULL;
+}
+
+/* --lossless: K and V of every layer stored as BF16 (raw pages); =false makes lossless
+ * tensors mse again (their bits were kept). */
+static const char *
+set_lossless(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const char *v, int b)
+{
+    tqkv_tensor_codec_t *t[4] = {&pol->k, &pol->v, &pol->k_boundary, &pol->v_boundary};
+    for (int i = 0; i < 4; i++)
+        if (b)
+            t[i]->mode = TQKV_MODE_RAW;
+        else if (t[i]->mode == TQKV_MODE_RAW)
+            t[i]->mode = TQKV_MODE_MSE;
+    return NULL;
+}
+
+/* Bits given for a tensor that ends up lossless (one spec, or the global flags): which one,
+ * or NULL. kb / vb: a key / value bit width was given. */
+static const char *
+lossless_conflict(const tqkv_policy_t *p, int kb, int vb)
+{
+    if (kb && (p->k.mode == TQKV_MODE_RAW || p->k_boundary.mode == TQKV_MODE_RAW))
+        return "key";
+    if (vb && (p->v.mode == TQKV_MODE_RAW || p->v_boundary.mode == TQKV_MODE_RAW))
+        return "value";
+    return NULL;
+}
+
+#define WHY_LOSSLESS_BITS                                                                          \
+    "a lossless %s (key-mode/value-mode lossless, or lossless) is stored as BF16 and takes no "    \
+    "bit width: drop %s-bits or choose mse/prod"
+
+/* Whether option o sets a key (1) or value (2) bit width. */
+static int
+bits_opt(const char *name)
+{
+    if (!strcmp(name, "key-bits") || !strcmp(name, "boundary-key-bits"))
+        return 1;
+    if (!strcmp(name, "value-bits") || !strcmp(name, "boundary-value-bits"))
+        return 2;
+    return 0;
 }
 
 static const char *
@@ -670,8 +713,12 @@ static const opt_t opts[] = {
      set_key_bits},
     {"value-bits", "TQKV_VALUE_BITS", OPT_VALUE, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4", 1,
      set_value_bits},
-    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod", "key quantizer", 1, set_key_mode},
-    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod", "value quantizer", 1, set_value_mode},
+    {"key-mode", "TQKV_KEY_MODE", OPT_VALUE, "mse|prod|lossless",
+     "key quantizer (lossless: BF16 kept as is, no bits)", 1, set_key_mode},
+    {"value-mode", "TQKV_VALUE_MODE", OPT_VALUE, "mse|prod|lossless",
+     "value quantizer (lossless: BF16 kept as is, no bits)", 1, set_value_mode},
+    {"lossless", "TQKV_LOSSLESS", OPT_BOOL, NULL,
+     "store K and V as BF16, byte-exact (key-mode and value-mode lossless)", 1, set_lossless},
     {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_VALUE, "N",
      "first/last N layers at boundary precision", 1, set_boundary_layers},
     {"boundary-key-bits", "TQKV_BOUNDARY_KEY_BITS", OPT_VALUE, "B", "key bits of boundary layers",
@@ -927,6 +974,7 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
 
     /* key=value items separated by ','; "NS:" alone is the global policy (useful to exempt
      * one namespace from a prefix spec). */
+    int bits_given = 0; /* bits_opt() of the items */
     const char *p = colon + 1;
     size_t rest = (size_t)(spec + len - p);
     trim(&p, &rest);
@@ -976,6 +1024,12 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
         tqkv_status_t st = apply(cfg, &e->policy, o, v, where, err, errlen);
         if (st != TQKV_OK)
             return st;
+        bits_given |= bits_opt(o->name);
+    }
+    const char *lc = lossless_conflict(&e->policy, bits_given & 1, bits_given & 2);
+    if (lc) {
+        snprintf(err, errlen, "%s '%.*s': " WHY_LOSSLESS_BITS, src, sl, spec, lc, lc);
+        return TQKV_EINVAL;
     }
     if (tqkv_policy_check(&e->policy, why, sizeof why) != TQKV_OK) {
         snprintf(err, errlen, "%s '%.*s': codec policy: %s", src, sl, spec, why);
@@ -1027,6 +1081,7 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
 {
     char src[96];
     tqkv_status_t st;
+    int bits_given = 0; /* bits_opt() of the global flags and variables */
 
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
@@ -1041,6 +1096,7 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
             st = apply(cfg, &cfg->policy, &opts[i], v, src, err, errlen);
         if (st != TQKV_OK)
             return st;
+        bits_given |= bits_opt(opts[i].name);
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1071,6 +1127,12 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
             st = apply(cfg, &cfg->policy, o, v, src, err, errlen);
         if (st != TQKV_OK)
             return st;
+        bits_given |= bits_opt(o->name);
+    }
+    const char *lc = lossless_conflict(&cfg->policy, bits_given & 1, bits_given & 2);
+    if (lc) {
+        snprintf(err, errlen, "--%s-bits: " WHY_LOSSLESS_BITS, lc, lc, lc);
+        return TQKV_EINVAL;
     }
     return TQKV_OK;
 }
@@ -1185,20 +1247,31 @@ tqkv_config_ns_policy(const tqkv_server_config_t *cfg, const char *ns, size_t le
 static const char *
 mode_name(uint8_t mode)
 {
-    return mode == TQKV_MODE_PROD ? "prod" : "mse";
+    return mode == TQKV_MODE_RAW ? "lossless" : mode == TQKV_MODE_PROD ? "prod" : "mse";
+}
+
+/* "3/mse/nc", or "lossless" for a raw tensor (its kept bits do not apply). */
+static const char *
+tensor_format(const tqkv_tensor_codec_t *t, char *buf, size_t len)
+{
+    if (t->mode == TQKV_MODE_RAW)
+        snprintf(buf, len, "lossless");
+    else
+        snprintf(buf, len, "%g/%s%s", t->bits_x2 / 2.0, mode_name(t->mode),
+                 t->norm_correction ? "/nc" : "");
+    return buf;
 }
 
 void
 tqkv_config_policy_format(const tqkv_policy_t *p, char *buf, size_t len)
 {
+    char k[32], v[32], kb[32], vb[32];
     snprintf(buf, len,
-             "key=%g/%s%s value=%g/%s%s boundary_layers=%u boundary_key=%g/%s%s "
-             "boundary_value=%g/%s%s rotation=%s key_centering=%s seed=%llu",
-             p->k.bits_x2 / 2.0, mode_name(p->k.mode), p->k.norm_correction ? "/nc" : "",
-             p->v.bits_x2 / 2.0, mode_name(p->v.mode), p->v.norm_correction ? "/nc" : "",
-             p->boundary_layers, p->k_boundary.bits_x2 / 2.0, mode_name(p->k_boundary.mode),
-             p->k_boundary.norm_correction ? "/nc" : "", p->v_boundary.bits_x2 / 2.0,
-             mode_name(p->v_boundary.mode), p->v_boundary.norm_correction ? "/nc" : "",
+             "key=%s value=%s boundary_layers=%u boundary_key=%s boundary_value=%s rotation=%s "
+             "key_centering=%s seed=%llu",
+             tensor_format(&p->k, k, sizeof k), tensor_format(&p->v, v, sizeof v),
+             p->boundary_layers, tensor_format(&p->k_boundary, kb, sizeof kb),
+             tensor_format(&p->v_boundary, vb, sizeof vb),
              p->rotation == TQKV_ROT_DENSE ? "dense" : "hadamard", p->key_centering ? "on" : "off",
              (unsigned long long)p->seed);
 }
@@ -1247,7 +1320,9 @@ tqkv_config_usage(FILE *out)
             "specs; TQKV_NAMESPACE_POLICY separates\nspecs with ';'. The server logs each "
             "effective policy at start-up (\"codec policy\" lines).\nExample:\n"
             "  --namespace-policy 'team-*:key-bits=4,value-bits=4'\n"
-            "  --namespace-policy 'scratch:key-bits=2,value-bits=2,boundary-layers=0'\n",
+            "  --namespace-policy 'scratch:key-bits=2,value-bits=2,boundary-layers=0'\n"
+            "  --namespace-policy 'exact:lossless'  (BF16 kept as is; Gets return the bytes "
+            "Put)\n",
             TQKV_MAX_NS_POLICIES);
     fprintf(out, "Boolean flags take an optional =true/false. Exit status 2 on bad flags.\n");
 }

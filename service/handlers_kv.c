@@ -187,23 +187,9 @@ put_job(void *arg)
         tqkv_block_codec_t codec;
         tqkv_block_shape_t shape = {m->num_tokens, m->num_kv_heads, m->head_dim};
         /* The namespace's policy (--namespace-policy), then the request's overrides. */
-        tqkv_policy_block_codec(tqkv_config_ns_policy(&s->cfg, m->namespace_, key.ns_len), m->layer,
-                                m->num_layers, &codec);
-        if (m->codec) {
-            uint8_t b2;
-            if (m->codec->key_bits != 0.0f &&
-                tqkv_bits_from_float(m->codec->key_bits, &b2) == TQKV_OK)
-                codec.k.bits_x2 = b2;
-            if (m->codec->value_bits != 0.0f &&
-                tqkv_bits_from_float(m->codec->value_bits, &b2) == TQKV_OK)
-                codec.v.bits_x2 = b2;
-            if (m->codec->key_mode != TQKV__V1__MODE__MODE_DEFAULT)
-                codec.k.mode = m->codec->key_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
-                                                                               : TQKV_MODE_MSE;
-            if (m->codec->value_mode != TQKV__V1__MODE__MODE_DEFAULT)
-                codec.v.mode = m->codec->value_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD
-                                                                                 : TQKV_MODE_MSE;
-        }
+        tqkv_policy_t pol = *tqkv_config_ns_policy(&s->cfg, m->namespace_, key.ns_len);
+        tqkv_codec_override(m->codec, &pol);
+        tqkv_policy_block_codec(&pol, m->layer, m->num_layers, &codec);
         size_t cap;
         j->err[0] = '\0';
         st = tqkv_page_check_params(&shape, &codec, j->err, ERRLEN);
@@ -223,7 +209,8 @@ put_job(void *arg)
         }
         double t0 = tqkv__now();
         st = TQKV_EUNSUPPORTED;
-        if (s->gpu_encode_device >= 0) {
+        if (s->gpu_encode_device >= 0 && codec.k.mode != TQKV_MODE_RAW &&
+            codec.v.mode != TQKV_MODE_RAW) { /* a lossless page is a copy: CPU */
             /* Any GPU failure falls back to the CPU encoder, which also words the
              * error for bad input (the device only flags NaN/Inf). */
             char gerr[ERRLEN];

@@ -157,10 +157,20 @@ int tqkv_client_repair_wait(tqkv_client_t *c, uint32_t timeout_ms);
 
 /* ---- Put ---- */
 
+/* key_mode / value_mode of tqkv_put_opts_t (tqkv.v1.Mode). LOSSLESS stores the tensor as
+ * BF16 as it came (a Get returns the bytes Put); its bits must stay 0 (the server answers
+ * INVALID_ARGUMENT otherwise). */
+enum {
+    TQKV_PUT_MODE_DEFAULT = 0,
+    TQKV_PUT_MODE_MSE = 1,
+    TQKV_PUT_MODE_PROD = 2,
+    TQKV_PUT_MODE_LOSSLESS = 3,
+};
+
 /* Options of a put session (NULL = defaults). bits 0 = the namespace policy. */
 typedef struct tqkv_put_opts {
     float key_bits, value_bits; /* 1, 1.5, 2, 2.5, 3, 3.5, 4; 0 = policy */
-    int key_mode, value_mode;   /* 0 default, 1 mse, 2 prod */
+    int key_mode, value_mode;   /* TQKV_PUT_MODE_*: 0 default, 1 mse, 2 prod, 3 lossless */
     uint32_t deadline_ms;       /* the whole session; 0 = the client default */
 } tqkv_put_opts_t;
 
