@@ -148,12 +148,23 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
     for (uint32_t s = 0; s < tk->nv; s++)
         memset(tk->acc[s], 0, sizeof(float) * G * tk->v[s].gdim);
 
+    if (tk->v_raw)
+        memset(tk->o_raw, 0, sizeof(float) * G * tk->D);
+
     for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
         uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
         tqkv__attn_prefetch_slice(tk, t0, t0 + n);
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t h = 0; h < G; h++) {
                 float score = tk->qbias ? tk->qbias[h] : 0.0f;
+                if (tk->k_raw) { /* lossless keys: q . k in f32 */
+                    const uint16_t *kr = tk->k_raw + (size_t)(t0 + i) * tk->raw_stride;
+                    const float *qv = tk->q_raw + (size_t)h * tk->D;
+                    float dot = 0.0f;
+                    for (uint32_t j = 0; j < tk->D; j++)
+                        dot += qv[j] * tqkv_bf16_to_f32(kr[j]);
+                    score += dot;
+                }
                 for (uint32_t s = 0; s < tk->nk; s++) {
                     const tqkv__attn_stream_t *st = &tk->k[s];
                     const float *qv = tk->qk[s] + (size_t)h * st->gdim;
@@ -182,7 +193,19 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
                     for (uint32_t j = 0; j < tk->v[s].gdim; j++)
                         a[j] *= alpha;
                 }
+            if (alpha != 1.0f && tk->v_raw)
+                for (uint32_t j = 0; j < tk->D; j++)
+                    tk->o_raw[(size_t)h * tk->D + j] *= alpha;
         }
+        if (tk->v_raw) /* lossless values: sum p_i v_i */
+            for (uint32_t i = 0; i < n; i++) {
+                const uint16_t *vr = tk->v_raw + (size_t)(t0 + i) * tk->raw_stride;
+                for (uint32_t h = 0; h < G; h++) {
+                    float w = sc[h * TQKV__ATTN_TILE + i], *a = tk->o_raw + (size_t)h * tk->D;
+                    for (uint32_t j = 0; j < tk->D; j++)
+                        a[j] += w * tqkv_bf16_to_f32(vr[j]);
+                }
+            }
         for (uint32_t s = 0; s < tk->nv; s++) {
             const tqkv__attn_stream_t *st = &tk->v[s];
             for (uint32_t i = 0; i < n; i++)
@@ -330,7 +353,8 @@ typedef struct page_ctx {
     const tqkv_page_header_t *hdr;
     uint32_t T, H, D;
     const uint8_t *end;
-    group_ctx_t g[2][2]; /* [tensor][group] */
+    group_ctx_t g[2][2];    /* [tensor][group] */
+    const uint16_t *raw[2]; /* [tensor]: the raw section of a lossless tensor, or NULL */
 } page_ctx_t;
 
 static void
@@ -358,6 +382,8 @@ page_ctx_init(page_ctx_t *pc, const void *page)
     pc->H = pc->hdr->num_kv_heads;
     pc->D = pc->hdr->head_dim;
     pc->end = (const uint8_t *)page + pc->hdr->page_bytes;
+    for (uint32_t t = 0; t < 2; t++)
+        pc->raw[t] = tqkv_page_raw(page, t);
     for (uint32_t t = 0; t < 2; t++)
         for (uint32_t g = 0; g < 2; g++) {
             group_ctx_t *gc = &pc->g[t][g];
@@ -589,12 +615,41 @@ build_streams(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t 
     return ns;
 }
 
+/* A lossless page (K and V raw BF16): the BF16 kernel over the item's rows, per KV head. */
+static tqkv_status_t
+run_item_raw(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, uint32_t n,
+             split_state_t *s, const uint8_t *next, size_t next_bytes)
+{
+    tqkv__attn_bf16_fn fn = bf16_kernel();
+    size_t part = (next_bytes + c->H - 1) / c->H;
+    for (uint32_t h = 0; h < c->H; h++) {
+        size_t off = ((size_t)t0 * c->H + h) * c->D, pf = 0;
+        const uint8_t *pfp = NULL;
+        if (next && (size_t)h * part < next_bytes) {
+            pfp = next + (size_t)h * part;
+            pf = next_bytes - (size_t)h * part < part ? next_bytes - (size_t)h * part : part;
+        }
+        for (uint32_t j = 0; j < c->G; j++) {
+            w->m[j] = -INFINITY;
+            w->l[j] = 0.0f;
+        }
+        memset(w->o, 0, sizeof(float) * c->G * c->D);
+        fn(c->q + (size_t)h * c->G * c->D, c->G, pc->raw[TQKV_TENSOR_K] + off,
+           pc->raw[TQKV_TENSOR_V] + off, n, (size_t)c->H * c->D, c->D, c->sm_scale, w->o, w->m,
+           w->l, w->scratch, pfp, pfp, pf);
+        merge_partial(c, s, h * c->G, w->m, w->l, w->o);
+    }
+    return TQKV_OK;
+}
+
 /* Runs the work item (page pc, tokens [t0, t0+n)) for every KV head and merges it into s. */
 static tqkv_status_t
 run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, uint32_t n,
          split_state_t *s, const uint8_t *next, size_t next_bytes)
 {
     size_t part = (next_bytes + c->H - 1) / c->H;
+    if (pc->raw[TQKV_TENSOR_K] && pc->raw[TQKV_TENSOR_V])
+        return run_item_raw(c, pc, w, t0, n, s, next, next_bytes);
     for (uint32_t h = 0; h < c->H; h++) {
         tqkv__attn_task_t tk;
         const float *mu = tqkv_page_key_mean(pc->page, h);
@@ -627,10 +682,30 @@ run_item(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, u
         tk.m = w->m;
         tk.l = w->l;
         tk.scratch = w->scratch;
-        c->task_fn(&tk);
+        if (pc->raw[TQKV_TENSOR_K] || pc->raw[TQKV_TENSOR_V]) {
+            /* one lossless tensor: the scalar kernel reads its BF16 rows */
+            size_t off = ((size_t)t0 * c->H + h) * c->D;
+            tk.raw_stride = (size_t)c->H * c->D;
+            tk.D = c->D;
+            if (pc->raw[TQKV_TENSOR_K]) {
+                tk.k_raw = pc->raw[TQKV_TENSOR_K] + off;
+                for (uint32_t e = 0; e < c->G * c->D; e++)
+                    w->qk[e] = c->q[(size_t)h * c->G * c->D + e] * c->sm_scale;
+                tk.q_raw = w->qk;
+            }
+            if (pc->raw[TQKV_TENSOR_V]) {
+                tk.v_raw = pc->raw[TQKV_TENSOR_V] + off;
+                tk.o_raw = w->o;
+            }
+            tqkv__attn_task_scalar(&tk);
+        } else {
+            c->task_fn(&tk);
+        }
 
-        /* Rotate the value accumulators back and scatter them to channels. */
-        memset(w->o, 0, sizeof(float) * c->G * c->D);
+        /* Rotate the value accumulators back and scatter them to channels (a lossless V
+         * has accumulated into w->o already). */
+        if (!pc->raw[TQKV_TENSOR_V])
+            memset(w->o, 0, sizeof(float) * c->G * c->D);
         {
             int si = 0;
             for (uint32_t g = 0; g < 2; g++) {
@@ -894,6 +969,14 @@ ref_scores(const page_ctx_t *pc, const void *page, uint32_t h, uint32_t H, uint3
                 sum += (double)qh[d] * mu[d];
         s[t] = sum;
     }
+    if (pc->raw[TQKV_TENSOR_K]) /* lossless keys: <q, k> from the BF16 rows */
+        for (uint32_t t = 0; t < pc->T; t++) {
+            const uint16_t *kr = pc->raw[TQKV_TENSOR_K] + ((size_t)t * H + h) * D;
+            double dot = 0.0;
+            for (uint32_t d = 0; d < D; d++)
+                dot += (double)qh[d] * tqkv_bf16_to_f32(kr[d]);
+            s[t] += dot;
+        }
     for (uint32_t g = 0; g < 2; g++) {
         const group_ctx_t *gc = &pc->g[TQKV_TENSOR_K][g];
         const tqkv_group_view_t *gv = &gc->gv;
@@ -939,6 +1022,15 @@ static tqkv_status_t
 ref_values(const page_ctx_t *pc, uint32_t h, uint32_t H, const double *p, double L, double *o,
            ref_scratch_t *x)
 {
+    if (pc->raw[TQKV_TENSOR_V]) { /* lossless values: sum_i p_i v_i */
+        uint32_t D = pc->D;
+        for (uint32_t t = 0; t < pc->T; t++) {
+            const uint16_t *vr = pc->raw[TQKV_TENSOR_V] + ((size_t)t * H + h) * D;
+            double w = p[t] / L;
+            for (uint32_t d = 0; d < D; d++)
+                o[d] += w * tqkv_bf16_to_f32(vr[d]);
+        }
+    }
     for (uint32_t g = 0; g < 2; g++) {
         const group_ctx_t *gc = &pc->g[TQKV_TENSOR_V][g];
         const tqkv_group_view_t *gv = &gc->gv;

@@ -18,6 +18,9 @@
  * D % 128 == 0), keeps its own online softmax state, and the warps are combined at the
  * end into the split's partial.
  *
+ * A lossless (raw BF16) K is scored from its rows (q . k, the query times sm_scale in
+ * qk); a lossless V is accumulated in channel order (sum p_i v_i) and needs no rotation.
+ *
  * merge_kernel: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the splits.
  */
 #include <math.h>
@@ -137,6 +140,7 @@ typedef struct packed_params {
     uint32_t splits_per_page;
     float sm_scale;
     int k_prod, v_prod, centered;
+    int k_raw, v_raw; /* lossless tensors (nk / nv = 0): BF16 rows, tqkv_page_raw */
 } packed_params_t;
 
 /* Shared memory layout of the packed kernel, in floats. */
@@ -212,6 +216,8 @@ __launch_bounds__(ATTN_TILE)
     const uint8_t *kmask = tqkv_page_mask(page, TQKV_TENSOR_K, h);
     const uint8_t *vmask = tqkv_page_mask(page, TQKV_TENSOR_V, h);
     const float *mu = tqkv_page_key_mean(page, h);
+    const uint16_t *kraw = A.k_raw ? tqkv_page_raw(page, TQKV_TENSOR_K) : 0;
+    const uint16_t *vraw = A.v_raw ? tqkv_page_raw(page, TQKV_TENSOR_V) : 0;
 
     /* 1. per query head: gather, rotate, tables, bias */
     for (uint32_t qi = 0; qi < A.qc; qi++) {
@@ -227,6 +233,11 @@ __launch_bounds__(ATTN_TILE)
         if (qi >= nq)
             continue;
         const float *qv = q + (size_t)(h * A.G + q0 + qi) * D;
+        if (kraw) {
+            for (uint32_t c = tid; c < D; c += blockDim.x)
+                qk[qi * D + c] = qv[c] * A.sm_scale;
+            __syncthreads();
+        }
         for (uint32_t gi = 0; gi < A.nk; gi++) {
             /* gather the group's channels into tmp[0..g) */
             if (tid == 0) {
@@ -274,6 +285,18 @@ __launch_bounds__(ATTN_TILE)
             uint64_t i = (uint64_t)t * H + h;
             for (uint32_t qi = 0; qi < QC; qi++)
                 s[qi] = qi < nq ? bias[qi] : -INFINITY;
+            if (kraw) {
+                const uint16_t *kr = kraw + i * D;
+                float a[QC] = {0.0f};
+                for (uint32_t c = 0; c < D; c++) {
+                    float kc = tqkv_bf16_to_f32(kr[c]);
+                    for (uint32_t qi = 0; qi < QC; qi++)
+                        if (qi < nq)
+                            a[qi] += qk[qi * D + c] * kc;
+                }
+                for (uint32_t qi = 0; qi < QC; qi++)
+                    s[qi] += a[qi];
+            }
             for (uint32_t gi = 0; gi < A.nk; gi++) {
                 const tqkv_group_view_t &gv = kv[gi];
                 uint32_t g = gv.L.dim, b = gv.L.mse_bits, n = gv.L.n_centroids;
@@ -353,7 +376,23 @@ __launch_bounds__(ATTN_TILE)
         /* values: one thread per (rotated channel, half of the tile) covers every query
          * head, so each code is unpacked once; the halves meet in `vpart` */
         uint32_t half_len = (tn + 1) / 2;
-        for (uint32_t e = tid; e < 2 * D; e += blockDim.x) {
+        for (uint32_t e = tid; vraw && e < 2 * D; e += blockDim.x) {
+            uint32_t j = e % D, half = e / D, tb = half * half_len, te = min(tn, tb + half_len);
+            uint64_t i0 = (uint64_t)t0 * H + h;
+            float a[QC] = {0.0f};
+            for (uint32_t tt = tb; tt < te; tt++) {
+                float vj = tqkv_bf16_to_f32(vraw[(i0 + (uint64_t)tt * H) * D + j]);
+                for (uint32_t qi = 0; qi < QC; qi++)
+                    if (qi < nq)
+                        a[qi] += score[qi * ATTN_TILE + tt] * vj;
+            }
+            for (uint32_t qi = 0; qi < QC; qi++)
+                if (qi < nq) {
+                    vpart[(half * A.qc + qi) * D + j] = a[qi];
+                    vpart[((2 + half) * A.qc + qi) * D + j] = 0.0f;
+                }
+        }
+        for (uint32_t e = tid; !vraw && e < 2 * D; e += blockDim.x) {
             uint32_t j = e % D, half = e / D;
             uint32_t gi = (A.nv == 2 && j >= goff_v[1]) ? 1 : 0, jj = j - goff_v[gi];
             const tqkv_group_view_t &gv = vv[gi];
@@ -400,6 +439,11 @@ __launch_bounds__(ATTN_TILE)
         uint32_t hq = h * A.G + q0 + qi;
         size_t slot = (size_t)split * A.HQ + hq;
         float *o = P.o + slot * D;
+        if (vraw) { /* lossless values: accumulated in channel order */
+            for (uint32_t c = tid; c < D; c += blockDim.x)
+                o[c] = acc[qi * D + c];
+            __syncthreads();
+        }
         for (uint32_t gi = 0; gi < A.nv; gi++) {
             const tqkv_group_codec_t &G = A.V[gi];
             uint32_t g = G.dim;
@@ -461,8 +505,10 @@ tqkv_cuda_attention_packed(const tqkv_page_header_t *hdr, const void *const *d_p
     if (num_q_heads == 0 || num_q_heads % A.H)
         return TQKV_EINVAL;
     A.G = num_q_heads / A.H;
-    A.nk = hdr->tensor[0].lo_bits ? 2 : 1;
-    A.nv = hdr->tensor[1].lo_bits ? 2 : 1;
+    A.k_raw = hdr->tensor[0].mode == TQKV_MODE_RAW;
+    A.v_raw = hdr->tensor[1].mode == TQKV_MODE_RAW;
+    A.nk = A.k_raw ? 0 : hdr->tensor[0].lo_bits ? 2 : 1;
+    A.nv = A.v_raw ? 0 : hdr->tensor[1].lo_bits ? 2 : 1;
     A.k_prod = hdr->tensor[0].mode == TQKV_MODE_PROD;
     A.v_prod = hdr->tensor[1].mode == TQKV_MODE_PROD;
     A.centered = (hdr->flags & TQKV_PAGE_KEY_CENTERED) != 0;

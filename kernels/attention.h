@@ -8,7 +8,9 @@
  * centered keys), runs an online softmax over tiles of tokens, accumulates values in the
  * rotated domain (sum_i p_i scale_i z[idx_i]) and rotates back once per page, head and
  * group. Pages of a sequence are split into work items of at most split_tokens tokens
- * whose partial (max, sum, output) states are merged with a log-sum-exp merge.
+ * whose partial (max, sum, output) states are merged with a log-sum-exp merge. A lossless
+ * page (K and V raw BF16, TQKV_MODE_RAW) runs the BF16 kernel over its rows; a page with
+ * one raw tensor scores or accumulates that tensor in BF16 (scalar kernel).
  *
  * Thread safety: every function is reentrant; the only shared state is the rotation cache
  * of kernels/rotation.h. SIMD kernels (AVX-512 with VBMI, AVX2) are chosen once at run time.
@@ -117,6 +119,14 @@ typedef struct tqkv__attn_task {
     float *scratch;     /* 2 * G * TQKV__ATTN_TILE floats */
     const uint8_t *pf;  /* memory to bring towards the cache while the item runs (this head's */
     size_t pf_bytes;    /* share of the next page), a slice per tile; pf_bytes may be 0 */
+    /* A page with one lossless (TQKV_MODE_RAW) tensor and one quantized: only the scalar
+     * kernel takes these (nk = 0 with k_raw, nv = 0 with v_raw); pages with both raw go
+     * through the BF16 kernel. */
+    const uint16_t *k_raw, *v_raw; /* BF16 row of the item's first token and this head */
+    size_t raw_stride;             /* elements between the rows of consecutive tokens */
+    uint32_t D;                    /* channels of a raw row */
+    const float *q_raw;            /* [G][D] query times sm_scale (k_raw) */
+    float *o_raw;                  /* [G][D] value accumulators (v_raw; output) */
 } tqkv__attn_task_t;
 
 #define TQKV__ATTN_TILE 64

@@ -163,8 +163,9 @@ tqkv__cuda_group_codec(const tqkv_page_header_t *hdr, uint32_t tensor, uint32_t 
     uint32_t dim, bits;
     const float *p;
 
-    if (tensor > 1 || group > 1 || t->bits_x2 == 0 || (group == 1 && t->lo_bits == 0))
-        return TQKV_EINVAL;
+    if (tensor > 1 || group > 1 || t->bits_x2 == 0 || t->mode == TQKV_MODE_RAW ||
+        (group == 1 && t->lo_bits == 0))
+        return TQKV_EINVAL; /* a raw (lossless) tensor has no groups */
     dim = group == 0 ? t->n_hi : (uint32_t)hdr->head_dim - t->n_hi;
     bits = group == 0 ? t->hi_bits : t->lo_bits;
     memset(G, 0, sizeof *G);
@@ -215,7 +216,7 @@ tqkv_cuda_header_check(const tqkv_page_header_t *hdr)
         bx2[t] = td->bits_x2;
         mode[t] = td->mode;
         nc[t] = (td->flags & TQKV_TENSOR_NORM_CORRECTED) ? 1 : 0;
-        if (td->mode > TQKV_MODE_PROD || td->flags & ~TQKV_TENSOR_NORM_CORRECTED)
+        if (td->mode > TQKV_MODE_RAW || td->flags & ~TQKV_TENSOR_NORM_CORRECTED)
             return TQKV_EFORMAT;
     }
     if (!bx2[0] && !bx2[1])

@@ -1,5 +1,7 @@
 /* decode.cu - packed pages (device memory) -> f32 or BF16 [T][H][D] on the device.
  *
+ * A raw (lossless) tensor is a copy: BF16 out as stored, f32 out widened (exact).
+ *
  * One launch per (tensor, group), one warp per vector: the warp runs the operations of
  * tqkv_group_decode_vec (tq_math.h) in the same order and rounding (element-wise steps
  * and FWHT butterflies over the lanes, columns of dense matrices over the lanes with
@@ -141,6 +143,36 @@ __launch_bounds__(DEC_WARPS * 32)
     }
 }
 
+template <typename OutT> static __device__ inline OutT raw_out(uint16_t x);
+template <>
+__device__ inline float
+raw_out<float>(uint16_t x)
+{
+    return tqkv_bf16_to_f32(x);
+}
+template <>
+__device__ inline uint16_t
+raw_out<uint16_t>(uint16_t x)
+{
+    return x; /* lossless: the stored BF16 bits */
+}
+
+/* A raw (lossless) tensor: grid (x, pages), a thread per element, grid-stride. */
+template <typename OutT>
+static __global__ void
+decode_raw_kernel(uint32_t ten, const uint8_t *__restrict__ pages, size_t page_stride,
+                  OutT *__restrict__ out_all, size_t out_stride, uint64_t count)
+{
+    const uint8_t *page = pages + blockIdx.y * page_stride;
+    const uint16_t *x = tqkv_page_raw(page, ten);
+    OutT *o = out_all + blockIdx.y * out_stride;
+    if (!x)
+        return;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        o[i] = raw_out<OutT>(x[i]);
+}
+
 template <typename OutT>
 static tqkv_status_t
 decode_pages(const tqkv_page_header_t *hdr, uint32_t n_blocks, const void *d_pages,
@@ -158,6 +190,14 @@ decode_pages(const tqkv_page_header_t *hdr, uint32_t n_blocks, const void *d_pag
         OutT *out = t == 0 ? d_k : d_v;
         if (!out || !hdr->tensor[t].bits_x2)
             continue;
+        if (hdr->tensor[t].mode == TQKV_MODE_RAW) {
+            uint64_t count = n * hdr->head_dim, nb = (count + 255) / 256;
+            dim3 grid((unsigned)(nb < 4096 ? nb : 4096), n_blocks);
+            TQKV_LAUNCH(decode_raw_kernel<OutT>, grid, 256, 0, stream, t, (const uint8_t *)d_pages,
+                        page_stride, out, out_stride, count);
+            TQKV__CUDA_LAUNCH_CHECK("decode_raw_kernel");
+            continue;
+        }
         for (uint32_t g = 0; g < 2; g++) {
             tqkv_group_codec_t G;
             if (g == 1 && !hdr->tensor[t].lo_bits)

@@ -43,6 +43,8 @@ plan_page(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec, enc_
 
     if ((st = tqkv_page_check_params(shape, codec, NULL, 0)) != TQKV_OK)
         return st;
+    if (codec->k.mode == TQKV_MODE_RAW || codec->v.mode == TQKV_MODE_RAW)
+        return TQKV_EUNSUPPORTED; /* lossless pages are a copy: the CPU encoder writes them */
     memset(P, 0, sizeof *P);
     if (tqkv_page_plan(shape->num_tokens, shape->num_kv_heads, shape->head_dim, bx2, mode, nc,
                        codec->rotation, codec->key_centering ? 1u : 0u, codec->seed, &P->hdr) != 0)

@@ -168,6 +168,25 @@ check_tensor(const char *name, const tqkv_tensor_codec_t *tc, uint32_t d, char *
     uint32_t hi, lo, nhi;
     if (tc->bits_x2 == 0)
         return TQKV_OK;
+    if (tc->mode == TQKV_MODE_RAW) {
+        if (tc->bits_x2 != TQKV_RAW_BITS_X2) {
+            seterr(err, errlen,
+                   "%s: lossless (raw BF16) mode takes no bit width: bits_x2 must be %u, not %u",
+                   name, TQKV_RAW_BITS_X2, tc->bits_x2);
+            return TQKV_EINVAL;
+        }
+        if (tc->norm_correction) {
+            seterr(err, errlen, "%s: norm correction does not apply to lossless (raw BF16) mode",
+                   name);
+            return TQKV_EINVAL;
+        }
+        return TQKV_OK;
+    }
+    if (tc->bits_x2 == TQKV_RAW_BITS_X2) {
+        seterr(err, errlen, "%s: bits_x2 %u (16 bits) is the lossless mode: set mode raw (%u)",
+               name, TQKV_RAW_BITS_X2, TQKV_MODE_RAW);
+        return TQKV_EINVAL;
+    }
     if (tqkv_bits_split(tc->bits_x2, d, &hi, &lo, &nhi) != 0) {
         seterr(err, errlen, "%s: unsupported bit width %u/2 (1, 1.5, 2, 2.5, 3, 3.5, 4)", name,
                tc->bits_x2);
@@ -237,7 +256,7 @@ plan(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, tqkv_page_header_
     h->num_kv_heads = (uint16_t)s->num_kv_heads;
     h->head_dim = (uint16_t)s->head_dim;
     h->rotation = c->rotation;
-    if (c->key_centering && c->k.bits_x2) {
+    if (c->key_centering && c->k.bits_x2 && c->k.mode != TQKV_MODE_RAW) {
         h->flags |= TQKV_PAGE_KEY_CENTERED;
         h->mean_offset = (uint32_t)off;
         off += tqkv_align_up(4ull * s->num_kv_heads * s->head_dim, TQKV_PAGE_ALIGN);
@@ -248,6 +267,19 @@ plan(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, tqkv_page_header_
         uint32_t hi = 0, lo = 0, nhi = 0, d = s->head_dim;
         if (!tc[t]->bits_x2)
             continue;
+        if (tc[t]->mode == TQKV_MODE_RAW) { /* lossless: one raw section */
+            uint64_t rb = tqkv_raw_section_bytes((uint64_t)s->num_tokens * s->num_kv_heads, d);
+            td->mode = TQKV_MODE_RAW;
+            td->bits_x2 = TQKV_RAW_BITS_X2;
+            td->hi_bits = TQKV_RAW_BITS;
+            td->n_hi = (uint16_t)d;
+            td->group_offset[0] = (uint32_t)off;
+            td->group_bytes[0] = (uint32_t)rb;
+            off += rb;
+            if (off > TQKV_PAGE_MAX_BYTES)
+                break;
+            continue;
+        }
         (void)tqkv_bits_split(tc[t]->bits_x2, d, &hi, &lo, &nhi);
         td->mode = tc[t]->mode;
         td->bits_x2 = tc[t]->bits_x2;
@@ -899,6 +931,10 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
                (unsigned long long)(where % D));
         return TQKV_ERANGE;
     }
+    if (td->mode == TQKV_MODE_RAW) { /* lossless: the input as it came */
+        memcpy(page + td->group_offset[0], x, 2 * n * D);
+        return TQKV_OK;
+    }
     gdim[0] = td->n_hi;
     gdim[1] = D - td->n_hi;
     pthread_once(&vbmi2_once, vbmi2_init);
@@ -1113,6 +1149,24 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
     return TQKV_EINTERNAL; /* the two passes disagree */
 }
 
+/* A raw (lossless) tensor holds finite BF16 values only, as the encoder admits: NaN and Inf
+ * (exponent bits all set) are refused, so every decode of a valid page is finite. */
+static tqkv_status_t
+validate_raw(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, char *err, size_t errlen)
+{
+    const uint16_t *x = tqkv_page_raw(page, t);
+    const uint64_t count = (uint64_t)h->num_tokens * h->num_kv_heads * h->head_dim;
+    uint64_t where;
+    if (!x)
+        return TQKV_EINTERNAL;
+    if (!find_nonfinite(x, count, &where))
+        return TQKV_OK;
+    seterr(err, errlen, "%s: lossless value %llu (token %llu) is NaN or Inf", tname[t],
+           (unsigned long long)where,
+           (unsigned long long)(where / ((uint64_t)h->num_kv_heads * h->head_dim)));
+    return TQKV_ECORRUPT;
+}
+
 tqkv_status_t
 tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t *info, char *err,
                    size_t errlen)
@@ -1178,6 +1232,10 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
         seterr(err, errlen, "key-centered flag without K");
         return TQKV_EFORMAT;
     }
+    if (codec.key_centering && codec.k.mode == TQKV_MODE_RAW) {
+        seterr(err, errlen, "key-centered flag with a lossless (raw BF16) K");
+        return TQKV_EFORMAT;
+    }
     if ((st = plan(&shape, &codec, &want, err, errlen)) != TQKV_OK)
         return TQKV_EFORMAT;
     want.crc32c = h.crc32c;
@@ -1214,6 +1272,11 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
         d = &h.tensor[t];
         if (!d->bits_x2)
             continue;
+        if (d->mode == TQKV_MODE_RAW) {
+            if ((st = validate_raw(p, &h, t, err, errlen)) != TQKV_OK)
+                return st;
+            continue;
+        }
         if (d->lo_bits) {
             const uint32_t mrow = (h.head_dim + 7) / 8;
             for (uint32_t hh = 0; hh < h.num_kv_heads; hh++) {
@@ -1537,6 +1600,20 @@ out:
     return st;
 }
 
+/* A raw (lossless) tensor: BF16 out byte for byte, f32 out widened (exact). */
+static void
+decode_raw(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, float *out_f,
+           uint16_t *out_h)
+{
+    const uint16_t *x = tqkv_page_raw(page, t);
+    const uint64_t count = (uint64_t)h->num_tokens * h->num_kv_heads * h->head_dim;
+    if (out_h)
+        memcpy(out_h, x, 2 * count);
+    if (out_f)
+        for (uint64_t i = 0; i < count; i++)
+            out_f[i] = tqkv_bf16_to_f32(x[i]);
+}
+
 static tqkv_status_t
 decode(const void *page, size_t len, float *kf, float *vf, uint16_t *kh, uint16_t *vh, int fast)
 {
@@ -1549,6 +1626,10 @@ decode(const void *page, size_t len, float *kf, float *vf, uint16_t *kh, uint16_
     for (uint32_t t = 0; t < 2; t++) {
         if (!info.hdr->tensor[t].bits_x2 || (!of[t] && !oh[t]))
             continue;
+        if (info.hdr->tensor[t].mode == TQKV_MODE_RAW) {
+            decode_raw(page, info.hdr, t, of[t], oh[t]);
+            continue;
+        }
         if ((st = decode_tensor(page, info.hdr, t, of[t], oh[t], fast)) != TQKV_OK)
             return st;
     }

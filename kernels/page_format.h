@@ -11,6 +11,8 @@
  *     mask section      u8 [H][ceil(D/8)] outlier-channel bitmask (only when lo_bits != 0)
  *     group 0 section   the outlier ("hi") channels of every vector, see tqkv_group_layout()
  *     group 1 section   the regular ("lo") channels (only when lo_bits != 0)
+ *   or, for a tensor in TQKV_MODE_RAW (lossless):
+ *     raw section       BF16 [T][H][D], the input bytes as they came (group_offset[0])
  *
  * Every section starts at a multiple of TQKV_PAGE_ALIGN from the page start and
  * its length is padded to that alignment. crc32c (Castagnoli) covers bytes
@@ -72,7 +74,14 @@ enum { TQKV_TENSOR_K = 0, TQKV_TENSOR_V = 1 };
 typedef enum tqkv_mode {
     TQKV_MODE_MSE = 0,  /* TurboQuant_mse: b-bit codebook indices */
     TQKV_MODE_PROD = 1, /* TurboQuant_prod: (b-1)-bit mse + 1-bit QJL of the residual */
+    TQKV_MODE_RAW = 2,  /* lossless: the BF16 values kept as they came (raw section) */
 } tqkv_mode_t;
+
+/* A TQKV_MODE_RAW tensor: bits_x2 = 32 (16 bits a coordinate), hi_bits = 16, lo_bits = 0,
+ * n_hi = head_dim, flags 0, no mask, group_offset[0] / group_bytes[0] = the raw section
+ * (BF16 [T][H][D], align64(2 T H D) bytes), group_offset[1] = group_bytes[1] = 0. */
+#define TQKV_RAW_BITS_X2 32u
+#define TQKV_RAW_BITS 16u
 
 /* Rotation kind recorded in the page. */
 typedef enum tqkv_rotation_kind {
@@ -87,7 +96,7 @@ typedef enum tqkv_rotation_kind {
 
 typedef struct tqkv_page_tensor_desc {
     uint8_t mode;    /* tqkv_mode_t */
-    uint8_t bits_x2; /* nominal bits per coordinate times 2: 2,4,5,6,7,8; 0 = tensor absent */
+    uint8_t bits_x2; /* nominal bits per coordinate times 2: 2..8, or 32 (raw); 0 = absent */
     uint8_t hi_bits; /* bits of group 0 (all channels when lo_bits == 0): 1..4 */
     uint8_t lo_bits; /* bits of group 1; 0 = one group only */
     uint16_t n_hi;   /* channels in group 0 (== head_dim when lo_bits == 0) */
@@ -131,6 +140,13 @@ TQKV_HD uint64_t
 tqkv_align_up(uint64_t x, uint64_t a)
 {
     return (x + a - 1) / a * a;
+}
+
+/* Padded bytes of the raw section of a TQKV_MODE_RAW tensor of n vectors of d channels. */
+TQKV_HD uint64_t
+tqkv_raw_section_bytes(uint64_t n, uint32_t d)
+{
+    return tqkv_align_up(2 * n * d, TQKV_PAGE_ALIGN);
 }
 
 /* Where the parts of one group section live, relative to the group's offset. */

@@ -73,9 +73,9 @@ check_tensor(const tqkv_tensor_codec_t *t, const char *name, char *err, size_t e
                      (unsigned)t->bits_x2);
         return TQKV_EINVAL;
     }
-    if (t->mode != TQKV_MODE_MSE && t->mode != TQKV_MODE_PROD) {
+    if (t->mode != TQKV_MODE_MSE && t->mode != TQKV_MODE_PROD && t->mode != TQKV_MODE_RAW) {
         if (err && errlen)
-            snprintf(err, errlen, "%s: mode %u is neither mse (0) nor prod (1)", name,
+            snprintf(err, errlen, "%s: mode %u is not mse (0), prod (1) or lossless (2)", name,
                      (unsigned)t->mode);
         return TQKV_EINVAL;
     }
@@ -135,6 +135,14 @@ tqkv_policy_check(const tqkv_policy_t *p, char *err, size_t errlen)
 }
 
 void
+tqkv_tensor_codec_lossless(tqkv_tensor_codec_t *t)
+{
+    t->bits_x2 = TQKV_RAW_BITS_X2;
+    t->mode = TQKV_MODE_RAW;
+    t->norm_correction = 0;
+}
+
+void
 tqkv_policy_block_codec(const tqkv_policy_t *p, uint32_t layer, uint32_t num_layers,
                         tqkv_block_codec_t *out)
 {
@@ -145,6 +153,12 @@ tqkv_policy_block_codec(const tqkv_policy_t *p, uint32_t layer, uint32_t num_lay
     memset(out, 0, sizeof *out);
     out->k = boundary ? p->k_boundary : p->k;
     out->v = boundary ? p->v_boundary : p->v;
+    /* a lossless tensor of the policy keeps its lossy bits (for when the mode changes back)
+     * but is stored raw */
+    if (out->k.mode == TQKV_MODE_RAW)
+        tqkv_tensor_codec_lossless(&out->k);
+    if (out->v.mode == TQKV_MODE_RAW)
+        tqkv_tensor_codec_lossless(&out->v);
     out->rotation = p->rotation;
     out->key_centering = p->key_centering;
     out->seed = p->seed;

@@ -14,6 +14,9 @@
 extern "C" {
 #endif
 
+/* A tensor whose mode is TQKV_MODE_RAW is stored lossless (BF16 as it came); its bits_x2
+ * and norm_correction are then the lossy settings it returns to when its mode changes back
+ * (both are still checked), and tqkv_policy_block_codec hands out the raw codec. */
 typedef struct tqkv_policy {
     tqkv_tensor_codec_t k, v;                   /* middle layers */
     tqkv_tensor_codec_t k_boundary, v_boundary; /* first/last boundary_layers layers */
@@ -39,6 +42,9 @@ tqkv_status_t tqkv_policy_check(const tqkv_policy_t *p, char *err, size_t errlen
  * the first boundary_layers layers get the boundary setting). */
 void tqkv_policy_block_codec(const tqkv_policy_t *p, uint32_t layer, uint32_t num_layers,
                              tqkv_block_codec_t *out);
+
+/* Sets *t to the lossless codec: {TQKV_RAW_BITS_X2, TQKV_MODE_RAW, no norm correction}. */
+void tqkv_tensor_codec_lossless(tqkv_tensor_codec_t *t);
 
 /* "1", "1.5", "2", "2.5", "3", "3.5", "4" -> bits_x2; TQKV_EINVAL otherwise. */
 tqkv_status_t tqkv_bits_parse(const char *s, uint8_t *bits_x2);

@@ -189,7 +189,8 @@ typedef struct tqkv_group_view {
 } tqkv_group_view_t;
 
 /* Resolves group `group` (0 or 1) of tensor `tensor` (TQKV_TENSOR_K/V) of a page that
- * has passed validation. Returns 0, or -1 when that tensor or group is absent. */
+ * has passed validation. Returns 0, or -1 when that tensor or group is absent or the
+ * tensor is raw (TQKV_MODE_RAW has no groups: see tqkv_page_raw). */
 TQKV_HD int
 tqkv_page_group_view(const void *page, uint32_t tensor, uint32_t group, tqkv_group_view_t *gv)
 {
@@ -197,7 +198,7 @@ tqkv_page_group_view(const void *page, uint32_t tensor, uint32_t group, tqkv_gro
     const tqkv_page_tensor_desc_t *t = &h->tensor[tensor];
     uint64_t n = (uint64_t)h->num_tokens * h->num_kv_heads;
     uint32_t dim, bits;
-    if (t->bits_x2 == 0 || (group == 1 && t->lo_bits == 0) || group > 1)
+    if (t->bits_x2 == 0 || t->mode == TQKV_MODE_RAW || (group == 1 && t->lo_bits == 0) || group > 1)
         return -1;
     dim = group == 0 ? t->n_hi : (uint32_t)h->head_dim - t->n_hi;
     bits = group == 0 ? t->hi_bits : t->lo_bits;
@@ -212,6 +213,18 @@ tqkv_page_group_view(const void *page, uint32_t tensor, uint32_t group, tqkv_gro
     gv->rot_seed = tqkv_seed_derive(h->seed, tensor, group, TQKV_SEED_ROTATION);
     gv->qjl_seed = tqkv_seed_derive(h->seed, tensor, group, TQKV_SEED_QJL);
     return 0;
+}
+
+/* The raw section (BF16 [T][H][D]) of a TQKV_MODE_RAW tensor of a validated page, or NULL
+ * when the tensor is absent or quantized. */
+TQKV_HD const uint16_t *
+tqkv_page_raw(const void *page, uint32_t tensor)
+{
+    const tqkv_page_header_t *h = (const tqkv_page_header_t *)page;
+    const tqkv_page_tensor_desc_t *t = &h->tensor[tensor];
+    if (tensor > 1 || t->bits_x2 == 0 || t->mode != TQKV_MODE_RAW)
+        return 0;
+    return (const uint16_t *)((const uint8_t *)page + t->group_offset[0]);
 }
 
 /* The outlier mask row of head h (ceil(D/8) bytes, bit c set = channel c is in group 0),
@@ -463,8 +476,9 @@ tqkv_energy_rank(const double *energy, uint32_t d, uint32_t c)
 
 /* Fills *h (zeroed first) with the header of the page for a block of T tokens, H heads,
  * head_dim D and the given per-tensor codec (index 0 = K, 1 = V; bits_x2 0 = absent):
- * layout in order header, key mean (centering with K present), then per tensor mask,
- * group 0, group 1. crc32c is left 0. Returns 0, or -1 for an unsupported bits_x2. */
+ * layout in order header, key mean (centering with a quantized K), then per tensor mask,
+ * group 0, group 1 (a raw tensor: its raw section). crc32c is left 0. Returns 0, or -1
+ * for an unsupported bits_x2 (a raw tensor needs TQKV_RAW_BITS_X2, no norm correction). */
 TQKV_HD int
 tqkv_page_plan(uint32_t T, uint32_t H, uint32_t D, const uint8_t bits_x2[2], const uint8_t mode[2],
                const uint8_t norm_corrected[2], uint32_t rotation, uint32_t centering,
@@ -482,7 +496,7 @@ tqkv_page_plan(uint32_t T, uint32_t H, uint32_t D, const uint8_t bits_x2[2], con
     h->num_kv_heads = (uint16_t)H;
     h->head_dim = (uint16_t)D;
     h->rotation = (uint8_t)rotation;
-    if (centering && bits_x2[TQKV_TENSOR_K]) {
+    if (centering && bits_x2[TQKV_TENSOR_K] && mode[TQKV_TENSOR_K] != TQKV_MODE_RAW) {
         h->flags |= TQKV_PAGE_KEY_CENTERED;
         h->mean_offset = (uint32_t)off;
         off += tqkv_align_up(4ull * H * D, TQKV_PAGE_ALIGN);
@@ -493,6 +507,18 @@ tqkv_page_plan(uint32_t T, uint32_t H, uint32_t D, const uint8_t bits_x2[2], con
         uint32_t hi, lo, nhi;
         if (!bits_x2[t])
             continue;
+        if (mode[t] == TQKV_MODE_RAW) { /* lossless: one raw section, no key mean */
+            if (bits_x2[t] != TQKV_RAW_BITS_X2 || norm_corrected[t])
+                return -1;
+            td->mode = TQKV_MODE_RAW;
+            td->bits_x2 = TQKV_RAW_BITS_X2;
+            td->hi_bits = TQKV_RAW_BITS;
+            td->n_hi = (uint16_t)D;
+            td->group_offset[0] = (uint32_t)off;
+            td->group_bytes[0] = (uint32_t)tqkv_raw_section_bytes(n, D);
+            off += tqkv_raw_section_bytes(n, D);
+            continue;
+        }
         if (tqkv_bits_split(bits_x2[t], D, &hi, &lo, &nhi) != 0)
             return -1;
         td->mode = mode[t];

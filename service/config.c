@@ -17,6 +17,7 @@
 /* What an option's value is and how it is stored. */
 typedef enum opt_kind {
     OPT_BOOL,      /* =true/false (optional) into int or uint8_t fields */
+    OPT_LOSSLESS,  /* a boolean: every tensor mode of the policy lossless (set_lossless) */
     OPT_STR,       /* a path or list into char[size] (why: too long) */
     OPT_LISTEN,    /* HOST:PORT (listen_ok) into char[size] */
     OPT_NAME,      /* printable ASCII without blanks (node_id_ok) into char[size] */
@@ -220,7 +221,8 @@ node_id_ok(const char *v)
     .ns = 1, .off = {offsetof(tqkv_policy_t, t.mode), offsetof(tqkv_policy_t, t##_boundary.mode)}, \
     .noff = 2, .size = FIELD_SIZE(tqkv_policy_t, t.mode)
 
-static const opt_choice_t modes[] = {{"mse", TQKV_MODE_MSE}, {"prod", TQKV_MODE_PROD}, {NULL, 0}};
+static const opt_choice_t modes[] = {
+    {"mse", TQKV_MODE_MSE}, {"prod", TQKV_MODE_PROD}, {"lossless", TQKV_MODE_RAW}, {NULL, 0}};
 static const opt_choice_t rotations[] = {
     {"dense", TQKV_ROT_DENSE}, {"hadamard", TQKV_ROT_HADAMARD}, {NULL, 0}};
 static const opt_choice_t evictions[] = {
@@ -299,10 +301,14 @@ static const opt_t opts[] = {
      POL(k.bits_x2)},
     {"value-bits", "TQKV_VALUE_BITS", OPT_BITS, "B", "value bits: 1, 1.5, 2, 2.5, 3, 3.5, 4",
      POL(v.bits_x2)},
-    {"key-mode", "TQKV_KEY_MODE", OPT_CHOICE, "mse|prod", "key quantizer", POL_MODE(k),
-     .choices = modes, .why = "expected mse or prod"},
-    {"value-mode", "TQKV_VALUE_MODE", OPT_CHOICE, "mse|prod", "value quantizer", POL_MODE(v),
-     .choices = modes, .why = "expected mse or prod"},
+    {"key-mode", "TQKV_KEY_MODE", OPT_CHOICE, "mse|prod|lossless",
+     "key quantizer (lossless: BF16 kept as is, no bits)", POL_MODE(k), .choices = modes,
+     .why = "expected mse, prod or lossless"},
+    {"value-mode", "TQKV_VALUE_MODE", OPT_CHOICE, "mse|prod|lossless",
+     "value quantizer (lossless: BF16 kept as is, no bits)", POL_MODE(v), .choices = modes,
+     .why = "expected mse, prod or lossless"},
+    {"lossless", "TQKV_LOSSLESS", OPT_LOSSLESS, NULL,
+     "store K and V as BF16, byte-exact (key-mode and value-mode lossless)", .ns = 1},
     {"boundary-layers", "TQKV_BOUNDARY_LAYERS", OPT_UINT, "N",
      "first/last N layers at boundary precision", POL(boundary_layers), .max = 512,
      .why = "expected an integer in 0..512"},
@@ -369,6 +375,49 @@ static const opt_t opts[] = {
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
+/* Whether option o takes an optional =true/false. */
+#define OPT_IS_BOOL(o) ((o)->kind == OPT_BOOL || (o)->kind == OPT_LOSSLESS)
+
+/* --lossless: K and V of every layer stored as BF16 (raw pages); =false makes lossless
+ * tensors mse again (their bits were kept). */
+static void
+set_lossless(tqkv_policy_t *pol, int b)
+{
+    tqkv_tensor_codec_t *t[4] = {&pol->k, &pol->v, &pol->k_boundary, &pol->v_boundary};
+    for (int i = 0; i < 4; i++)
+        if (b)
+            t[i]->mode = TQKV_MODE_RAW;
+        else if (t[i]->mode == TQKV_MODE_RAW)
+            t[i]->mode = TQKV_MODE_MSE;
+}
+
+/* Bits given for a tensor that ends up lossless (one spec, or the global flags): which one,
+ * or NULL. kb / vb: a key / value bit width was given. */
+static const char *
+lossless_conflict(const tqkv_policy_t *p, int kb, int vb)
+{
+    if (kb && (p->k.mode == TQKV_MODE_RAW || p->k_boundary.mode == TQKV_MODE_RAW))
+        return "key";
+    if (vb && (p->v.mode == TQKV_MODE_RAW || p->v_boundary.mode == TQKV_MODE_RAW))
+        return "value";
+    return NULL;
+}
+
+#define WHY_LOSSLESS_BITS                                                                          \
+    "a lossless %s (key-mode/value-mode lossless, or lossless) is stored as BF16 and takes no "    \
+    "bit width: drop %s-bits or choose mse/prod"
+
+/* Whether option o sets a key (1) or value (2) bit width. */
+static int
+bits_opt(const char *name)
+{
+    if (!strcmp(name, "key-bits") || !strcmp(name, "boundary-key-bits"))
+        return 1;
+    if (!strcmp(name, "value-bits") || !strcmp(name, "boundary-value-bits"))
+        return 2;
+    return 0;
+}
+
 /* Stores v into the fields of base (the server config, or a codec policy for a policy
  * setting) that row o names; b is the parsed value of an OPT_BOOL. Returns NULL, or why v
  * is not valid (nothing stored then). */
@@ -383,6 +432,9 @@ set_fields(void *base, const opt_t *o, const char *v, int b)
     case OPT_BOOL:
         u = (unsigned long long)b;
         break;
+    case OPT_LOSSLESS:
+        set_lossless((tqkv_policy_t *)base, b);
+        return NULL;
     case OPT_STR:
         return copy_str(f, o->size, v) ? (o->why ? o->why : WHY_PATH) : NULL;
     case OPT_LISTEN:
@@ -447,7 +499,7 @@ apply(tqkv_server_config_t *cfg, tqkv_policy_t *pol, const opt_t *o, const char 
     int b = 0;
     const char *why = NULL;
 
-    if (o->kind == OPT_BOOL) {
+    if (OPT_IS_BOOL(o)) {
         if (parse_bool(v, &b) != TQKV_OK) {
             why = "expected true/false, on/off or 1/0";
             goto bad;
@@ -634,6 +686,7 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
 
     /* key=value items separated by ','; "NS:" alone is the global policy (useful to exempt
      * one namespace from a prefix spec). */
+    int bits_given = 0; /* bits_opt() of the items */
     const char *p = colon + 1;
     size_t rest = (size_t)(spec + len - p);
     trim(&p, &rest);
@@ -674,7 +727,7 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
             memcpy(val, vp, vl);
             val[vl] = '\0';
             v = val;
-        } else if (o->kind != OPT_BOOL) {
+        } else if (!OPT_IS_BOOL(o)) {
             snprintf(err, errlen, "%s '%.*s': %s: missing value (expected %s=%s)", src, sl, spec,
                      o->name, o->name, o->arg);
             return TQKV_EINVAL;
@@ -683,6 +736,12 @@ ns_spec_parse(tqkv_server_config_t *cfg, const char *src, const char *spec, size
         tqkv_status_t st = apply(cfg, &e->policy, o, v, where, err, errlen);
         if (st != TQKV_OK)
             return st;
+        bits_given |= bits_opt(o->name);
+    }
+    const char *lc = lossless_conflict(&e->policy, bits_given & 1, bits_given & 2);
+    if (lc) {
+        snprintf(err, errlen, "%s '%.*s': " WHY_LOSSLESS_BITS, src, sl, spec, lc, lc);
+        return TQKV_EINVAL;
     }
     if (tqkv_policy_check(&e->policy, why, sizeof why) != TQKV_OK) {
         snprintf(err, errlen, "%s '%.*s': codec policy: %s", src, sl, spec, why);
@@ -734,6 +793,7 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
 {
     char src[96];
     tqkv_status_t st;
+    int bits_given = 0; /* bits_opt() of the global flags and variables */
 
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
@@ -748,6 +808,7 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
             st = apply(cfg, &cfg->policy, &opts[i], v, src, err, errlen);
         if (st != TQKV_OK)
             return st;
+        bits_given |= bits_opt(opts[i].name);
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -764,7 +825,7 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
             return TQKV_EINVAL;
         }
         const char *v = eq ? eq + 1 : NULL;
-        if (o->kind != OPT_BOOL && v == NULL) {
+        if (!OPT_IS_BOOL(o) && v == NULL) {
             if (i + 1 >= argc) {
                 snprintf(err, errlen, "--%s: missing value", o->name);
                 return TQKV_EINVAL;
@@ -778,6 +839,12 @@ parse_flags(tqkv_server_config_t *cfg, ns_specs_t *specs, int argc, char **argv,
             st = apply(cfg, &cfg->policy, o, v, src, err, errlen);
         if (st != TQKV_OK)
             return st;
+        bits_given |= bits_opt(o->name);
+    }
+    const char *lc = lossless_conflict(&cfg->policy, bits_given & 1, bits_given & 2);
+    if (lc) {
+        snprintf(err, errlen, "--%s-bits: " WHY_LOSSLESS_BITS, lc, lc, lc);
+        return TQKV_EINVAL;
     }
     return TQKV_OK;
 }
@@ -892,20 +959,31 @@ tqkv_config_ns_policy(const tqkv_server_config_t *cfg, const char *ns, size_t le
 static const char *
 mode_name(uint8_t mode)
 {
-    return mode == TQKV_MODE_PROD ? "prod" : "mse";
+    return mode == TQKV_MODE_RAW ? "lossless" : mode == TQKV_MODE_PROD ? "prod" : "mse";
+}
+
+/* "3/mse/nc", or "lossless" for a raw tensor (its kept bits do not apply). */
+static const char *
+tensor_format(const tqkv_tensor_codec_t *t, char *buf, size_t len)
+{
+    if (t->mode == TQKV_MODE_RAW)
+        snprintf(buf, len, "lossless");
+    else
+        snprintf(buf, len, "%g/%s%s", t->bits_x2 / 2.0, mode_name(t->mode),
+                 t->norm_correction ? "/nc" : "");
+    return buf;
 }
 
 void
 tqkv_config_policy_format(const tqkv_policy_t *p, char *buf, size_t len)
 {
+    char k[32], v[32], kb[32], vb[32];
     snprintf(buf, len,
-             "key=%g/%s%s value=%g/%s%s boundary_layers=%u boundary_key=%g/%s%s "
-             "boundary_value=%g/%s%s rotation=%s key_centering=%s seed=%llu",
-             p->k.bits_x2 / 2.0, mode_name(p->k.mode), p->k.norm_correction ? "/nc" : "",
-             p->v.bits_x2 / 2.0, mode_name(p->v.mode), p->v.norm_correction ? "/nc" : "",
-             p->boundary_layers, p->k_boundary.bits_x2 / 2.0, mode_name(p->k_boundary.mode),
-             p->k_boundary.norm_correction ? "/nc" : "", p->v_boundary.bits_x2 / 2.0,
-             mode_name(p->v_boundary.mode), p->v_boundary.norm_correction ? "/nc" : "",
+             "key=%s value=%s boundary_layers=%u boundary_key=%s boundary_value=%s rotation=%s "
+             "key_centering=%s seed=%llu",
+             tensor_format(&p->k, k, sizeof k), tensor_format(&p->v, v, sizeof v),
+             p->boundary_layers, tensor_format(&p->k_boundary, kb, sizeof kb),
+             tensor_format(&p->v_boundary, vb, sizeof vb),
              p->rotation == TQKV_ROT_DENSE ? "dense" : "hadamard", p->key_centering ? "on" : "off",
              (unsigned long long)p->seed);
 }
@@ -954,7 +1032,9 @@ tqkv_config_usage(FILE *out)
             "specs; TQKV_NAMESPACE_POLICY separates\nspecs with ';'. The server logs each "
             "effective policy at start-up (\"codec policy\" lines).\nExample:\n"
             "  --namespace-policy 'team-*:key-bits=4,value-bits=4'\n"
-            "  --namespace-policy 'scratch:key-bits=2,value-bits=2,boundary-layers=0'\n",
+            "  --namespace-policy 'scratch:key-bits=2,value-bits=2,boundary-layers=0'\n"
+            "  --namespace-policy 'exact:lossless'  (BF16 kept as is; Gets return the bytes "
+            "Put)\n",
             TQKV_MAX_NS_POLICIES);
     fprintf(out, "Boolean flags take an optional =true/false. Exit status 2 on bad flags.\n");
 }

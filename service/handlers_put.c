@@ -21,6 +21,7 @@
 #include "service/gpu_encode.h"
 #include "service/service_internal.h"
 #include "service/status_map.h"
+#include "service/validate.h"
 #include "transport/wire.h"
 
 /* ---- Put ----
@@ -75,21 +76,9 @@ typedef struct put_block {
 static void
 put_codec(tqkv_server_t *s, const Tqkv__V1__PutRequest *m, size_t ns_len, tqkv_block_codec_t *codec)
 {
-    tqkv_policy_block_codec(tqkv_config_ns_policy(&s->cfg, m->namespace_, ns_len), m->layer,
-                            m->num_layers, codec);
-    if (m->codec == NULL)
-        return;
-    uint8_t b2;
-    if (m->codec->key_bits != 0.0f && tqkv_bits_from_float(m->codec->key_bits, &b2) == TQKV_OK)
-        codec->k.bits_x2 = b2;
-    if (m->codec->value_bits != 0.0f && tqkv_bits_from_float(m->codec->value_bits, &b2) == TQKV_OK)
-        codec->v.bits_x2 = b2;
-    if (m->codec->key_mode != TQKV__V1__MODE__MODE_DEFAULT)
-        codec->k.mode =
-            m->codec->key_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD : TQKV_MODE_MSE;
-    if (m->codec->value_mode != TQKV__V1__MODE__MODE_DEFAULT)
-        codec->v.mode =
-            m->codec->value_mode == TQKV__V1__MODE__MODE_PROD ? TQKV_MODE_PROD : TQKV_MODE_MSE;
+    tqkv_policy_t pol = *tqkv_config_ns_policy(&s->cfg, m->namespace_, ns_len);
+    tqkv_codec_override(m->codec, &pol);
+    tqkv_policy_block_codec(&pol, m->layer, m->num_layers, codec);
 }
 
 /* Encodes the message's BF16 tensors into a new page (b->page), on the GPU when one is
@@ -120,7 +109,8 @@ put_encode(put_job_t *j, put_block_t *b)
     }
     double t0 = tqkv__now();
     st = TQKV_EUNSUPPORTED;
-    if (s->gpu_encode_device >= 0) {
+    if (s->gpu_encode_device >= 0 && codec.k.mode != TQKV_MODE_RAW &&
+        codec.v.mode != TQKV_MODE_RAW) { /* a lossless page is a copy: CPU */
         char gerr[TQKV__KV_ERRLEN];
         st = tqkv__gpu_encode(s->gpu_encode_device, &shape, &codec, (const uint16_t *)m->key.data,
                               (const uint16_t *)m->value.data, b->page, cap, &b->plen, gerr,

@@ -170,9 +170,52 @@ check_bits(float bits, const char *field, char *err, size_t errlen)
 static tqkv_status_t
 check_mode(int mode, const char *field, char *err, size_t errlen)
 {
-    if (mode < TQKV__V1__MODE__MODE_DEFAULT || mode > TQKV__V1__MODE__MODE_PROD)
+    if (mode < TQKV__V1__MODE__MODE_DEFAULT || mode > TQKV__V1__MODE__MODE_LOSSLESS)
         return fail(TQKV_EUNSUPPORTED, err, errlen, "%s: unknown mode %d", field, mode);
     return TQKV_OK;
+}
+
+/* A lossless tensor stores BF16 as it came: a bit width with it is a contradiction. */
+static tqkv_status_t
+check_lossless(float bits, int mode, const char *tensor, char *err, size_t errlen)
+{
+    if (mode == TQKV__V1__MODE__MODE_LOSSLESS && bits != 0.0f)
+        return fail(TQKV_EINVAL, err, errlen,
+                    "codec.%s_bits: %.9g with codec.%s_mode MODE_LOSSLESS (a lossless tensor is "
+                    "stored as BF16 and takes no bit width: leave %s_bits 0)",
+                    tensor, (double)bits, tensor, tensor);
+    return TQKV_OK;
+}
+
+/* One tensor of the override onto a policy's middle and boundary settings. */
+static void
+override_tensor(float bits, int mode, tqkv_tensor_codec_t *mid, tqkv_tensor_codec_t *bnd)
+{
+    tqkv_tensor_codec_t *t[2] = {mid, bnd};
+    uint8_t b2 = 0;
+    if (bits != 0.0f && tqkv_bits_from_float(bits, &b2) != TQKV_OK)
+        b2 = 0;
+    for (int i = 0; i < 2; i++) {
+        if (mode == TQKV__V1__MODE__MODE_LOSSLESS)
+            t[i]->mode = TQKV_MODE_RAW;
+        else if (mode == TQKV__V1__MODE__MODE_MSE)
+            t[i]->mode = TQKV_MODE_MSE;
+        else if (mode == TQKV__V1__MODE__MODE_PROD)
+            t[i]->mode = TQKV_MODE_PROD;
+        else if (b2 && t[i]->mode == TQKV_MODE_RAW)
+            t[i]->mode = TQKV_MODE_MSE; /* bits on a lossless tensor: lossy again */
+        if (b2)
+            t[i]->bits_x2 = b2;
+    }
+}
+
+void
+tqkv_codec_override(const Tqkv__V1__Codec *c, tqkv_policy_t *p)
+{
+    if (!c)
+        return;
+    override_tensor(c->key_bits, (int)c->key_mode, &p->k, &p->k_boundary);
+    override_tensor(c->value_bits, (int)c->value_mode, &p->v, &p->v_boundary);
 }
 
 /* Index of the first NaN/Inf BF16 value, or n when all finite. */
@@ -229,7 +272,11 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
             (st = check_bits(m->codec->value_bits, "codec.value_bits", err, errlen)) != TQKV_OK ||
             (st = check_mode((int)m->codec->key_mode, "codec.key_mode", err, errlen)) != TQKV_OK ||
             (st = check_mode((int)m->codec->value_mode, "codec.value_mode", err, errlen)) !=
-                TQKV_OK)
+                TQKV_OK ||
+            (st = check_lossless(m->codec->key_bits, (int)m->codec->key_mode, "key", err,
+                                 errlen)) != TQKV_OK ||
+            (st = check_lossless(m->codec->value_bits, (int)m->codec->value_mode, "value", err,
+                                 errlen)) != TQKV_OK)
             return st;
     }
 

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/policy.h"
 #include "kernels/status.h"
 #include "tqkv/v1/kvcache.pb-c.h"
 
@@ -29,9 +30,16 @@ void tqkv_limits_default(tqkv_limits_t *l);
  * Put checks: namespace (non-empty, <= limit, printable), hash 8..64 bytes, parent_hash
  * empty or 8..64, shape in range, exactly one of {key+value, page}, key/value sizes ==
  * tokens*heads*dim*2, BF16 finite (ERANGE), codec override bits/modes; a page is fully
- * validated with tqkv_page_validate (CRC included) and must match the stated shape. */
+ * validated with tqkv_page_validate (CRC included) and must match the stated shape.
+ * A codec mode MODE_LOSSLESS with non-zero bits for the same tensor is TQKV_EINVAL. */
 tqkv_status_t tqkv_validate_put(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
                                 Tqkv__V1__PutRequest **out, char *err, size_t errlen);
+/* Applies a validated Put's codec override (c may be NULL) to a copy of the namespace policy,
+ * middle and boundary layers alike: bits replace the bit width, MODE_MSE / MODE_PROD /
+ * MODE_LOSSLESS the mode; bits without a mode on a lossless tensor make it mse again (with the
+ * policy's norm correction). tqkv_policy_block_codec then gives the block's codec. */
+void tqkv_codec_override(const Tqkv__V1__Codec *c, tqkv_policy_t *p);
+
 tqkv_status_t tqkv_validate_lookup(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
                                    Tqkv__V1__LookupRequest **out, char *err, size_t errlen);
 tqkv_status_t tqkv_validate_get(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,

@@ -121,8 +121,10 @@ START_TEST(test_params)
                          b >= 2 && b <= 8);
     }
     c.k.bits_x2 = 6;
-    c.k.mode = 2;
+    c.k.mode = 3; /* 2 is lossless (TQKV_MODE_RAW), which takes no bit width */
     ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EUNSUPPORTED);
+    c.k.mode = TQKV_MODE_RAW;
+    ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EINVAL);
     c.k.mode = TQKV_MODE_PROD;
     c.rotation = 2;
     ck_assert_int_eq(tqkv_page_check_params(&s, &c, err, sizeof err), TQKV_EUNSUPPORTED);

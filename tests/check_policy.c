@@ -83,7 +83,7 @@ START_TEST(test_check_rejects)
     ck_assert_int_eq(tqkv_policy_check(&p, err, sizeof err), TQKV_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "value"));
     tqkv_policy_default(&p);
-    p.k.mode = 2;
+    p.k.mode = 3; /* 2 is lossless (TQKV_MODE_RAW) */
     ck_assert_int_eq(tqkv_policy_check(&p, err, sizeof err), TQKV_EINVAL);
     tqkv_policy_default(&p);
     p.v_boundary.mode = TQKV_MODE_PROD;

@@ -302,6 +302,7 @@ static const struct {
     {"value-bits", "1"},
     {"key-mode", "prod"},
     {"value-mode", "prod"},
+    {"lossless", "1"},
     {"boundary-layers", "77"},
     {"boundary-key-bits", "1"},
     {"boundary-value-bits", "1"},

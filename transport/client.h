@@ -128,7 +128,14 @@ enum {
 /* Get encodings, as in the proto (Encoding). */
 enum { TQKV_CLIENT_PACKED = 0, TQKV_CLIENT_BF16 = 1 };
 /* Quantizer modes of a put session, as in the proto (Mode). */
-enum { TQKV_CLIENT_MODE_DEFAULT = 0, TQKV_CLIENT_MODE_MSE = 1, TQKV_CLIENT_MODE_PROD = 2 };
+enum {
+    TQKV_CLIENT_MODE_DEFAULT = 0,
+    TQKV_CLIENT_MODE_MSE = 1,
+    TQKV_CLIENT_MODE_PROD = 2,
+    /* LOSSLESS stores the tensor as BF16 as it came (a Get returns the bytes Put); its
+     * bits must stay 0 (the server answers INVALID_ARGUMENT otherwise). */
+    TQKV_CLIENT_MODE_LOSSLESS = 3,
+};
 
 /* The calling thread's last error. status TQKV_OK after a success is not promised:
  * read it only after a call failed. */
@@ -181,7 +188,7 @@ void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out)
  * proto has them (1, 1.5, 2, 2.5, 3, 3.5, 4); 0 = the namespace policy. */
 typedef struct tqkv_put_opts {
     float key_bits, value_bits; /* 1, 1.5, 2, 2.5, 3, 3.5, 4; 0 = policy */
-    int key_mode, value_mode;   /* TQKV_CLIENT_MODE_* (DEFAULT = the policy) */
+    int key_mode, value_mode;   /* TQKV_CLIENT_MODE_* (DEFAULT = the policy; LOSSLESS) */
     uint32_t deadline_ms;       /* the whole session; 0 = the client default */
 } tqkv_put_opts_t;
 

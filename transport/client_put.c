@@ -14,7 +14,8 @@
 #define SAME(a, b) ((int)(a) == (int)(b))
 _Static_assert(SAME(TQKV_CLIENT_MODE_DEFAULT, TQKV__V1__MODE__MODE_DEFAULT) &&
                    SAME(TQKV_CLIENT_MODE_MSE, TQKV__V1__MODE__MODE_MSE) &&
-                   SAME(TQKV_CLIENT_MODE_PROD, TQKV__V1__MODE__MODE_PROD),
+                   SAME(TQKV_CLIENT_MODE_PROD, TQKV__V1__MODE__MODE_PROD) &&
+                   SAME(TQKV_CLIENT_MODE_LOSSLESS, TQKV__V1__MODE__MODE_LOSSLESS),
                "client.h modes are the proto's Mode");
 _Static_assert(SAME(TQKV_CLIENT_TIER_NONE, TQKV__V1__TIER__TIER_NONE) &&
                    SAME(TQKV_CLIENT_TIER_HBM, TQKV__V1__TIER__TIER_HBM) &&

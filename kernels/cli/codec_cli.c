@@ -162,6 +162,8 @@ parse_mode(const char *s, uint8_t *mode)
         *mode = TQKV_MODE_MSE;
     else if (!strcmp(s, "prod"))
         *mode = TQKV_MODE_PROD;
+    else if (!strcmp(s, "lossless"))
+        *mode = TQKV_MODE_RAW;
     else
         return -1;
     return 0;
@@ -171,7 +173,13 @@ static const char *
 bits_name(uint32_t bits_x2)
 {
     static const char *const names[] = {"?", "?", "1", "1.5", "2", "2.5", "3", "3.5", "4"};
-    return bits_x2 <= 8 ? names[bits_x2] : "?";
+    return bits_x2 == TQKV_RAW_BITS_X2 ? "16" : bits_x2 <= 8 ? names[bits_x2] : "?";
+}
+
+static const char *
+mode_name(uint32_t mode)
+{
+    return mode == TQKV_MODE_RAW ? "lossless" : mode == TQKV_MODE_PROD ? "prod" : "mse";
 }
 
 /* Wall-clock seconds, or with TQKV_BENCH_CLOCK=cpu this thread's CPU seconds (one
@@ -204,7 +212,8 @@ encode_help(FILE *f)
         "  (kernels/policy.c), as a default tqkv-server stores them.\n"
         "  --dim D               vector dimension, %u..%u\n"
         "  --bits B              1, 1.5, 2, 2.5, 3, 3.5 or 4 bits per coordinate (default %g)\n"
-        "  --mode mse|prod       default %s; prod: unbiased inner products\n"
+        "  --mode mse|prod|lossless  default %s; prod: unbiased inner products; lossless:\n"
+        "                        BF16 kept as is (no --bits)\n"
         "  --rotation dense|hadamard   default %s (non-power-of-two groups use dense)\n"
         "  --seed S              rotation seed (default %llu)\n"
         "  --tokens-per-page N   vectors per page (default 256)\n"
@@ -289,6 +298,11 @@ tqkv_cli_encode(int argc, char **argv)
         return usage_error("encode", "need --dim, IN and OUT");
     if (bits_arg && parse_bits(bits_arg, &bits_x2))
         return fail(in, "unsupported bit width '%s' (1, 1.5, 2, 2.5, 3, 3.5, 4)", bits_arg);
+    if (mode == TQKV_MODE_RAW && bits_arg)
+        return usage_error("encode", "--bits with --mode lossless: lossless vectors are stored as "
+                                     "BF16 and take no bit width");
+    if (mode == TQKV_MODE_RAW)
+        bits_x2 = TQKV_RAW_BITS_X2, nc = 0;
     if (D < TQKV_PAGE_MIN_DIM || D > TQKV_PAGE_MAX_DIM)
         return fail(in, "unsupported dimension %u (supported %u..%u)", D, TQKV_PAGE_MIN_DIM,
                     TQKV_PAGE_MAX_DIM);
@@ -467,12 +481,13 @@ info_page(const uint8_t *page, const tqkv_page_info_t *info, size_t index, void 
     info_ctx_t *c = arg;
     const tqkv_page_header_t *h = info->hdr;
     if (c->verbose)
-        printf("page %-5zu %8zu bytes  tokens %-5u heads %-3u dim %-4u  K %s %s%s  V %s  crc "
+        printf("page %-5zu %8zu bytes  tokens %-5u heads %-3u dim %-4u  K %s %s%s  V %s %s  crc "
                "%08x\n",
                index, info->page_bytes, h->num_tokens, h->num_kv_heads, h->head_dim,
-               bits_name(h->tensor[0].bits_x2), h->tensor[0].mode ? "prod" : "mse",
+               bits_name(h->tensor[0].bits_x2), mode_name(h->tensor[0].mode),
                (h->tensor[0].flags & TQKV_TENSOR_NORM_CORRECTED) ? "+nc" : "",
-               h->tensor[1].bits_x2 ? bits_name(h->tensor[1].bits_x2) : "-", h->crc32c);
+               h->tensor[1].bits_x2 ? bits_name(h->tensor[1].bits_x2) : "-",
+               h->tensor[1].bits_x2 ? mode_name(h->tensor[1].mode) : "", h->crc32c);
     if (index == 0) {
         c->first = info->codec;
         c->dim = info->shape.head_dim;
@@ -523,10 +538,12 @@ tqkv_cli_info(int argc, char **argv)
         printf("pages         %zu (%zu bytes)\n", c.pages, c.bytes);
         printf("vectors       %zu x dim %u%s\n", c.vectors, c.dim,
                c.mixed ? " (mixed codecs)" : "");
-        printf("codec         K %s bits %s%s, V %s, rotation %s, seed %llu%s\n",
-               bits_name(c.first.k.bits_x2), c.first.k.mode ? "prod" : "mse",
+        printf("codec         K %s bits %s%s, V %s%s%s, rotation %s, seed %llu%s\n",
+               bits_name(c.first.k.bits_x2), mode_name(c.first.k.mode),
                c.first.k.norm_correction ? " norm-corrected" : "",
                c.first.v.bits_x2 ? bits_name(c.first.v.bits_x2) : "absent",
+               c.first.v.bits_x2 ? " bits " : "",
+               c.first.v.bits_x2 ? mode_name(c.first.v.mode) : "",
                c.first.rotation ? "hadamard" : "dense", (unsigned long long)c.first.seed,
                c.first.key_centering ? ", keys centered" : "");
         printf("bits/coord    %.3f (all overhead included)\n", 8.0 * c.bytes / coords);

@@ -182,6 +182,8 @@ parse_mode(const char *s, uint8_t *mode)
         *mode = TQKV_MODE_MSE;
     else if (s && !strcmp(s, "prod"))
         *mode = TQKV_MODE_PROD;
+    else if (s && !strcmp(s, "lossless"))
+        *mode = TQKV_MODE_RAW;
     else
         return -1;
     return 0;
@@ -270,9 +272,12 @@ page_list_add(page_list_t *pl, const char *path, const uint8_t *buf, size_t len,
 
 static const char encode_kv_usage[] =
     "usage: tqkv-codec encode-kv --tokens T --heads H --dim D [--key-bits KB] [--value-bits VB]\n"
-    "         [--key-mode mse|prod] [--value-mode mse|prod] [--seed S] [--no-norm-correction]\n"
-    "         [--no-key-centering] [--rotation dense|hadamard] [--block N] K.bf16 V.bf16 OUT.tqp\n"
+    "         [--key-mode mse|prod|lossless] [--value-mode mse|prod|lossless] [--lossless]\n"
+    "         [--seed S] [--no-norm-correction] [--no-key-centering] [--rotation dense|hadamard]\n"
+    "         [--block N] K.bf16 V.bf16 OUT.tqp\n"
     "  K, V: raw little-endian BF16 [T][H][D]. Bits: 1, 1.5, 2, 2.5, 3, 3.5, 4.\n"
+    "  lossless (--lossless: K and V): BF16 kept as is, decode-kv returns the input bytes;\n"
+    "  takes no bits.\n"
     "  Defaults: the server's default policy for a middle layer (pages a default tqkv-server\n"
     "  stores); --no-norm-correction and --no-key-centering turn those off (--help lists them).\n"
     "  --block N splits the tokens into pages of N tokens (default: one page, T <= 65536).\n";
@@ -304,6 +309,7 @@ tqkv_cli_encode_kv(int argc, char **argv)
     uint16_t *k = NULL, *v = NULL;
     uint8_t *out = NULL;
     size_t klen, vlen, total = 0, cap = 0;
+    int kb_given = 0, vb_given = 0;
 
     if (is_help(argc, argv)) {
         encode_kv_help(stdout);
@@ -324,9 +330,11 @@ tqkv_cli_encode_kv(int argc, char **argv)
         } else if (OPT_VALUE("--key-bits")) {
             if (tqkv_bits_parse(argv[++i], &codec.k.bits_x2) != TQKV_OK)
                 return usage_err(encode_kv_usage, "bad --key-bits '%s'", argv[i]);
+            kb_given = 1;
         } else if (OPT_VALUE("--value-bits")) {
             if (tqkv_bits_parse(argv[++i], &codec.v.bits_x2) != TQKV_OK)
                 return usage_err(encode_kv_usage, "bad --value-bits '%s'", argv[i]);
+            vb_given = 1;
         } else if (OPT_VALUE("--key-mode")) {
             if (parse_mode(argv[++i], &codec.k.mode))
                 return usage_err(encode_kv_usage, "bad --key-mode '%s'", argv[i]);
@@ -347,6 +355,8 @@ tqkv_cli_encode_kv(int argc, char **argv)
         } else if (OPT_VALUE("--block")) {
             if (parse_u32(argv[++i], 1, TQKV_PAGE_MAX_TOKENS, &block))
                 return usage_err(encode_kv_usage, "bad --block '%s'", argv[i]);
+        } else if (!strcmp(argv[i], "--lossless")) {
+            codec.k.mode = codec.v.mode = TQKV_MODE_RAW;
         } else if (!strcmp(argv[i], "--norm-correction")) {
             codec.k.norm_correction = codec.v.norm_correction = 1;
         } else if (!strcmp(argv[i], "--no-norm-correction")) {
@@ -369,6 +379,16 @@ tqkv_cli_encode_kv(int argc, char **argv)
         return usage_err(encode_kv_usage, "%s needs a value", missing);
     if (!T || !H || !D || npos != 3)
         return usage_err(encode_kv_usage, "--tokens, --heads, --dim and 3 files are required");
+    if ((codec.k.mode == TQKV_MODE_RAW && kb_given) || (codec.v.mode == TQKV_MODE_RAW && vb_given))
+        return usage_err(encode_kv_usage,
+                         "--%s-bits with a lossless %s: lossless tensors are stored as BF16 and "
+                         "take no bit width",
+                         codec.k.mode == TQKV_MODE_RAW && kb_given ? "key" : "value",
+                         codec.k.mode == TQKV_MODE_RAW && kb_given ? "key" : "value");
+    if (codec.k.mode == TQKV_MODE_RAW)
+        tqkv_tensor_codec_lossless(&codec.k);
+    if (codec.v.mode == TQKV_MODE_RAW)
+        tqkv_tensor_codec_lossless(&codec.v);
     if (!block)
         block = T;
     if (block > TQKV_PAGE_MAX_TOKENS)

@@ -7,7 +7,8 @@
  * memory safety: a rejected page gets a one-line reason; an accepted page lies inside
  * the buffer, is aligned and sized as the format says; with a correct CRC, validation
  * with the CRC agrees with validation without it; and a page accepted with its CRC
- * decodes (f32, f32 reference and BF16) from a buffer of exactly page_bytes.
+ * decodes (f32, f32 reference and BF16) from a buffer of exactly page_bytes, a lossless
+ * tensor to exactly the bytes of its raw section.
  */
 #include "tests/fuzz/fuzz_common.h"
 
@@ -89,6 +90,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                   has_v ? v : NULL) == TQKV_OK);
             FUZZ_REQUIRE(tqkv_page_decode_bf16(q, info.page_bytes, has_k ? kb : NULL,
                                                has_v ? vb : NULL) == TQKV_OK);
+            /* A lossless (raw) tensor decodes to its section's bytes. */
+            for (uint32_t t = 0; t < 2; t++)
+                if (info.hdr->tensor[t].bits_x2 && info.hdr->tensor[t].mode == TQKV_MODE_RAW)
+                    FUZZ_REQUIRE(memcmp(t ? vb : kb, q + info.hdr->tensor[t].group_offset[0],
+                                        elems * 2) == 0);
             /* Either output may be skipped. */
             FUZZ_REQUIRE(tqkv_page_decode_f32(q, info.page_bytes, NULL, NULL) == TQKV_OK);
         }

@@ -179,6 +179,71 @@ main(int argc, char **argv)
             free(v);
         }
     }
+    /* Lossless (raw BF16, mode 2) pages: K and V raw, K raw + V lossy, K lossy + V raw;
+     * as page/attention seeds and in Puts, with a per-request MODE_LOSSLESS codec (and one
+     * with a bit width beside it, which validation refuses). */
+    for (int li = 0; li < 6; li++) {
+        tqkv_block_shape_t sh = {shapes[li].t, shapes[li].h, shapes[li].d};
+        tqkv_block_codec_t c;
+        memset(&c, 0, sizeof c);
+        c.k.bits_x2 = c.v.bits_x2 = 6;
+        c.k.norm_correction = c.v.norm_correction = 1;
+        c.key_centering = 1;
+        c.seed = tqkv_splitmix64(&rng);
+        if (li % 3 != 2)
+            c.k.bits_x2 = TQKV_RAW_BITS_X2, c.k.mode = TQKV_MODE_RAW, c.k.norm_correction = 0;
+        if (li % 3 != 1)
+            c.v.bits_x2 = TQKV_RAW_BITS_X2, c.v.mode = TQKV_MODE_RAW, c.v.norm_correction = 0;
+        size_t psz = 0, written = 0, elems = (size_t)sh.num_tokens * sh.num_kv_heads * sh.head_dim;
+        if (tqkv_page_size(&sh, &c, &psz) != TQKV_OK)
+            return 1;
+        uint16_t *k = malloc(elems * 2), *v = malloc(elems * 2);
+        uint8_t *pg = malloc(psz);
+        if (k == NULL || v == NULL || pg == NULL)
+            return 1;
+        fill_bf16(k, elems, &rng, 1);
+        fill_bf16(v, elems, &rng, 0);
+        char err[256];
+        if (tqkv_page_encode(&sh, &c, k, v, pg, psz, &written, err, sizeof err) != TQKV_OK) {
+            fprintf(stderr, "lossless encode: %s\n", err);
+            return 1;
+        }
+        uint8_t ctl = (uint8_t)(li & 1);
+        if (write_seed("page", npage, &ctl, 1, pg, written) != 0 ||
+            write_seed("attention", npage, &ctl, 1, pg, written) != 0)
+            return 1;
+        npage++;
+        uint8_t hash[16];
+        for (int i = 0; i < 16; i++)
+            hash[i] = (uint8_t)tqkv_splitmix64(&rng);
+        Tqkv__V1__PutRequest put = TQKV__V1__PUT_REQUEST__INIT;
+        Tqkv__V1__Codec codec = TQKV__V1__CODEC__INIT;
+        put.namespace_ = (char *)"exact";
+        put.hash.data = hash;
+        put.hash.len = sizeof hash;
+        put.num_tokens = sh.num_tokens;
+        put.num_kv_heads = sh.num_kv_heads;
+        put.head_dim = sh.head_dim;
+        put.page.data = pg;
+        put.page.len = written;
+        if (write_msg("validate_put", nput++, &put.base) != 0)
+            return 1;
+        put.page.len = 0;
+        put.key.data = (uint8_t *)k;
+        put.key.len = elems * 2;
+        put.value.data = (uint8_t *)v;
+        put.value.len = elems * 2;
+        codec.key_mode = li % 3 != 2 ? TQKV__V1__MODE__MODE_LOSSLESS : TQKV__V1__MODE__MODE_MSE;
+        codec.value_mode =
+            li % 3 != 1 ? TQKV__V1__MODE__MODE_LOSSLESS : TQKV__V1__MODE__MODE_DEFAULT;
+        codec.key_bits = li == 3 ? 3.0f : 0.0f; /* li 3: lossless with bits, refused */
+        put.codec = &codec;
+        if (write_msg("validate_put", nput++, &put.base) != 0)
+            return 1;
+        free(k);
+        free(v);
+        free(pg);
+    }
     free(page);
 
     /* Lookup, Get, Delete, Stats. */

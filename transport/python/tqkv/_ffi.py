@@ -42,7 +42,12 @@ enum {
     TQKV_CLIENT_TIER_COUNT = 4
 };
 enum { TQKV_CLIENT_PACKED = 0, TQKV_CLIENT_BF16 = 1 };
-enum { TQKV_CLIENT_MODE_DEFAULT = 0, TQKV_CLIENT_MODE_MSE = 1, TQKV_CLIENT_MODE_PROD = 2 };
+enum {
+    TQKV_CLIENT_MODE_DEFAULT = 0,
+    TQKV_CLIENT_MODE_MSE = 1,
+    TQKV_CLIENT_MODE_PROD = 2,
+    TQKV_CLIENT_MODE_LOSSLESS = 3,
+};
 
 typedef struct tqkv_client_opts {
     size_t struct_size;

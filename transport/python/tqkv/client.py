@@ -33,6 +33,7 @@ TIER_DISK: int = lib.TQKV_CLIENT_TIER_DISK
 MODE_DEFAULT: int = lib.TQKV_CLIENT_MODE_DEFAULT
 MODE_MSE: int = lib.TQKV_CLIENT_MODE_MSE
 MODE_PROD: int = lib.TQKV_CLIENT_MODE_PROD
+MODE_LOSSLESS: int = lib.TQKV_CLIENTMODE_LOSSLESS
 
 Hash = Union[bytes, bytearray, memoryview]
 Shape = Tuple[int, int, int]
@@ -167,6 +168,19 @@ def _ptrs(a):
     return ffi.cast("void **", a.ctypes.data), a
 
 
+def _lossless_modes(lossless: Union[bool, str, None]) -> Tuple[int, int]:
+    """(key_mode, value_mode) of put's lossless argument."""
+    if lossless is True:
+        return MODE_LOSSLESS, MODE_LOSSLESS
+    if lossless is False or lossless is None:
+        return 0, 0
+    if lossless == "key":
+        return MODE_LOSSLESS, 0
+    if lossless == "value":
+        return 0, MODE_LOSSLESS
+    raise _einval("lossless: %r is not True, False, 'key' or 'value'" % (lossless,))
+
+
 class Client:
     """A libtqkv client of one or several tqkv-servers.
 
@@ -296,11 +310,14 @@ class Client:
     # -- Put --
     def put(self, ns: str, hashes: Sequence[Hash], keys: Array, values: Array,
             layer_begin: int = 0, parent: Optional[Hash] = None, num_layers: int = 0,
-            key_bits: float = 0, value_bits: float = 0, deadline_ms: int = 0) -> Dict[str, int]:
+            key_bits: float = 0, value_bits: float = 0, deadline_ms: int = 0,
+            lossless: Union[bool, str] = False) -> Dict[str, int]:
         """Puts BF16 blocks: keys and values are [L][N][T][H][D] (or [N][T][H][D]) arrays
         for hashes[0..N) at layers layer_begin.. (the server encodes them). parent: the
-        hash before hashes[0] (None for a sequence's first block). Returns a dict of the
-        session's totals (blocks_stored, blocks_duplicate, bytes_in, bytes_stored, ...)."""
+        hash before hashes[0] (None for a sequence's first block). lossless: True stores K
+        and V as BF16 as they came (Get returns these bytes), "key" or "value" only that
+        tensor; its bits must stay 0. Returns a dict of the session's totals
+        (blocks_stored, blocks_duplicate, bytes_in, bytes_stored, ...)."""
         n = len(hashes)
         shape, layers, kaddr = _grid(keys, n, False, "keys")
         vshape, vlayers, vaddr = _grid(values, n, False, "values")
@@ -310,12 +327,13 @@ class Client:
         kp = _ptr_grid(kaddr, layers * n, tb)
         vp = _ptr_grid(vaddr, layers * n, tb)
         return self.put_ptrs(ns, hashes, shape, kp, vp, layer_begin, layer_begin + layers,
-                             parent, num_layers, key_bits, value_bits, deadline_ms)
+                             parent, num_layers, key_bits, value_bits, deadline_ms, lossless)
 
     def put_ptrs(self, ns: str, hashes: Sequence[Hash], shape: Shape, key_ptrs: Any,
                  value_ptrs: Any, layer_begin: int, layer_end: int,
                  parent: Optional[Hash] = None, num_layers: int = 0, key_bits: float = 0,
-                 value_bits: float = 0, deadline_ms: int = 0) -> Dict[str, int]:
+                 value_bits: float = 0, deadline_ms: int = 0,
+                 lossless: Union[bool, str] = False) -> Dict[str, int]:
         """Puts BF16 blocks given by address: key_ptrs[(l - layer_begin) * N + i] is the
         [T][H][D] BF16 K of hashes[i] at layer l (NumPy array of addresses; the memory
         must stay valid during the call)."""
@@ -342,6 +360,7 @@ class Client:
         r.values = vp
         o = ffi.new("tqkv_put_opts_t *")
         o.key_bits, o.value_bits, o.deadline_ms = key_bits, value_bits, deadline_ms
+        o.key_mode, o.value_mode = _lossless_modes(lossless)
         res = ffi.new("tqkv_put_result_t *")
         _check(lib.tqkv_client_put_many(c, o, r, res), "put")
         return {f: getattr(res, f) for f in ("blocks_sent", "blocks_stored", "blocks_duplicate",
