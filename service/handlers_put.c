@@ -39,7 +39,8 @@ typedef struct put_job {
     struct put_job *next;
     tqkv__call_t *call;
     grpc_byte_buffer *bb; /* the message (owned by the job) */
-    grpc_status_code code;
+    tqkv_status_t st;     /* its outcome; err says what failed */
+    int input;            /* a failure that is the client's input */
     char err[TQKV__KV_ERRLEN];
     int duplicate;
     uint64_t bytes_in, bytes_stored;
@@ -50,11 +51,12 @@ typedef struct put_job {
 typedef struct put_state {
     pthread_mutex_t mu; /* protects done (pushed by encoder threads) */
     put_job_t *done;
-    unsigned window;       /* jobs allowed in flight */
-    unsigned jobs;         /* jobs in flight (worker thread only) */
-    int recv_active;       /* a RECV_MESSAGE is in flight */
-    int eof;               /* the client half-closed */
-    grpc_status_code code; /* first failure */
+    unsigned window;  /* jobs allowed in flight */
+    unsigned jobs;    /* jobs in flight (worker thread only) */
+    int recv_active;  /* a RECV_MESSAGE is in flight */
+    int eof;          /* the client half-closed */
+    tqkv_status_t st; /* first failure (TQKV_OK: none); err says what */
+    int input;        /* that failure is the client's input */
     char err[TQKV__KV_ERRLEN];
     uint64_t stored, dups, total_in, total_stored;
     tqkv_store_sync_t sync; /* the stored blocks' disk records, synced once before the reply */
@@ -255,8 +257,8 @@ put_block(put_job_t *j, put_block_t *b, int *input)
     return put_store(j, b);
 }
 
-/* Encoder-pool job: one message's block (put_block), its status translated to the
- * call's once, here. */
+/* Encoder-pool job: one message's block (put_block); its status goes back to the worker
+ * with the job (put_wake), which keeps the stream's first failure for put_finish. */
 static void
 put_job(void *arg)
 {
@@ -264,11 +266,7 @@ put_job(void *arg)
     tqkv__call_t *c = j->call;
     put_state_t *h = c->h;
     put_block_t b = {0};
-    int input;
-    tqkv_status_t st = put_block(j, &b, &input);
-    j->code = st == TQKV_OK ? GRPC_STATUS_OK
-              : input       ? tqkv_status_to_grpc_input(st)
-                            : tqkv_status_to_grpc(st);
+    j->st = put_block(j, &b, &j->input);
     free(b.page);
     if (b.m)
         tqkv__v1__put_request__free_unpacked(b.m, NULL);
@@ -288,9 +286,8 @@ put_sync_job(void *arg)
     tqkv__call_t *c = j->call;
     put_state_t *h = c->h;
     tqkv_status_t st = tqkv_store_sync(c->srv->store, &j->sync);
-    j->code = GRPC_STATUS_OK;
+    j->st = st;
     if (st != TQKV_OK) {
-        j->code = tqkv_status_to_grpc(st);
         snprintf(j->err, TQKV__KV_ERRLEN,
                  "disk tier (--disk-sync always): the stream's pages could not be made durable: %s",
                  tqkv_strerror(st));
@@ -302,6 +299,27 @@ put_sync_job(void *arg)
     tqkv__call_wake(c);
 }
 
+/* Finishes c with the failure st, msg saying what failed: the one place Put translates a
+ * status. input: the client's message was at fault (tqkv_status_to_grpc_input), else the
+ * server's work (tqkv_status_to_grpc). */
+static void
+put_finish_failed(tqkv__call_t *c, tqkv_status_t st, int input, const char *msg)
+{
+    tqkv__call_finish(c, input ? tqkv_status_to_grpc_input(st) : tqkv_status_to_grpc(st), msg,
+                      NULL);
+}
+
+/* Records a failure of the stream (the first one counts). */
+static void
+put_failed(put_state_t *h, tqkv_status_t st, int input, const char *msg)
+{
+    if (h->st != TQKV_OK)
+        return;
+    h->st = st;
+    h->input = input;
+    snprintf(h->err, TQKV__KV_ERRLEN, "%s", msg);
+}
+
 static void
 put_finish(tqkv__call_t *c)
 {
@@ -310,8 +328,8 @@ put_finish(tqkv__call_t *c)
         tqkv__call_abort(c);
         return;
     }
-    if (h->code != GRPC_STATUS_OK) {
-        tqkv__call_finish(c, h->code, h->err, NULL);
+    if (h->st != TQKV_OK) {
+        put_finish_failed(c, h->st, h->input, h->err);
         return;
     }
     Tqkv__V1__PutResponse r = TQKV__V1__PUT_RESPONSE__INIT;
@@ -329,23 +347,21 @@ put_step(tqkv__call_t *c)
     put_state_t *h = c->h;
     if (c->state == TQKV__CS_DONE || h->recv_active)
         return;
-    int stop = h->eof || h->code != GRPC_STATUS_OK || c->closed;
-    if (stop && h->jobs == 0 && h->code == GRPC_STATUS_OK && !c->closed && h->sync.hi != 0 &&
+    int stop = h->eof || h->st != TQKV_OK || c->closed;
+    if (stop && h->jobs == 0 && h->st == TQKV_OK && !c->closed && h->sync.hi != 0 &&
         !h->sync_started) {
         /* Every block is in; one disk sync for all of them, then the reply. */
         put_job_t *j = calloc(1, sizeof *j);
         h->sync_started = 1;
         if (j == NULL) {
-            h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-            snprintf(h->err, TQKV__KV_ERRLEN, "out of memory");
+            put_failed(h, TQKV_ENOMEM, 0, "out of memory");
         } else {
             j->call = c;
             j->sync_job = 1;
             j->sync = h->sync;
             if (tqkv__call_submit(c, put_sync_job, j) != TQKV_OK) {
                 free(j);
-                h->code = GRPC_STATUS_UNAVAILABLE;
-                snprintf(h->err, TQKV__KV_ERRLEN, "server is stopping");
+                put_failed(h, TQKV_EUNAVAILABLE, 0, "server is stopping");
             } else {
                 h->jobs++;
             }
@@ -373,14 +389,14 @@ put_start(tqkv__call_t *c)
 {
     put_state_t *h = calloc(1, sizeof *h);
     if (h == NULL) {
-        tqkv__call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        put_finish_failed(c, TQKV_ENOMEM, 0, "out of memory");
         return;
     }
     pthread_mutex_init(&h->mu, NULL);
     h->window = c->srv->cfg.encoder_threads < 8 ? c->srv->cfg.encoder_threads : 8;
     if (h->window == 0)
         h->window = 1;
-    h->code = GRPC_STATUS_OK;
+    h->st = TQKV_OK;
     c->h = h;
     put_step(c);
 }
@@ -395,14 +411,13 @@ put_recv(tqkv__call_t *c, int ok)
         put_step(c);
         return;
     }
-    if (h->code != GRPC_STATUS_OK) { /* failing already: drop */
+    if (h->st != TQKV_OK) { /* failing already: drop */
         put_step(c);
         return;
     }
     put_job_t *j = calloc(1, sizeof *j);
     if (j == NULL) {
-        h->code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-        snprintf(h->err, TQKV__KV_ERRLEN, "out of memory");
+        put_failed(h, TQKV_ENOMEM, 0, "out of memory");
         put_step(c);
         return;
     }
@@ -412,8 +427,7 @@ put_recv(tqkv__call_t *c, int ok)
     if (tqkv__call_submit(c, put_job, j) != TQKV_OK) {
         grpc_byte_buffer_destroy(j->bb);
         free(j);
-        h->code = GRPC_STATUS_UNAVAILABLE;
-        snprintf(h->err, TQKV__KV_ERRLEN, "server is stopping");
+        put_failed(h, TQKV_EUNAVAILABLE, 0, "server is stopping");
     } else {
         h->jobs++;
     }
@@ -434,11 +448,8 @@ put_wake(tqkv__call_t *c)
         abort();
     }
     h->jobs--;
-    if (j->code != GRPC_STATUS_OK) {
-        if (h->code == GRPC_STATUS_OK) {
-            h->code = j->code;
-            memcpy(h->err, j->err, TQKV__KV_ERRLEN);
-        }
+    if (j->st != TQKV_OK) {
+        put_failed(h, j->st, j->input, j->err);
     } else if (!j->sync_job) {
         if (j->sync.hi != 0) {
             if (h->sync.hi == 0 || j->sync.lo < h->sync.lo)
