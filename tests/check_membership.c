@@ -345,7 +345,17 @@ START_TEST(t_dns_periodic_and_kick)
     ms = ms_new(tg, 1, D.servers, UINT32_MAX, 0);
     expect(ms, w2, "start");
     ck_assert_int_eq(dns_set_hosts(&D, "127.0.0.23 svc.test\n"), 0);
-    usleep(800000);
+    /* no sleep to prove a negative: wait until the thread has looked at its schedule
+     * after the change (it wakes at least once a second) and found no pass due */
+    tqkv_membership_stats_t st0, st1;
+    tqkv_membership_stats(ms, &st0);
+    st1 = st0;
+    for (int i = 0; i < 500 && st1.idle_checks < st0.idle_checks + 2; i++) {
+        usleep(10000);
+        tqkv_membership_stats(ms, &st1);
+    }
+    ck_assert_msg(st1.idle_checks >= st0.idle_checks + 2, "the resolver thread never woke");
+    ck_assert_uint_eq(st1.resolutions, st0.resolutions);
     expect(ms, w2, "no kick, no change");
     tqkv_membership_kick(ms, NULL);
     const char *w1[] = {"ipv4:127.0.0.23:7000", NULL};

@@ -73,13 +73,21 @@ if(TARGET tqkv_shared AND NOT TQKV_SANITIZE)
   add_executable(bench_get_decode ${CMAKE_CURRENT_SOURCE_DIR}/python/bench_get_decode.c)
   target_link_libraries(bench_get_decode PRIVATE tqkv)
   if(TARGET tqkv-server)
-    # A small run of the Python-vs-C Get benchmark: it runs, bytes match, and Python is
-    # not grossly slower (0.5: a floor for a loaded CI machine; the target is 0.8, see
-    # docs/integration.md for the full-size numbers).
+    # A small run of the Python-vs-C Get benchmark: it runs and the bytes match. Its
+    # speed floor (Python not grossly slower than C: 0.5, a floor for a loaded machine;
+    # the target is 0.8, docs/integration.md) is a timing assertion, so it runs only in
+    # a build configured with -DTQKV_BENCH_TESTS=ON, under the label "bench".
     add_test(NAME python_bench_get
       COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/bench_get.py --blocks 16
-              --layers 8 --iters 3 --rounds 2 --min-ratio 0.5)
+              --layers 8 --iters 3 --rounds 2 --min-ratio 0)
     set_tests_properties(python_bench_get PROPERTIES LABELS "bench-smoke" TIMEOUT 300
       ENVIRONMENT "${_py_env};TQKV_BENCH_C=$<TARGET_FILE:bench_get_decode>")
+    if(TQKV_BENCH_TESTS)
+      add_test(NAME python_bench_get_ratio
+        COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/bench_get.py --blocks 16
+                --layers 8 --iters 3 --rounds 2 --min-ratio 0.5)
+      set_tests_properties(python_bench_get_ratio PROPERTIES LABELS "bench" TIMEOUT 300
+        ENVIRONMENT "${_py_env};TQKV_BENCH_C=$<TARGET_FILE:bench_get_decode>")
+    endif()
   endif()
 endif()

@@ -70,7 +70,7 @@ struct tqkv_membership {
     pthread_t thread;
 
     _Atomic uint64_t st_resolutions, st_dns_errors, st_tables, st_identified, st_identify_fails,
-        st_kicks;
+        st_kicks, st_idle_checks;
 };
 
 /* ---- members and tables ---- */
@@ -840,6 +840,7 @@ resolver_main(void *arg)
             due = ms->last_ns + min_kick_ns;
         if (now < due) {
             struct timespec ts;
+            atomic_fetch_add(&ms->st_idle_checks, 1);
             clock_gettime(CLOCK_MONOTONIC, &ts);
             uint64_t wait = due - now;
             if (wait > 1000000000ull)
@@ -882,6 +883,7 @@ tqkv_membership_stats(tqkv_membership_t *ms, tqkv_membership_stats_t *out)
     out->identified = atomic_load(&ms->st_identified);
     out->identify_fails = atomic_load(&ms->st_identify_fails);
     out->kicks = atomic_load(&ms->st_kicks);
+    out->idle_checks = atomic_load(&ms->st_idle_checks);
 }
 
 /* ---- create / destroy ---- */

@@ -97,6 +97,7 @@ typedef struct tqkv_membership_stats {
     uint64_t identified;     /* successful identifications */
     uint64_t identify_fails; /* failed identifications */
     uint64_t kicks;          /* tqkv_membership_kick calls */
+    uint64_t idle_checks;    /* times the thread looked at its schedule and found no pass due */
 } tqkv_membership_stats_t;
 
 /* Resolves and identifies every target once (the first table), then starts the
