@@ -27,7 +27,7 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BS = 16
+BS = 32  # vLLM's CPU attention (CPU_ATTN) takes blocks of a multiple of 32 tokens
 LOSSLESS = os.environ.get("TQKV_ENGINE_LOSSLESS") == "1"
 TIMEOUT = int(os.environ.get("TQKV_ENGINE_TIMEOUT", "1200"))
 

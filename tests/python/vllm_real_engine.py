@@ -18,6 +18,7 @@ import tempfile
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+BS = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
 
 
 def main():
@@ -50,7 +51,7 @@ def main():
     if cfg.get("num_blocks"):
         kw["num_gpu_blocks_override"] = cfg["num_blocks"]
     llm = LLM(model=cfg["model"], load_format="dummy", skip_tokenizer_init=True,
-              dtype="bfloat16", max_model_len=cfg.get("max_model_len", 1024), block_size=16,
+              dtype="bfloat16", max_model_len=cfg.get("max_model_len", 1024), block_size=BS,
               enforce_eager=True, seed=0, max_num_seqs=cfg.get("max_num_seqs", 8),
               max_num_batched_tokens=cfg.get("max_num_batched_tokens", 2048),
               kv_cache_memory_bytes=cfg.get("kv_cache_bytes", 64 << 20),
