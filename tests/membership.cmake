@@ -55,3 +55,12 @@ if(TARGET tqkv-server AND EXISTS /usr/bin/python3)
   set_tests_properties(member_thin_grpcio PROPERTIES LABELS "server;interop" TIMEOUT 180
     SKIP_RETURN_CODE 77)
 endif()
+
+if(TARGET tqkv-cluster-sim)
+  # 1,000 servers on paper (docs/cluster.md "At 1,000 servers"): moves on a join and a
+  # leave, balance, ranking cost (two-level vs flat), and 1,000 SRV records through
+  # dnsmasq and c-ares (TCP after truncation) into libtqkv's membership.
+  add_test(NAME cluster_sim_1000
+    COMMAND $<TARGET_FILE:tqkv-cluster-sim> --servers 1000 --blocks 100000 --check)
+  set_tests_properties(cluster_sim_1000 PROPERTIES LABELS "shard;unit" TIMEOUT 300)
+endif()
