@@ -558,12 +558,16 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
     int *started = calloc(c->nt, sizeof *started);
     struct pollfd *pf = malloc(c->nt * sizeof *pf);
     int *buffered = malloc(c->nt * sizeof *buffered);
+    /* whether hash i is asked this round: decided once, because a target's usability (its
+     * health, its channel's state) may change between the counting and the filling pass,
+     * and a count that the fill does not match sends unfilled or overrun hash slots */
+    unsigned char *ask = malloc(n ? n : 1);
     g.done = calloc(n * g.L, 1);
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
     gpr_timespec dl = tqkv__deadline_after(op_ms);
     uint64_t dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull; /* the same instant */
     if (!cand || !hb || !gidx || !start || !rs || !g.done || !fill || !who || !started || !pf ||
-        !buffered) {
+        !buffered || !ask) {
         st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
     }
@@ -581,17 +585,15 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
             int need = 0;
             for (size_t l = 0; l < g.L && !need; l++)
                 need = !g.done[i * g.L + l];
-            if (need && tqkv__target_usable(c, cand[i * nc + round], now))
+            ask[i] = need && tqkv__target_usable(c, cand[i * nc + round], now);
+            if (ask[i])
                 start[cand[i * nc + round] + 1]++;
         }
         for (size_t t = 0; t < c->nt; t++)
             start[t + 1] += start[t];
         memcpy(fill, start, c->nt * sizeof *fill);
         for (size_t i = 0; i < n; i++) {
-            int need = 0;
-            for (size_t l = 0; l < g.L && !need; l++)
-                need = !g.done[i * g.L + l];
-            if (need && tqkv__target_usable(c, cand[i * nc + round], now)) {
+            if (ask[i]) {
                 size_t t = cand[i * nc + round];
                 gidx[fill[t]] = i;
                 hb[fill[t]].data = (uint8_t *)q->hashes[i].bytes;
@@ -808,6 +810,7 @@ out:
     free(started);
     free(pf);
     free(buffered);
+    free(ask);
     free(g.done);
     free(g.corrupt);
     free(g.sc.mem);
