@@ -361,6 +361,20 @@ tqkv_shard_health_ok(tqkv_shard_health_t *h, uint32_t min_ms)
         atomic_store(&h->backoff_ms, min_ms);
 }
 
+#define HEALTH_DOWN UINT64_MAX /* down_until_ns of a target down until it answers */
+
+void
+tqkv_shard_health_down(tqkv_shard_health_t *h)
+{
+    atomic_store(&h->down_until_ns, HEALTH_DOWN);
+}
+
+int
+tqkv_shard_health_is_down(tqkv_shard_health_t *h)
+{
+    return atomic_load_explicit(&h->down_until_ns, memory_order_acquire) == HEALTH_DOWN;
+}
+
 uint64_t
 tqkv_shard_now_ns(void)
 {

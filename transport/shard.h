@@ -88,6 +88,13 @@ void tqkv_shard_health_fail(tqkv_shard_health_t *h, uint64_t now_ns, uint32_t mi
 /* Records a success: healthy again, back-off reset to min_ms. */
 void tqkv_shard_health_ok(tqkv_shard_health_t *h, uint32_t min_ms);
 
+/* Marks the target down with no deadline: it is skipped until tqkv_shard_health_ok (a
+ * prober saw it answer). The back-off length is kept. */
+void tqkv_shard_health_down(tqkv_shard_health_t *h);
+
+/* 1 while the target is marked down by tqkv_shard_health_down. */
+int tqkv_shard_health_is_down(tqkv_shard_health_t *h);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t tqkv_shard_now_ns(void);
 
