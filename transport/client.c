@@ -32,6 +32,7 @@
 #include <grpc/support/alloc.h>
 
 #include "kernels/page.h"
+#include "transport/client_health.h"
 #include "transport/client_internal.h"
 #include "transport/dc_tls.h"
 
@@ -83,7 +84,8 @@ target_attach(void *arg, const char *addr, const char *host)
     if (t->name == NULL || (host && t->host == NULL) || t->ch == NULL)
         goto fail;
     t->cargs = &c->cargs;
-    if (c->tls && c->tls_name == NULL && t->host && c->cargs.num_args < 12) {
+    if (c->tls && c->tls_name == NULL && t->host &&
+        c->cargs.num_args < sizeof t->own_args / sizeof t->own_args[0]) {
         /* an address resolved from a name: the certificate names the name */
         memcpy(t->own_args, c->cargs.args, c->cargs.num_args * sizeof *t->own_args);
         grpc_arg *a = &t->own_args[c->cargs.num_args];
@@ -460,6 +462,7 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
         }
         args[na++].value.string = c->tls_name;
     }
+    na += tqkv__health_channel_args(o, &args[na], sizeof c->args / sizeof c->args[0] - na);
     c->cargs.num_args = na;
     c->cargs.args = args;
     c->nch = o->channels_per_target ? o->channels_per_target : 1;
@@ -515,6 +518,10 @@ tqkv_client_create(const tqkv_client_opts_t *o, tqkv_client_t **out)
             goto fail;
         }
     }
+    if ((st = tqkv__health_start(c, o, &c->sh->health)) != TQKV_OK) {
+        tqkv__client_err(st, 0, "cannot start the health prober");
+        goto fail;
+    }
     if (c->sh->rq_max > 0) {
         if (pthread_create(&c->sh->rq_thread, NULL, repair_main, c->sh) != 0) {
             st = tqkv__client_err(TQKV_ENOMEM, 0, "cannot start the read repair thread");
@@ -556,6 +563,8 @@ tqkv_client_destroy(tqkv_client_t *c)
             free(r->ns);
             free(r);
         }
+    if (c->sh)
+        tqkv__health_stop(c->sh->health);
     tqkv_membership_destroy(c->ms); /* detaches (retires) every target */
     if (c->sh) {
         for (target_t *t = c->sh->retired, *nx; t; t = nx) {
