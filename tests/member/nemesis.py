@@ -12,6 +12,9 @@ forwarding and hand-off on).
 Clients, in the client namespace:
   * tqkv-bench --target svc.test:50051 --replicas 2 --phase decode (libtqkv follows the
     DNS name), its hit rate, errors and verify failures per second (--csv);
+  * the tqkv Python package (libtqkv through cffi, build/transport/libtqkv.so next to
+    the bench's folder, or TQKV_LIBRARY) following svc.test, R = 2, Gets compared with
+    what was Put; the longest time without a call ending is its stall;
   * thin grpcio clients (a separate process), each call through one ready pod chosen at
     random (as the load-balanced Service would): Put a block, Get blocks Put earlier as
     BF16 and compare with what was Put (a wrong page is one whose decoded values are not
@@ -34,8 +37,11 @@ client-visible errors outside the fault windows (a bench second counts as inside
 it overlaps [start, end + 1 s] of a fault; a thin client call when it started or ended
 inside [start, end]); the bench's hit rate back to >= 90% of its level in the 5 s
 before a fault within 10 s after the fault ends. The bench's longest stall (consecutive
-seconds without a page) is reported per fault; with --expect-stall-s S it must not
-exceed S. gnuplot draws the hit rate with the fault windows shaded.
+seconds under 10% of its pages/s before the fault) and the Python client's (the longest
+time without a call ending) are reported per fault; with --expect-stall-s S neither may
+exceed S. Thin calls that time out in a forwarding cycle (two pods forwarding Puts to
+each other, a known gap in docs/cluster.md) are reported apart, not asserted. gnuplot
+draws the hit rate with the fault windows shaded.
 
 usage: nemesis.py TQKV_SERVER TQKV_BENCH PROTO_DIR OUTDIR [--servers N] [--duration S]
                   [--faults kill,rollout,...] [--seed N] [--expect-stall-s S]
@@ -62,6 +68,7 @@ IP = shutil.which("ip") or "/usr/sbin/ip"
 TC = shutil.which("tc") or "/usr/sbin/tc"
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 PORT = 50051
+DATA_LISTEN = False
 NET = "10.88.0."
 CLIENT_IP = NET + "2"
 
@@ -123,9 +130,10 @@ class Net:
                "classid", "1:30", "htb", "rate", "100gbit")
             sh(IP, "netns", "exec", ns, TC, "qdisc", "add", "dev", "eth0", "parent", "1:30",
                "handle", "30:", "blackhole")
-            sh(IP, "netns", "exec", ns, TC, "filter", "add", "dev", "eth0", "parent", "1:",
-               "protocol", "ip", "prio", "1", "u32", "match", "ip", "sport", str(PORT),
-               "0xffff", "flowid", "1:30")
+            for port in (PORT, PORT + 1) if DATA_LISTEN else (PORT,):  # and the data port
+                sh(IP, "netns", "exec", ns, TC, "filter", "add", "dev", "eth0", "parent", "1:",
+                   "protocol", "ip", "prio", "1", "u32", "match", "ip", "sport", str(port),
+                   "0xffff", "flowid", "1:30")
         else:
             sh(IP, "netns", "exec", ns, TC, "qdisc", "del", "dev", "eth0", "root")
 
@@ -222,8 +230,9 @@ class Server:
         args = [IP, "netns", "exec", self.net.server_ns(self.i), SERVER_BIN, "--listen",
                 "0.0.0.0:%d" % PORT, "--node-id", "tqkv-%d" % self.i, "--dram-capacity",
                 "256M", "--drain-seconds", "2", "--peers", "svc.test:%d" % PORT, "--peers-dns",
-                CLIENT_IP + ":53", "--handoff-seconds", "5", "--threads", "2",
-                "--encoder-threads", "1", "--log-level", "warn"]
+                CLIENT_IP + ":53", "--handoff-seconds", "5", "--log-level", "warn"]
+        if DATA_LISTEN:
+            args += ["--data-listen", "0.0.0.0:50052"]
         err = open(self.log, "a")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
         err.close()
@@ -365,10 +374,71 @@ def thin_main(proto_dir, endpoints, out, duration, seed):
     os._exit(0)  # grpc's threads
 
 
+# ---------------------------------------------------------------- a libtqkv Python client
+
+def py_main(out, duration, seed):
+    """Runs in the client namespace: the tqkv package (libtqkv) following svc.test, R = 2:
+    Puts blocks, then Gets 4 at a time and compares the decoded values with what was Put;
+    every call logged (its progress is what a stall is measured on)."""
+    import numpy as np
+    import tqkv
+    T, H, D = 16, 2, 64
+    c = tqkv.Client("svc.test:%d" % PORT, replicas=2, resolve_targets=True,
+                    dns_servers=CLIENT_IP + ":53", resolve_interval_ms=1000, transport="grpc",
+                    wait_for_ready=False)
+    rng = random.Random(seed * 7 + 3)
+    logf = open(out, "w")
+    blocks = {}
+
+    def data(h):
+        r = np.random.default_rng(int.from_bytes(h[:8], "little"))
+        f = r.standard_normal((2, T, H, D)).astype(np.float32)
+        return f[0], f[1]
+
+    def put(hs):
+        ks = np.stack([tqkv.bf16_from_float32(data(h)[0]) for h in hs])
+        vs = np.stack([tqkv.bf16_from_float32(data(h)[1]) for h in hs])
+        c.put("py", hs, ks, vs)
+        for h in hs:
+            blocks[h] = True
+
+    put([rng.randbytes(16) for _ in range(32)])
+    stop = time.time() + duration
+    n = 0
+    while time.time() < stop:
+        n += 1
+        t0 = time.time()
+        try:
+            if n % 10 == 0:
+                put([rng.randbytes(16)])
+                logf.write(json.dumps(dict(op="put", t0=t0, t1=time.time(), ok=True)) + "\n")
+                continue
+            hs = rng.sample(list(blocks), 4)
+            k, v, found = c.get("py", hs, shape=(T, H, D))
+            wrong = 0
+            for j, h in enumerate(hs):
+                if not found[0][j]:
+                    continue
+                wk, wv = data(h)
+                gk = tqkv.bf16_to_float32(k[0][j])
+                gv = tqkv.bf16_to_float32(v[0][j])
+                ek = np.linalg.norm(gk - wk) / np.linalg.norm(wk)
+                ev = np.linalg.norm(gv - wv) / np.linalg.norm(wv)
+                wrong += not (ek < 0.3 and ev < 0.3)
+            logf.write(json.dumps(dict(op="get", t0=t0, t1=time.time(), ok=True, asked=4,
+                                       found=int(found.sum()), wrong=wrong)) + "\n")
+        except tqkv.Error as e:
+            logf.write(json.dumps(dict(op="get", t0=t0, t1=time.time(), ok=False,
+                                       err=str(e))) + "\n")
+        logf.flush()
+    logf.close()
+    os._exit(0)
+
+
 # ---------------------------------------------------------------- the run
 
 def main():
-    global SERVER_BIN
+    global SERVER_BIN, DATA_LISTEN
     ap = argparse.ArgumentParser()
     ap.add_argument("server")
     ap.add_argument("bench")
@@ -382,9 +452,16 @@ def main():
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--quiet-s", type=float, default=12)
     ap.add_argument("--expect-stall-s", type=float, default=0)
+    ap.add_argument("--bench-transport", default="grpc", choices=("grpc", "tcp"),
+                    help="tqkv-bench --transport (tcp: servers get --data-listen)")
     ap.add_argument("--thin-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--py-child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     SERVER_BIN = a.server
+    DATA_LISTEN = a.bench_transport == "tcp"
+    if a.py_child:
+        py_main(a.py_child[0], float(a.py_child[1]), a.seed)
+        return 0
     if a.thin_child:
         thin_main(a.proto, a.thin_child[0], a.thin_child[1], float(a.thin_child[2]), a.seed)
         return 0
@@ -415,7 +492,8 @@ def main():
              "--dns-server", CLIENT_IP + ":53", "--resolve-interval-ms", "1000", "--replicas",
              "2", "--model", "tiny", "--phase", "decode", "--working-set", "64",
              "--seq-blocks", "8", "--block-tokens", "16", "--concurrency", "2", "--duration",
-             str(a.duration), "--transport", "grpc", "--no-baselines", "--csv", csv_path,
+             str(a.duration), "--transport", a.bench_transport, "--no-baselines", "--csv",
+             csv_path,
              "--seed", str(a.seed)],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(a.outdir, "bench.err"), "w"))
         procs.append(bench)
@@ -441,6 +519,21 @@ def main():
              str(a.duration - 2)], stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(a.outdir, "thin.err"), "w"))
         procs.append(thin)
+        py_log = os.path.join(a.outdir, "py.jsonl")
+        py = None
+        lib = os.environ.get("TQKV_LIBRARY") or os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(a.bench))), "libtqkv.so")
+        if os.path.exists(lib):
+            env = dict(os.environ, TQKV_LIBRARY=lib, PYTHONPATH=os.path.join(
+                HERE, "..", "..", "transport", "python"))
+            py = subprocess.Popen(
+                [IP, "netns", "exec", net.client, PY, os.path.abspath(__file__), a.server,
+                 a.bench, a.proto, a.outdir, "--seed", str(a.seed), "--py-child", py_log,
+                 str(a.duration - 4)], stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(a.outdir, "py.err"), "w"), env=env)
+            procs.append(py)
+        else:
+            print("no libtqkv.so at %s (TQKV_LIBRARY): the Python client does not run" % lib)
 
         windows = []  # (name, start, end) in bench seconds
         next_id = [a.servers]
@@ -518,7 +611,10 @@ def main():
             time.sleep(a.quiet_s)
         bench.wait(timeout=a.duration + 120)
         thin.wait(timeout=120)
-        return report(a, csv_path, thin_log, windows, bench.returncode, t_bench0)
+        if py:
+            py.wait(timeout=120)
+        return report(a, csv_path, thin_log, windows, bench.returncode, t_bench0,
+                      py_log if py else None)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -535,7 +631,18 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(a, csv_path, thin_log, windows, bench_rc, t_bench0):
+def load_calls(path, t_bench0):
+    calls = []
+    if path and os.path.exists(path):
+        for line in open(path):
+            c = json.loads(line)
+            c["t0"] -= t_bench0
+            c["t1"] -= t_bench0
+            calls.append(c)
+    return calls
+
+
+def report(a, csv_path, thin_log, windows, bench_rc, t_bench0, py_log=None):
     rows = list(csv.DictReader(open(csv_path)))
     series = [(float(r["t_s"]), float(r["hit_rate_interval"]), float(r["pages_per_s"]),
                int(r["errors"]), int(r["verify_failures"])) for r in rows]
@@ -554,15 +661,16 @@ def report(a, csv_path, thin_log, windows, bench_rc, t_bench0):
     total_err = series[-1][3] if series else 0
     verify = series[-1][4] if series else 0
     # Thin clients (wall clock, made bench seconds).
-    calls = []
-    if os.path.exists(thin_log):
-        for line in open(thin_log):
-            c = json.loads(line)
-            c["t0"] -= t_bench0
-            c["t1"] -= t_bench0
-            calls.append(c)
+    calls = load_calls(thin_log, t_bench0)
+    pyc = load_calls(py_log, t_bench0)
     thin_err = [c for c in calls if not c["ok"]]
     thin_err_out = [c for c in thin_err if not in_window(c["t0"], c["t1"], 0)]
+    # A known product gap (docs/cluster.md, Limits): two pods forwarding Puts to each
+    # other at once wait on each other's encode jobs until the 10 s forward deadline.
+    # Reported, counted apart, not asserted.
+    cycle = [c for c in thin_err_out if "forward to the block's owner" in (c.get("err") or "")
+             and "DEADLINE_EXCEEDED" in (c.get("err") or "")]
+    thin_err_out = [c for c in thin_err_out if c not in cycle]
     thin_wrong = sum(c.get("wrong", 0) for c in calls)
     thin_found = sum(c.get("found", 0) for c in calls)
     thin_asked = sum(c.get("asked", 0) for c in calls)
@@ -571,9 +679,29 @@ def report(a, csv_path, thin_log, windows, bench_rc, t_bench0):
     print("thin grpcio clients: %d calls, %d failed (%d outside fault windows), Gets found "
           "%d of %d blocks asked, %d wrong pages" %
           (len(calls), len(thin_err), len(thin_err_out), thin_found, thin_asked, thin_wrong))
+    if cycle:
+        print("  known gap: %d thin calls outside fault windows timed out in a forwarding "
+              "cycle (two pods forwarding Puts to each other): %s" %
+              (len(cycle), "; ".join("%.1f s via %s" % (c["t0"], c["pod"]) for c in cycle[:4])))
     for c in thin_err_out[:5]:
         print("  outside a window: %s at %.1f-%.1f s via %s: %s" %
               (c["op"], c["t0"], c["t1"], c["pod"], c.get("err")))
+    if py_log:
+        py_err = [c for c in pyc if not c["ok"]]
+        py_err_out = [c for c in py_err if not in_window(c["t0"], c["t1"], 0)]
+        py_wrong = sum(c.get("wrong", 0) for c in pyc)
+        print("Python libtqkv client: %d calls, %d failed (%d outside fault windows), Gets "
+              "found %d of %d, %d wrong pages" %
+              (len(pyc), len(py_err), len(py_err_out), sum(c.get("found", 0) for c in pyc),
+               sum(c.get("asked", 0) for c in pyc), py_wrong))
+        for c in py_err_out[:3]:
+            print("  outside a window: %s at %.1f s: %s" % (c["op"], c["t0"], c.get("err")))
+        if py_wrong:
+            fails.append("%d wrong pages in the Python client" % py_wrong)
+        if py_err_out:
+            fails.append("%d Python client errors outside fault windows" % len(py_err_out))
+        if not pyc:
+            fails.append("the Python client logged no call")
     if verify:
         fails.append("%d wrong pages in tqkv-bench" % verify)
     if thin_wrong:
@@ -589,8 +717,8 @@ def report(a, csv_path, thin_log, windows, bench_rc, t_bench0):
 
     # Hit rate: back to >= 90% of the 5 s before each fault within 10 s of its end;
     # the longest stall (seconds in a row without a page) from its start to 10 s after.
-    print("%-26s %8s %8s %9s %10s %8s" % ("fault", "start s", "end s", "before %",
-                                         "back in s", "stall s"))
+    print("%-26s %8s %8s %9s %10s %8s %9s" % ("fault", "start s", "end s", "before %",
+                                              "back in s", "stall s", "py gap s"))
     worst_stall = 0.0
     for what, s, e in windows:
         pre = [hr for t, hr, pps, _, _ in series if s - 5 <= t < s]
@@ -600,6 +728,9 @@ def report(a, csv_path, thin_log, windows, bench_rc, t_bench0):
             if t >= e and hr >= 0.9 * before:
                 back = max(0.0, t - e)
                 break
+        # a stalled second: under 10% of the median pages/s of the 5 s before
+        rates = sorted(pps for t, hr, pps, _, _ in series if s - 5 <= t < s)
+        floor = 0.1 * rates[len(rates) // 2] if rates else 0.0
         stall = run = 0.0
         last_t = None
         for t, hr, pps, _, _ in series:
@@ -607,18 +738,24 @@ def report(a, csv_path, thin_log, windows, bench_rc, t_bench0):
                 continue
             dt = t - last_t if last_t is not None else 1.0
             last_t = t
-            run = run + dt if pps == 0 else 0.0
+            run = run + dt if pps <= floor else 0.0
             stall = max(stall, run)
+        # the Python client: the longest time without a call ending, s-1 .. e+10
+        ends = sorted(c["t1"] for c in pyc if s - 1 <= c["t1"] <= e + 10)
+        py_stall = max((b - a_ for a_, b in zip([s - 1] + ends, ends + [e + 10])), default=0)
         worst_stall = max(worst_stall, stall)
-        print("%-26s %8.1f %8.1f %9.1f %10s %8.0f" %
+        print("%-26s %8.1f %8.1f %9.1f %10s %8.0f %9s" %
               (what, s, e, 100 * before, "%.1f" % back if back is not None else "never",
-               stall))
+               stall, "%.1f" % py_stall if py_log else "-"))
         if back is None or back > 10:
             fails.append("%s: hit rate not back to 90%% of %.1f%% within 10 s" %
                          (what, 100 * before))
         if a.expect_stall_s and stall > a.expect_stall_s:
             fails.append("%s: %.0f s without progress (expected <= %.0f s)" %
                          (what, stall, a.expect_stall_s))
+        if a.expect_stall_s and py_log and py_stall > a.expect_stall_s:
+            fails.append("%s: the Python client went %.1f s without a call ending (expected "
+                         "<= %.0f s)" % (what, py_stall, a.expect_stall_s))
     print("longest stall: %.0f s" % worst_stall)
 
     # The plot: the hit-rate series with each fault window shaded.
