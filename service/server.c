@@ -931,7 +931,7 @@ tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *e
     set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
     /* A second server on a busy port must fail, not share it silently. */
     set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
-    /* libtqkv pings every 500 ms while its calls wait (fast failure detection,
+    /* libtqkv pings every 300 ms while its calls wait (fast failure detection,
      * transport/client_health.c): accept pings that often, never answer them with
      * GOAWAY (gRPC's default: 5 minutes between pings without data, 2 strikes). */
     set_arg_int(&args[9], GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 100);

@@ -151,6 +151,22 @@ class Net:
         self.made = []
 
 
+def remove_stale():
+    """Namespaces of an earlier run that was killed (tqn<pid>...) whose pid is gone."""
+    r = sh(IP, "netns", "list", check=False)
+    for line in r.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith("tqn"):
+            continue
+        pid = ""
+        for ch in name[3:]:
+            if not ch.isdigit():
+                break
+            pid += ch
+        if pid and not os.path.exists("/proc/%s" % pid):
+            sh(IP, "netns", "del", name, check=False)
+
+
 def can_netns():
     if os.geteuid() != 0:
         return "needs root (ip netns, veth, tc)"
@@ -465,6 +481,9 @@ def main():
     if a.thin_child:
         thin_main(a.proto, a.thin_child[0], a.thin_child[1], float(a.thin_child[2]), a.seed)
         return 0
+    # SIGTERM (ctest, a user): clean up as on any exit (servers, namespaces)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    remove_stale()
     why = can_netns()
     if why:
         print("SKIPPED: " + why)
@@ -472,7 +491,7 @@ def main():
     os.makedirs(a.outdir, exist_ok=True)
     rng = random.Random(a.seed)
     print("nemesis: %d servers, R = 2, %.0f s, seed %d" % (a.servers, a.duration, a.seed))
-    net = Net("tqn%d" % (os.getpid() % 100000))
+    net = Net("tqn%d" % os.getpid())
     tmp = tempfile.mkdtemp(prefix="tqkv-nemesis-")
     procs = []
     servers = {}
