@@ -81,8 +81,9 @@ typedef struct tqkv_client_opts {
                 forwarding a request), the server answers it itself. A client with
                 several targets always sends it (it shards itself); with one target it
                 does not, so a server with --peers forwards for it (forward.h) */
-    /* Fast failure detection (client_health.c). While calls are in flight, a server that
-     * sends nothing for keepalive_ms gets an HTTP/2 ping; unanswered for
+    /* Fast failure detection (client_health.c), for a client with several targets or
+     * resolve_targets (one server has no other to ask). While calls are in flight, a
+     * server that sends nothing for keepalive_ms gets an HTTP/2 ping; unanswered for
      * keepalive_timeout_ms, its connection closes and its calls end UNAVAILABLE (reads
      * ask the next-ranked server, Puts are re-sent). A server whose call ended
      * UNAVAILABLE is marked down and skipped until a Health check (one every

@@ -4,7 +4,8 @@
  * A silent server (packets dropped, no RST: a black-holed port, a partition, a dead
  * node) gives no error; without this a call on it waits for its deadline. Here:
  *
- *   - Every channel sends HTTP/2 keepalive pings while calls are in flight: after
+ *   - Every channel of a client with several servers (or a DNS name that stands for
+ *     them) sends HTTP/2 keepalive pings while calls are in flight: after
  *     keepalive_ms without data from the server, a ping; unanswered for
  *     keepalive_timeout_ms, gRPC closes the connection and its calls end UNAVAILABLE,
  *     so a Get or Lookup asks the block's next-ranked server and a Put is re-sent
@@ -62,7 +63,10 @@ size_t
 tqkv__health_channel_args(const tqkv_client_opts_t *o, grpc_arg *args, size_t cap)
 {
     uint32_t ka = tqkv__health_keepalive_ms(o);
-    if (ka == UINT32_MAX || cap < TQKV__HEALTH_NUM_ARGS)
+    /* One server and no DNS name: no other server to ask instead, so a ping answered
+     * late (a loaded server) would turn a slow call into a failed one: as before. */
+    if (ka == UINT32_MAX || cap < TQKV__HEALTH_NUM_ARGS ||
+        (o->num_targets <= 1 && !o->resolve_targets))
         return 0;
     uint32_t kt = o->keepalive_timeout_ms ? o->keepalive_timeout_ms
                                           : TQKV_CLIENT_DEFAULT_KEEPALIVE_TIMEOUT_MS;
