@@ -495,8 +495,8 @@ dns(size_t npods)
     dq_t q;
     double secs = 0;
     for (int i = 0; i < 100; i++) {
-        dns_query(servers, g_no_srv ? svc : srvname, g_no_srv ? T_A : T_SRV, ARES_FLAG_USEVC, 0,
-                  &q, &secs);
+        dns_query(servers, g_no_srv ? svc : srvname, g_no_srv ? T_A : T_SRV, ARES_FLAG_USEVC, 0, &q,
+                  &secs);
         if (q.status == ARES_SUCCESS)
             break;
         usleep(100000);
