@@ -302,7 +302,7 @@ tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
     r->self = f->self;
     pthread_rwlock_rdlock(&f->lk);
     r->n = tqkv_client_num_targets(f->cl);
-    r->ids = calloc(r->n ? r->n : 1, sizeof *r->ids);
+    r->ids = calloc(r->n + 1, sizeof *r->ids); /* the peers, then ourselves */
     r->known = calloc(r->n ? r->n : 1, 1);
     if (r->ids == NULL || r->known == NULL) {
         pthread_rwlock_unlock(&f->lk);
@@ -315,6 +315,7 @@ tqkv__fwd_rank(tqkv__fwd_t *f, tqkv__fwd_rank_t *r)
         r->ids[i] = tqkv_client_target_rank_id(f->cl, i);
         r->known[i] = tqkv_client_target_node_id(f->cl, i, id, sizeof id) == 0;
     }
+    r->ids[r->n] = r->self;
     pthread_rwlock_unlock(&f->lk);
     return TQKV_OK;
 }
@@ -331,14 +332,10 @@ tqkv__fwd_rank_free(tqkv__fwd_rank_t *r)
 int
 tqkv__fwd_owned(const tqkv__fwd_rank_t *r, const char *ns, const uint8_t *hash, size_t len)
 {
-    uint64_t key = tqkv_shard_block_key(ns, hash, len);
-    uint64_t best = tqkv_shard_score(r->self, key);
-    size_t top = r->n; /* ourselves */
-    for (size_t i = 0; i < r->n; i++) {
-        uint64_t sc = tqkv_shard_score(r->ids[i], key);
-        if (sc > best)
-            best = sc, top = i;
-    }
+    /* The first of the peers and ourselves (ids[n]), as the clients rank them
+     * (tqkv_shard_top: flat up to TQKV_SHARD_FLAT_MAX servers, two-level above). */
+    uint32_t top = (uint32_t)r->n;
+    tqkv_shard_top(r->ids, sizeof *r->ids, r->n + 1, tqkv_shard_block_key(ns, hash, len), 1, &top);
     /* A peer that has not told its node id (not up yet, an address that does not
      * answer) is nobody's owner: the block stays here rather than go nowhere. */
     return top == r->n || !r->known[top];

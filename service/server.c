@@ -433,7 +433,7 @@ auth_load(const tqkv_server_config_t *cfg, tqkv_auth_t **auth, char *err, size_t
 static grpc_server *
 grpc_server_new(tqkv_server_t *s, const tqkv_server_config_t *cfg)
 {
-    grpc_arg args[9];
+    grpc_arg args[11];
     int mb = (int)cfg->max_message_bytes;
     set_arg_int(&args[0], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, mb);
     set_arg_int(&args[1], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, mb);
@@ -445,7 +445,12 @@ grpc_server_new(tqkv_server_t *s, const tqkv_server_config_t *cfg)
     set_arg_int(&args[7], GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 1 << 20);
     /* A second server on a busy port must fail, not share it silently. */
     set_arg_int(&args[8], GRPC_ARG_ALLOW_REUSEPORT, 0);
-    grpc_channel_args chargs = {9, args};
+    /* libtqkv pings every 300 ms while its calls wait (fast failure detection,
+     * transport/client_health.c): accept pings that often, never answer them with
+     * GOAWAY (gRPC's default: 5 minutes between pings without data, 2 strikes). */
+    set_arg_int(&args[9], GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 100);
+    set_arg_int(&args[10], GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+    grpc_channel_args chargs = {11, args};
     grpc_server *server = grpc_server_create(&chargs, NULL);
 
     for (int m = 0; m < TQKV__M_COUNT; m++) {

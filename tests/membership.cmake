@@ -55,3 +55,33 @@ if(TARGET tqkv-server AND EXISTS /usr/bin/python3)
   set_tests_properties(member_thin_grpcio PROPERTIES LABELS "server;interop" TIMEOUT 180
     SKIP_RETURN_CODE 77)
 endif()
+
+if(TARGET tqkv-cluster-sim)
+  # 1,000 servers on paper (docs/cluster.md "At 1,000 servers"): moves on a join and a
+  # leave, balance, ranking cost (two-level vs flat), and 1,000 SRV records through
+  # dnsmasq and c-ares (TCP after truncation) into libtqkv's membership.
+  add_test(NAME cluster_sim_1000
+    COMMAND $<TARGET_FILE:tqkv-cluster-sim> --servers 1000 --blocks 100000 --check)
+  set_tests_properties(cluster_sim_1000 PROPERTIES LABELS "shard;unit" TIMEOUT 300)
+endif()
+
+if(TARGET tqkv-server AND TARGET tqkv-bench AND EXISTS /usr/bin/python3)
+  # The nemesis, short: 8 servers, each in its own network namespace on a bridge, found
+  # through dnsmasq; tqkv-bench (R = 2) and thin grpcio clients while one fault at a time
+  # is applied (SIGKILL+restart, a black-holed port, a partition, a SIGTERM rollout, a
+  # join, a leave). Asserts 0 wrong pages, 0 errors outside fault windows, hit rate back
+  # within 10 s, at most 2 s without progress per fault for tqkv-bench and the Python
+  # client (libtqkv's failure detection, client_health.c); plots the hit rate with the
+  # faults shaded. Needs root (ip netns, tc): skipped (77) otherwise.
+  # The 10-minute version: docs/cluster.md.
+  add_test(NAME member_nemesis
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/member/nemesis.py
+            $<TARGET_FILE:tqkv-server> $<TARGET_FILE:tqkv-bench> ${PROJECT_SOURCE_DIR}/proto
+            ${CMAKE_CURRENT_BINARY_DIR}/nemesis --servers 8 --duration 150 --expect-stall-s 2)
+  set_tests_properties(member_nemesis PROPERTIES LABELS "nemesis;shard" TIMEOUT 480
+    SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+  if(TARGET tqkv_shared)
+    set_property(TEST member_nemesis APPEND PROPERTY ENVIRONMENT
+      "TQKV_LIBRARY=$<TARGET_FILE:tqkv_shared>")
+  endif()
+endif()

@@ -33,6 +33,7 @@
 #include <grpc/support/alloc.h>
 
 #include "kernels/page.h"
+#include "transport/client_health.h"
 #include "transport/client_internal.h"
 #include "transport/dc_tls.h"
 
@@ -84,7 +85,8 @@ target_attach(void *arg, const char *addr, const char *host)
     if (t->name == NULL || (host && t->host == NULL) || t->ch == NULL)
         goto fail;
     t->cargs = &c->cargs;
-    if (c->tls && c->tls_name == NULL && t->host && c->cargs.num_args < 12) {
+    if (c->tls && c->tls_name == NULL && t->host &&
+        c->cargs.num_args < sizeof t->own_args / sizeof t->own_args[0]) {
         /* an address resolved from a name: the certificate names the name */
         memcpy(t->own_args, c->cargs.args, c->cargs.num_args * sizeof *t->own_args);
         grpc_arg *a = &t->own_args[c->cargs.num_args];
@@ -258,6 +260,7 @@ set_channel_args(tqkv_client_t *c, const tqkv_client_opts_t *o)
             return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
         args[na++].value.string = c->tls_name;
     }
+    na += tqkv__health_channel_args(o, &args[na], sizeof c->args / sizeof c->args[0] - na);
     c->cargs.num_args = na;
     c->cargs.args = args;
     return TQKV_OK;
@@ -415,6 +418,10 @@ tqkv_client_create_peer(const tqkv_client_opts_t *in, const tqkv_client_peer_opt
         (st = start_membership(c, o, peer ? peer->exclude_node_id : NULL)) != TQKV_OK ||
         (st = tqkv__repair_start(c)) != TQKV_OK)
         goto fail;
+    if ((st = tqkv__health_start(c, o, &c->sh->health)) != TQKV_OK) {
+        tqkv__client_err(st, 0, "cannot start the health prober");
+        goto fail;
+    }
     *out = c;
     return TQKV_OK;
 
@@ -430,6 +437,8 @@ tqkv_client_destroy(tqkv_client_t *c)
         return;
     if (c->sh)
         tqkv__repair_stop(c->sh);
+    if (c->sh)
+        tqkv__health_stop(c->sh->health);
     tqkv_membership_destroy(c->ms); /* detaches (retires) every target */
     if (c->sh) {
         for (target_t *t = c->sh->retired, *nx; t; t = nx) {

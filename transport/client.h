@@ -92,7 +92,23 @@ typedef struct tqkv_client_opts {
      * dropped and counted). no_read_repair = 1 turns it off. */
     size_t read_repair_bytes;
     int no_read_repair;
+    /* Fast failure detection (client_health.c), for a client with several targets or
+     * resolve_targets (one server has no other to ask). While calls are in flight, a
+     * server that sends nothing for keepalive_ms gets an HTTP/2 ping; unanswered for
+     * keepalive_timeout_ms, its connection closes and its calls end UNAVAILABLE (reads
+     * ask the next-ranked server, Puts are re-sent). A server whose call ended
+     * UNAVAILABLE is marked down and skipped until a Health check (one every
+     * probe_interval_ms, with that deadline) is answered. 0 = defaults; keepalive_ms
+     * UINT32_MAX: no pings; probe_interval_ms UINT32_MAX: no prober (a failed server
+     * backs off for backoff_min_ms..backoff_max_ms instead). */
+    uint32_t keepalive_ms;         /* 0 = TQKV_CLIENT_DEFAULT_KEEPALIVE_MS */
+    uint32_t keepalive_timeout_ms; /* 0 = TQKV_CLIENT_DEFAULT_KEEPALIVE_TIMEOUT_MS */
+    uint32_t probe_interval_ms;    /* 0 = TQKV_CLIENT_DEFAULT_PROBE_INTERVAL_MS */
 } tqkv_client_opts_t;
+
+#define TQKV_CLIENT_DEFAULT_KEEPALIVE_MS 300u
+#define TQKV_CLIENT_DEFAULT_KEEPALIVE_TIMEOUT_MS 700u
+#define TQKV_CLIENT_DEFAULT_PROBE_INTERVAL_MS 200u
 
 /* The initializer of tqkv_client_opts_t: all defaults, struct_size set. */
 #ifdef __cplusplus
@@ -181,6 +197,15 @@ typedef struct tqkv_client_repair_stats {
     uint64_t pending_bytes; /* queued now */
 } tqkv_client_repair_stats_t;
 void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out);
+
+/* Failure detection counters (client_health.c), since the client was created. */
+typedef struct tqkv_client_health_stats {
+    uint64_t marked_down; /* times a server was marked down (a call ended UNAVAILABLE) */
+    uint64_t probes;      /* Health checks sent to down servers */
+    uint64_t revived;     /* down servers that answered and were used again */
+    uint64_t down_now;    /* servers of the current table marked down now */
+} tqkv_client_health_stats_t;
+tqkv_status_t tqkv_client_health_stats(const tqkv_client_t *c, tqkv_client_health_stats_t *out);
 
 /* ---- Put ---- */
 

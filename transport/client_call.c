@@ -7,6 +7,7 @@
 
 #include <grpc/support/alloc.h>
 
+#include "transport/client_health.h"
 #include "transport/client_internal.h"
 #include "transport/status_grpc.h"
 #include "transport/wire.h"
@@ -331,6 +332,7 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
         renew_channels(c, r->target);
         if (c->tab) /* re-resolve soon: the server may have moved */
             tqkv_membership_kick(c->ms, c->tab->s[r->target].m);
+        tqkv__health_failed(c, r->target); /* skipped until it answers a probe */
     } else
         tqkv_shard_health_ok(&t->health, c->backoff_min);
     char *d = grpc_slice_to_c_string(r->details);

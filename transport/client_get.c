@@ -160,6 +160,10 @@ typedef struct getop {
     size_t *gidx, *start, *fill, *who;
     rpc_t *rs;
     int *started, *buffered;
+    /* whether hash i is asked this round: decided once, because a target's usability (its
+     * health, its channel's state) may change between the counting and the filling pass,
+     * and a count that the fill does not match sends unfilled or overrun hash slots */
+    unsigned char *ask;
     struct pollfd *pf;
     gpr_timespec dl;
     uint64_t dl_ns; /* dl as monotonic ns */
@@ -563,6 +567,7 @@ get_free(getop_t *g)
     free(g->started);
     free(g->pf);
     free(g->buffered);
+    free(g->ask);
     free(g->done);
     free(g->corrupt);
     free(g->sc.mem);
@@ -585,9 +590,10 @@ get_alloc(getop_t *g)
     g->started = calloc(c->nt, sizeof *g->started);
     g->pf = malloc(c->nt * sizeof *g->pf);
     g->buffered = malloc(c->nt * sizeof *g->buffered);
+    g->ask = malloc(n ? n : 1);
     g->done = calloc(n * g->L, 1);
     if (!g->cand || !g->hb || !g->gidx || !g->start || !g->rs || !g->done || !g->fill || !g->who ||
-        !g->started || !g->pf || !g->buffered)
+        !g->started || !g->pf || !g->buffered || !g->ask)
         return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
     for (size_t i = 0; i < n; i++) {
         uint32_t all[RANK_MAX];
@@ -618,13 +624,13 @@ get_round_plan(getop_t *g)
     /* A hash is asked again while any of its layers is unreported. */
     memset(g->start, 0, (c->nt + 1) * sizeof *g->start);
     for (size_t i = 0; i < n; i++)
-        if (get_round_needs(g, i, now))
+        if ((g->ask[i] = (unsigned char)get_round_needs(g, i, now)))
             g->start[g->cand[i * nc + round] + 1]++;
     for (size_t t = 0; t < c->nt; t++)
         g->start[t + 1] += g->start[t];
     memcpy(g->fill, g->start, c->nt * sizeof *g->fill);
     for (size_t i = 0; i < n; i++) {
-        if (get_round_needs(g, i, now)) {
+        if (g->ask[i]) {
             size_t t = g->cand[i * nc + round];
             g->gidx[g->fill[t]] = i;
             g->hb[g->fill[t]].data = (uint8_t *)g->q->hashes[i].bytes;

@@ -49,7 +49,7 @@ typedef struct target {
     grpc_channel **ch;              /* nch channels, each its own connection */
     const grpc_channel_args *cargs; /* the client's, or own_cargs (TLS name of host) */
     grpc_channel_args own_cargs;
-    grpc_arg own_args[12];
+    grpc_arg own_args[18];
     struct target *retired_next; /* on the client's retired list once no table lists it */
     uint32_t nch;
     pthread_rwlock_t lock;
@@ -97,6 +97,7 @@ typedef struct client_shared {
     int rq_stop, rq_busy, rq_started;
     pthread_t rq_thread;
     tqkv_client_repair_stats_t rs;
+    struct tqkv__health *health; /* the prober (client_health.c), or NULL */
 } client_shared_t;
 
 /* The client, and the view one call works on (tqkv__view_enter): a copy of the client whose
@@ -122,7 +123,7 @@ struct tqkv_client {
     grpc_metadata md[2];             /* sent with calls: auth_md, and "tqkv-hop" */
     int hop;                         /* opts.hop */
     grpc_channel_credentials *creds; /* kept to rebuild channels */
-    grpc_arg args[10];
+    grpc_arg args[16];
     grpc_channel_args cargs;
     char *tls_name;            /* owned copy for the target-name override arg */
     int transport;             /* TQKV_CLIENT_TRANSPORT_* */

@@ -59,10 +59,11 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
     tqkv_status_t *sts = malloc(c->nt * sizeof *sts);
     size_t *start = malloc((c->nt + 1) * sizeof *start);
     size_t *fill = malloc((c->nt + 1) * sizeof *fill);
+    unsigned char *ask = malloc(n ? n : 1); /* asked this round: decided once (client_get.c) */
     uint32_t server_prefix = 0;
     int single_ok = 0;
     if (!present || !tier || !cand || !hb || !gidx || !tis || !reqs || !rq || !rs || !sts ||
-        !start || !fill) {
+        !start || !fill || !ask) {
         st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
         goto out;
     }
@@ -76,13 +77,13 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
         /* Group the unresolved hashes by this round's candidate (counting sort). */
         memset(start, 0, (c->nt + 1) * sizeof *start);
         for (size_t i = 0; i < n; i++)
-            if (!present[i] && tqkv__target_usable(c, cand[i * nc + round], now))
+            if ((ask[i] = !present[i] && tqkv__target_usable(c, cand[i * nc + round], now)))
                 start[cand[i * nc + round] + 1]++;
         for (size_t t = 0; t < c->nt; t++)
             start[t + 1] += start[t];
         memcpy(fill, start, c->nt * sizeof *fill);
         for (size_t i = 0; i < n; i++) {
-            if (!present[i] && tqkv__target_usable(c, cand[i * nc + round], now)) {
+            if (ask[i]) {
                 size_t t = cand[i * nc + round];
                 gidx[fill[t]] = i;
                 hb[fill[t]].data = (uint8_t *)q->hashes[i].bytes;
@@ -144,6 +145,7 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
     }
 out:
     free(present);
+    free(ask);
     free(tier);
     free(cand);
     free(hb);

@@ -57,7 +57,8 @@ tqkv__candidates(tqkv_client_t *c, const char *ns, const tqkv_hash_t *h, uint32_
     }
     uint64_t key = tqkv_shard_block_key(ns, h->bytes, h->len);
     size_t k = c->nt < RANK_MAX ? c->nt : RANK_MAX;
-    return tqkv_shard_top(&c->tab->s[0].rank_id, sizeof c->tab->s[0], c->nt, key, k, cand);
+    return tqkv_shard_top_index(c->tab->rank_index, &c->tab->s[0].rank_id, sizeof c->tab->s[0],
+                                c->nt, key, k, cand);
 }
 
 /* How many rank positions Get and Lookup ask: the R replicas plus one more, where a

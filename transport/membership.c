@@ -97,6 +97,7 @@ table_free(tqkv_member_table_t *t)
     }
     free(t->s);
     free(t->users);
+    tqkv_shard_index_destroy(t->rank_index);
     free(t);
 }
 
@@ -355,6 +356,8 @@ ares_run(ares_channel ch)
     }
 }
 
+#define SRV_WINDOW 64 /* SRV hosts resolved at once */
+
 /* Resolves one DNS target into out: 0 when DNS answered with at least one address. */
 static int
 resolve_spec(tqkv_membership_t *ms, const spec_t *sp, addrset_t *out)
@@ -381,25 +384,54 @@ resolve_spec(tqkv_membership_t *ms, const spec_t *sp, addrset_t *out)
         for (struct ares_srv_reply *r = srvq.srv; r; r = r->next)
             nq++;
         query_t *qs = calloc(nq, sizeof *qs);
-        if (qs) {
+        struct ares_srv_reply **rv = calloc(nq, sizeof *rv);
+        if (qs && rv) {
             size_t i = 0;
-            for (struct ares_srv_reply *r = srvq.srv; r; r = r->next, i++) {
-                snprintf(qs[i].port, sizeof qs[i].port, "%u", (unsigned)r->port);
-                qs[i].pending = 1;
-                ares_getaddrinfo(ms->ares, r->host, NULL, &hints, addrinfo_cb, &qs[i]);
+            for (struct ares_srv_reply *r = srvq.srv; r; r = r->next, i++)
+                rv[i] = r;
+            /* At most SRV_WINDOW hosts in flight, and one more round for those whose
+             * answer was lost (a timeout, not "no such name"): a thousand queries sent at
+             * once overflow the DNS server's socket buffer (dnsmasq lost a quarter of
+             * them in tqkv-cluster-sim), and a lost host would drop out of the table. */
+            for (int pass = 0; pass < 2; pass++) {
+                for (size_t b = 0; b < nq; b += SRV_WINDOW) {
+                    size_t e = b + SRV_WINDOW < nq ? b + SRV_WINDOW : nq, sent = 0;
+                    for (i = b; i < e; i++) {
+                        if (pass == 1 && qs[i].status != ARES_ETIMEOUT &&
+                            qs[i].status != ARES_ECONNREFUSED && qs[i].status != ARES_ESERVFAIL)
+                            continue;
+                        snprintf(qs[i].port, sizeof qs[i].port, "%u", (unsigned)rv[i]->port);
+                        qs[i].pending = 1;
+                        ares_getaddrinfo(ms->ares, rv[i]->host, NULL, &hints, addrinfo_cb, &qs[i]);
+                        sent++;
+                    }
+                    if (sent)
+                        ares_run(ms->ares);
+                }
             }
-            ares_run(ms->ares);
             for (i = 0; i < nq; i++) {
                 for (size_t j = 0; j < qs[i].out.n; j++)
                     if (addrset_add(out, qs[i].out.addr[j], sp->host) == 0)
                         ok = 1;
                 addrset_free(&qs[i].out);
             }
-            free(qs);
         }
+        free(qs);
+        free(rv);
     }
     if (srvq.srv)
         ares_free_data(srvq.srv);
+    if (!ok && aq.status != ARES_SUCCESS && srvq.status != ARES_ENOTFOUND &&
+        srvq.status != ARES_ENODATA) {
+        /* The SRV answer was there but unusable (over 64 KiB: truncated even over TCP,
+         * ~1,000 pods with long names) and took the A query down with it (both on one TCP
+         * connection, which c-ares drops): ask for the A/AAAA records alone. */
+        addrset_free(&aq.out);
+        memset(&aq.out, 0, sizeof aq.out);
+        aq.pending = 1;
+        ares_getaddrinfo(ms->ares, sp->host, NULL, &hints, addrinfo_cb, &aq);
+        ares_run(ms->ares);
+    }
     if (!ok && aq.status == ARES_SUCCESS)
         for (size_t j = 0; j < aq.out.n; j++)
             if (addrset_add(out, aq.out.addr[j], sp->host) == 0)
@@ -789,6 +821,8 @@ pass(tqkv_membership_t *ms)
         cv[i].m = NULL;
         cv[i].node_id = NULL;
     }
+    /* NULL for small tables (and out of memory: the same order, slower) */
+    t->rank_index = tqkv_shard_index_create(&t->s[0].rank_id, sizeof t->s[0], n);
     n = 0;
     pthread_mutex_lock(&ms->cur_mu);
     tqkv_member_table_t *prev = ms->cur;

@@ -63,6 +63,8 @@ typedef struct tqkv_member_table {
     size_t n;
     tqkv_member_slot_t *s;
     void **users; /* users[i] = s[i].m->user, for callers that index their state by slot */
+    struct tqkv_shard_index *rank_index; /* groups of the rank ids (tqkv_shard_top_index);
+                                            NULL up to TQKV_SHARD_FLAT_MAX members */
 } tqkv_member_table_t;
 
 typedef struct tqkv_membership_opts {

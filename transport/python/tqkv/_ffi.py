@@ -72,6 +72,9 @@ typedef struct tqkv_client_opts {
     uint32_t resolve_interval_ms;
     size_t read_repair_bytes;
     int no_read_repair;
+    uint32_t keepalive_ms;
+    uint32_t keepalive_timeout_ms;
+    uint32_t probe_interval_ms;
 } tqkv_client_opts_t;
 
 typedef struct tqkv_hash {
@@ -102,6 +105,13 @@ typedef struct tqkv_client_repair_stats {
     uint64_t pending_bytes;
 } tqkv_client_repair_stats_t;
 void tqkv_client_repair_stats(tqkv_client_t *c, tqkv_client_repair_stats_t *out);
+typedef struct tqkv_client_health_stats {
+    uint64_t marked_down;
+    uint64_t probes;
+    uint64_t revived;
+    uint64_t down_now;
+} tqkv_client_health_stats_t;
+tqkv_status_t tqkv_client_health_stats(const tqkv_client_t *c, tqkv_client_health_stats_t *out);
 
 typedef struct tqkv_put_opts {
     float key_bits, value_bits;
