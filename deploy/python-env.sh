@@ -16,6 +16,8 @@
 # variables apply). Fails loudly, with pip's output, when the install fails, and when pip
 # installed a package the file does not pin (the set must stay reproducible).
 # Progress goes to stderr. Concurrent calls for one set wait for each other (flock).
+# A set file may carry lines "#tqkv-pip: ARGS", passed to pip install (e.g. --no-deps, for
+# a complete freeze whose top package pins a version only another index serves).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,8 +69,9 @@ if ! "$base" -m venv "$venv" >"$log" 2>&1; then
   rm -rf "$venv"
   die "$base -m venv failed (Debian: apt-get install python3-venv, see deploy/install-deps.sh)"
 fi
+read -r -a pip_args <<<"$(sed -n 's/^#tqkv-pip:[[:space:]]*//p' "$req" | tr '\n' ' ')"
 if ! "$py" -m pip install --disable-pip-version-check --no-input --progress-bar off \
-  -r "$req" >>"$log" 2>&1; then
+  ${pip_args[@]+"${pip_args[@]}"} -r "$req" >>"$log" 2>&1; then
   tail -n 40 "$log" >&2
   rm -rf "$venv"
   die "pip install -r $req failed (output above; all of it in $log)"
