@@ -763,17 +763,85 @@ sum_accum_plain(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
     return sum_accum_body(acc, x, n, maxmag);
 }
 
+/* The SIMD copies hold the 8 lanes of tqkv_token_center_energy in registers (lane j:
+ * channels c = j mod 8; f64, no contraction) and join them in its order. */
+static inline __attribute__((always_inline)) void
+center_vote_join(const double *p, const double *q, uint64_t *v, uint64_t *n)
+{
+    double ep = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    double ec = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+    *v += tqkv_center_vote(ep, ec);
+    *n += ep > 0;
+}
+
 __attribute__((target("avx512f"))) static void
 center_votes_avx512(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
                     uint64_t *votes, uint64_t *nonzero)
 {
-    center_votes_body(x, xs, T, D, mu, votes, nonzero);
+    uint64_t v = 0, n = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        const uint16_t *xr = x + t * xs;
+        __m512d p = _mm512_setzero_pd(), q = _mm512_setzero_pd();
+        double pl[8], ql[8];
+        uint32_t c = 0;
+        for (; c + 8 <= D; c += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(xr + c));
+            __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            __m512d a = _mm512_cvtps_pd(f), m = _mm512_cvtps_pd(_mm256_loadu_ps(mu + c));
+            __m512d d = _mm512_sub_pd(a, m);
+            p = _mm512_add_pd(p, _mm512_mul_pd(a, a));
+            q = _mm512_add_pd(q, _mm512_mul_pd(d, d));
+        }
+        _mm512_storeu_pd(pl, p);
+        _mm512_storeu_pd(ql, q);
+        for (uint32_t j = 0; c + j < D; j++) {
+            double a = (double)tqkv_bf16_to_f32(xr[c + j]), d = a - (double)mu[c + j];
+            pl[j] += a * a;
+            ql[j] += d * d;
+        }
+        center_vote_join(pl, ql, &v, &n);
+    }
+    *votes = v;
+    *nonzero = n;
 }
+
 __attribute__((target("avx2"))) static void
 center_votes_avx2(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
                   uint64_t *votes, uint64_t *nonzero)
 {
-    center_votes_body(x, xs, T, D, mu, votes, nonzero);
+    uint64_t v = 0, n = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        const uint16_t *xr = x + t * xs;
+        __m256d p0 = _mm256_setzero_pd(), p1 = _mm256_setzero_pd();
+        __m256d q0 = _mm256_setzero_pd(), q1 = _mm256_setzero_pd();
+        double pl[8], ql[8];
+        uint32_t c = 0;
+        for (; c + 8 <= D; c += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(xr + c));
+            __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            __m256 mf = _mm256_loadu_ps(mu + c);
+            __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+            __m256d a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+            __m256d d0 = _mm256_sub_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(mf)));
+            __m256d d1 = _mm256_sub_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(mf, 1)));
+            p0 = _mm256_add_pd(p0, _mm256_mul_pd(a0, a0));
+            p1 = _mm256_add_pd(p1, _mm256_mul_pd(a1, a1));
+            q0 = _mm256_add_pd(q0, _mm256_mul_pd(d0, d0));
+            q1 = _mm256_add_pd(q1, _mm256_mul_pd(d1, d1));
+        }
+        _mm256_storeu_pd(pl, p0);
+        _mm256_storeu_pd(pl + 4, p1);
+        _mm256_storeu_pd(ql, q0);
+        _mm256_storeu_pd(ql + 4, q1);
+        for (uint32_t j = 0; c + j < D; j++) {
+            double a = (double)tqkv_bf16_to_f32(xr[c + j]), d = a - (double)mu[c + j];
+            pl[j] += a * a;
+            ql[j] += d * d;
+        }
+        center_vote_join(pl, ql, &v, &n);
+    }
+    *votes = v;
+    *nonzero = n;
 }
 static void
 center_votes_plain(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
@@ -905,6 +973,17 @@ merge_rows_vbmi2(const float *bf, const uint16_t *bh, float *out_f, uint16_t *ou
     }
 }
 
+/* The centering decision of one head (rows x + t * xs): zeroes its mean row mh unless
+ * centering lowers the tokens' mean relative energy (tq_math.h tqkv_center_keep). */
+static void
+center_decide(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, float *mh, int fast)
+{
+    uint64_t votes, nonzero;
+    (fast ? center_votes : center_votes_plain)(x, xs, T, D, mh, &votes, &nonzero);
+    if (!tqkv_center_keep(votes, nonzero))
+        memset(mh, 0, sizeof(float) * D);
+}
+
 static tqkv_status_t
 encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_t *page, int fast,
               char *err, size_t errlen)
@@ -962,37 +1041,48 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
     }
     if (centered) {
         /* mu = (float)(sum_t x / T), f64 sums in token order; a head with some
-         * |x - mu| > 2^126 keeps mu = 0 (centered values stay within f32) */
+         * |x - mu| > 2^126 keeps mu = 0 (centered values stay within f32). Then the head
+         * keeps mu only where centering lowers its tokens' mean relative energy
+         * (tq_math.h tqkv_center_keep), else its mean row is zeros: stored uncentered.
+         * Head by head, so the decision reads the head's rows while they are in cache. */
         uint16_t maxmag = 0; /* |x| <= 2^125 everywhere => |x - mu| <= 2^126 */
+        uint8_t *late = calloc(H, 1);
+        if (!late) {
+            st = TQKV_ENOMEM;
+            goto out;
+        }
         memset(acc, 0, sizeof(double) * HD);
-        for (uint32_t tt = 0; tt < T; tt++)
-            maxmag = sum_accum(acc, x + tt * HD, HD, maxmag);
-        for (uint64_t k = 0; k < HD; k++)
-            mean[k] = (float)(acc[k] / T);
-        memset(acc, 0, sizeof(double) * HD);
-        if (maxmag > 0x7e00u) /* 2^125 */
+        for (uint32_t hh = 0; hh < H; hh++) {
+            uint16_t mh = 0;
+            for (uint32_t tt = 0; tt < T; tt++)
+                mh = sum_accum(acc + (uint64_t)hh * D, x + tt * HD + (uint64_t)hh * D, D, mh);
+            for (uint64_t k = (uint64_t)hh * D; k < (uint64_t)(hh + 1) * D; k++)
+                mean[k] = (float)(acc[k] / T);
+            if (mh > 0x7e00u) /* 2^125: decided after the deviation check below */
+                late[hh] = 1;
+            else
+                center_decide(x + (uint64_t)hh * D, HD, T, D, mean + (uint64_t)hh * D, fast);
+            maxmag = mh > maxmag ? mh : maxmag;
+        }
+        if (maxmag > 0x7e00u) {
+            memset(acc, 0, sizeof(double) * HD);
             for (uint32_t tt = 0; tt < T; tt++)
                 for (uint64_t k = 0; k < HD; k++) {
                     double dv = fabs((double)tqkv_bf16_to_f32(x[tt * HD + k]) - mean[k]);
                     acc[k] = dv > acc[k] ? dv : acc[k];
                 }
-        for (uint32_t hh = 0; hh < H; hh++) {
-            int big = 0;
-            for (uint32_t c = 0; c < D; c++)
-                big |= acc[(uint64_t)hh * D + c] > 0x1p126;
-            if (big)
-                memset(mean + (uint64_t)hh * D, 0, sizeof(float) * D);
+            for (uint32_t hh = 0; hh < H; hh++) {
+                int big = 0;
+                if (!late[hh])
+                    continue;
+                for (uint32_t c = 0; c < D; c++)
+                    big |= acc[(uint64_t)hh * D + c] > 0x1p126;
+                if (big)
+                    memset(mean + (uint64_t)hh * D, 0, sizeof(float) * D);
+                center_decide(x + (uint64_t)hh * D, HD, T, D, mean + (uint64_t)hh * D, fast);
+            }
         }
-        /* a head keeps mu only where centering lowers its tokens' mean relative energy
-         * (tq_math.h tqkv_center_keep); else its mean row is zeros: stored uncentered */
-        for (uint32_t hh = 0; hh < H; hh++) {
-            float *mh = mean + (uint64_t)hh * D;
-            uint64_t votes, nonzero;
-            (fast ? center_votes : center_votes_plain)(x + (uint64_t)hh * D, HD, T, D, mh, &votes,
-                                                       &nonzero);
-            if (!tqkv_center_keep(votes, nonzero))
-                memset(mh, 0, sizeof(float) * D);
-        }
+        free(late);
     }
     if (ngroups == 2) {
         /* energy sum_t (x - mu)^2 per (head, channel), f64 in token order */

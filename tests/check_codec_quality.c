@@ -225,9 +225,9 @@ END_TEST
  * rotations (every page has its own): over 58 seeds at 64 pages, d = 64 b = 4 measured
  * mean +41.2%, sd 6.1%, max +57.7% (and +65.0% once in CI, seed 4767804040607313073),
  * d = 128 b = 4 mean +6.9%, sd 4.3%, max +17.6% against the 25% bound. 256 pages halve
- * the spread: over 35 seeds (docs/testing.md, "Statistical bounds") d = 64 b = 4
- * measured mean +41.0%, sd 2.5%, max +47.0% (b = 3: +22.6%, sd 5.0%, max +32.8%), d = 128
- * b = 4 mean +7.8%, sd 1.9%, max +10.8%: the bounds sit 7 sd or more above the means. */
+ * the spread: over 60 seeds (docs/testing.md, "Statistical bounds") d = 64 b = 4
+ * measured mean +41.4%, sd 2.7%, max +48.4% (b = 3: +22.9%, sd 5.1%, max +34.6%), d = 128
+ * b = 4 mean +7.6%, sd 2.0%, max +11.4%: the bounds sit 7 sd or more above the means. */
 START_TEST(test_dmse_onehot)
 {
     rng = tqkv_test_seed() + 5;
@@ -252,7 +252,9 @@ START_TEST(test_prod_unbiased)
             fprintf(stderr,
                     "  prod b=%u %-8s: bias %+.5f (t = %+.2f over %.0f pages), slope %.4f\n", b,
                     rot ? "hadamard" : "dense", ip.mean, t, ip.n, slope);
-            ck_assert_msg(fabs(t) < 4, "prod b=%u rot=%d: bias t-statistic %.2f", b, rot, t);
+            /* t over 383 degrees of freedom is ~N(0, 1) when unbiased: |t| < 5 fails one
+             * seed in ~3e5 over these 6 checks (|t| < 4 was one in ~2600) */
+            ck_assert_msg(fabs(t) < 5, "prod b=%u rot=%d: bias t-statistic %.2f", b, rot, t);
             ck_assert_msg(fabs(slope - 1) < tol(0.02), "prod b=%u: slope %.4f", b, slope);
             /* the same test run on mse at the same bits rejects: it has power */
             (void)measure(DATA_RANDOM, 128, b, TQKV_MODE_MSE, rot, 32, (uint32_t)scale_n(128), &im);
