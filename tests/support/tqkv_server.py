@@ -15,7 +15,8 @@ import time
 
 
 class ServerProcess:
-    def __init__(self, server, args, env=None, start_timeout=30, want_metrics=False):
+    def __init__(self, server, args, env=None, start_timeout=30, want_metrics=False,
+                 drain_stdout=False):
         self.proc = subprocess.Popen([server] + list(args), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
         self.port = None
@@ -40,10 +41,18 @@ class ServerProcess:
         self.stderr_lines = []
         self._t = threading.Thread(target=self._drain, daemon=True)
         self._t.start()
+        self._t2 = None
+        if drain_stdout:  # a server that keeps printing must not block on a full pipe
+            self._t2 = threading.Thread(target=self._drain_out, daemon=True)
+            self._t2.start()
 
     def _drain(self):
         for line in self.proc.stderr:
             self.stderr_lines.append(line)
+
+    def _drain_out(self):
+        for _ in self.proc.stdout:
+            pass
 
     def stop(self, timeout=30):
         """SIGTERM, then the exit code; a server still running after timeout is killed
@@ -67,6 +76,8 @@ class ServerProcess:
 
     def close(self):
         self._t.join(timeout=5)
+        if self._t2 is not None:
+            self._t2.join(timeout=5)
         for f in (self.proc.stdout, self.proc.stderr):
             try:
                 f.close()
