@@ -28,6 +28,7 @@ SERVER = None
 PROTO_DIR = None
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from tqkv_seed import test_seed  # noqa: E402
+from tqkv_server import ServerProcess  # noqa: E402
 
 SEED = test_seed()
 SANITIZED = os.environ.get("TQKV_SANITIZED") == "1"
@@ -61,35 +62,15 @@ def gen_stubs():
     pb, pbg, refl = m1, m2, m3
 
 
-class Server:
-    """A tqkv-server process on 127.0.0.1, port 0."""
+class Server(ServerProcess):
+    """A tqkv-server process on 127.0.0.1, port 0, with a grpc channel and stub
+    (tests/support/tqkv_server.py)."""
 
     def __init__(self, *extra, target=None, creds=None, env=None):
-        self.proc = subprocess.Popen(
-            [SERVER, "--listen", "127.0.0.1:0", "--threads", "2", "--encoder-threads", "2",
-             "--max-message-bytes", str(MAX_MSG), "--dram-capacity", "256M", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.port = None
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if "listening on" in line:
-                self.port = int(line.strip().rsplit(":", 1)[1])
-                break
-        self.metrics_port = None
-        if self.port is not None and "--metrics-listen" in extra:
-            line = self.proc.stdout.readline()
-            if "metrics on port" in line:
-                self.metrics_port = int(line.split()[-1])
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("server did not start: " + self.proc.stderr.read())
-        self.stderr_lines = []
-        self._t = threading.Thread(target=self._drain, daemon=True)
-        self._t.start()
+        super().__init__(SERVER, ["--listen", "127.0.0.1:0", "--threads", "2",
+                                  "--encoder-threads", "2", "--max-message-bytes", str(MAX_MSG),
+                                  "--dram-capacity", "256M", *extra],
+                         env=env, want_metrics="--metrics-listen" in extra)
         opts = [("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20)]
         addr = "%s:%d" % (target or "127.0.0.1", self.port)
@@ -99,22 +80,9 @@ class Server:
             self.channel = grpc.insecure_channel(addr, options=opts)
         self.stub = pbg.KVCacheStub(self.channel)
 
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line)
-
     def stop(self, timeout=30):
         self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=timeout)
-        self.close()
-        return rc
-
-    def close(self):
-        self._t.join(timeout=5)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        return super().stop(timeout)
 
 
 def bf16(a):
