@@ -138,8 +138,6 @@ struct tqkv_disk {
     double rebuild_seconds;
 };
 
-static unsigned g_digest_bits = 64;
-
 /* A visitor of the records of a segment scan (tqkv__disk_scan_segment): off is the
  * record's offset in s; nonzero stops the scan. */
 typedef int (*scan_fn)(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg);
