@@ -17,7 +17,10 @@ so every comparison is against bytes the disk tier never touched.
 - --disk-sync always: kill -9 during Puts, N rounds: every acknowledged Put is served.
 - --ns-quota: records dropped for the quota stay dropped after a restart (tombstones).
 - A Lookup lease holds disk-only pages through disk capacity eviction.
+- proto/DISK_FORMAT.md: an independent reader (disk_format_reader.py) checks every CRC of
+  the segments a real server wrote, and finds the pages Put under their keys.
 """
+import json
 import os
 import random
 import re
@@ -35,6 +38,9 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_data_channel as dc  # noqa: E402  (Server, DataChannel, stubs)
+import disk_format_reader as fmt  # noqa: E402  (independent reader of DISK_FORMAT.md)
+
+READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "disk_format_reader.py")
 
 ROUNDS = int(os.environ.get("TQKV_DISK_KILL_ROUNDS", "3"))
 T, H, D = 16, 4, 128
@@ -197,6 +203,51 @@ class DiskTierTest(unittest.TestCase):
             reqs = [page_put(ns, h, l, ref_of(h)) for h in hashes[i:i + step] for l in (0, 1)]
             r = srv.stub.Put(iter(reqs), timeout=60)
             self.assertEqual(r.blocks_stored + r.blocks_duplicate, len(reqs))
+
+    def test_format_document_reader(self):
+        """proto/DISK_FORMAT.md read by an independent reader (disk_format_reader.py,
+        written from the document only): every CRC of a segment written by a real server
+        checks, and the records hold the pages that were Put under their keys."""
+        ns = "fmt-doc"
+        hashes = [dc.rand_hash() for _ in range(24)]
+        srv = disk_server(self.dir, "--disk-sync", "always")
+        try:
+            srv.stub.Put(iter([page_put(ns, h, l, ref_of(h)) for h in hashes for l in (0, 1)]),
+                         timeout=60)
+            srv.stub.Delete(dc.pb.DeleteRequest(namespace=ns, hashes=hashes[:2]), timeout=30)
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.log_tail())
+        out = subprocess.run([sys.executable, READER, self.dir, "--json"], capture_output=True,
+                             text=True, timeout=300)
+        got = json.loads(out.stdout)
+        self.assertEqual(got["errors"], [], "reader following DISK_FORMAT.md: %s" % got["errors"])
+        self.assertEqual(out.returncode, 0)
+        self.assertGreaterEqual(got["segments"], 1)
+        self.assertGreaterEqual(got["tombstones"], 1)
+        self.assertEqual(got["records"], 2 * len(hashes))
+        crcs = {(k[1], k[2]): k[4] for k in got["keys"] if k[0] == ns}
+        for h in hashes:
+            for layer in (0, 1):
+                self.assertEqual(crcs.get((h.hex(), layer)), fmt.crc32c(REF[ref_of(h)]),
+                                 "record of layer %d does not hold the page Put" % layer)
+
+    def test_page_larger_than_disk_record_says_so(self):
+        """--disk-capacity 1M: a segment is 256 KiB, so a larger page cannot be written
+        through; the refusal names the disk tier's limit, not leases (issue 23)."""
+        srv = disk_server(self.dir, "--disk-sync", "always", dram="64M", disk="1M")
+        try:
+            # 512 tokens x 8 heads x 128: a 2 MiB BF16 block, a page of several 100 KiB
+            err = dc.rpc_error(srv.stub.Put, iter([dc.put_req("big", dc.rand_hash(), 0, 512, 8,
+                                                              128)]), timeout=60)
+            self.assertIsNotNone(err, "a page larger than a disk segment was accepted")
+            self.assertEqual(err.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, err.details())
+            self.assertIn("larger than the disk tier's largest record", err.details())
+            self.assertIn("--disk-capacity", err.details())
+            self.assertNotIn("leased", err.details())
+            # a page that fits is still stored
+            srv.stub.Put(iter([page_put("big", dc.rand_hash(), 0, 0)]), timeout=60)
+        finally:
+            srv.stop()
 
     def test_quota_drops_stay_gone_after_restart(self):
         """--ns-quota over the disk bytes: the records a Put over the quota drops are
