@@ -105,6 +105,10 @@ tqkv__disk_do_flush(tqkv_disk_t *d)
     d->active->size = d->buf_off;
     d->active->sealed = 1;
     pthread_rwlock_unlock(&d->ilock);
+    /* A segment that holds no record (its first batch failed: a full file system) goes,
+     * so that refused Puts do not leave a header-only file each. */
+    if (d->buf_off <= ALIGN)
+        tqkv__disk_seg_remove(d, d->active);
     d->active = NULL;
     d->fill = 0;
     d->buf_seq_lo = 0;
@@ -847,6 +851,8 @@ tqkv_disk_stats(tqkv_disk_t *d, tqkv_disk_stats_t *out)
     out->rebuild_seconds = d->rebuild_seconds;
     out->io_engine = d->io ? tqkv__io_name(d->io) : "none";
     out->direct = d->direct;
+    out->segment_bytes = d->cfg.segment_bytes;
+    out->max_record = d->cfg.segment_bytes - ALIGN; /* tqkv__disk_do_reserve's bound */
 }
 
 void

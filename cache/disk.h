@@ -172,8 +172,11 @@ typedef struct tqkv_disk_stats {
     uint64_t index_bytes, index_slots; /* the index's RAM */
     uint64_t rebuild_bytes;            /* bytes scanned at open */
     double rebuild_seconds;
-    const char *io_engine; /* "io_uring" or "threads" (static) */
-    int direct;            /* O_DIRECT in use */
+    const char *io_engine;  /* "io_uring" or "threads" (static) */
+    int direct;             /* O_DIRECT in use */
+    uint64_t segment_bytes; /* largest segment file (min(segment size, capacity / 4)) */
+    uint64_t max_record;    /* largest record a segment holds (segment_bytes - 4096): a
+                               record (tqkv_disk_record_bytes) over it is refused ENOSPC */
 } tqkv_disk_stats_t;
 
 void tqkv_disk_stats(tqkv_disk_t *d, tqkv_disk_stats_t *out);

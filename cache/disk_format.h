@@ -83,7 +83,8 @@ typedef struct tqkv_disk_rec {
     uint32_t record_bytes; /* 40: whole record, a multiple of TQKV_DISK_ALIGN */
     uint32_t seg_id;       /* 44: the segment the record was written to */
     uint8_t reserved[12];  /* 48: zero */
-    uint32_t header_crc;   /* 60: CRC32C of [0, 60) then the key bytes */
+    uint32_t header_crc;   /* 60: CRC32C of the 64 header bytes with this field zero,
+                              continued over the key bytes */
 } tqkv_disk_rec_t;
 
 _Static_assert(sizeof(tqkv_disk_super_t) == 64, "superblock is 64 bytes");

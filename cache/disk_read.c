@@ -28,6 +28,35 @@
 
 /* ---- reading ---- */
 
+/* Test-only hook (tests/interop/test_disk_tier.py, the slow-disk test; never set it in
+ * production): with TQKV_TEST_DISK_READ_GATE=PATH in the environment, every record read
+ * (Gets, prefetch; not the start-up scan) first creates PATH.waiting and then waits until
+ * PATH exists: a disk as slow as the test wants, without device-mapper. */
+static const char *g_gate;
+static pthread_once_t g_gate_once = PTHREAD_ONCE_INIT;
+
+static void
+gate_init(void)
+{
+    const char *g = getenv("TQKV_TEST_DISK_READ_GATE");
+    g_gate = g != NULL && g[0] != '\0' ? g : NULL;
+}
+
+static void
+test_read_gate(void)
+{
+    pthread_once(&g_gate_once, gate_init);
+    if (g_gate == NULL)
+        return;
+    char w[4096];
+    snprintf(w, sizeof(w), "%s.waiting", g_gate);
+    int fd = open(w, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+    while (access(g_gate, F_OK) != 0)
+        usleep(2000);
+}
+
 /* Reads the record at (seg, blk) of nblk blocks into a new aligned buffer. */
 tqkv_status_t
 tqkv__disk_read_record(tqkv_disk_t *d, seg_t *s, uint32_t blk, uint32_t nblk, int wlocked,
@@ -51,6 +80,7 @@ tqkv__disk_read_record(tqkv_disk_t *d, seg_t *s, uint32_t blk, uint32_t nblk, in
         if (!wlocked)
             pthread_mutex_unlock(&d->wlock);
     }
+    test_read_gate();
     ssize_t n = tqkv__io_rw(d->io, 0, s->fd, b, len, off);
     cnt(&d->reads, 1);
     if (n < 0) {
@@ -166,6 +196,8 @@ tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n, tqkv_
             st[i] = tqkv_disk_get(d, &keys[i], &out[i]);
         goto done;
     }
+    if (n > 0)
+        test_read_gate();
     for (size_t i = 0; i < n; i++) {
         slot_t c[2];
         memset(&out[i], 0, sizeof(out[i]));

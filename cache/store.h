@@ -175,6 +175,41 @@ typedef struct tqkv_store_stats {
 tqkv_status_t tqkv_store_stats(tqkv_store_t *s, const char *ns, size_t ns_len,
                                tqkv_store_stats_t *out);
 
+/* Disk reads off the caller's thread (issue 23): a Get serves its pages with
+ * tqkv_store_get_cached, which never reads the disk; at the first page that is on the
+ * disk tier only (TQKV_EBUSY) it has tqkv_store_pin_disk read that page and the disk-only
+ * pages after it, on a thread that may wait for the disk, and then serves them from the
+ * pins. A pinned page is held (its read buffer) until the Get takes it, so neither
+ * eviction nor the Get's own promotions can make it be read twice.
+ *
+ * Blocks are numbered in Get order: block i is hashes[i % n] at layer layer_begin + i / n. */
+typedef struct tqkv_store_pins tqkv_store_pins_t;
+
+/* tqkv_store_get that never reads the disk tier: a page held by the disk tier only is
+ * TQKV_EBUSY (nothing counted); everything else as tqkv_store_get. */
+tqkv_status_t tqkv_store_get_cached(tqkv_store_t *s, const tqkv_block_key_t *key,
+                                    tqkv_page_ref_t **out);
+
+/* Reads the disk-only pages among blocks [first, n x (layer_end - layer_begin)) with all
+ * reads of a batch in flight at once, up to half the DRAM capacity in bytes, promoting
+ * each into DRAM, and pins them in *out (NULL with an error; freed with
+ * tqkv_store_pins_free). The blocks in HBM/DRAM up to there are pinned too (a reference
+ * on their copy, counted as a hit now), so the promotions cannot evict them before the
+ * Get sends them. Absent blocks and blocks past the byte budget are not pinned
+ * (tqkv_store_pins_take gives NULL for them). Block `first` is always read when it is on
+ * disk. The arrays are read during the call only. */
+tqkv_status_t tqkv_store_pin_disk(tqkv_store_t *s, const char *ns, size_t ns_len,
+                                  const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                                  uint32_t layer_begin, uint32_t layer_end, size_t first,
+                                  tqkv_store_pins_t **out);
+
+/* Block idx's pinned page, handed over (release it with tqkv_page_ref_release; a disk
+ * page is counted as a disk hit now), or NULL. *miss (may be NULL) is set when block idx was on
+ * disk but its read failed its checks or the disk (a miss, counted). */
+tqkv_page_ref_t *tqkv_store_pins_take(tqkv_store_pins_t *p, size_t idx, int *miss);
+/* Frees the pins and every page not taken. NULL is a no-op. */
+void tqkv_store_pins_free(tqkv_store_pins_t *p);
+
 struct tqkv_disk_stats;
 /* The disk tier's own counters (cache/disk.h); TQKV_ENOTFOUND without a disk tier. */
 tqkv_status_t tqkv_store_disk_stats(tqkv_store_t *s, struct tqkv_disk_stats *out);

@@ -187,8 +187,9 @@ tqkv_store_prefetch(tqkv_store_t *s, const char *ns_name, size_t ns_len,
     }
 }
 
-tqkv_status_t
-tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out)
+/* tqkv_store_get; without read_disk a disk-only page is TQKV_EBUSY, not read. */
+static tqkv_status_t
+get_impl(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out, int read_disk)
 {
     ns_rec_t *ns;
     uint64_t hv;
@@ -218,8 +219,12 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
     e = tqkv__store_do_entry_find(sp, hv, ns, key->hash, key->hash_len, key->layer);
     if (e == NULL) {
         pthread_mutex_unlock(&sp->lock);
-        if (s->disk != NULL)
+        if (s->disk != NULL && read_disk)
             return get_disk(s, ns, key, r, out);
+        if (s->disk != NULL && tqkv_disk_contains(s->disk, key, NULL)) {
+            free(r);
+            return TQKV_EBUSY; /* on disk only: the caller reads it (tqkv_store_pin_disk) */
+        }
         free(r);
         cnt_add(&s->g.misses, 1);
         cnt_add(&ns->c.misses, 1);
@@ -280,6 +285,189 @@ tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **o
         entry_put(e);
     *out = r;
     return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_store_get(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out)
+{
+    return get_impl(s, key, out, 1);
+}
+
+tqkv_status_t
+tqkv_store_get_cached(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_ref_t **out)
+{
+    return get_impl(s, key, out, 0);
+}
+
+/* ---- pinned disk reads (a Get's disk-only pages, read once) ---- */
+
+enum { PIN_NONE = 0, PIN_REF, PIN_RAM, PIN_MISS };
+
+struct tqkv_store_pins {
+    tqkv_store_t *s;
+    ns_rec_t *ns;
+    size_t first, n;        /* blocks [first, first + n) were considered */
+    uint8_t *state;         /* PIN_* per block */
+    tqkv_page_ref_t **refs; /* per block (PIN_REF) */
+};
+
+/* Pins the pages of one batch read: a reference over each read buffer, promoted into
+ * DRAM as a plain read would. */
+static void
+pin_batch(tqkv_store_pins_t *p, const tqkv_block_key_t *keys, const size_t *idx, size_t nk)
+{
+    tqkv_store_t *s = p->s;
+    tqkv_disk_page_t pages[PREFETCH_BATCH];
+    tqkv_status_t sts[PREFETCH_BATCH];
+    tqkv_disk_get_many(s->disk, keys, nk, pages, sts);
+    for (size_t j = 0; j < nk; j++) {
+        size_t b = idx[j] - p->first;
+        tqkv_page_ref_t *r = sts[j] == TQKV_OK ? malloc(sizeof(*r)) : NULL;
+        if (r == NULL) {
+            if (sts[j] == TQKV_OK)
+                tqkv_disk_page_free(&pages[j]);
+            /* Gone meanwhile (ENOTFOUND) or failed its checks / the disk: a miss. */
+            p->state[b] = PIN_MISS;
+            continue;
+        }
+        int dup = 0;
+        if (tqkv__store_put_ram(s, &keys[j], pages[j].parent_len ? pages[j].parent : NULL,
+                                pages[j].parent_len, pages[j].page, pages[j].len,
+                                pages[j].bf16_bytes, &dup) == TQKV_OK &&
+            !dup) {
+            cnt_add(&s->g.disk_promotions, 1);
+            cnt_add(&p->ns->c.disk_promotions, 1);
+        }
+        r->s = s;
+        r->c = NULL;
+        r->buf = pages[j].buf; /* the read buffer; the page is inside it */
+        r->host = pages[j].page;
+        r->len = (uint32_t)pages[j].len;
+        r->tier = TQKV_TIER_DISK;
+        p->refs[b] = r;
+        p->state[b] = PIN_REF;
+    }
+}
+
+tqkv_status_t
+tqkv_store_pin_disk(tqkv_store_t *s, const char *ns_name, size_t ns_len,
+                    const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                    uint32_t layer_begin, uint32_t layer_end, size_t first, tqkv_store_pins_t **out)
+{
+    tqkv_block_key_t keys[PREFETCH_BATCH];
+    size_t idx[PREFETCH_BATCH], nk = 0;
+    uint64_t budget, fetched = 0;
+
+    if (out != NULL)
+        *out = NULL;
+    if (s == NULL || out == NULL || (ns_name == NULL && ns_len > 0) || hashes == NULL ||
+        hash_lens == NULL || n == 0 || layer_end <= layer_begin ||
+        layer_end > TQKV_STORE_MAX_LAYERS)
+        return TQKV_EINVAL;
+    size_t total = (size_t)(layer_end - layer_begin) * n;
+    if (first >= total)
+        return TQKV_EINVAL;
+    tqkv_store_pins_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return TQKV_ENOMEM;
+    p->s = s;
+    p->first = first;
+    p->n = total - first;
+    p->state = calloc(p->n, 1);
+    p->refs = calloc(p->n, sizeof(*p->refs));
+    if (p->state == NULL || p->refs == NULL) {
+        tqkv_store_pins_free(p);
+        return TQKV_ENOMEM;
+    }
+    p->ns = tqkv__store_ns_find(s, ns_name, ns_len);
+    if (p->ns == NULL || s->disk == NULL) {
+        *out = p;
+        return TQKV_OK;
+    }
+    budget = tqkv_pool_capacity(s->pool[TQKV_TIER_DRAM]) / 2;
+    for (size_t i = first; i <= total; i++) {
+        if (i < total && (i == first || fetched < budget)) {
+            size_t h = i % n;
+            uint32_t l = layer_begin + (uint32_t)(i / n);
+            if (hashes[h] == NULL || hash_lens[h] == 0 || hash_lens[h] > 64)
+                continue;
+            tqkv_block_key_t k = {ns_name, ns_len, hashes[h], hash_lens[h], l};
+            uint64_t hv = key_hash(p->ns->hv, hashes[h], hash_lens[h]), rb = 0;
+            stripe_t *sp = stripe_of(s, hv);
+            pthread_mutex_lock(&sp->lock);
+            entry_t *e = tqkv__store_do_entry_find(sp, hv, p->ns, hashes[h], hash_lens[h], l);
+            pthread_mutex_unlock(&sp->lock);
+            if (e != NULL) {
+                /* In HBM/DRAM: pinned too (a reference on its copy), so that the promotions
+                 * of this Get's disk pages cannot evict it and make it a disk read. */
+                tqkv_page_ref_t *r = NULL;
+                if (get_impl(s, &k, &r, 0) == TQKV_OK) {
+                    p->refs[i - first] = r;
+                    p->state[i - first] = PIN_RAM;
+                }
+                continue;
+            }
+            if (!tqkv_disk_contains(s->disk, &k, &rb))
+                continue;
+            keys[nk] = k;
+            idx[nk++] = i;
+            fetched += rb;
+        }
+        if (nk == PREFETCH_BATCH || (nk > 0 && (i == total || fetched >= budget))) {
+            pin_batch(p, keys, idx, nk);
+            nk = 0;
+        }
+        if (i < total && fetched >= budget)
+            break;
+    }
+    if (nk > 0)
+        pin_batch(p, keys, idx, nk);
+    *out = p;
+    return TQKV_OK;
+}
+
+tqkv_page_ref_t *
+tqkv_store_pins_take(tqkv_store_pins_t *p, size_t idx, int *miss)
+{
+    if (miss)
+        *miss = 0;
+    if (p == NULL || idx < p->first || idx - p->first >= p->n)
+        return NULL;
+    size_t b = idx - p->first;
+    if (p->state[b] == PIN_MISS) {
+        p->state[b] = PIN_NONE;
+        if (miss)
+            *miss = 1;
+        cnt_add(&p->s->g.misses, 1);
+        if (p->ns)
+            cnt_add(&p->ns->c.misses, 1);
+        return NULL;
+    }
+    if (p->state[b] != PIN_REF && p->state[b] != PIN_RAM)
+        return NULL;
+    tqkv_page_ref_t *r = p->refs[b];
+    int ram = p->state[b] == PIN_RAM; /* counted when it was pinned */
+    p->refs[b] = NULL;
+    p->state[b] = PIN_NONE;
+    if (ram)
+        return r;
+    cnt_add(&p->s->g.hits[TQKV_TIER_DISK], 1);
+    cnt_add(&p->ns->c.hits[TQKV_TIER_DISK], 1);
+    cnt_add(&p->s->g.bytes_out, r->len);
+    cnt_add(&p->ns->c.bytes_out, r->len);
+    return r;
+}
+
+void
+tqkv_store_pins_free(tqkv_store_pins_t *p)
+{
+    if (p == NULL)
+        return;
+    for (size_t b = 0; p->refs && b < p->n; b++)
+        tqkv_page_ref_release(p->refs[b]);
+    free(p->refs);
+    free(p->state);
+    free(p);
 }
 
 const void *

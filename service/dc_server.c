@@ -219,6 +219,16 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
     const Tqkv__V1__GetRequest *q = j->req;
     size_t nh = q->n_hashes, total = (size_t)(q->layer_end - q->layer_begin) * nh;
     size_t nsl = strlen(q->namespace_);
+    /* Disk-only pages: read on this connection thread (never on an RPC thread), pinned
+     * from the first one on (tqkv_store_pin_disk), so each is read once; a new round at
+     * the next disk-only block past the previous round's byte budget. */
+    tqkv_store_pins_t *pins = NULL;
+    const uint8_t **hp = malloc((nh + 1) * sizeof(*hp));
+    size_t *hl = malloc((nh + 1) * sizeof(*hl));
+    for (size_t i = 0; hp && hl && i < nh; i++) {
+        hp[i] = q->hashes[i].data;
+        hl[i] = q->hashes[i].len;
+    }
     j->code = GRPC_STATUS_OK;
     for (size_t i = 0; i < total; i++) {
         if (atomic_load(&j->cancel)) {
@@ -229,7 +239,22 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
         const ProtobufCBinaryData *hash = &q->hashes[i % nh];
         tqkv_block_key_t key = {q->namespace_, nsl, hash->data, hash->len, layer};
         tqkv_page_ref_t *ref = NULL;
-        tqkv_status_t st = tqkv_store_get(s->store, &key, &ref);
+        int miss = 0;
+        tqkv_status_t st = TQKV_OK;
+        if ((ref = tqkv_store_pins_take(pins, i, &miss)) == NULL)
+            st = miss ? TQKV_ENOTFOUND : tqkv_store_get_cached(s->store, &key, &ref);
+        if (st == TQKV_EBUSY && hp && hl) {
+            tqkv_store_pins_free(pins);
+            pins = NULL;
+            (void)tqkv_store_pin_disk(s->store, q->namespace_, nsl, hp, hl, nh, q->layer_begin,
+                                      q->layer_end, i, &pins);
+            if ((ref = tqkv_store_pins_take(pins, i, &miss)) != NULL)
+                st = TQKV_OK;
+            else if (miss)
+                st = TQKV_ENOTFOUND;
+        }
+        if (st == TQKV_EBUSY) /* evicted from DRAM meanwhile, or no memory: read it here */
+            st = tqkv_store_get(s->store, &key, &ref);
         uint8_t hdr[TQKV_DC_FRAME_BYTES];
         tqkv_dc_frame_t f = {(uint32_t)i, layer, 0, 0, 0};
         struct iovec iov[2];
@@ -282,6 +307,9 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
             break;
         }
     }
+    tqkv_store_pins_free(pins);
+    free(hp);
+    free(hl);
 }
 
 /* ---- connection threads ---- */
@@ -800,7 +828,7 @@ tget_start(tqkv__call_t *c)
         return;
     }
     c->h = h;
-    if (tqkv__get_request(c, &h->req) != 0)
+    if (tqkv__get_request_parse(c, &h->req) != 0) /* disk reads: in run_job */
         return;
     if (h->req->encoding != TQKV__V1__ENCODING__ENCODING_PACKED) {
         tqkv__call_finish(c, GRPC_STATUS_INVALID_ARGUMENT,

@@ -126,10 +126,17 @@ typedef struct get_state {
     /* BF16 */
     pthread_mutex_t mu; /* slot state transitions made by jobs */
     unsigned window;
-    unsigned jobs;      /* decode jobs in flight (worker thread only) */
-    int sending;        /* a SEND_MESSAGE is in flight */
-    int prefetch;       /* copying blocks a peer owns (forward.h) before streaming */
-    tqkv_status_t fail; /* the first failure (err says what), TQKV_OK while none */
+    unsigned jobs; /* decode jobs in flight (worker thread only) */
+    int sending;   /* a SEND_MESSAGE is in flight */
+    int prefetch;  /* copying blocks a peer owns (forward.h) before streaming */
+    /* Disk reads, off this thread: at the first disk-only block (tqkv_store_get_cached
+     * says TQKV_EBUSY) a job on the encoder pool pins it and the disk-only blocks after
+     * it (tqkv_store_pin_disk); the call goes on when it wakes. disk_wait and pins are
+     * written by the job under mu. */
+    int disk_wait;           /* a disk job is in flight */
+    size_t disk_from;        /* first block of the last disk job (SIZE_MAX: none) */
+    tqkv_store_pins_t *pins; /* its pages, taken as they are sent */
+    tqkv_status_t fail;      /* the first failure (err says what), TQKV_OK while none */
     char err[TQKV__KV_ERRLEN];
     get_slot_t slots[GET_WINDOW_MAX];
 } get_state_t;
@@ -155,16 +162,27 @@ block_of(const get_state_t *h, size_t idx, uint32_t *layer, const ProtobufCBinar
     *hash = &h->req->hashes[idx % nh];
 }
 
+/* Block idx from the pins or HBM/DRAM. TQKV_EBUSY: it is on disk only; start a disk job
+ * (get_disk_start). A block still on disk only right after a job that began at it (it
+ * was in DRAM then, and evicted since) is read here: that cannot repeat. */
 static tqkv_status_t
 lookup_block(tqkv__call_t *c, size_t idx, tqkv_page_ref_t **ref)
 {
     get_state_t *h = c->h;
     uint32_t layer;
     const ProtobufCBinaryData *hash;
+    int miss = 0;
+    tqkv_status_t st;
     block_of(h, idx, &layer, &hash);
     tqkv_block_key_t key = {h->req->namespace_, strlen(h->req->namespace_), hash->data, hash->len,
                             layer};
-    tqkv_status_t st = tqkv_store_get(c->srv->store, &key, ref);
+    if ((*ref = tqkv_store_pins_take(h->pins, idx, &miss)) != NULL)
+        st = TQKV_OK;
+    else if (miss)
+        st = TQKV_ENOTFOUND;
+    else if ((st = tqkv_store_get_cached(c->srv->store, &key, ref)) == TQKV_EBUSY &&
+             idx == h->disk_from)
+        st = tqkv_store_get(c->srv->store, &key, ref);
     if (st == TQKV_OK)
         h->hits++;
     else if (st == TQKV_ENOTFOUND)
@@ -297,6 +315,54 @@ get_fail(tqkv__call_t *c, size_t idx, tqkv_status_t st)
     get_finish_failed(c, st, 0, msg);
 }
 
+/* Encoder-pool job: pins the disk-only blocks from h->disk_from on (the thread may wait
+ * for the disk; the call's own thread does not). */
+static void
+get_disk_job(void *arg)
+{
+    tqkv__call_t *c = arg;
+    get_state_t *h = c->h;
+    const Tqkv__V1__GetRequest *q = h->req;
+    tqkv_store_pins_t *pins = NULL;
+    const uint8_t **hp = malloc(q->n_hashes * sizeof(*hp));
+    size_t *hl = malloc(q->n_hashes * sizeof(*hl));
+    if (hp != NULL && hl != NULL) {
+        for (size_t i = 0; i < q->n_hashes; i++) {
+            hp[i] = q->hashes[i].data;
+            hl[i] = q->hashes[i].len;
+        }
+        (void)tqkv_store_pin_disk(c->srv->store, q->namespace_, strlen(q->namespace_), hp, hl,
+                                  q->n_hashes, q->layer_begin, q->layer_end, h->disk_from,
+                                  &pins); /* failed: block disk_from is read in place */
+    }
+    free(hp);
+    free(hl);
+    pthread_mutex_lock(&h->mu);
+    tqkv_store_pins_free(h->pins);
+    h->pins = pins;
+    h->disk_wait = 0;
+    pthread_mutex_unlock(&h->mu);
+    tqkv__call_wake(c);
+}
+
+/* Starts the disk job for blocks idx.. (counted in jobs). 0 when it runs; -1 when it
+ * could not start (the block is then read in place). */
+static int
+get_disk_start(tqkv__call_t *c, size_t idx, int packed)
+{
+    get_state_t *h = c->h;
+    h->disk_from = idx;
+    h->disk_wait = 1;
+    tqkv_status_t st =
+        packed ? tqkv__call_work(c, get_disk_job) : tqkv__call_submit(c, get_disk_job, c);
+    if (st != TQKV_OK) {
+        h->disk_wait = 0;
+        return -1;
+    }
+    h->jobs++;
+    return 0;
+}
+
 /* PACKED: look up and send block h->i (no read-ahead needed: no codec work). */
 static void
 packed_next(tqkv__call_t *c)
@@ -312,6 +378,10 @@ packed_next(tqkv__call_t *c)
         return;
     }
     tqkv_status_t st = lookup_block(c, h->i, &ref);
+    if (st == TQKV_EBUSY && get_disk_start(c, h->i, 1) == 0)
+        return; /* get_wake goes on */
+    if (st == TQKV_EBUSY)
+        st = lookup_block(c, h->i, &ref); /* disk_from is h->i now: read in place */
     if (st == TQKV_ENOTFOUND) {
         get_send_missing(c, h->i);
     } else if (st != TQKV_OK) {
@@ -371,21 +441,26 @@ get_decode_job(void *arg)
     tqkv__call_wake(c);
 }
 
-/* BF16: looks up block idx into its slot and starts its decode. */
-static void
+/* BF16: looks up block idx into its slot and starts its decode. 0 when block idx is on
+ * disk only and a disk job started for it (the slot is left free). */
+static int
 bf16_issue(tqkv__call_t *c, size_t idx)
 {
     get_state_t *h = c->h;
     get_slot_t *sl = &h->slots[idx % h->window];
     tqkv_page_ref_t *ref = NULL;
+    tqkv_status_t st = lookup_block(c, idx, &ref);
+    if (st == TQKV_EBUSY && get_disk_start(c, idx, 0) == 0)
+        return 0;
+    if (st == TQKV_EBUSY)
+        st = lookup_block(c, idx, &ref); /* disk_from is idx now: read in place */
     memset(sl, 0, sizeof *sl);
     sl->call = c;
-    tqkv_status_t st = lookup_block(c, idx, &ref);
     if (st != TQKV_OK) {
         sl->st = st == TQKV_ENOTFOUND ? TQKV_OK : st;
         sl->found = 0;
         sl->state = SLOT_READY;
-        return;
+        return 1;
     }
     tqkv_page_header_t hdr;
     uint32_t layer;
@@ -399,7 +474,7 @@ bf16_issue(tqkv__call_t *c, size_t idx)
         sl->too_big = bytes;
         sl->found = 0;
         sl->state = SLOT_READY;
-        return;
+        return 1;
     }
     sl->ref = ref;
     sl->state = SLOT_BUSY;
@@ -408,9 +483,10 @@ bf16_issue(tqkv__call_t *c, size_t idx)
         sl->ref = NULL;
         sl->st = TQKV_EUNAVAILABLE;
         sl->state = SLOT_READY;
-        return;
+        return 1;
     }
     h->jobs++;
+    return 1;
 }
 
 /* BF16: keeps the read-ahead window full and sends the next block when ready. */
@@ -430,15 +506,21 @@ bf16_pump(tqkv__call_t *c)
         }
         return;
     }
-    while (h->j < h->total && h->j - h->i < h->window)
-        bf16_issue(c, h->j++);
+    pthread_mutex_lock(&h->mu);
+    int disk_wait = h->disk_wait;
+    pthread_mutex_unlock(&h->mu);
+    while (!disk_wait && h->j < h->total && h->j - h->i < h->window) {
+        if (!bf16_issue(c, h->j))
+            break; /* block j is being read from disk: issued again when the job wakes */
+        h->j++;
+    }
     if (h->i >= h->total) {
         get_done(c);
         return;
     }
     get_slot_t *sl = &h->slots[h->i % h->window];
     pthread_mutex_lock(&h->mu);
-    slot_state_t state = sl->state;
+    slot_state_t state = h->i < h->j ? sl->state : SLOT_FREE; /* not issued: disk job */
     pthread_mutex_unlock(&h->mu);
     if (state != SLOT_READY) {
         tqkv__call_set_state(c, TQKV__CS_WORK);
@@ -472,7 +554,7 @@ bf16_pump(tqkv__call_t *c)
 }
 
 int
-tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
+tqkv__get_request_parse(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
 {
     char err[TQKV__KV_ERRLEN];
     size_t len = 0;
@@ -492,6 +574,14 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
         get_finish_failed(c, st, 0, err);
         return -1;
     }
+    return 0;
+}
+
+int
+tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
+{
+    if (tqkv__get_request_parse(c, req) != 0)
+        return -1;
     /* Disk tier: the request's disk-only pages are read in one parallel round and promoted
      * into DRAM here, so this thread waits for about one disk read, not one per page. */
     const Tqkv__V1__GetRequest *q = *req;
@@ -563,8 +653,9 @@ get_start(tqkv__call_t *c)
     }
     pthread_mutex_init(&h->mu, NULL);
     h->fail = TQKV_OK;
+    h->disk_from = SIZE_MAX;
     c->h = h;
-    if (tqkv__get_request(c, &h->req) != 0)
+    if (tqkv__get_request_parse(c, &h->req) != 0)
         return;
     if (!c->hop && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0) {
         /* blocks a peer owns: copied from it first, on the encoder pool (get_forward) */
@@ -618,7 +709,10 @@ get_wake(tqkv__call_t *c)
     h->jobs--;
     if (c->state == TQKV__CS_STATUS)
         return; /* every block was sent already: nothing left to pump */
-    bf16_pump(c);
+    if (h->req->encoding == TQKV__V1__ENCODING__ENCODING_BF16)
+        bf16_pump(c);
+    else if (c->state == TQKV__CS_WORK) /* the disk job of packed_next */
+        packed_next(c);
 }
 
 static void
@@ -633,6 +727,7 @@ get_free(tqkv__call_t *c)
         free(h->slots[q].k);
         free(h->slots[q].v);
     }
+    tqkv_store_pins_free(h->pins);
     if (h->req)
         tqkv__v1__get_request__free_unpacked(h->req, NULL);
     pthread_mutex_destroy(&h->mu);

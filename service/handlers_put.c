@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/disk.h"
+#include "cache/disk_format.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
 #include "service/forward.h"
@@ -185,6 +187,8 @@ put_store(put_job_t *j, const put_block_t *b)
         return TQKV_OK;
     }
     const tqkv_store_config_t *sc = &s->cfg.store;
+    const tqkv_block_key_t *key = &b->key;
+    tqkv_disk_stats_t ds;
     if (st == TQKV_ENOSPC && sc->default_ns_quota != 0 && plen > sc->default_ns_quota)
         snprintf(j->err, TQKV__KV_ERRLEN,
                  "store: a %zu-byte page cannot fit in namespace '%s': its quota is %llu "
@@ -195,6 +199,14 @@ put_store(put_job_t *j, const put_block_t *b)
                  "store: a %zu-byte page is larger than every tier (--dram-capacity %llu, "
                  "--hbm-capacity %llu)",
                  plen, (unsigned long long)sc->dram_capacity, (unsigned long long)sc->hbm_capacity);
+    else if (st == TQKV_ENOSPC && tqkv_store_disk_stats(s->store, &ds) == TQKV_OK &&
+             tqkv_disk_record_bytes((uint32_t)(key->ns_len + key->hash_len + m->parent_hash.len),
+                                    plen) > ds.max_record)
+        snprintf(j->err, TQKV__KV_ERRLEN,
+                 "store: a %zu-byte page is larger than the disk tier's largest record "
+                 "(%llu bytes: a segment file is a quarter of --disk-capacity %llu, at "
+                 "most 256 MiB); raise --disk-capacity",
+                 plen, (unsigned long long)ds.max_record, (unsigned long long)ds.capacity);
     else if (st == TQKV_ENOSPC)
         snprintf(j->err, TQKV__KV_ERRLEN,
                  "store full: no room for a %zu-byte page in namespace '%s' and nothing "

@@ -236,7 +236,11 @@ void tqkv__call_wake(tqkv__call_t *c);
 uint8_t *tqkv__bb_read(grpc_byte_buffer *bb, size_t *len);
 /* Reads, validates and authorizes (read) the GetRequest of a Get call into *req (free
  * with tqkv__v1__get_request__free_unpacked). Returns 0, or -1 after finishing the call
- * with the status that says what is wrong (handlers_get.c; every Get transport). */
+ * with the status that says what is wrong (handlers_get.c; every Get transport).
+ * tqkv__get_request also reads the request's disk-only pages into DRAM on this thread
+ * (NCCL); Get and the data channel use _parse and read them off the RPC threads
+ * (tqkv_store_pin_disk). */
+int tqkv__get_request_parse(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 /* Auth check for namespace ns (NULL = every namespace) when auth is on. */
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,

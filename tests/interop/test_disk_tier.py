@@ -17,7 +17,13 @@ so every comparison is against bytes the disk tier never touched.
 - --disk-sync always: kill -9 during Puts, N rounds: every acknowledged Put is served.
 - --ns-quota: records dropped for the quota stay dropped after a restart (tombstones).
 - A Lookup lease holds disk-only pages through disk capacity eviction.
+- A slow disk (the test-only read gate) slows only the Get that reads it, over gRPC and
+  the data channel; other calls' DRAM Gets go on (one RPC thread).
+- Default eviction: Gets of 8 large pages read each disk record once (<= 1.05x).
+- proto/DISK_FORMAT.md: an independent reader (disk_format_reader.py) checks every CRC of
+  the segments a real server wrote, and finds the pages Put under their keys.
 """
+import json
 import os
 import random
 import re
@@ -35,6 +41,9 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_data_channel as dc  # noqa: E402  (Server, DataChannel, stubs)
+import disk_format_reader as fmt  # noqa: E402  (independent reader of DISK_FORMAT.md)
+
+READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "disk_format_reader.py")
 
 ROUNDS = int(os.environ.get("TQKV_DISK_KILL_ROUNDS", "3"))
 T, H, D = 16, 4, 128
@@ -197,6 +206,177 @@ class DiskTierTest(unittest.TestCase):
             reqs = [page_put(ns, h, l, ref_of(h)) for h in hashes[i:i + step] for l in (0, 1)]
             r = srv.stub.Put(iter(reqs), timeout=60)
             self.assertEqual(r.blocks_stored + r.blocks_duplicate, len(reqs))
+
+    def test_format_document_reader(self):
+        """proto/DISK_FORMAT.md read by an independent reader (disk_format_reader.py,
+        written from the document only): every CRC of a segment written by a real server
+        checks, and the records hold the pages that were Put under their keys."""
+        ns = "fmt-doc"
+        hashes = [dc.rand_hash() for _ in range(24)]
+        srv = disk_server(self.dir, "--disk-sync", "always")
+        try:
+            srv.stub.Put(iter([page_put(ns, h, l, ref_of(h)) for h in hashes for l in (0, 1)]),
+                         timeout=60)
+            srv.stub.Delete(dc.pb.DeleteRequest(namespace=ns, hashes=hashes[:2]), timeout=30)
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.log_tail())
+        out = subprocess.run([sys.executable, READER, self.dir, "--json"], capture_output=True,
+                             text=True, timeout=300)
+        got = json.loads(out.stdout)
+        self.assertEqual(got["errors"], [], "reader following DISK_FORMAT.md: %s" % got["errors"])
+        self.assertEqual(out.returncode, 0)
+        self.assertGreaterEqual(got["segments"], 1)
+        self.assertGreaterEqual(got["tombstones"], 1)
+        self.assertEqual(got["records"], 2 * len(hashes))
+        crcs = {(k[1], k[2]): k[4] for k in got["keys"] if k[0] == ns}
+        for h in hashes:
+            for layer in (0, 1):
+                self.assertEqual(crcs.get((h.hex(), layer)), fmt.crc32c(REF[ref_of(h)]),
+                                 "record of layer %d does not hold the page Put" % layer)
+
+    def test_page_larger_than_disk_record_says_so(self):
+        """--disk-capacity 1M: a segment is 256 KiB, so a larger page cannot be written
+        through; the refusal names the disk tier's limit, not leases (issue 23)."""
+        srv = disk_server(self.dir, "--disk-sync", "always", dram="64M", disk="1M")
+        try:
+            # 512 tokens x 8 heads x 128: a 2 MiB BF16 block, a page of several 100 KiB
+            err = dc.rpc_error(srv.stub.Put, iter([dc.put_req("big", dc.rand_hash(), 0, 512, 8,
+                                                              128)]), timeout=60)
+            self.assertIsNotNone(err, "a page larger than a disk segment was accepted")
+            self.assertEqual(err.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, err.details())
+            self.assertIn("larger than the disk tier's largest record", err.details())
+            self.assertIn("--disk-capacity", err.details())
+            self.assertNotIn("leased", err.details())
+            # a page that fits is still stored
+            srv.stub.Put(iter([page_put("big", dc.rand_hash(), 0, 0)]), timeout=60)
+        finally:
+            srv.stop()
+
+    def test_slow_disk_blocks_only_its_own_call(self):
+        """A disk read in flight (held by the test-only TQKV_TEST_DISK_READ_GATE hook:
+        every record read waits until the gate file exists) makes its own Get wait, and no
+        other call: with one RPC thread, DRAM Gets keep completing while the disk Get, over
+        gRPC and then over the TCP data channel, is held. Asserted by events (the hook's
+        .waiting file, completed Gets, the held Get still running), not by timing."""
+        gate = os.path.join(self.dir, "gate")
+        env = dict(os.environ, TQKV_TEST_DISK_READ_GATE=gate)
+        open(gate, "w").close()  # open while the pages are Put
+        srv = dc.Server("--threads", "1", "--dram-capacity", "1M", "--disk-path", self.dir,
+                        "--disk-capacity", "512M", "--data-listen", "127.0.0.1:0", env=env)
+        try:
+            ns = "slow"
+            cold = [dc.rand_hash() for _ in range(200)]  # 400 pages, ~5 MB: DRAM is 1 MB
+            for i in range(0, len(cold), 50):
+                srv.stub.Put(iter([page_put(ns, h, l, ref_of(h)) for h in cold[i:i + 50]
+                                   for l in (0, 1)]), timeout=60)
+            hot = [dc.rand_hash() for _ in range(4)]
+            srv.stub.Put(iter([page_put("hot", h, 0, ref_of(h)) for h in hot]), timeout=60)
+            got = grpc_pages(srv.stub, "hot", hot, 1)
+            self.assertEqual([g.tier for g in got], [dc.pb.TIER_DRAM] * len(hot))
+            lk = srv.stub.Lookup(dc.pb.LookupRequest(namespace=ns, hashes=cold[:40],
+                                                     num_layers=1), timeout=30)
+            self.assertEqual(set(b.tier for b in lk.blocks), {dc.pb.TIER_DISK})
+            ch = dc.DataChannel(srv.stub)
+            for name, held in (("gRPC", cold[:20]), ("data channel", cold[20:40])):
+                os.unlink(gate)  # every disk read waits from now on
+                if os.path.exists(gate + ".waiting"):
+                    os.unlink(gate + ".waiting")
+                result = {}
+
+                def slow_get():
+                    try:
+                        if name == "gRPC":
+                            result["pages"] = [g.page for g in grpc_pages(srv.stub, ns, held, 1)]
+                        else:
+                            result["pages"] = [f.page for f in ch.get(ns, held, 0, 1,
+                                                                      timeout=120)]
+                    except Exception as e:  # noqa: BLE001 (reported below)
+                        result["error"] = e
+                t = threading.Thread(target=slow_get, daemon=True)
+                t.start()
+                end = time.time() + 60
+                while not os.path.exists(gate + ".waiting") and time.time() < end:
+                    time.sleep(0.01)
+                self.assertTrue(os.path.exists(gate + ".waiting"),
+                                "%s: the held Get never reached a disk read" % name)
+                # The disk read is held: DRAM Gets on other calls still complete.
+                for _ in range(20):
+                    got = grpc_pages(srv.stub, "hot", hot, 1)
+                    self.assertEqual([g.page for g in got], [REF[ref_of(h)] for h in hot])
+                    self.assertEqual([g.tier for g in got], [dc.pb.TIER_DRAM] * len(hot))
+                self.assertTrue(t.is_alive(), "%s: the held Get finished: %r" % (name, result))
+                self.assertNotIn("pages", result)
+                open(gate, "w").close()  # the disk is back
+                t.join(timeout=120)
+                self.assertFalse(t.is_alive(), "%s: the Get did not finish" % name)
+                self.assertNotIn("error", result, "%s: %r" % (name, result.get("error")))
+                self.assertEqual(result["pages"], [REF[ref_of(h)] for h in held])
+            ch.close()
+            # BF16 Gets read ahead (decode jobs) and meet disk-only blocks mid-window: the
+            # same tensors as a second Get of the same blocks, now in DRAM, in order.
+            cold2 = cold[60:72]
+            def bf16(hs):
+                return [(g.hash, g.layer, g.found, g.key, g.value) for g in srv.stub.Get(
+                    dc.pb.GetRequest(namespace=ns, hashes=hs, layer_begin=0, layer_end=2,
+                                     encoding=dc.pb.ENCODING_BF16), timeout=120)]
+            first, again = bf16(cold2), bf16(cold2)
+            self.assertEqual(len(first), 2 * len(cold2))
+            self.assertTrue(all(f[2] for f in first))
+            self.assertEqual([f[0] for f in first], cold2 + cold2)
+            self.assertEqual(first, again)
+        finally:
+            if not os.path.exists(gate):
+                open(gate, "w").close()
+            self.assertEqual(srv.stop(), 0, srv.log_tail())
+
+    def test_prefetched_pages_are_read_once(self):
+        """Default eviction (S3-FIFO): Gets of 8 large pages each (~20% of DRAM) over a
+        working set twice the DRAM read each disk-only page once: the disk bytes read are
+        <= 1.05x the bytes served of the pages that were on disk only before their Get
+        (issue 23: 1.63x, the prefetched pages evicted by the Get's own promotions and
+        read again)."""
+        srv = disk_server(self.dir, "--data-listen", "127.0.0.1:0", dram="11M", metrics=True)
+        try:
+            ns = "once"
+            hs = [dc.rand_hash() for _ in range(80)]
+            for i in range(0, len(hs), 8):
+                srv.stub.Put(iter([dc.put_req(ns, h, 0, 256, 8, 128) for h in hs[i:i + 8]]),
+                             timeout=120)
+
+            def read_bytes():
+                text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port,
+                                              timeout=10).read().decode()
+                m = re.search(r'\ntqkv_tier_read_bytes_total\{tier="disk"\} (\d+)', text)
+                return int(m.group(1))
+            rng = random.Random(23)
+            ch = dc.DataChannel(srv.stub)
+            for name in ("gRPC", "data channel"):
+                rd, served, pages = 0, 0, 0
+                for _ in range(12):
+                    want = rng.sample(hs, 8)
+                    lk = srv.stub.Lookup(dc.pb.LookupRequest(namespace=ns, hashes=want,
+                                                             num_layers=1), timeout=30)
+                    cold = [b.tier == dc.pb.TIER_DISK for b in lk.blocks]
+                    before = read_bytes()
+                    if name == "gRPC":
+                        got = [g.page for g in grpc_pages(srv.stub, ns, want, 1)]
+                    else:
+                        got = [f.page for f in ch.get(ns, want, 0, 1, timeout=120)]
+                    rd += read_bytes() - before
+                    self.assertEqual(len(got), 8)
+                    for page, c in zip(got, cold):
+                        self.assertGreater(len(page), 0)
+                        if c:
+                            served += len(page)
+                            pages += 1
+                ratio = rd / max(served, 1)
+                sys.stderr.write("%s: %d disk-only pages (%d bytes) served, %d bytes read from "
+                                 "disk: %.3fx\n" % (name, pages, served, rd, ratio))
+                self.assertGreater(pages, 20, "%s: too few disk-only pages" % name)
+                self.assertLessEqual(ratio, 1.05, "%s: disk bytes read / bytes served" % name)
+            ch.close()
+        finally:
+            self.assertEqual(srv.stop(), 0)
 
     def test_quota_drops_stay_gone_after_restart(self):
         """--ns-quota over the disk bytes: the records a Put over the quota drops are

@@ -33,7 +33,7 @@ TIER_DISK: int = lib.TQKV_CLIENT_TIER_DISK
 MODE_DEFAULT: int = lib.TQKV_CLIENT_MODE_DEFAULT
 MODE_MSE: int = lib.TQKV_CLIENT_MODE_MSE
 MODE_PROD: int = lib.TQKV_CLIENT_MODE_PROD
-MODE_LOSSLESS: int = lib.TQKV_CLIENTMODE_LOSSLESS
+MODE_LOSSLESS: int = lib.TQKV_CLIENT_MODE_LOSSLESS
 
 Hash = Union[bytes, bytearray, memoryview]
 Shape = Tuple[int, int, int]
