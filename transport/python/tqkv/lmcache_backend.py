@@ -86,8 +86,12 @@ class TqkvRemoteConnector(RemoteConnector):
         if self.meta_dtypes[0] != torch.bfloat16:
             raise ValueError("tqkv stores BF16 KV; LMCache's KV dtype is %s" %
                              (self.meta_dtypes[0],))
-        L, _two, T, H, D = metadata.kv_shape
-        self._L, self._T, self._H, self._D = int(L), int(T), int(H), int(D)
+        L, _two, _T, H, D = metadata.kv_shape
+        # a full chunk: the memory object shape [2][L][chunk_size][H*D] LMCache allocates
+        self._L, self._T, self._H, self._D = int(L), int(self.meta_shapes[0][2]), int(H), int(D)
+        if tuple(self.meta_shapes[0]) != (2, self._L, self._T, self._H * self._D):
+            raise ValueError("tqkv: unsupported LMCache chunk shape %s" %
+                             (tuple(self.meta_shapes[0]),))
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         extra = dict(getattr(config, "extra_config", None) or {})
