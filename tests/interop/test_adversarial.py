@@ -236,7 +236,7 @@ def test_codec_overrides(r, srv, ref):
             r.check("codec.%s=%s -> INVALID_ARGUMENT naming the field and the value" % (
                 field, shown), code == IA and ("codec." + field) in det and shown in det,
                 "%s %s" % (code, det))
-    for mode in (3, -1, 1 << 30):
+    for mode in (4, -1, 1 << 30):  # 3 is MODE_LOSSLESS
         for field in ("key_mode", "value_mode"):
             req = H.put_request(ns, H.make_hash(0, b"cdc"), 0)
             setattr(req.codec, field, mode)

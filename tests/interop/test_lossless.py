@@ -23,6 +23,7 @@ transport/python.
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -179,7 +180,7 @@ class Lossless(unittest.TestCase):
         for spec, want in ((["--namespace-policy", "x:lossless,key-bits=3"], "key-bits"),
                            (["--value-mode", "lossless", "--value-bits", "2"], "value-bits"),
                            (["--key-mode", "raw"], "mse, prod or lossless")):
-            p = tu.subprocess.run([tu.SERVER, "--listen", "127.0.0.1:0"] + spec,
+            p = subprocess.run([tu.SERVER, "--listen", "127.0.0.1:0"] + spec,
                                   capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 2, "%s: %s" % (spec, p.stderr))
             self.assertIn(want, p.stderr)
@@ -239,7 +240,7 @@ class Lossless(unittest.TestCase):
             with open(f[name], "wb") as fh:
                 fh.write(a.tobytes())
         shape = ["--tokens", str(L * T), "--heads", str(H), "--dim", str(D)]
-        run = lambda *a: tu.subprocess.run([codec, *a], capture_output=True, text=True,
+        run = lambda *a: subprocess.run([codec, *a], capture_output=True, text=True,
                                            timeout=120)
         p = run("encode-kv", *shape, "--block", str(T), "--lossless", f["k"], f["v"], f["p"])
         self.assertEqual(p.returncode, 0, p.stderr)

@@ -32,6 +32,7 @@ Every failure is printed as "FAIL <where>: <what>"; the exit status is 1 if any.
 """
 
 import copy
+import glob
 import http.client
 import json
 import math
@@ -224,9 +225,9 @@ def server_env_vars():
 
 
 def known_metrics():
-    """Metric names the server exposes: the families rendered by service/metrics.c (with
-    the histogram series suffixes)."""
-    src = read(os.path.join(root, "service", "metrics.c"))
+    """Metric names the server exposes: the families rendered by service/metrics*.c (the
+    registry and its exposition text; with the histogram series suffixes)."""
+    src = "".join(read(p) for p in sorted(glob.glob(os.path.join(root, "service", "metrics*.c"))))
     families = {re.sub(r"_$", "", m) for m in re.findall(r'"((?:tqkv|process)_[a-z0-9_]+)', src)}
     known = set()
     for f in families:
@@ -249,7 +250,7 @@ def check_promql(where, expr, known):
     expect(depth == 0, where, f"unbalanced brackets in {expr}")
     stripped = re.sub(r'"[^"]*"', '""', expr)
     for m in re.findall(r"\b((?:tqkv|process)_[a-z0-9_]+)\b", stripped, re.A):
-        expect(m in known, where, f"metric {m} is not exported by service/metrics.c")
+        expect(m in known, where, f"metric {m} is not exported by service/metrics*.c")
     # The tenant label is "tenant"; "namespace" is the Kubernetes label Prometheus attaches.
     expect(not re.search(r"\btqkv_namespace_", stripped, re.A), where,
            "tqkv_namespace_* was renamed tqkv_tenant_*")
