@@ -315,21 +315,9 @@ START_TEST(test_fused_center_decision)
     for (int nc = 0; nc < 2; nc++)
         for (int mode = 0; mode < 2; mode++)
             for (uint8_t kb = 4; kb <= 8; kb += 1) {
-                cfg_t c = {400,
-                           4,
-                           128,
-                           8,
-                           kb,
-                           6,
-                           (uint8_t)mode,
-                           0,
-                           (uint8_t)nc,
-                           (uint8_t)nc,
-                           1,
-                           TQKV_ROT_HADAMARD,
-                           blkmix,
-                           5,
-                           64};
+                cfg_t c = {400,           4, 128,         8,           kb, 6,
+                           (uint8_t)mode, 0, (uint8_t)nc, (uint8_t)nc, 1,  TQKV_ROT_HADAMARD,
+                           blkmix,        5, 64};
                 run_cfg(&c, &r);
             }
     cfg_mix = 0;
