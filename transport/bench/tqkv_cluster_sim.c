@@ -350,9 +350,11 @@ dq_run(ares_channel ch, dq_t *q)
         int np = 0;
         for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
             short ev = 0;
-            if (ARES_GETSOCK_READABLE(bm, i))
+            /* c-ares's ARES_GETSOCK_* macros shift a signed 1 by up to 31 places (UB):
+             * the same bits, unsigned */
+            if ((unsigned)bm & (1u << i))
                 ev |= POLLIN;
-            if (ARES_GETSOCK_WRITABLE(bm, i))
+            if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
                 ev |= POLLOUT;
             if (ev) {
                 pf[np].fd = socks[i];
