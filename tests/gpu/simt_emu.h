@@ -207,6 +207,13 @@ atomicOr(unsigned *p, unsigned v)
     return old;
 }
 static inline unsigned long long
+atomicAdd(unsigned long long *p, unsigned long long v)
+{
+    unsigned long long old = *p;
+    *p = old + v;
+    return old;
+}
+static inline unsigned long long
 atomicMax(unsigned long long *p, unsigned long long v)
 {
     unsigned long long old = *p;
