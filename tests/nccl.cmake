@@ -25,7 +25,7 @@ if(TARGET tqkv-server)
   if(TQKV_HAVE_NCCL)
     tqkv_check_suite(check_nccl_gpu
       SOURCES ${PROJECT_SOURCE_DIR}/tests/check_nccl_gpu.c
-      LIBS tqkv CUDA::cudart
+      LIBS tqkv ${NCCL_LIBRARY} CUDA::cudart
       LABELS gpu
       TIMEOUT 300)
     set_tests_properties(check_nccl_gpu PROPERTIES

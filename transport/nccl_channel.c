@@ -8,6 +8,7 @@
 #include "transport/nccl_channel.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -58,6 +59,56 @@ tqkv_nccl_device_count(void)
     return n;
 }
 
+/* ---- NCCL, loaded on first use ----
+ *
+ * libtqkv does not link libnccl: it opens libnccl.so.2 when a channel is first opened
+ * or joined. A process that only uses the CPU paths never loads NCCL, and one that
+ * loads PyTorch (which brings its own, newer libnccl.so.2) after libtqkv gets torch's
+ * copy instead of finding the toolkit's already loaded under the same soname (which
+ * made `import tqkv; import torch` fail: undefined symbol ncclCommResume). When torch
+ * came first, dlopen returns its copy; NCCL keeps its ABI across 2.x. */
+#define NCCL_FNS(X)                                                                                \
+    X(CommGetAsyncError)                                                                           \
+    X(CommInitRankConfig) X(CommAbort) X(Recv) X(Send) X(GetUniqueId) X(GetErrorString)
+static struct {
+#define NCCL_FIELD(f) __typeof__(&nccl##f) f;
+    NCCL_FNS(NCCL_FIELD)
+#undef NCCL_FIELD
+} nccl;
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static char nccl_err[256]; /* empty once loaded */
+
+static void
+nccl_load_once(void)
+{
+    const char *name = getenv("TQKV_NCCL_LIBRARY");
+    if (name == NULL || !*name)
+        name = "libnccl.so.2";
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(nccl_err, sizeof nccl_err, "cannot load NCCL (%s): %s", name, dlerror());
+        return;
+    }
+#define NCCL_SYM(f)                                                                                \
+    if ((*(void **)&nccl.f = dlsym(h, "nccl" #f)) == NULL) {                                       \
+        snprintf(nccl_err, sizeof nccl_err, "NCCL library %s lacks nccl" #f, name);                \
+        return;                                                                                    \
+    }
+    NCCL_FNS(NCCL_SYM)
+#undef NCCL_SYM
+}
+
+/* 0 when NCCL is usable; else -1 with the reason in err. */
+static int
+nccl_load(char *err, size_t errlen)
+{
+    pthread_once(&nccl_once, nccl_load_once);
+    if (nccl_err[0] == 0)
+        return 0;
+    snprintf(err, errlen, "%s", nccl_err);
+    return -1;
+}
+
 /* ---- communicator ---- */
 
 struct tqkv_nccl_comm {
@@ -73,7 +124,7 @@ comm_wait(ncclComm_t comm, double deadline)
 {
     ncclResult_t st = ncclInProgress;
     for (;;) {
-        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess)
+        if (nccl.CommGetAsyncError(comm, &st) != ncclSuccess)
             return ncclInternalError;
         if (st != ncclInProgress)
             return st;
@@ -92,6 +143,10 @@ tqkv_nccl_comm_join(const uint8_t uid[TQKV_NCCL_UID_BYTES], int rank, int device
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     double deadline = now_s() + (timeout_ms ? timeout_ms : TQKV_NCCL_TIMEOUT_MS_DEFAULT) * 1e-3;
     *out = NULL;
+    if (nccl_load(err, errlen) != 0) {
+        free(m);
+        return TQKV_ENCCL;
+    }
     if (m == NULL) {
         snprintf(err, errlen, "out of memory");
         return TQKV_ENOMEM;
@@ -105,7 +160,7 @@ tqkv_nccl_comm_join(const uint8_t uid[TQKV_NCCL_UID_BYTES], int rank, int device
     }
     memcpy(id.internal, uid, sizeof id.internal);
     cfg.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&m->comm, 2, id, rank, &cfg);
+    ncclResult_t r = nccl.CommInitRankConfig(&m->comm, 2, id, rank, &cfg);
     if (r == ncclSuccess || r == ncclInProgress)
         r = comm_wait(m->comm, deadline);
     if (r != ncclSuccess) {
@@ -113,9 +168,9 @@ tqkv_nccl_comm_join(const uint8_t uid[TQKV_NCCL_UID_BYTES], int rank, int device
             snprintf(err, errlen, "NCCL communicator: peer did not join within %u ms",
                      timeout_ms ? timeout_ms : TQKV_NCCL_TIMEOUT_MS_DEFAULT);
         else
-            snprintf(err, errlen, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+            snprintf(err, errlen, "ncclCommInitRankConfig: %s", nccl.GetErrorString(r));
         if (m->comm)
-            ncclCommAbort(m->comm);
+            nccl.CommAbort(m->comm);
         cudaStreamDestroy(m->stream);
         free(m);
         return r == ncclInProgress ? TQKV_ETIMEDOUT : TQKV_ENCCL;
@@ -128,7 +183,7 @@ static void
 comm_abort(tqkv_nccl_comm_t *m)
 {
     if (m->comm) {
-        ncclCommAbort(m->comm);
+        nccl.CommAbort(m->comm);
         m->comm = NULL;
     }
 }
@@ -143,12 +198,12 @@ tqkv_nccl_comm_recv(tqkv_nccl_comm_t *m, void *dev, size_t len, uint32_t timeout
         return TQKV_ECANCELED;
     }
     cudaSetDevice(m->device);
-    ncclResult_t r = ncclRecv(dev, len, ncclUint8, 0, m->comm, m->stream);
+    ncclResult_t r = nccl.Recv(dev, len, ncclUint8, 0, m->comm, m->stream);
     if (r == ncclInProgress)
         r = comm_wait(m->comm, deadline);
     if (r != ncclSuccess) {
         snprintf(err, errlen, "ncclRecv: %s",
-                 r == ncclInProgress ? "timed out" : ncclGetErrorString(r));
+                 r == ncclInProgress ? "timed out" : nccl.GetErrorString(r));
         comm_abort(m);
         return r == ncclInProgress ? TQKV_ETIMEDOUT : TQKV_ENCCL;
     }
@@ -162,9 +217,9 @@ tqkv_nccl_comm_recv(tqkv_nccl_comm_t *m, void *dev, size_t len, uint32_t timeout
             return TQKV_ECUDA;
         }
         ncclResult_t as = ncclSuccess;
-        ncclCommGetAsyncError(m->comm, &as);
+        nccl.CommGetAsyncError(m->comm, &as);
         if (as != ncclSuccess && as != ncclInProgress) {
-            snprintf(err, errlen, "ncclRecv: %s", ncclGetErrorString(as));
+            snprintf(err, errlen, "ncclRecv: %s", nccl.GetErrorString(as));
             comm_abort(m);
             return TQKV_ENCCL;
         }
@@ -314,7 +369,7 @@ issue(tqkv_nccl_comm_t *m, slot_t *s, item_t *it, double deadline)
     s->t0 = now_s();
     if (cudaMemcpyAsync(s->buf, it->data, it->len, cudaMemcpyDefault, m->stream) != cudaSuccess)
         return -1;
-    ncclResult_t r = ncclSend(s->buf, it->len, ncclUint8, 1, m->comm, m->stream);
+    ncclResult_t r = nccl.Send(s->buf, it->len, ncclUint8, 1, m->comm, m->stream);
     if (r == ncclInProgress)
         r = comm_wait(m->comm, deadline);
     if (r != ncclSuccess)
@@ -401,7 +456,7 @@ chan_main(void *arg)
         if (ce != cudaErrorNotReady)
             break;
         ncclResult_t as = ncclSuccess;
-        ncclCommGetAsyncError(m->comm, &as);
+        nccl.CommGetAsyncError(m->comm, &as);
         if ((as != ncclSuccess && as != ncclInProgress) || now_s() - s->t0 > OP_TIMEOUT_MS * 1e-3)
             break;
         pthread_mutex_lock(&ch->mu);
@@ -449,9 +504,11 @@ tqkv_nccl_chan_open(int device, uint32_t timeout_ms, unsigned window, uint64_t *
                     uint8_t uid[TQKV_NCCL_UID_BYTES], char *err, size_t errlen)
 {
     ncclUniqueId u;
-    ncclResult_t r = ncclGetUniqueId(&u);
+    if (nccl_load(err, errlen) != 0)
+        return TQKV_ENCCL;
+    ncclResult_t r = nccl.GetUniqueId(&u);
     if (r != ncclSuccess) {
-        snprintf(err, errlen, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        snprintf(err, errlen, "ncclGetUniqueId: %s", nccl.GetErrorString(r));
         return TQKV_ENCCL;
     }
     tqkv_nccl_chan_t *ch = calloc(1, sizeof *ch);

@@ -8,6 +8,7 @@
 #     by the installed headers; the names libtqkv.so.0 exported and 1.0 dropped are
 #     exactly those docs/api.md lists (tests/install/libtqkv-0.syms: nm -D of the 0.x
 #     library built from 4a5a7f7);
+#   - libtqkv.so has no NEEDED libnccl (NCCL is opened on first use);
 #   - tqkv-server, tqkv-codec and tqkv-bench are installed in bin/ and run from there
 #     without LD_LIBRARY_PATH;
 #   - a C11 and a C++17 consumer build with `pkg-config --cflags --libs tqkv` and
@@ -61,6 +62,11 @@ sed 's/@.*//' "$TMP/vsyms" | sort -u > "$TMP/syms"
 if ! diff -u "$TMP/want_syms" "$TMP/syms" > "$TMP/syms.diff"; then
   cat "$TMP/syms.diff"
   die "exported symbols differ from transport/libtqkv.sym (- listed only, + exported only)"
+fi
+# libnccl is opened on first use (transport/nccl_channel.c), never a NEEDED entry: a
+# process that loads PyTorch after libtqkv must get torch's NCCL under that soname.
+if readelf -d "$LIB" | grep -E 'NEEDED.*libnccl' >&2; then
+  die "libtqkv.so links libnccl (it must dlopen it: import tqkv; import torch breaks)"
 fi
 NOTV=$(grep -v '@@TQKV_1\.0$' "$TMP/vsyms" || true)
 [ -z "$NOTV" ] || die "exported without version node TQKV_1.0: $(echo $NOTV | head -c 300)"
