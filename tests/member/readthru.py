@@ -13,11 +13,14 @@ restart:  3 servers (--handoff-seconds 10); 90 blocks Put through the 2nd; SIGTE
           SIGKILLed and restarted (empty) and the 3rd SIGKILLed while Gets run through
           the 1st: every call ends OK and quickly, no wrong page, no storm of log lines;
           with the 2nd SIGKILLed too, what the 1st does not hold is missing, at once.
-scaleout: 3 servers, 960 blocks, a 4th server joins (published in DNS): a Get through
-          the 4th finds all 960, byte-identical.
+scaleout: 3 servers, 960 blocks, a 4th server joins (published in DNS): Gets through
+          the 4th find all 960: half through grpcio, byte-identical; half through a TCP
+          data channel (libtqkv's Python package with this one target, read repair off,
+          when LIBTQKV_SO is given), decoded alike.
 
-usage: readthru.py TQKV_SERVER PROTO_DIR {restart|scaleout}
+usage: readthru.py TQKV_SERVER PROTO_DIR {restart|scaleout} [LIBTQKV_SO]
 """
+import importlib.util
 import os
 import re
 import shutil
@@ -34,6 +37,7 @@ import grpc
 import numpy as np
 
 SERVER, PROTO_DIR, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+LIBTQKV = sys.argv[4] if len(sys.argv) > 4 else ""
 DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 T, H, D = 16, 2, 64
 
@@ -75,6 +79,7 @@ class Cluster:
     def __init__(self, tmp, pb, pbg):
         self.tmp, self.pb, self.pbg = tmp, pb, pbg
         self.port, self.mport, self.dport = free_port(), free_port(), free_port()
+        self.dcport = free_port()
         self.hosts = os.path.join(tmp, "hosts")
         self.procs, self.logs, self.published = {}, {}, []
         self.dns = None
@@ -103,7 +108,8 @@ class Cluster:
                 "tqkv-%d" % i, "--dram-capacity", "256M", "--drain-seconds", "1",
                 "--peers", "svc.test:%d" % self.port, "--peers-dns",
                 "127.0.0.1:%d" % self.dport, "--handoff-seconds", "10",
-                "--metrics-listen", "%s:%d" % (self.host(i), self.mport)]
+                "--metrics-listen", "%s:%d" % (self.host(i), self.mport),
+                "--data-listen", "%s:%d" % (self.host(i), self.dcport)]
         f = open(log, "a")
         f.write("==== start\n")
         f.flush()
@@ -381,12 +387,48 @@ def scaleout(cl, rng):
     cl.start(3)  # published in DNS once it serves (the others re-resolve every second)
     m = re.search(r"forwarding to peers.*?peers=(\d+)", cl.log_text(3))
     print("pod 3: %s" % m.group(0))
-    got = get_pages(pb, cl.stub(3), "so", hashes)
+    grpc_half, dc_half = hashes[:480], hashes[480:]
+    got = get_pages(pb, cl.stub(3), "so", grpc_half)
     same = sum(1 for h in got if ref.get(h) == got[h])
     rt = cl.metric(3, 'tqkv_readthru_hits_total{method="Get"}')
-    fails += check(len(got) == 960 and same == 960,
-                   "Get through the new pod 3: %d of 960 found, %d byte-identical "
+    fails += check(len(got) == 480 and same == 480,
+                   "gRPC Get through the new pod 3: %d of 480 found, %d byte-identical "
                    "(%d read through as its own)" % (len(got), same, rt))
+    if LIBTQKV and os.path.exists(LIBTQKV):
+        os.environ["TQKV_LIBRARY"] = LIBTQKV
+        # the Python package, under another name: "tqkv" is the grpcio stubs' package here
+        pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "transport",
+                           "python", "tqkv")
+        spec = importlib.util.spec_from_file_location(
+            "tqkv_client", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+        tqkv = importlib.util.module_from_spec(spec)
+        sys.modules["tqkv_client"] = tqkv
+        spec.loader.exec_module(tqkv)
+        c = tqkv.Client(["%s:%d" % (cl.host(3), cl.port)], transport="tcp", read_repair=False)
+        try:
+            rt0 = cl.metric(3, 'tqkv_readthru_requests_total{method="Get"}')
+            k, v, found = c.get("so", dc_half, shape=(T, H, D))
+            chans = cl.metric(3, "tqkv_data_channels")
+            rt1 = cl.metric(3, 'tqkv_readthru_requests_total{method="Get"}')
+        finally:
+            c.close()
+        # the same blocks decoded by pod 0 (ENCODING_BF16), for comparison
+        alike = 0
+        for b in range(0, 480, 120):
+            for m in cl.stub(0).Get(pb.GetRequest(namespace="so", hashes=dc_half[b:b + 120],
+                                                  layer_begin=0, layer_end=1,
+                                                  encoding=pb.ENCODING_BF16), timeout=60):
+                i = dc_half.index(bytes(m.hash))
+                alike += m.found and bytes(m.key) == k[0][i].tobytes() and \
+                    bytes(m.value) == v[0][i].tobytes()
+        fails += check(int(found.sum()) == 480 and alike == 480 and chans >= 1 and rt1 > rt0,
+                       "TCP data channel Get through pod 3 (libtqkv, one target, no read "
+                       "repair): %d of 480 found, %d decoded alike, %d channel(s) open, "
+                       "read-through asks %d -> %d" % (found.sum(), alike, chans, rt0, rt1))
+    else:
+        print("the TCP data channel half: SKIPPED (no libtqkv.so given)")
+        got2 = get_pages(pb, cl.stub(3), "so", dc_half)
+        fails += check(len(got2) == 480, "gRPC Get of the other half: %d of 480" % len(got2))
     fails += check(rt > 0, "pod 3 owns some of them and read them through (%d)" % rt)
     return fails
 
