@@ -163,10 +163,19 @@ class Cluster:
         return total
 
     def close(self):
-        for p in self.procs.values():
-            if p.poll() is None:
+        """SIGTERM (a clean exit: hand-off, drain; sanitizer builds report here), then
+        SIGKILL whatever is left. Returns the exit codes of the servers that were up."""
+        up = {i: p for i, p in self.procs.items() if p.poll() is None}
+        for p in up.values():
+            p.send_signal(signal.SIGTERM)
+        codes = {}
+        for i, p in up.items():
+            try:
+                codes[i] = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
                 p.send_signal(signal.SIGKILL)
-                p.wait()
+                codes[i] = p.wait()
+        return codes
         if self.dns:
             self.dns.terminate()
             self.dns.wait()
@@ -448,7 +457,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         pb, pbg = stubs(tmp)
         cl = Cluster(tmp, pb, pbg)
-        rng = np.random.default_rng(int(os.environ.get("TQKV_TEST_SEED", "22")))
+        seed = int(os.environ.get("TQKV_TEST_SEED", "22"))
+        print("TQKV_TEST_SEED=%d" % seed)
+        rng = np.random.default_rng(seed)
+        fails, codes = 1, {}
         try:
             fails = restart(cl, rng) if MODE == "restart" else scaleout(cl, rng)
         except Exception:
@@ -456,7 +468,10 @@ def main():
                 print("---- server %d log (tail)\n%s" % (i, cl.log_text(i, False)[-2000:]))
             raise
         finally:
-            cl.close()
+            codes = cl.close()
+        if any(c != 0 for c in codes.values()):
+            print("FAIL servers' exit codes after SIGTERM: %s" % codes)
+            fails += 1
         if fails:
             for i in cl.logs:
                 print("---- server %d log (tail)\n%s" % (i, cl.log_text(i, False)[-2000:]))
