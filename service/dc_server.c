@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "kernels/page.h"
+#include "service/forward.h"
 #include "service/log.h"
 #include "service/service_internal.h"
 #include "service/status_map.h"
@@ -230,6 +231,14 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
         hl[i] = q->hashes[i].len;
     }
     j->code = GRPC_STATUS_OK;
+    /* A client that did not shard itself (no tqkv-hop): the blocks a peer owns and those
+     * this server owns but lacks are copied from the peers first, on this thread, as a
+     * gRPC Get does (forward.h, tqkv__fwd_get_copy); a failure leaves them missing. */
+    tqkv__fwd_t *fw = j->c->hop ? NULL : tqkv__fwd_get(s);
+    if (fw && hp && hl && !atomic_load(&j->cancel) &&
+        tqkv__fwd_get_copy(fw, j->c->authz, q->namespace_, hp, hl, nh, q->layer_begin,
+                           q->layer_end))
+        atomic_fetch_add(&s->forwarded, 1);
     for (size_t i = 0; i < total; i++) {
         if (atomic_load(&j->cancel)) {
             job_fail(j, GRPC_STATUS_CANCELLED, "Get cancelled");

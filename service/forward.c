@@ -433,14 +433,24 @@ tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_
         st = tqkv_client_lookup(f->cl, &q, &prefix, t);
         pthread_rwlock_unlock(&f->lk);
         tqkv_client_thread_authz(NULL);
+        uint64_t owner = 0, read = 0, found = 0;
+        for (size_t k = 0; k < m; k++) {
+            int rt = want[idx[k]] == TQKV__FWD_READ;
+            owner += !rt;
+            read += rt;
+            found += rt && st == TQKV_OK && t[k] != 0;
+        }
         if (st == TQKV_OK) {
             for (size_t k = 0; k < m; k++)
                 tiers[idx[k]] = t[k];
-            tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_LOOKUP, m);
         } else {
             snprintf(err, errlen, "forward to the blocks' owners: %s",
                      tqkv_client_last_error()->message);
         }
+        if (owner && st == TQKV_OK)
+            tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_LOOKUP, owner);
+        if (read)
+            tqkv_metrics_readthru(f->srv->metrics, TQKV_METRICS_FWD_LOOKUP, read, found, 0);
     } else if (t == NULL) {
         st = TQKV_ENOMEM;
         snprintf(err, errlen, "out of memory");
@@ -455,7 +465,10 @@ typedef struct fill {
     tqkv_store_t *store;
     const char *ns;
     const tqkv_hash_t *hs;
+    const uint8_t *want; /* per request hash: TQKV__FWD_* */
+    const size_t *idx;   /* per asked hash: its request index */
     uint64_t copied;
+    uint64_t rt_pages, rt_bytes, rt_budget; /* read-through copies; budget 0: none */
     tqkv_store_sync_t sync; /* --disk-sync always: one fdatasync for the whole fill */
 } fill_t;
 
@@ -465,15 +478,25 @@ fill_cb(void *arg, const tqkv_get_page_t *pg)
     fill_t *x = arg;
     if (!pg->found || pg->page == NULL)
         return 0;
+    int rt = x->want[x->idx[pg->hash_index]] == TQKV__FWD_READ;
+    if (rt && x->rt_budget && x->rt_bytes + pg->page_len > x->rt_budget)
+        return 0; /* past the byte budget: left to the peer (the Get reports it missing) */
+    /* The copy is checked whole before it is stored (libtqkv checked the CRC already
+     * where crc_checked is 1): a bad one is dropped, never served. */
     tqkv_page_info_t info;
-    if (tqkv_page_validate(pg->page, pg->page_len, 0, &info, NULL, 0) != TQKV_OK)
+    if (tqkv_page_validate(pg->page, pg->page_len, pg->crc_checked != 1, &info, NULL, 0) != TQKV_OK)
         return 0;
     const tqkv_hash_t *h = &x->hs[pg->hash_index];
     tqkv_block_key_t key = {x->ns, strlen(x->ns), h->bytes, h->len, pg->layer};
     int dup = 0;
     if (tqkv_store_put_nosync(x->store, &key, NULL, 0, pg->page, pg->page_len, info.bf16_bytes,
-                              &dup, &x->sync) == TQKV_OK)
+                              &dup, &x->sync) == TQKV_OK) {
         x->copied++;
+        if (rt) {
+            x->rt_pages++;
+            x->rt_bytes += pg->page_len;
+        }
+    }
     return 0;
 }
 
@@ -491,7 +514,12 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t 
     }
     tqkv_status_t st = TQKV_OK;
     if (m > 0) {
-        fill_t x = {.store = f->srv->store, .ns = ns, .hs = hs};
+        fill_t x = {.store = f->srv->store,
+                    .ns = ns,
+                    .hs = hs,
+                    .want = want,
+                    .idx = idx,
+                    .rt_budget = f->srv->cfg.handoff_bytes};
         tqkv_get_req_t q = {.ns = ns,
                             .hashes = hs,
                             .num_hashes = m,
@@ -510,13 +538,83 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t 
             tqkv_log(TQKV_LOG_WARN, "forwarded pages not made durable on disk", "error=\"%s\"",
                      tqkv_strerror(sst));
         *copied = x.copied;
-        if (st == TQKV_OK)
-            tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_GET, m);
-        else
+        uint64_t owner = 0, read = 0;
+        for (size_t k = 0; k < m; k++) {
+            owner += want[idx[k]] != TQKV__FWD_READ;
+            read += want[idx[k]] == TQKV__FWD_READ;
+        }
+        if (owner && st == TQKV_OK)
+            tqkv_metrics_forwarded(f->srv->metrics, TQKV_METRICS_FWD_GET, owner);
+        if (read)
+            tqkv_metrics_readthru(f->srv->metrics, TQKV_METRICS_FWD_GET, read, x.rt_pages,
+                                  x.rt_bytes);
+        if (st != TQKV_OK)
             snprintf(err, errlen, "forward to the blocks' owners: %s",
                      tqkv_client_last_error()->message);
     }
     free(hs);
     free(idx);
     return st;
+}
+
+/* Logs a failed ask of the peers at most once a second (a dead peer under load must not
+ * fill the log); the rest are counted into the next line. */
+static void
+log_ask_failed(const char *what, const char *err)
+{
+    static _Atomic uint64_t last_ns, skipped;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t prev = atomic_load(&last_ns);
+    if (prev && now - prev < 1000000000ull) {
+        atomic_fetch_add(&skipped, 1);
+        return;
+    }
+    if (!atomic_compare_exchange_strong(&last_ns, &prev, now)) {
+        atomic_fetch_add(&skipped, 1);
+        return;
+    }
+    char q[600];
+    tqkv_log_quote(q, sizeof q, err);
+    tqkv_log(TQKV_LOG_WARN, what, "error=\"%s\" not_logged_since=%llu", q,
+             (unsigned long long)atomic_exchange(&skipped, 0));
+}
+
+int
+tqkv__fwd_get_copy(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *const *hashes,
+                   const size_t *lens, size_t n, uint32_t begin, uint32_t end)
+{
+    tqkv__fwd_rank_t rk;
+    if (f == NULL || n == 0 || end <= begin || tqkv__fwd_rank(f, &rk) != TQKV_OK)
+        return 0;
+    uint8_t *want = calloc(n, 1), *tiers = calloc(n, 1);
+    size_t nw = 0, nown = 0;
+    uint32_t prefix = 0;
+    for (size_t i = 0; want && tiers && i < n; i++) {
+        want[i] = tqkv__fwd_owned(&rk, ns, hashes[i], lens[i]) ? TQKV__FWD_NO : TQKV__FWD_OWNER;
+        nown += want[i] == TQKV__FWD_NO;
+    }
+    /* Owned hashes: which lack a layer here (layers [0, end): a Get rarely starts past 0,
+     * and asking for one more hash costs nothing but its bytes on the wire). A store
+     * failure here leaves them to the store's own answer. */
+    if (want && tiers && nown > 0 && rk.n > 0 &&
+        tqkv_store_lookup(f->srv->store, ns, strlen(ns), hashes, lens, n, end, 0, &prefix, tiers) ==
+            TQKV_OK)
+        for (size_t i = 0; i < n; i++)
+            if (want[i] == TQKV__FWD_NO && tiers[i] == TQKV_TIER_NONE)
+                want[i] = TQKV__FWD_READ;
+    tqkv__fwd_rank_free(&rk);
+    for (size_t i = 0; want && i < n; i++)
+        nw += want[i] != TQKV__FWD_NO;
+    if (nw > 0) {
+        uint64_t copied = 0;
+        char err[512];
+        if (tqkv__fwd_fill(f, authz, ns, hashes, lens, want, n, begin, end, &copied, err,
+                           sizeof err) != TQKV_OK)
+            log_ask_failed("get: asking the peers failed", err);
+    }
+    free(want);
+    free(tiers);
+    return nw > 0;
 }

@@ -96,19 +96,42 @@ typedef struct tqkv__fwd_block {
 tqkv_status_t tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const tqkv__fwd_block_t *b,
                             int *duplicate, char *err, size_t errlen);
 
-/* Per hash of hashes[n], the tier the owners report (0 = absent), for the hashes with
- * want[i] set; lease_ms as in Lookup. */
+/* What a request asks the peers for, per hash (want[i]): */
+enum {
+    TQKV__FWD_NO = 0,    /* nothing: answered from this server's store */
+    TQKV__FWD_OWNER = 1, /* a peer owns it (ranks first): forwarding */
+    TQKV__FWD_READ = 2,  /* this server owns it but does not hold it: read-through */
+};
+
+/* Per hash of hashes[n], the tier the peers report (0 = absent), for the hashes with
+ * want[i] set (TQKV__FWD_OWNER or TQKV__FWD_READ; counted apart in the metrics);
+ * lease_ms as in Lookup. One tqkv_client_lookup over the peers' client: one batched
+ * Lookup per peer and rank round, never one per block. */
 tqkv_status_t tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns,
                                const uint8_t *const *hashes, const size_t *lens,
                                const uint8_t *want, size_t n, uint32_t num_layers,
                                uint32_t lease_ms, uint8_t *tiers, char *err, size_t errlen);
 
-/* Copies the owners' pages of the hashes with want[i] set, layers [begin, end), into
- * the store. Returns the pages copied in *copied. */
+/* Copies the peers' pages of the hashes with want[i] set, layers [begin, end), into
+ * the store; each page's CRC is checked before it is stored (a bad copy is dropped:
+ * missing, never wrong). Read-through copies (TQKV__FWD_READ) of one call stop at
+ * --handoff-bytes (0: no limit), stored like any Put, as a hand-off's pages are at the
+ * peer that takes them. Returns the pages copied in *copied. */
 tqkv_status_t tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns,
                              const uint8_t *const *hashes, const size_t *lens, const uint8_t *want,
                              size_t n, uint32_t begin, uint32_t end, uint64_t *copied, char *err,
                              size_t errlen);
+
+/* Read-through before a Get that a client sent (no tqkv-hop; gRPC and TCP data
+ * channel alike): ranks the hashes, marks those a peer owns (TQKV__FWD_OWNER) and those
+ * this server owns but lacks a layer of in [begin, end) (TQKV__FWD_READ: the peers'
+ * client, which leaves this server out, asks the block's next-ranked peers, R + 1 rank
+ * positions), and copies them into the store with tqkv__fwd_fill. A failure is logged
+ * (at most once a second); the Get then reports those blocks missing. Returns 1 when
+ * the peers were asked. Blocking: an encoder-pool job or a data channel's thread. */
+int tqkv__fwd_get_copy(tqkv__fwd_t *f, const char *authz, const char *ns,
+                       const uint8_t *const *hashes, const size_t *lens, size_t n, uint32_t begin,
+                       uint32_t end);
 
 void tqkv__fwd_destroy(tqkv__fwd_t *f);
 

@@ -600,8 +600,10 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
     return 0;
 }
 
-/* The hashes a peer owns: its pages copied into our store first (one hop), then the Get
- * streams as usual. A failure leaves them missing (reported as such), never wrong. */
+/* Before streaming (a Get a client sent, not a hop): the pages of the hashes a peer owns
+ * (forwarding) and of those this server owns but does not hold (read-through: asked of
+ * the next-ranked peers) are copied into our store first (tqkv__fwd_get_copy), then the
+ * Get streams as usual. A failure leaves them missing (reported as such), never wrong. */
 static void get_begin(tqkv__call_t *c);
 
 static void
@@ -610,34 +612,18 @@ get_forward(void *arg)
     tqkv__call_t *c = arg;
     get_state_t *gs = c->h;
     const Tqkv__V1__GetRequest *q = gs->req;
-    tqkv__fwd_t *fw = tqkv__fwd_get(c->srv);
-    tqkv__fwd_rank_t rk;
     size_t n = q->n_hashes;
-    if (fw == NULL || n == 0 || tqkv__fwd_rank(fw, &rk) != TQKV_OK) {
-        tqkv__call_wake(c);
-        return;
-    }
-    uint8_t *want = calloc(n, 1);
     const uint8_t **hp = malloc(n * sizeof *hp);
-    size_t *hl = malloc(n * sizeof *hl), nw = 0;
-    for (size_t i = 0; want && hp && hl && i < n; i++) {
-        hp[i] = q->hashes[i].data;
-        hl[i] = q->hashes[i].len;
-        nw += want[i] = !tqkv__fwd_owned(&rk, q->namespace_, hp[i], hl[i]);
-    }
-    tqkv__fwd_rank_free(&rk);
-    if (want && hp && hl && nw > 0) {
-        uint64_t copied = 0;
-        char err[TQKV__KV_ERRLEN];
-        if (tqkv__fwd_fill(fw, c->authz, q->namespace_, hp, hl, want, n, q->layer_begin,
-                           q->layer_end, &copied, err, sizeof err) != TQKV_OK) {
-            char qe[TQKV__KV_ERRLEN];
-            tqkv_log_quote(qe, sizeof qe, err);
-            tqkv_log(TQKV_LOG_WARN, "get: forward failed", "error=\"%s\"", qe);
+    size_t *hl = malloc(n * sizeof *hl);
+    if (hp && hl) {
+        for (size_t i = 0; i < n; i++) {
+            hp[i] = q->hashes[i].data;
+            hl[i] = q->hashes[i].len;
         }
-        atomic_fetch_add(&c->srv->forwarded, 1);
+        if (tqkv__fwd_get_copy(tqkv__fwd_get(c->srv), c->authz, q->namespace_, hp, hl, n,
+                               q->layer_begin, q->layer_end))
+            atomic_fetch_add(&c->srv->forwarded, 1);
     }
-    free(want);
     free(hp);
     free(hl);
     tqkv__call_wake(c);
@@ -658,7 +644,7 @@ get_start(tqkv__call_t *c)
     if (tqkv__get_request_parse(c, &h->req) != 0)
         return;
     if (!c->hop && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0) {
-        /* blocks a peer owns: copied from it first, on the encoder pool (get_forward) */
+        /* blocks a peer owns, and ours we lack: copied first, on the encoder pool */
         h->prefetch = 1;
         if (tqkv__call_work(c, get_forward) == TQKV_OK)
             return;

@@ -87,15 +87,23 @@ lookup_job(void *arg)
         ls->st = st;
         snprintf(ls->err, TQKV__KV_ERRLEN, "lookup: %s", tqkv_strerror(st));
     } else if (want && tqkv__fwd_rank(ls->fw, &rk) == TQKV_OK) {
-        /* the hashes a peer owns: its answer, not ours */
-        size_t nw = 0;
-        for (size_t i = 0; i < n; i++)
-            nw += want[i] = !tqkv__fwd_owned(&rk, r->namespace_, ls->hp[i], ls->hl[i]);
+        /* The hashes a peer owns: its answer, not ours (forwarding); the hashes we own but
+         * do not hold: the next-ranked peers' answer (read-through). One ask for both. */
+        size_t nw = 0, nowner = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!tqkv__fwd_owned(&rk, r->namespace_, ls->hp[i], ls->hl[i]))
+                want[i] = TQKV__FWD_OWNER;
+            else if (ls->tiers[i] == TQKV_TIER_NONE && rk.n > 0)
+                want[i] = TQKV__FWD_READ;
+            nw += want[i] != TQKV__FWD_NO;
+            nowner += want[i] == TQKV__FWD_OWNER;
+        }
         tqkv__fwd_rank_free(&rk);
         if (nw > 0) {
             st = tqkv__fwd_lookup(ls->fw, c->authz, r->namespace_, ls->hp, ls->hl, want, n,
                                   r->num_layers, r->lease_ms, ls->tiers, ls->err, TQKV__KV_ERRLEN);
-            if (st != TQKV_OK)
+            /* A failed read-through alone is no error: those hashes stay missing. */
+            if (st != TQKV_OK && nowner > 0)
                 ls->st = st;
             atomic_fetch_add(&c->srv->forwarded, 1);
         }

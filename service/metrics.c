@@ -91,8 +91,9 @@ struct tqkv_metrics {
     char node_id[256]; /* set once before serving */
     _Atomic uint64_t bytes_in, bytes_out, bf16_out;
     _Atomic uint64_t handoff_pages, handoff_bytes;
-    _Atomic uint64_t fwd_calls[3], fwd_blocks[3]; /* TQKV_METRICS_FWD_* */
-    _Atomic uint64_t codec_bytes[2];              /* [0] decode, [1] encode */
+    _Atomic uint64_t fwd_calls[3], fwd_blocks[3];                     /* TQKV_METRICS_FWD_* */
+    _Atomic uint64_t rt_calls[3], rt_asked[3], rt_found[3], rt_bytes; /* read-through */
+    _Atomic uint64_t codec_bytes[2];                                  /* [0] decode, [1] encode */
     _Atomic uint64_t codec_ns[2];
     _Atomic int64_t streams;
     _Atomic int64_t data_channels;
@@ -341,6 +342,17 @@ tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks)
         return;
     atomic_fetch_add_explicit(&m->fwd_calls[method], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->fwd_blocks[method], blocks, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_readthru(tqkv_metrics_t *m, int method, uint64_t asked, uint64_t found, uint64_t bytes)
+{
+    if (!m || method < 1 || method > 2)
+        return;
+    atomic_fetch_add_explicit(&m->rt_calls[method], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->rt_asked[method], asked, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->rt_found[method], found, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->rt_bytes, bytes, memory_order_relaxed);
 }
 
 static uint64_t
@@ -611,6 +623,27 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
         tqkv__sb_printf(&b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n",
                         fwd_names[i],
                         atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_readthru_requests_total", "counter",
+                    "Requests that asked the next-ranked peers for blocks this server owns but "
+                    "did not hold (read-through; one batched ask per peer and rank round).");
+    for (int i = 1; i < 3; i++)
+        tqkv__sb_printf(&b, "tqkv_readthru_requests_total{method=\"%s\"} %" PRIu64 "\n",
+                        fwd_names[i], atomic_load_explicit(&m->rt_calls[i], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_readthru_blocks_total", "counter",
+                    "Hashes this server owns but did not hold, asked of the peers (read-through).");
+    for (int i = 1; i < 3; i++)
+        tqkv__sb_printf(&b, "tqkv_readthru_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                        atomic_load_explicit(&m->rt_asked[i], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_readthru_hits_total", "counter",
+                    "Read-through answers found at a peer: Lookup hashes, Get pages copied "
+                    "into this server's store.");
+    for (int i = 1; i < 3; i++)
+        tqkv__sb_printf(&b, "tqkv_readthru_hits_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                        atomic_load_explicit(&m->rt_found[i], memory_order_relaxed));
+    tqkv__sb_family(&b, "tqkv_readthru_bytes_total", "counter",
+                    "Page bytes copied from peers by read-through (server-side read repair).");
+    tqkv__sb_printf(&b, "tqkv_readthru_bytes_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->rt_bytes, memory_order_relaxed));
 
     render_ns_access(&b, m);
     if (store)

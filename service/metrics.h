@@ -58,6 +58,11 @@ void tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes);
 /* Requests forwarded to the blocks' owners (one hop), by method ("Put", "Lookup", "Get"). */
 void tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks);
 enum { TQKV_METRICS_FWD_PUT = 0, TQKV_METRICS_FWD_LOOKUP = 1, TQKV_METRICS_FWD_GET = 2 };
+/* Read-through (forward.h): a request asked the peers for `asked` hashes this server owns
+ * but did not hold; `found` of them were found (Lookup: hashes; Get: pages copied, `bytes`
+ * their bytes). method: TQKV_METRICS_FWD_LOOKUP or TQKV_METRICS_FWD_GET. */
+void tqkv_metrics_readthru(tqkv_metrics_t *m, int method, uint64_t asked, uint64_t found,
+                           uint64_t bytes);
 
 /* The server's --node-id, exported as tqkv_node_info{node_id="..."} 1 (copied). */
 void tqkv_metrics_set_node_id(tqkv_metrics_t *m, const char *node_id);

@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""readthru.py - owners read through (issue 22 item 1): a pod asked for a block it owns
+but does not hold asks the block's next-ranked peers, keeps a copy, and never answers
+wrong bytes. Real tqkv-server processes on loopback addresses 127.0.0.1.. (one per
+server, one port), found through dnsmasq (A records of svc.test, rewritten + SIGHUP);
+the clients are plain grpcio stubs, one per pod: no client-side read repair anywhere.
+
+restart:  3 servers (--handoff-seconds 10); 90 blocks Put through the 2nd; SIGTERM the
+          1st (its hand-off line), restart it with the same flags. A Lookup through it
+          finds all 90 with at most one Lookup asked of each peer; a Get through each pod
+          finds all 90, byte-identical to what the 2nd served before; a second Get
+          through the restarted pod asks no peer (the copies are local). Then the 1st is
+          SIGKILLed and restarted (empty) and the 3rd SIGKILLed while Gets run through
+          the 1st: every call ends OK and quickly, no wrong page, no storm of log lines;
+          with the 2nd SIGKILLed too, what the 1st does not hold is missing, at once.
+scaleout: 3 servers, 960 blocks, a 4th server joins (published in DNS): Gets through
+          the 4th find all 960: half through grpcio, byte-identical; half through a TCP
+          data channel (libtqkv's Python package with this one target, read repair off,
+          when LIBTQKV_SO is given), decoded alike.
+
+usage: readthru.py TQKV_SERVER PROTO_DIR {restart|scaleout} [LIBTQKV_SO]
+"""
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+
+SERVER, PROTO_DIR, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+LIBTQKV = sys.argv[4] if len(sys.argv) > 4 else ""
+DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
+T, H, D = 16, 2, 64
+
+
+def free_port():
+    """A port free for TCP on every 127.0.0.x and for UDP on 127.0.0.1."""
+    for _ in range(100):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        ok = True
+        for host in ["127.0.0.%d" % i for i in range(2, 6)]:
+            t = socket.socket()
+            try:
+                t.bind((host, p))
+            except OSError:
+                ok = False
+            t.close()
+        if ok:
+            return p
+    raise RuntimeError("no free port")
+
+
+def stubs(tmp):
+    out = os.path.join(tmp, "py")
+    os.makedirs(out)
+    plugin = shutil.which("grpc_python_plugin") or "/usr/bin/grpc_python_plugin"
+    subprocess.check_call(["protoc", "-I" + PROTO_DIR, "--python_out=" + out,
+                           "--grpc_python_out=" + out, "--plugin=protoc-gen-grpc_python=" + plugin,
+                           "tqkv/v1/kvcache.proto"])
+    sys.path.insert(0, out)
+    import tqkv.v1.kvcache_pb2 as pb
+    import tqkv.v1.kvcache_pb2_grpc as pbg
+    return pb, pbg
+
+
+class Cluster:
+    def __init__(self, tmp, pb, pbg):
+        self.tmp, self.pb, self.pbg = tmp, pb, pbg
+        self.port, self.mport, self.dport = free_port(), free_port(), free_port()
+        self.dcport = free_port()
+        self.hosts = os.path.join(tmp, "hosts")
+        self.procs, self.logs, self.published = {}, {}, []
+        self.dns = None
+
+    def host(self, i):
+        return "127.0.0.%d" % (i + 1)
+
+    def publish(self):
+        with open(self.hosts, "w") as f:
+            for i in self.published:
+                f.write("%s svc.test\n" % self.host(i))
+        if self.dns is None:
+            args = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
+                    "--no-hosts", "--no-poll", "--listen-address=127.0.0.1",
+                    "--bind-interfaces", "--pid-file=", "--cache-size=0", "--user=root",
+                    "--port=%d" % self.dport, "--addn-hosts=" + self.hosts]
+            self.dns = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        else:
+            self.dns.send_signal(signal.SIGHUP)
+
+    def start(self, i):
+        log = os.path.join(self.tmp, "server-%d.log" % i)
+        self.logs[i] = log
+        args = [SERVER, "--listen", "%s:%d" % (self.host(i), self.port), "--node-id",
+                "tqkv-%d" % i, "--dram-capacity", "256M", "--drain-seconds", "1",
+                "--peers", "svc.test:%d" % self.port, "--peers-dns",
+                "127.0.0.1:%d" % self.dport, "--handoff-seconds", "10",
+                "--metrics-listen", "%s:%d" % (self.host(i), self.mport),
+                "--data-listen", "%s:%d" % (self.host(i), self.dcport)]
+        f = open(log, "a")
+        f.write("==== start\n")
+        f.flush()
+        p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, text=True)
+        self.procs[i] = p
+        self.wait_log(i, r"forwarding to peers", 60, since_start=True)
+        if i not in self.published:
+            self.published.append(i)
+            self.publish()
+
+    def log_text(self, i, since_start=True):
+        with open(self.logs[i]) as f:
+            t = f.read()
+        return t[t.rindex("==== start"):] if since_start else t
+
+    def wait_log(self, i, pattern, timeout, since_start=True):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            m = re.search(pattern, self.log_text(i, since_start))
+            if m:
+                return m
+            if self.procs[i].poll() is not None and not since_start:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server %d: no log line /%s/ within %d s:\n%s" %
+                           (i, pattern, timeout, self.log_text(i)[-3000:]))
+
+    def stop(self, i, sig):
+        p = self.procs[i]
+        p.send_signal(sig)
+        p.wait(timeout=60)
+
+    def stub(self, i):
+        return self.pbg.KVCacheStub(grpc.insecure_channel("%s:%d" % (self.host(i), self.port)))
+
+    def metric(self, i, name):
+        """Sum of the samples of `name` on server i: a bare name, or name{k="v",...} for the
+        samples whose labels include those."""
+        want_name, _, want = name.partition("{")
+        want = [w for w in want.rstrip("}").split(",") if w]
+        url = "http://%s:%d/metrics" % (self.host(i), self.mport)
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            key, val = line.rsplit(" ", 1)
+            n, _, labels = key.partition("{")
+            if n == want_name and all(w in labels.rstrip("}").split(",") for w in want):
+                total += float(val)
+        return total
+
+    def close(self):
+        """SIGTERM (a clean exit: hand-off, drain; sanitizer builds report here), then
+        SIGKILL whatever is left. Returns the exit codes of the servers that were up."""
+        up = {i: p for i, p in self.procs.items() if p.poll() is None}
+        for p in up.values():
+            p.send_signal(signal.SIGTERM)
+        codes = {}
+        for i, p in up.items():
+            try:
+                codes[i] = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                codes[i] = p.wait()
+        return codes
+        if self.dns:
+            self.dns.terminate()
+            self.dns.wait()
+
+
+def bf(a):
+    return (a.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def put_blocks(pb, stub, ns, hashes, rng):
+    def msgs():
+        for h in hashes:
+            yield pb.PutRequest(namespace=ns, hash=h, layer=0, num_layers=1, num_tokens=T,
+                                num_kv_heads=H, head_dim=D,
+                                key=bf(rng.standard_normal(T * H * D).astype(np.float32)),
+                                value=bf(rng.standard_normal(T * H * D).astype(np.float32)))
+    r = stub.Put(msgs(), timeout=60)
+    assert r.blocks_stored + r.blocks_duplicate == len(hashes), r
+
+
+def get_pages(pb, stub, ns, hashes, timeout=60, batch=120):
+    out = {}
+    for b in range(0, len(hashes), batch):
+        for m in stub.Get(pb.GetRequest(namespace=ns, hashes=hashes[b:b + batch], layer_begin=0,
+                                        layer_end=1), timeout=timeout):
+            if m.found:
+                out[bytes(m.hash)] = bytes(m.page)
+    return out
+
+
+def holders(cl, ids, ns, hashes):
+    """Per hash, the pods that hold it (Lookups marked tqkv-hop: answered locally)."""
+    out = [set() for _ in hashes]
+    for i in ids:
+        r = cl.stub(i).Lookup(cl.pb.LookupRequest(namespace=ns, hashes=hashes, num_layers=1),
+                              timeout=10, metadata=[("tqkv-hop", "1")])
+        for k, b in enumerate(r.blocks):
+            if b.tier != 0:
+                out[k].add(i)
+    return out
+
+
+def wait_converged(cl, ids, rng, deadline_s=60.0):
+    """Bounded by an event: every server ranks blocks over the same members. The same
+    probe blocks Put through each server in turn are held by one server each (a server
+    that does not know a peer, or ranks differently, keeps a block it thinks its own)."""
+    t0 = time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < deadline_s:
+        hashes = [rng.bytes(16) for _ in range(24)]
+        try:
+            ns = "probe-%d" % n  # the same blocks (a block ranks by namespace and hash)
+            for e in ids:
+                put_blocks(cl.pb, cl.stub(e), ns, hashes, rng)
+            ok = all(len(h) == 1 for h in holders(cl, ids, ns, hashes))
+        except grpc.RpcError:
+            ok = False
+        if ok:
+            return time.monotonic() - t0
+        n += 1
+        time.sleep(0.2)
+    raise RuntimeError("the servers did not agree on the blocks' owners within %.0f s" %
+                       deadline_s)
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    return 0 if cond else 1
+
+
+def restart(cl, rng):
+    pb = cl.pb
+    fails = 0
+    cl.published = [0, 1, 2]
+    cl.publish()
+    for i in range(3):
+        cl.start(i)
+    print("servers agree on the owners after %.1f s" % wait_converged(cl, [0, 1, 2], rng))
+    hashes = [rng.bytes(16) for _ in range(90)]
+    put_blocks(pb, cl.stub(1), "rt", hashes, rng)
+    ref = get_pages(pb, cl.stub(1), "rt", hashes)
+    fails += check(len(ref) == 90, "before the restart: 90 of 90 found through pod 1 (%d)" %
+                   len(ref))
+
+    cl.stop(0, signal.SIGTERM)
+    m = re.search(r"hand-off.*?pages=(\d+).*?failed=(\d+)", cl.log_text(0))
+    fails += check(m is not None and m.group(2) == "0",
+                   "pod 0's hand-off: %s" % (m.group(0) if m else "no line"))
+    cl.start(0)
+
+    # Lookup through the restarted pod: every block, at most one Lookup per peer.
+    before = [cl.metric(i, 'tqkv_requests_total{method="Lookup"}') for i in (1, 2)]
+    t0 = time.monotonic()
+    lk = cl.stub(0).Lookup(pb.LookupRequest(namespace="rt", hashes=hashes, num_layers=1),
+                           timeout=30)
+    took = time.monotonic() - t0
+    after = [cl.metric(i, 'tqkv_requests_total{method="Lookup"}') for i in (1, 2)]
+    asks = [a - b for a, b in zip(after, before)]
+    found = sum(1 for b in lk.blocks if b.tier != 0)
+    rt_asked = cl.metric(0, 'tqkv_readthru_blocks_total{method="Lookup"}')
+    rt_hits = cl.metric(0, 'tqkv_readthru_hits_total{method="Lookup"}')
+    fails += check(found == 90 and lk.prefix_blocks == 90,
+                   "Lookup through the restarted pod 0: %d of 90 found, prefix %d (%.3f s)" %
+                   (found, lk.prefix_blocks, took))
+    fails += check(all(a <= 1 for a in asks),
+                   "peer Lookups asked by that Lookup: pod 1 %d, pod 2 %d (<= 1 each)" %
+                   (asks[0], asks[1]))
+    fails += check(rt_asked > 0 and rt_hits == rt_asked,
+                   "pod 0 read through %d owned hashes in the Lookup, %d found" %
+                   (rt_asked, rt_hits))
+
+    # Get through every pod: all 90, byte-identical; the restarted pod first.
+    for i in (0, 1, 2):
+        got = get_pages(pb, cl.stub(i), "rt", hashes)
+        same = sum(1 for h in got if ref.get(h) == got[h])
+        wrong = sum(1 for h in got if ref.get(h) != got[h])
+        fails += check(len(got) == 90 and same == 90 and wrong == 0,
+                       "Get through pod %d: %d of 90 found, %d byte-identical, %d wrong" %
+                       (i, len(got), same, wrong))
+    pages = cl.metric(0, 'tqkv_readthru_hits_total{method="Get"}')
+    nbytes = cl.metric(0, "tqkv_readthru_bytes_total")
+    reqs = cl.metric(0, 'tqkv_readthru_requests_total{method="Get"}')
+    fails += check(pages >= rt_asked and nbytes > 0,
+                   "pod 0 copied %d pages (%d bytes) from its peers in %d read-through asks" %
+                   (pages, nbytes, reqs))
+    got = get_pages(pb, cl.stub(0), "rt", hashes)
+    reqs2 = cl.metric(0, 'tqkv_readthru_requests_total{method="Get"}')
+    fails += check(len(got) == 90 and all(ref[h] == got[h] for h in got) and reqs2 == reqs,
+                   "Get through pod 0 again: %d found, read-through asks %d -> %d (now local)" %
+                   (len(got), reqs, reqs2))
+
+    # A peer killed during read-through: missing, quickly, never wrong, no error storm.
+    cl.stop(0, signal.SIGKILL)
+    cl.start(0)  # empty: the hand-off copies are still on pods 1 and 2
+    warn0 = cl.log_text(0).count('"warn"') + cl.log_text(0).count("level=warn")
+    results, errors, stop = [], [], threading.Event()
+
+    def loop():
+        stub = cl.stub(0)
+        k = 0
+        while not stop.is_set():
+            part = hashes[(k * 10) % 90:(k * 10) % 90 + 10]
+            k += 1
+            t = time.monotonic()
+            try:
+                got = get_pages(pb, stub, "rt", part, timeout=30)
+                results.append((time.monotonic() - t, len(got),
+                                sum(1 for h in got if ref[h] != got[h])))
+            except grpc.RpcError as e:
+                errors.append(str(e.code()))
+
+    th = threading.Thread(target=loop)
+    th.start()
+    t0 = time.monotonic()
+    while len(results) + len(errors) < 5 and time.monotonic() - t0 < 60:
+        time.sleep(0.01)
+    n_before = len(results)
+    cl.stop(2, signal.SIGKILL)
+    t0 = time.monotonic()
+    while len(results) + len(errors) < n_before + 30 and time.monotonic() - t0 < 60:
+        time.sleep(0.05)
+    stop.set()
+    th.join()
+    after = results[n_before:]
+    slowest = max(r[0] for r in after) if after else float("inf")
+    wrong = sum(r[2] for r in results)
+    found = sum(r[1] for r in after)
+    text = cl.log_text(0)
+    warns = text.count('"warn"') + text.count("level=warn") - warn0
+    fails += check(not errors and len(after) >= 30,
+                   "pod 2 SIGKILLed during read-through Gets through pod 0: %d calls after the "
+                   "kill, %d failed %s" % (len(after), len(errors), sorted(set(errors))))
+    fails += check(slowest < 3.0, "slowest call after the kill %.3f s (< 3 s)" % slowest)
+    fails += check(wrong == 0, "wrong pages: %d (of %d calls)" % (wrong, len(results)))
+    fails += check(warns <= 5, "warnings logged by pod 0 meanwhile: %d (<= 5)" % warns)
+    print("found after the kill: %d of %d asked" % (found, 10 * len(after)))
+
+    # Every peer gone: the blocks pod 0 does not hold are missing, at once, no error.
+    cl.stop(1, signal.SIGKILL)
+    # pod 0's copies of the first half go (a Delete marked tqkv-hop: here only)
+    cl.stub(0).Delete(pb.DeleteRequest(namespace="rt", hashes=hashes[:45]), timeout=10,
+                      metadata=[("tqkv-hop", "1")])
+    local = holders(cl, [0], "rt", hashes)
+    held = sum(1 for h in local if h)
+    times, got_n, errs = [], 0, []
+    for k in range(9):
+        part = hashes[k * 10:k * 10 + 10]
+        t = time.monotonic()
+        try:
+            got = get_pages(pb, cl.stub(0), "rt", part, timeout=30)
+            got_n += len(got)
+            wrong += sum(1 for h in got if ref[h] != got[h])
+        except grpc.RpcError as e:
+            errs.append(str(e.code()))
+        times.append(time.monotonic() - t)
+    fails += check(not errs and got_n == held and held <= 45 and wrong == 0 and
+                   max(times) < 3.0,
+                   "every peer SIGKILLed: Gets through pod 0 found %d of 90 (the %d it holds), "
+                   "%d failed, slowest %.3f s, wrong %d" %
+                   (got_n, held, len(errs), max(times), wrong))
+    return fails
+
+
+def scaleout(cl, rng):
+    pb = cl.pb
+    fails = 0
+    cl.published = [0, 1, 2]
+    cl.publish()
+    for i in range(3):
+        cl.start(i)
+    print("servers agree on the owners after %.1f s" % wait_converged(cl, [0, 1, 2], rng))
+    hashes = [rng.bytes(16) for _ in range(960)]
+    for b in range(0, 960, 120):
+        put_blocks(pb, cl.stub(b // 120 % 3), "so", hashes[b:b + 120], rng)
+    ref = get_pages(pb, cl.stub(0), "so", hashes)
+    fails += check(len(ref) == 960, "before the scale-out: %d of 960 found through pod 0" %
+                   len(ref))
+    cl.start(3)  # published in DNS once it serves (the others re-resolve every second)
+    m = re.search(r"forwarding to peers.*?peers=(\d+)", cl.log_text(3))
+    print("pod 3: %s" % m.group(0))
+    grpc_half, dc_half = hashes[:480], hashes[480:]
+    got = get_pages(pb, cl.stub(3), "so", grpc_half)
+    same = sum(1 for h in got if ref.get(h) == got[h])
+    rt = cl.metric(3, 'tqkv_readthru_hits_total{method="Get"}')
+    fails += check(len(got) == 480 and same == 480,
+                   "gRPC Get through the new pod 3: %d of 480 found, %d byte-identical "
+                   "(%d read through as its own)" % (len(got), same, rt))
+    if LIBTQKV and os.path.exists(LIBTQKV):
+        os.environ["TQKV_LIBRARY"] = LIBTQKV
+        # the Python package, under another name: "tqkv" is the grpcio stubs' package here
+        pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "transport",
+                           "python", "tqkv")
+        spec = importlib.util.spec_from_file_location(
+            "tqkv_client", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+        tqkv = importlib.util.module_from_spec(spec)
+        sys.modules["tqkv_client"] = tqkv
+        spec.loader.exec_module(tqkv)
+        c = tqkv.Client(["%s:%d" % (cl.host(3), cl.port)], transport="tcp", read_repair=False)
+        try:
+            rt0 = cl.metric(3, 'tqkv_readthru_requests_total{method="Get"}')
+            k, v, found = c.get("so", dc_half, shape=(T, H, D))
+            chans = cl.metric(3, "tqkv_data_channels")
+            rt1 = cl.metric(3, 'tqkv_readthru_requests_total{method="Get"}')
+        finally:
+            c.close()
+        # the same blocks decoded by pod 0 (ENCODING_BF16), for comparison
+        alike = 0
+        for b in range(0, 480, 120):
+            for m in cl.stub(0).Get(pb.GetRequest(namespace="so", hashes=dc_half[b:b + 120],
+                                                  layer_begin=0, layer_end=1,
+                                                  encoding=pb.ENCODING_BF16), timeout=60):
+                i = dc_half.index(bytes(m.hash))
+                alike += m.found and bytes(m.key) == k[0][i].tobytes() and \
+                    bytes(m.value) == v[0][i].tobytes()
+        fails += check(int(found.sum()) == 480 and alike == 480 and chans >= 1 and rt1 > rt0,
+                       "TCP data channel Get through pod 3 (libtqkv, one target, no read "
+                       "repair): %d of 480 found, %d decoded alike, %d channel(s) open, "
+                       "read-through asks %d -> %d" % (found.sum(), alike, chans, rt0, rt1))
+    else:
+        print("the TCP data channel half: SKIPPED (no libtqkv.so given)")
+        got2 = get_pages(pb, cl.stub(3), "so", dc_half)
+        fails += check(len(got2) == 480, "gRPC Get of the other half: %d of 480" % len(got2))
+    fails += check(rt > 0, "pod 3 owns some of them and read them through (%d)" % rt)
+    return fails
+
+
+def main():
+    if not os.path.exists(DNSMASQ):
+        print("SKIP: dnsmasq not installed")
+        return 77
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.2", 0))
+    except OSError:
+        print("SKIP: cannot bind 127.0.0.2 (loopback addresses beyond 127.0.0.1)")
+        return 77
+    finally:
+        s.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        pb, pbg = stubs(tmp)
+        cl = Cluster(tmp, pb, pbg)
+        seed = int(os.environ.get("TQKV_TEST_SEED", "22"))
+        print("TQKV_TEST_SEED=%d" % seed)
+        rng = np.random.default_rng(seed)
+        fails, codes = 1, {}
+        try:
+            fails = restart(cl, rng) if MODE == "restart" else scaleout(cl, rng)
+        except Exception:
+            for i in cl.logs:
+                print("---- server %d log (tail)\n%s" % (i, cl.log_text(i, False)[-2000:]))
+            raise
+        finally:
+            codes = cl.close()
+        if any(c != 0 for c in codes.values()):
+            print("FAIL servers' exit codes after SIGTERM: %s" % codes)
+            fails += 1
+        if fails:
+            for i in cl.logs:
+                print("---- server %d log (tail)\n%s" % (i, cl.log_text(i, False)[-2000:]))
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
