@@ -88,6 +88,9 @@ fio --enghelp 2> /dev/null | grep -q io_uring || engine=libaio
         printf '[client%d]\nread_iolog=%s\n' "$c" "$out/fio.$c.log"
     done
 } > "$jobfile"
+# The same reads as a synchronous Get client issues them: PER_GET submitted together,
+# all PER_GET awaited before the next batch (the column "raw batch").
+sed "s/^iodepth=.*/&\\niodepth_batch_submit=$per_get\\niodepth_batch_complete_min=$per_get/" "$jobfile" > "$out/fio_batch.job"
 
 if [ "$hog" = 1 ]; then
     sh -c 'while :; do :; done' &
@@ -96,7 +99,7 @@ fi
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 run_fio() {
-    fio --output-format=json "$jobfile" > "$out/fio.json" 2> "$out/fio.err" || { cat "$out/fio.err" >&2; return 1; }
+    fio --output-format=json "$1" > "$out/fio.json" 2> "$out/fio.err" || { cat "$out/fio.err" >&2; return 1; }
     # fio's io_bytes leaves out the first completions of a replayed log (3 of 8 reads of
     # a log at iodepth 4 here), so the bytes are the list's, checked by the count of
     # reads the jobs issued; the time is the longest job's runtime (they run side by side).
@@ -125,20 +128,22 @@ run_get() {
 }
 
 echo
-echo "| round | load avg | raw fio MB/s | DC MB/s | gRPC MB/s | DC/raw | gRPC/raw | disk-tier share DC, gRPC |"
-echo "|---|---|---|---|---|---|---|---|"
-best_dc=0 best_g=0
+echo "| round (order) | load avg before each | raw fio MB/s | raw batch MB/s | DC MB/s | gRPC MB/s | DC/raw | gRPC/raw | DC/raw batch | gRPC/raw batch | disk-tier share DC, gRPC |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+best_dc=0 best_g=0 best_dcb=0 best_gb=0
+all_dc="" all_g=""
 for r in $(seq "$rounds"); do
-    raw="" dc="" g="" l=""
-    order=("raw" "tcp" "grpc")
+    raw="" rawb="" dc="" g="" l=""
+    order=("raw" "tcp" "batch" "grpc")
     case $((r % 3)) in
-    2) order=("tcp" "grpc" "raw") ;;
-    0) order=("grpc" "raw" "tcp") ;;
+    2) order=("tcp" "batch" "grpc" "raw") ;;
+    0) order=("grpc" "raw" "tcp" "batch") ;;
     esac
     for p in "${order[@]}"; do
         l="$l$(load)/"
         case $p in
-        raw) raw=$(run_fio) || exit 1 ;;
+        raw) raw=$(run_fio "$jobfile") || exit 1 ;;
+        batch) rawb=$(run_fio "$out/fio_batch.job") || exit 1 ;;
         tcp) dc=$(run_get tcp) || exit 1 ;;
         grpc) g=$(run_get grpc) || exit 1 ;;
         esac
@@ -148,8 +153,38 @@ for r in $(seq "$rounds"); do
     rd=$(python3 -c "print('%.2f' % ($dcm / $raw))")
     rg=$(python3 -c "print('%.2f' % ($gm / $raw))")
     best_dc=$(python3 -c "print(max($best_dc, $rd))")
+    rdb=$(python3 -c "print('%.2f' % ($dcm / $rawb))")
+    rgb=$(python3 -c "print('%.2f' % ($gm / $rawb))")
     best_g=$(python3 -c "print(max($best_g, $rg))")
-    echo "| $r (${order[*]}) | ${l%/} | $raw | $dcm | $gm | $rd | $rg | $dcs, $gs |"
+    all_dc="$all_dc $rd" all_g="$all_g $rg"
+    best_dcb=$(python3 -c "print(max($best_dcb, $rdb))")
+    best_gb=$(python3 -c "print(max($best_gb, $rgb))")
+    echo "| $r (${order[*]}) | ${l%/} | $raw | $rawb | $dcm | $gm | $rd | $rg | $rdb | $rgb | $dcs, $gs |"
 done
 echo
-echo "best of $rounds: DC/raw $best_dc, gRPC/raw $best_g (hog=$hog, $clients clients x $per_get pages per Get, $count records, $passes passes, fio $engine iodepth $per_get)"
+med() { python3 -c "import statistics,sys; print('%.2f' % statistics.median(map(float, sys.argv[1:])))" $1; }
+echo "median of $rounds: DC/raw $(med "$all_dc"), gRPC/raw $(med "$all_g")"
+echo "best of $rounds: DC/raw $best_dc, gRPC/raw $best_g; DC/raw batch $best_dcb, gRPC/raw batch $best_gb (hog=$hog, $clients clients x $per_get pages per Get, $count records, $passes passes, fio $engine iodepth $per_get)"
+
+# The serving path without the disk: the same Gets (4 clients x PER_GET pages, the first
+# DRAM_REF_COUNT records) from a server whose DRAM holds them (a restart on the same
+# directory with --dram-capacity 512MiB, two warm-up passes). A synchronous client's Get
+# costs its disk reads plus this path's time, so DC/raw is at most about
+# 1 / (1 + raw / DRAM-served rate).
+stop_server
+dram=512MiB
+start_server dramref || exit 1
+refn=$((count < 400 ? count : 400))
+echo
+echo "| served from DRAM ($refn records, same page size, ${clients} clients x ${per_get} pages per Get) | load avg | DC MB/s | gRPC MB/s |"
+echo "|---|---|---|---|"
+rec_bytes_ref=$(python3 -c "print($rec_bytes * $refn // $count)")
+for r in $(seq "$rounds"); do
+    l=$(load)
+    out1=$("$bench" get --target "$target" --transport tcp --count "$refn" --clients "$clients" --per-get "$per_get" --passes 10 --warmup 2)
+    out2=$("$bench" get --target "$target" --transport grpc --count "$refn" --clients "$clients" --per-get "$per_get" --passes 10 --warmup 2)
+    s1=$(echo "$out1" | sed 's/.*seconds=\([0-9.]*\).*/\1/')
+    s2=$(echo "$out2" | sed 's/.*seconds=\([0-9.]*\).*/\1/')
+    d1=$(echo "$out1" | sed 's/.* dram=\([0-9]*\).*/\1/')
+    echo "| round $r (DRAM-tier pages: $d1 of $((refn * 10))) | $l | $(python3 -c "print('%.1f' % ($rec_bytes_ref * 10 / $s1 / 1e6))") | $(python3 -c "print('%.1f' % ($rec_bytes_ref * 10 / $s2 / 1e6))") |"
+done
