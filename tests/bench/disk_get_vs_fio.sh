@@ -12,12 +12,15 @@
 #
 # Usage: disk_get_vs_fio.sh BUILD_DIR OUT_DIR [--hog] [--rounds 3] [--count 2000]
 #          [--passes 5] [--clients 4] [--per-get 4] [--tokens 256] [--dram 64MiB]
-#          [--server-arg ARG]...
+#          [--server-arg ARG]... [--server PATH] [--reuse]
+# --server: the tqkv-server to run (default BUILD_DIR/service/tqkv-server); --reuse: keep
+# OUT_DIR's disk tier from an earlier run with the same --count and --tokens (no fill).
 # OUT_DIR holds the disk tier: put it on the disk to measure (not tmpfs). Needs fio.
 # Exit status: 0 ran, 1 could not run (reason on stderr), 77 fio missing.
 set -u
 build=$1 out=$2
 shift 2
+server_bin="" reuse=0
 hog=0 rounds=3 count=2000 passes=5 clients=4 per_get=4 tokens=256 dram=64MiB
 sargs=()
 while [ $# -gt 0 ]; do
@@ -31,15 +34,22 @@ while [ $# -gt 0 ]; do
     --tokens) tokens=$2; shift ;;
     --dram) dram=$2; shift ;;
     --server-arg) sargs+=("$2"); shift ;;
+    --server) server_bin=$2; shift ;;
+    --reuse) reuse=1 ;;
     *) echo "disk_get_vs_fio: unknown argument $1" >&2; exit 1 ;;
     esac
     shift
 done
 command -v fio > /dev/null || { echo "SKIPPED: fio is not installed (apt-get install fio)" >&2; exit 77; }
 here=$(cd "$(dirname "$0")" && pwd)
-server_bin=$build/service/tqkv-server
+[ -n "$server_bin" ] || server_bin=$build/service/tqkv-server
 bench=$build/transport/bench/tqkv-disk-get-bench
-rm -rf "$out" && mkdir -p "$out" || exit 1
+if [ "$reuse" = 1 ] && [ -d "$out/disk" ]; then
+    rm -f "$out"/*.lines "$out"/get.err
+else
+    reuse=0
+    rm -rf "$out" && mkdir -p "$out" || exit 1
+fi
 port=$((30000 + RANDOM % 20000))
 dport=$((port + 1))
 target=127.0.0.1:$port
@@ -69,9 +79,12 @@ stop_server() {
     spid=""
 }
 
-start_server fill || exit 1
-"$bench" put --target "$target" --count "$count" --tokens "$tokens" || exit 1
-stop_server
+if [ "$reuse" = 0 ]; then
+    start_server fill || exit 1
+    "$bench" put --target "$target" --count "$count" --tokens "$tokens" || exit 1
+    stop_server
+fi
+echo "server: $server_bin"
 # A restart on the same directory: every block on disk only, DRAM empty.
 start_server run || exit 1
 grep "tqkv disk:" "$out/server.run.err" "$out/server.run.out" 2> /dev/null | sed 's/^[^:]*://' | head -3
