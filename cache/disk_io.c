@@ -235,6 +235,33 @@ uring_submit(tqkv__io_op_t *op, int wait)
     return 0;
 }
 
+/* Waits until n completions of this thread's ring are reaped (at most those in flight):
+ * one io_uring_wait_cqe_nr for them all, then every completion that is there. */
+static void
+uring_wait_many(size_t n)
+{
+    int err = 0;
+    tl_ring_t *r = tl_ring(&err);
+    size_t got = 0;
+    while (r != NULL && got < n && r->inflight > 0) {
+        struct io_uring_cqe *cqe;
+        unsigned want = n - got < r->inflight ? (unsigned)(n - got) : r->inflight;
+        int rc = io_uring_wait_cqe_nr(&r->ring, &cqe, want);
+        if (rc == -EINTR)
+            continue;
+        if (rc < 0)
+            return; /* tqkv__io_wait reports it per transfer */
+        while (r->inflight > 0 && io_uring_peek_cqe(&r->ring, &cqe) == 0) {
+            tqkv__io_op_t *op = io_uring_cqe_get_data(cqe);
+            op->res = cqe->res;
+            op->state = 2;
+            io_uring_cqe_seen(&r->ring, cqe);
+            r->inflight--;
+            got++;
+        }
+    }
+}
+
 /* Waits for op (submitted by this thread); returns the raw result. */
 static ssize_t
 uring_wait(tqkv__io_op_t *op)
@@ -410,6 +437,18 @@ tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op)
     pool_submit(io, r);
     op->priv = r;
     return 0;
+}
+
+void
+tqkv__io_wait_many(tqkv__io_t *io, size_t n)
+{
+#ifdef TQKV_HAVE_LIBURING
+    if (io->uring)
+        uring_wait_many(n);
+#else
+    (void)io;
+    (void)n;
+#endif
 }
 
 ssize_t

@@ -49,6 +49,12 @@ int tqkv__io_submit(tqkv__io_t *io, tqkv__io_op_t *op);
  * tqkv__io_rw). */
 ssize_t tqkv__io_wait(tqkv__io_t *io, tqkv__io_op_t *op);
 
+/* Blocks until n of the calling thread's submitted transfers have completed (fewer when
+ * fewer are in flight), so that a batch costs one sleep and one wake-up rather than one
+ * per transfer: each later tqkv__io_wait of those returns at once. io_uring only; with
+ * the thread pool it returns at once (tqkv__io_wait waits per transfer). */
+void tqkv__io_wait_many(tqkv__io_t *io, size_t n);
+
 /* Test hook: the next n transfers (any engine, any thread) fail with -err (EIO, ...)
  * without reaching the file system. */
 void tqkv__io_debug_fail(unsigned n, int err);

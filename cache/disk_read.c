@@ -233,6 +233,13 @@ tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n, tqkv_
             tqkv__disk_seg_unref(s);
         fast[i] = 2; /* one by one */
     }
+    /* One sleep for the whole round (not one per read, in index order): on a loaded
+     * machine every wake-up of this thread waits for a CPU. */
+    size_t nfast = 0;
+    for (size_t i = 0; i < n; i++)
+        nfast += fast[i] == 1;
+    if (nfast > 1)
+        tqkv__io_wait_many(d->io, nfast);
     for (size_t i = 0; i < n; i++) {
         if (fast[i] == 1) {
             ssize_t r = tqkv__io_wait(d->io, &ops[i]);
