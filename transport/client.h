@@ -98,7 +98,8 @@ typedef struct tqkv_client_opts {
      * keepalive_timeout_ms, its connection closes and its calls end UNAVAILABLE (reads
      * ask the next-ranked server, Puts are re-sent). A server whose call ended
      * UNAVAILABLE is marked down and skipped until a Health check (one every
-     * probe_interval_ms, with that deadline) is answered. 0 = defaults; keepalive_ms
+     * probe_interval_ms, with a deadline of keepalive_ms + keepalive_timeout_ms) is
+     * answered. 0 = defaults; keepalive_ms
      * UINT32_MAX: no pings; probe_interval_ms UINT32_MAX: no prober (a failed server
      * backs off for backoff_min_ms..backoff_max_ms instead). */
     uint32_t keepalive_ms;         /* 0 = TQKV_CLIENT_DEFAULT_KEEPALIVE_MS */

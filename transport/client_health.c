@@ -13,7 +13,9 @@
  *   - A call that ended UNAVAILABLE marks its server down (tqkv_shard_health_down):
  *     calls skip it, with no deadline, until the prober sees it answer.
  *   - The prober (one thread per client) asks every down server of the current table a
- *     Health check every probe_interval_ms with a deadline of the same length, on the
+ *     Health check every probe_interval_ms with a deadline of keepalive_ms +
+ *     keepalive_timeout_ms (what a live server has to answer a ping; at least the
+ *     interval: a loaded but live server is not kept down by a tight deadline), on the
  *     target's own channels; an answer (any serving status) makes the server usable
  *     again. A channel that is not READY after a failed probe is replaced by a fresh
  *     one (at most once per second), so a server that comes back is reached by a new
@@ -40,7 +42,7 @@ struct tqkv__health {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop, started;
-    uint32_t interval_ms;
+    uint32_t interval_ms, deadline_ms; /* probe period, and a probe's deadline */
     _Atomic uint64_t probes, revived, marked_down;
 };
 
@@ -114,7 +116,7 @@ probe_round(tqkv__health_t *h)
     if (n == 0)
         goto out;
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-    gpr_timespec dl = tqkv__deadline_after(h->interval_ms);
+    gpr_timespec dl = tqkv__deadline_after(h->deadline_ms);
     tqkv__unary_wait(cq, rs, tqkv__unary_start(&v, cq, rs, n, tis, M_HEALTH, reqs, dl, sts), NULL,
                      NULL);
     for (size_t i = 0; i < n; i++) {
@@ -185,6 +187,11 @@ tqkv__health_start(tqkv_client_t *c, const tqkv_client_opts_t *o, tqkv__health_t
     h->c = c;
     h->interval_ms =
         o->probe_interval_ms ? o->probe_interval_ms : TQKV_CLIENT_DEFAULT_PROBE_INTERVAL_MS;
+    uint32_t ka = tqkv__health_keepalive_ms(o);
+    uint64_t kt = o->keepalive_timeout_ms ? o->keepalive_timeout_ms
+                                          : TQKV_CLIENT_DEFAULT_KEEPALIVE_TIMEOUT_MS;
+    uint64_t dms = ka == UINT32_MAX ? h->interval_ms : (uint64_t)ka + kt;
+    h->deadline_ms = dms < h->interval_ms ? h->interval_ms : dms > 60000 ? 60000 : (uint32_t)dms;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     if (pthread_create(&h->th, NULL, prober_main, h) != 0) {
