@@ -18,6 +18,9 @@ Clients, at the same time, all with R = 2 over the three proxies:
     of 4 blocks compared with what was Put (a wrong page: decoded values not within the
     codec's error), every call's end logged; its longest time without a call ending.
 
+Times are CLOCK_MONOTONIC (time.monotonic(), one clock for every process of the host):
+the wall clock of a shared VM may be stepped during a run.
+
 Must hold (asserted): both clients 0 errors and 0 wrong pages, each longest gap
 <= --max-gap (2 s) over the whole run, and the fault was felt (libtqkv hedged calls
 or marked the server down), so the bound is not met by a fault nobody saw.
@@ -172,18 +175,18 @@ def py_child(targets, out, duration, seed, hedge):
         blocks.extend(hs)
 
     put([rng.randbytes(16) for _ in range(48)])
-    logf.write(json.dumps(dict(op="ready", t1=time.time())) + "\n")
+    logf.write(json.dumps(dict(op="ready", t1=time.monotonic())) + "\n")
     logf.flush()
-    stop = time.time() + duration
+    stop = time.monotonic() + duration
     n = 0
-    while time.time() < stop:
+    while time.monotonic() < stop:
         n += 1
-        t0 = time.time()
+        t0 = time.monotonic()
         op = "put" if n % 10 == 0 else "get"
         try:
             if op == "put":
                 put([rng.randbytes(16)])
-                logf.write(json.dumps(dict(op=op, t0=t0, t1=time.time(), ok=True)) + "\n")
+                logf.write(json.dumps(dict(op=op, t0=t0, t1=time.monotonic(), ok=True)) + "\n")
             else:
                 hs = rng.sample(blocks, 4)
                 k, v, found = c.get("py", hs, shape=(T, H, D))
@@ -195,10 +198,10 @@ def py_child(targets, out, duration, seed, hedge):
                     ek = np.linalg.norm(tqkv.bf16_to_float32(k[0][j]) - wk) / np.linalg.norm(wk)
                     ev = np.linalg.norm(tqkv.bf16_to_float32(v[0][j]) - wv) / np.linalg.norm(wv)
                     wrong += not (ek < 0.3 and ev < 0.3)
-                logf.write(json.dumps(dict(op=op, t0=t0, t1=time.time(), ok=True, asked=4,
+                logf.write(json.dumps(dict(op=op, t0=t0, t1=time.monotonic(), ok=True, asked=4,
                                            found=int(found.sum()), wrong=wrong)) + "\n")
         except tqkv.Error as e:
-            logf.write(json.dumps(dict(op=op, t0=t0, t1=time.time(), ok=False,
+            logf.write(json.dumps(dict(op=op, t0=t0, t1=time.monotonic(), ok=False,
                                        err=str(e))) + "\n")
         logf.flush()
     logf.close()
@@ -265,6 +268,9 @@ def main():
                                  stderr=open(os.path.join(a.outdir, "bench.err"), "w"))
         procs.append(bench)
         py_log = os.path.join(a.outdir, "py.jsonl")
+        for stale in (py_log, bench_json):  # of an earlier run into the same folder
+            if os.path.exists(stale):
+                os.unlink(stale)
         env = dict(os.environ, TQKV_LIBRARY=lib,
                    PYTHONPATH=os.path.join(HERE, "..", "..", "transport", "python"))
         py = subprocess.Popen([PY, os.path.abspath(__file__), a.server, a.bench, a.outdir,
@@ -275,8 +281,8 @@ def main():
         procs.append(py)
         # the fault, --before seconds after the Python client is ready
         t_ready = None
-        deadline = time.time() + 60
-        while t_ready is None and time.time() < deadline:
+        deadline = time.monotonic() + 60
+        while t_ready is None and time.monotonic() < deadline:
             time.sleep(0.1)
             if os.path.exists(py_log):
                 with open(py_log) as f:
@@ -289,12 +295,12 @@ def main():
             print("FAIL: the Python client did not get ready (see %s)"
                   % os.path.join(a.outdir, "py.err"))
             return 1
-        time.sleep(max(0.0, t_ready + a.before - time.time()))
-        h0 = time.time()
+        time.sleep(max(0.0, t_ready + a.before - time.monotonic()))
+        h0 = time.monotonic()
         proxies[0].hole(True)
         print("black hole on server 0 from %.1f s" % (h0 - t_ready))
         time.sleep(a.window)
-        h1 = time.time()
+        h1 = time.monotonic()
         proxies[0].hole(False)
         print("black hole off after %.1f s" % (h1 - h0))
         bench.wait(timeout=total + 120)
