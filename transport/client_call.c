@@ -380,10 +380,12 @@ tqkv__unary_start(tqkv_client_t *c, grpc_completion_queue *cq, rpc_t *rs, size_t
 }
 
 /* Drives the live calls of rs (on cq) until each has ended; a response of call i is
- * decoded (descriptor rd) into resps[i] (the first one; resps NULL: discarded). */
+ * decoded (descriptor rd) into resps[i] (the first one; resps NULL: discarded), and
+ * ended(arg, i) (when given) is called as call i ends. */
 void
 tqkv__unary_wait(grpc_completion_queue *cq, rpc_t *rs, size_t live,
-                 const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resps)
+                 const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resps,
+                 void (*ended)(void *arg, size_t i), void *arg)
 {
     while (live > 0) {
         tag_kind_t k;
@@ -398,8 +400,11 @@ tqkv__unary_wait(grpc_completion_queue *cq, rpc_t *rs, size_t live,
             grpc_byte_buffer_destroy(r->recv_bb);
             r->recv_bb = NULL;
         }
-        if (r->inflight == 0)
+        if (r->inflight == 0) {
             live--;
+            if (ended)
+                ended(arg, i);
+        }
     }
 }
 
@@ -421,8 +426,8 @@ tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *me
     }
     for (size_t i = 0; i < n; i++)
         resps[i] = NULL;
-    tqkv__unary_wait(cq, rs, tqkv__unary_start(c, cq, rs, n, tis, method, reqs, dl, sts), rd,
-                     resps);
+    tqkv__unary_wait(cq, rs, tqkv__unary_start(c, cq, rs, n, tis, method, reqs, dl, sts), rd, resps,
+                     NULL, NULL);
     for (size_t i = 0; i < n; i++) {
         if (sts[i] == TQKV_OK) {
             sts[i] = tqkv__rpc_result(c, &rs[i]);

@@ -94,6 +94,30 @@ tqkv__health_channel_args(const tqkv_client_opts_t *o, grpc_arg *args, size_t ca
     return TQKV__HEALTH_NUM_ARGS;
 }
 
+/* A probe round: the view, the targets probed and their calls. */
+typedef struct probe {
+    tqkv__health_t *h;
+    tqkv_client_t *v;
+    const size_t *tis;
+    rpc_t *rs;
+} probe_t;
+
+/* Probe i ended: a down server that answered is usable again at once (not after the
+ * round's slowest probe); one that did not gets fresh channels. */
+static void
+probe_ended(void *arg, size_t i)
+{
+    probe_t *p = arg;
+    target_t *t = p->v->t[p->tis[i]];
+    atomic_fetch_add(&p->h->probes, 1);
+    if (p->rs[i].status_done && p->rs[i].status == GRPC_STATUS_OK) {
+        tqkv_shard_health_ok(&t->health, p->v->backoff_min);
+        atomic_fetch_add(&p->h->revived, 1);
+    } else {
+        tqkv__renew_channels(p->v, t, 1000000000ull); /* at most once a second */
+    }
+}
+
 /* One round: a Health check to every down target of the current table, in parallel. */
 static void
 probe_round(tqkv__health_t *h)
@@ -117,19 +141,14 @@ probe_round(tqkv__health_t *h)
         goto out;
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     gpr_timespec dl = tqkv__deadline_after(h->deadline_ms);
-    tqkv__unary_wait(cq, rs, tqkv__unary_start(&v, cq, rs, n, tis, M_HEALTH, reqs, dl, sts), NULL,
-                     NULL);
-    for (size_t i = 0; i < n; i++) {
-        target_t *t = v.t[tis[i]];
-        atomic_fetch_add(&h->probes, 1);
-        if (rs[i].status_done && rs[i].status == GRPC_STATUS_OK) {
-            tqkv_shard_health_ok(&t->health, v.backoff_min);
-            atomic_fetch_add(&h->revived, 1);
-        } else {
-            tqkv__renew_channels(&v, t, 1000000000ull); /* at most once a second */
-        }
+    probe_t p = {h, &v, tis, rs};
+    size_t live = tqkv__unary_start(&v, cq, rs, n, tis, M_HEALTH, reqs, dl, sts);
+    for (size_t i = 0; i < n; i++)
+        if (rs[i].inflight == 0)
+            probe_ended(&p, i); /* could not start */
+    tqkv__unary_wait(cq, rs, live, NULL, NULL, probe_ended, &p);
+    for (size_t i = 0; i < n; i++)
         tqkv__rpc_fini(&rs[i]);
-    }
     tqkv__cq_destroy(cq);
 out:
     free(tis);

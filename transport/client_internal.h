@@ -254,9 +254,10 @@ size_t tqkv__unary_start(tqkv_client_t *c, grpc_completion_queue *cq, rpc_t *rs,
                          const size_t *tis, const char *method, ProtobufCMessage *const *reqs,
                          gpr_timespec dl, tqkv_status_t *sts);
 /* Drives the live calls of rs until each has ended; call i's first response decoded (rd)
- * into resps[i] (resps NULL: discarded). */
+ * into resps[i] (resps NULL: discarded); ended(arg, i), when given, as call i ends. */
 void tqkv__unary_wait(grpc_completion_queue *cq, rpc_t *rs, size_t live,
-                      const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resps);
+                      const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resps,
+                      void (*ended)(void *arg, size_t i), void *arg);
 /* Runs n unary calls in parallel: call i to target tis[i] with reqs[i]; writes
  * resps[i] (new, or NULL) and sts[i]. Borrows reqs. */
 void tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *method,
