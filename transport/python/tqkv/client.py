@@ -200,7 +200,7 @@ class Client:
     Failure handling with several servers (docs/cluster.md, "A silent server"): a Get or
     Lookup call without progress for its server's hedge delay (p95 of recent answers,
     hedge_min_ms..hedge_max_ms: 20..500 ms) is also asked of the next-ranked server
-    (hedge=False: never); each call's own deadline is call_base_ms (2 s) plus its bytes
+    (hedge=False: never); each call's own deadline is call_base_ms (5 s) plus its bytes
     at call_floor_mb_s (20 MB/s); connect_timeout_ms (1 s) bounds a connection attempt.
     0 = libtqkv's defaults.
     """
