@@ -406,11 +406,15 @@ px_disarm(proxy_t *px)
 static tqkv_client_t *
 client_of(const char *const *targets, size_t nt, uint32_t replicas)
 {
-    tqkv_client_opts_t o = {.targets = targets,
+    /* no hedging: these tests assert which replica answers (the rank order); a hedge
+     * makes that a race by design (docs/cluster.md, member_blackhole tests it) */
+    tqkv_client_opts_t o = {.struct_size = sizeof(tqkv_client_opts_t),
+                            .targets = targets,
                             .num_targets = nt,
                             .replicas = replicas,
                             .deadline_ms = 30000,
-                            .wait_for_ready = 1};
+                            .wait_for_ready = 1,
+                            .no_hedge = 1};
     tqkv_client_t *c = NULL;
     ck_assert_int_eq(tqkv_client_create(&o, &c), TQKV_OK);
     return c;

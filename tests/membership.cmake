@@ -85,3 +85,16 @@ if(TARGET tqkv-server AND TARGET tqkv-bench AND EXISTS /usr/bin/python3)
       "TQKV_LIBRARY=$<TARGET_FILE:tqkv_shared>")
   endif()
 endif()
+
+if(TARGET tqkv-server AND TARGET tqkv-bench AND TARGET tqkv_shared AND EXISTS /usr/bin/python3)
+  # A silent server (issue 22): server 0 of three behind a TCP proxy that swallows every
+  # byte for 10 s (no RST; no root needed). tqkv-bench and the Python client (R = 2) must
+  # see 0 errors, 0 wrong pages and at most 2 s without an operation completing
+  # (libtqkv's hedged reads and keepalive; docs/cluster.md "A silent server").
+  add_test(NAME member_blackhole
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/member/blackhole.py
+            $<TARGET_FILE:tqkv-server> $<TARGET_FILE:tqkv-bench>
+            ${CMAKE_CURRENT_BINARY_DIR}/blackhole)
+  set_tests_properties(member_blackhole PROPERTIES LABELS "shard;bench" TIMEOUT 240
+    SKIP_RETURN_CODE 77 ENVIRONMENT "TQKV_LIBRARY=$<TARGET_FILE:tqkv_shared>")
+endif()

@@ -250,7 +250,7 @@ set_channel_args(tqkv_client_t *c, const tqkv_client_opts_t *o)
     arg_int(&args[na++], GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
     arg_int(&args[na++], GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     /* gRPC uses the min reconnect backoff as the connect timeout */
-    arg_int(&args[na++], GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+    arg_int(&args[na++], GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, (int)tqkv__health_connect_ms(o));
     arg_int(&args[na++], GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     if (o->tls_target_name) {
         args[na].type = GRPC_ARG_STRING;

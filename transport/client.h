@@ -98,17 +98,43 @@ typedef struct tqkv_client_opts {
      * keepalive_timeout_ms, its connection closes and its calls end UNAVAILABLE (reads
      * ask the next-ranked server, Puts are re-sent). A server whose call ended
      * UNAVAILABLE is marked down and skipped until a Health check (one every
-     * probe_interval_ms, with that deadline) is answered. 0 = defaults; keepalive_ms
+     * probe_interval_ms, with a deadline of keepalive_ms + keepalive_timeout_ms) is
+     * answered. 0 = defaults; keepalive_ms
      * UINT32_MAX: no pings; probe_interval_ms UINT32_MAX: no prober (a failed server
      * backs off for backoff_min_ms..backoff_max_ms instead). */
     uint32_t keepalive_ms;         /* 0 = TQKV_CLIENT_DEFAULT_KEEPALIVE_MS */
     uint32_t keepalive_timeout_ms; /* 0 = TQKV_CLIENT_DEFAULT_KEEPALIVE_TIMEOUT_MS */
     uint32_t probe_interval_ms;    /* 0 = TQKV_CLIENT_DEFAULT_PROBE_INTERVAL_MS */
+    /* Deadlines and hedged reads (client_hedge.c), for a client with several targets or
+     * resolve_targets. connect_timeout_ms bounds a connection attempt (TCP and TLS).
+     * Each call of a Get or Lookup on one server gets, within the operation's deadline,
+     * what a call of its size should take: call_base_ms + its bytes at call_floor_mb_s
+     * (a Get's bytes: its pages times the largest page this client has received, 1 MiB
+     * before any); a call that passes it is that server's failure: its blocks are asked
+     * of the next-ranked server. A Get or Lookup call that has made no progress for the
+     * hedge delay (the 95th percentile of that server's recent answer times, within
+     * hedge_min_ms..hedge_max_ms) is hedged: its unanswered blocks are also asked of
+     * their next-ranked server (R >= 2, or the R + 1 rank positions reads ask); the
+     * first valid (CRC-checked) page of each is delivered, once, and a call whose blocks
+     * all came from the other is cancelled. 0 = defaults; no_hedge = 1: no hedging;
+     * call_base_ms UINT32_MAX: no size deadline (the operation's alone). */
+    uint32_t connect_timeout_ms; /* 0 = TQKV_CLIENT_DEFAULT_CONNECT_TIMEOUT_MS (one server
+                                    and no resolve_targets: 5000, as 1.0) */
+    uint32_t call_base_ms;       /* 0 = TQKV_CLIENT_DEFAULT_CALL_BASE_MS */
+    uint32_t call_floor_mb_s;    /* 10^6 bytes/s; 0 = TQKV_CLIENT_DEFAULT_CALL_FLOOR_MB_S */
+    uint32_t hedge_min_ms;       /* 0 = TQKV_CLIENT_DEFAULT_HEDGE_MIN_MS */
+    uint32_t hedge_max_ms;       /* 0 = TQKV_CLIENT_DEFAULT_HEDGE_MAX_MS */
+    int no_hedge;
 } tqkv_client_opts_t;
 
 #define TQKV_CLIENT_DEFAULT_KEEPALIVE_MS 300u
 #define TQKV_CLIENT_DEFAULT_KEEPALIVE_TIMEOUT_MS 700u
 #define TQKV_CLIENT_DEFAULT_PROBE_INTERVAL_MS 200u
+#define TQKV_CLIENT_DEFAULT_CONNECT_TIMEOUT_MS 1000u
+#define TQKV_CLIENT_DEFAULT_CALL_BASE_MS 5000u
+#define TQKV_CLIENT_DEFAULT_CALL_FLOOR_MB_S 20u
+#define TQKV_CLIENT_DEFAULT_HEDGE_MIN_MS 20u
+#define TQKV_CLIENT_DEFAULT_HEDGE_MAX_MS 500u
 
 /* The initializer of tqkv_client_opts_t: all defaults, struct_size set. */
 #ifdef __cplusplus

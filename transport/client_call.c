@@ -263,17 +263,15 @@ tqkv__cq_destroy(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
-/* After an UNAVAILABLE: replaces the target's channels that are not READY by fresh
- * ones (at most once per minimum back-off). A restarted server is then reached by a
- * new connection attempt at once, instead of after gRPC's reconnect back-off or an
- * old attempt's SYN retransmissions. */
-static void
-renew_channels(tqkv_client_t *c, size_t ti)
+/* Replaces target t's channels that are not READY by fresh ones, at most once per
+ * min_interval_ns (whoever wins the exchange on t->renewed_ns does it). A restarted server
+ * is then reached by a new connection attempt at once, instead of after gRPC's reconnect
+ * back-off or an old attempt's SYN retransmissions. */
+void
+tqkv__renew_channels(tqkv_client_t *c, target_t *t, uint64_t min_interval_ns)
 {
-    target_t *t = c->t[ti];
     uint64_t now = tqkv_shard_now_ns(), last = atomic_load(&t->renewed_ns);
-    if (now - last < (uint64_t)c->backoff_min * 1000000ull ||
-        !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
+    if (now - last < min_interval_ns || !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
         return;
     for (uint32_t k = 0; k < t->nch; k++) {
         pthread_rwlock_rdlock(&t->lock);
@@ -329,7 +327,8 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
     }
     if (r->status == GRPC_STATUS_UNAVAILABLE) {
         tqkv_shard_health_fail(&t->health, tqkv_shard_now_ns(), c->backoff_min, c->backoff_max);
-        renew_channels(c, r->target);
+        /* after an UNAVAILABLE: at most once per minimum back-off */
+        tqkv__renew_channels(c, t, (uint64_t)c->backoff_min * 1000000ull);
         if (c->tab) /* re-resolve soon: the server may have moved */
             tqkv_membership_kick(c->ms, c->tab->s[r->target].m);
         tqkv__health_failed(c, r->target); /* skipped until it answers a probe */
@@ -360,6 +359,55 @@ tqkv__target_usable(tqkv_client_t *c, size_t ti, uint64_t now)
 
 /* ---- unary fan-out ---- */
 
+/* Starts n unary calls on cq: call i to target tis[i] with reqs[i] (borrowed), deadline
+ * dl; writes sts[i] (the start's status). Returns how many are live. */
+size_t
+tqkv__unary_start(tqkv_client_t *c, grpc_completion_queue *cq, rpc_t *rs, size_t n,
+                  const size_t *tis, const char *method, ProtobufCMessage *const *reqs,
+                  gpr_timespec dl, tqkv_status_t *sts)
+{
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++) {
+        grpc_byte_buffer *bb = tqkv_wire_encode(reqs[i]);
+        sts[i] = tqkv__rpc_start(c, &rs[i], cq, tis[i], method, dl, bb);
+        if (rs[i].call == NULL)
+            grpc_byte_buffer_destroy(bb), rs[i].init_bb = NULL;
+        if (sts[i] == TQKV_OK)
+            tqkv__rpc_recv(&rs[i]);
+        live += rs[i].inflight > 0;
+    }
+    return live;
+}
+
+/* Drives the live calls of rs (on cq) until each has ended; a response of call i is
+ * decoded (descriptor rd) into resps[i] (the first one; resps NULL: discarded), and
+ * ended(arg, i) (when given) is called as call i ends. */
+void
+tqkv__unary_wait(grpc_completion_queue *cq, rpc_t *rs, size_t live,
+                 const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resps,
+                 void (*ended)(void *arg, size_t i), void *arg)
+{
+    while (live > 0) {
+        tag_kind_t k;
+        int ok;
+        rpc_t *r = tqkv__cq_step(cq, &k, &ok);
+        if (r == NULL)
+            break;
+        size_t i = (size_t)(r - rs);
+        if (k == TAG_RECV && r->recv_bb) {
+            if (resps && resps[i] == NULL)
+                resps[i] = tqkv_wire_decode(rd, r->recv_bb);
+            grpc_byte_buffer_destroy(r->recv_bb);
+            r->recv_bb = NULL;
+        }
+        if (r->inflight == 0) {
+            live--;
+            if (ended)
+                ended(arg, i);
+        }
+    }
+}
+
 /* Runs n unary calls in parallel: call i to target tis[i] with reqs[i]; writes
  * resps[i] (new, or NULL) and sts[i]. Borrows reqs. */
 void
@@ -370,39 +418,16 @@ tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *me
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     rpc_t *rs = calloc(n, sizeof *rs);
     gpr_timespec dl = tqkv__deadline_after(deadline_ms ? deadline_ms : c->deadline_ms);
-    size_t live = 0;
     if (rs == NULL) {
         for (size_t i = 0; i < n; i++)
             sts[i] = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
         tqkv__cq_destroy(cq);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         resps[i] = NULL;
-        grpc_byte_buffer *bb = tqkv_wire_encode(reqs[i]);
-        sts[i] = tqkv__rpc_start(c, &rs[i], cq, tis[i], method, dl, bb);
-        if (rs[i].call == NULL)
-            grpc_byte_buffer_destroy(bb), rs[i].init_bb = NULL;
-        if (sts[i] == TQKV_OK)
-            tqkv__rpc_recv(&rs[i]);
-        live += rs[i].inflight > 0;
-    }
-    while (live > 0) {
-        tag_kind_t k;
-        int ok;
-        rpc_t *r = tqkv__cq_step(cq, &k, &ok);
-        if (r == NULL)
-            break;
-        size_t i = (size_t)(r - rs);
-        if (k == TAG_RECV && r->recv_bb) {
-            if (resps[i] == NULL)
-                resps[i] = tqkv_wire_decode(rd, r->recv_bb);
-            grpc_byte_buffer_destroy(r->recv_bb);
-            r->recv_bb = NULL;
-        }
-        if (r->inflight == 0)
-            live--;
-    }
+    tqkv__unary_wait(cq, rs, tqkv__unary_start(c, cq, rs, n, tis, method, reqs, dl, sts), rd, resps,
+                     NULL, NULL);
     for (size_t i = 0; i < n; i++) {
         if (sts[i] == TQKV_OK) {
             sts[i] = tqkv__rpc_result(c, &rs[i]);
@@ -418,4 +443,237 @@ tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *me
     }
     free(rs);
     tqkv__cq_destroy(cq);
+}
+
+/* ---- reads asked in rounds, hedged ---- */
+
+tqkv_status_t
+tqkv__rd_init(tqkv__rd_t *rd)
+{
+    tqkv_client_t *c = rd->c;
+    size_t n = rd->n, n1 = n ? n : 1;
+    rd->nc = tqkv__read_candidates(c);
+    size_t waves = 1 + (c->hedge && rd->nc > 1 ? TQKV__HEDGE_WAVES : 0);
+    rd->nslots = c->nt * waves;
+    rd->cand = malloc(n1 * rd->nc * sizeof *rd->cand);
+    rd->asked = calloc(n1, sizeof *rd->asked);
+    rd->own = malloc(2 * n1 * sizeof *rd->own);
+    rd->ask = malloc(n1);
+    rd->hb = malloc(n1 * waves * sizeof *rd->hb);
+    rd->gidx = malloc(n1 * waves * sizeof *rd->gidx);
+    rd->start = malloc((c->nt + 1) * sizeof *rd->start);
+    rd->hstart = malloc((c->nt + 1) * sizeof *rd->hstart);
+    rd->fill = malloc((c->nt + 1) * sizeof *rd->fill);
+    rd->rs = calloc(rd->nslots, sizeof *rd->rs);
+    rd->started = calloc(rd->nslots, sizeof *rd->started);
+    if (!rd->cand || !rd->asked || !rd->own || !rd->ask || !rd->hb || !rd->gidx || !rd->start ||
+        !rd->hstart || !rd->fill || !rd->rs || !rd->started)
+        return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        uint32_t all[RANK_MAX];
+        tqkv__candidates(c, rd->ns, &rd->hashes[i], all);
+        memcpy(&rd->cand[i * rd->nc], all, rd->nc * sizeof *rd->cand);
+    }
+    return TQKV_OK;
+}
+
+void
+tqkv__rd_free(tqkv__rd_t *rd)
+{
+    free(rd->cand);
+    free(rd->asked);
+    free(rd->own);
+    free(rd->ask);
+    free(rd->hb);
+    free(rd->gidx);
+    free(rd->start);
+    free(rd->hstart);
+    free(rd->fill);
+    free(rd->rs);
+    free(rd->started);
+}
+
+/* Groups the hashes of list[0..k) by their target to[] into hb/gidx from base: target t
+ * asks [st[t], st[t + 1]). */
+static void
+rd_group(tqkv__rd_t *rd, const size_t *list, const uint32_t *to, size_t k, size_t base, size_t *st)
+{
+    size_t nt = rd->c->nt;
+    memset(st, 0, (nt + 1) * sizeof *st);
+    for (size_t j = 0; j < k; j++)
+        st[to[j] + 1]++;
+    st[0] = base;
+    for (size_t t = 0; t < nt; t++)
+        st[t + 1] += st[t];
+    memcpy(rd->fill, st, nt * sizeof *rd->fill);
+    for (size_t j = 0; j < k; j++) {
+        size_t i = list[j], at = rd->fill[to[j]]++;
+        rd->gidx[at] = i;
+        rd->hb[at].data = (uint8_t *)rd->hashes[i].bytes;
+        rd->hb[at].len = rd->hashes[i].len;
+    }
+}
+
+void
+tqkv__rd_plan(tqkv__rd_t *rd)
+{
+    size_t n = rd->n, nc = rd->nc, r = rd->round, nt = rd->c->nt;
+    uint64_t now = tqkv_shard_now_ns();
+    /* Asked again while unresolved and not asked at this rank (a hedge may have); the
+     * decision is made once: a target's usability (its health, its channel's state) may
+     * change between counting and filling, and a count the fill does not match would
+     * send unfilled or overrun hash slots. */
+    memset(rd->start, 0, (nt + 1) * sizeof *rd->start);
+    for (size_t i = 0; i < n; i++) {
+        rd->own[2 * i] = rd->own[2 * i + 1] = -1;
+        rd->ask[i] = !(rd->asked[i] >> r & 1) && !rd->resolved(rd->op, i) &&
+                     tqkv__target_usable(rd->c, rd->cand[i * nc + r], now);
+        if (rd->ask[i])
+            rd->start[rd->cand[i * nc + r] + 1]++;
+    }
+    for (size_t t = 0; t < nt; t++)
+        rd->start[t + 1] += rd->start[t];
+    memcpy(rd->fill, rd->start, nt * sizeof *rd->fill);
+    for (size_t i = 0; i < n; i++) {
+        if (!rd->ask[i])
+            continue;
+        size_t t = rd->cand[i * nc + r], at = rd->fill[t]++;
+        rd->gidx[at] = i;
+        rd->hb[at].data = (uint8_t *)rd->hashes[i].bytes;
+        rd->hb[at].len = rd->hashes[i].len;
+        rd->asked[i] |= 1ull << r;
+        rd->own[2 * i] = (long)t;
+    }
+}
+
+/* Sets slot sl up (target t, hb/gidx[from, to), rank) and has the operation start it. */
+static void
+rd_call(tqkv__rd_t *rd, size_t sl, size_t t, size_t from, size_t to, uint32_t rank, int is_hedge)
+{
+    rpc_t *r = &rd->rs[sl];
+    memset(r, 0, sizeof *r);
+    r->target = t;
+    r->gidx = &rd->gidx[from];
+    r->count = to - from;
+    r->rank = rank;
+    r->is_hedge = is_hedge;
+    r->t0_ns = r->last_ns = tqkv_shard_now_ns();
+    r->hedge_ns =
+        is_hedge || rd->nslots == rd->c->nt ? UINT64_MAX / 2 : tqkv__hedge_delay_ns(rd->c, t);
+    rd->started[sl] = 1;
+    rd->start_call(rd->op, sl, t, from, to);
+}
+
+void
+tqkv__rd_start(tqkv__rd_t *rd)
+{
+    size_t nt = rd->c->nt;
+    rd->waves = 0;
+    memset(rd->rs, 0, rd->nslots * sizeof *rd->rs);
+    memset(rd->started, 0, rd->nslots * sizeof *rd->started);
+    for (size_t t = 0; t < nt; t++)
+        if (rd->start[t + 1] != rd->start[t])
+            rd_call(rd, t, t, rd->start[t], rd->start[t + 1], (uint32_t)rd->round, 0);
+}
+
+/* Whether round call slot t may be hedged (at its due time). */
+static int
+rd_hedgeable(const tqkv__rd_t *rd, size_t t)
+{
+    const rpc_t *r = &rd->rs[t];
+    return rd->started[t] && !r->hedged && !r->beaten && r->inflight > 0 && r->rem > 0;
+}
+
+uint64_t
+tqkv__rd_hedge_due(const tqkv__rd_t *rd)
+{
+    uint64_t due = UINT64_MAX;
+    if (rd->nslots == rd->c->nt || rd->waves >= TQKV__HEDGE_WAVES || rd->round + 1 >= rd->nc)
+        return due;
+    for (size_t t = 0; t < rd->c->nt; t++) {
+        uint64_t at = rd->rs[t].last_ns + rd->rs[t].hedge_ns;
+        if (rd_hedgeable(rd, t) && at < due)
+            due = at;
+    }
+    return due;
+}
+
+/* The first rank position above this round's where hash i was not asked and whose
+ * target takes calls, or nc. */
+static size_t
+rd_hedge_rank(const tqkv__rd_t *rd, size_t i, uint64_t now)
+{
+    for (size_t k = rd->round + 1; k < rd->nc; k++)
+        if (!(rd->asked[i] >> k & 1) && tqkv__target_usable(rd->c, rd->cand[i * rd->nc + k], now))
+            return k;
+    return rd->nc;
+}
+
+void
+tqkv__rd_hedge(tqkv__rd_t *rd)
+{
+    tqkv_client_t *c = rd->c;
+    uint64_t now = tqkv_shard_now_ns();
+    if (tqkv__rd_hedge_due(rd) > now)
+        return;
+    size_t w = ++rd->waves, base = rd->n * w, k = 0, n1 = rd->n ? rd->n : 1;
+    uint32_t *to = malloc(n1 * sizeof *to), *rk = malloc(n1 * sizeof *rk);
+    size_t *list = malloc(n1 * sizeof *list);
+    if (to == NULL || rk == NULL || list == NULL)
+        goto out; /* no hedge: the calls go on */
+    for (size_t t = 0; t < c->nt; t++) {
+        rpc_t *r = &rd->rs[t];
+        if (!rd_hedgeable(rd, t) || r->last_ns + r->hedge_ns > now)
+            continue;
+        r->hedged = 1;
+        for (size_t j = 0; j < r->count; j++) {
+            size_t i = r->gidx[j], k2;
+            if (rd->own[2 * i + 1] >= 0 || rd->resolved(rd->op, i) ||
+                (k2 = rd_hedge_rank(rd, i, now)) >= rd->nc)
+                continue;
+            rd->asked[i] |= 1ull << k2;
+            list[k] = i;
+            rk[k] = (uint32_t)k2;
+            to[k++] = rd->cand[i * rd->nc + k2];
+        }
+    }
+    if (k == 0)
+        goto out;
+    rd_group(rd, list, to, k, base, rd->hstart);
+    for (size_t t = 0; t < c->nt; t++) {
+        if (rd->hstart[t + 1] == rd->hstart[t])
+            continue;
+        size_t sl = w * c->nt + t;
+        uint32_t rank = UINT32_MAX;
+        for (size_t j = rd->hstart[t]; j < rd->hstart[t + 1]; j++)
+            rd->own[2 * rd->gidx[j] + 1] = (long)sl;
+        for (size_t j = 0; j < k; j++) /* the lowest rank it is asked at */
+            if (to[j] == t && rk[j] < rank)
+                rank = rk[j];
+        rd_call(rd, sl, t, rd->hstart[t], rd->hstart[t + 1], rank, 1);
+        atomic_fetch_add_explicit(&c->sh->hedges, 1, memory_order_relaxed);
+    }
+out:
+    free(to);
+    free(rk);
+    free(list);
+}
+
+void
+tqkv__rd_done(tqkv__rd_t *rd, const rpc_t *r, size_t i)
+{
+    for (int k = 0; k < 2; k++) {
+        long sl = rd->own[2 * i + (size_t)k];
+        if (sl < 0)
+            continue;
+        rpc_t *o = &rd->rs[sl];
+        if (o->rem > 0)
+            o->rem--;
+        if (o->rem == 0 && o != r && !o->beaten && o->call && o->inflight > 0) {
+            o->beaten = 1;
+            tqkv__rpc_cancel(o);
+            if (o->dc && o->frames_left > 0)
+                o->dc_bad = 1, o->frames_left = 0;
+        }
+    }
 }

@@ -142,8 +142,9 @@ typedef struct getop {
     const tqkv_get_req_t *q;
     tqkv_get_cb_t cb;
     void *arg;
-    size_t n, L, nc, round;
+    size_t n, L;
     uint8_t *done;     /* n * L: reported */
+    size_t *left;      /* n: layers of each hash not reported yet */
     uint32_t *corrupt; /* n * L (at the first): 1 + the target whose copy failed its CRC; a later
                          miss is then no miss */
     int canceled;
@@ -152,21 +153,13 @@ typedef struct getop {
     size_t bad_hash; /* the page that failed its CRC (get_message returned 1), and where */
     size_t bad_target;
     uint32_t bad_layer;
-    /* the Get's candidates (n * nc, rank order) and one round's calls: hashes grouped by
-     * target (start/fill, gidx, hb), one call per target (rs, started), the data channels
-     * polled (pf, who, buffered), the completion queue and the calls still live */
-    uint32_t *cand;
-    ProtobufCBinaryData *hb;
-    size_t *gidx, *start, *fill, *who;
-    rpc_t *rs;
-    int *started, *buffered;
-    /* whether hash i is asked this round: decided once, because a target's usability (its
-     * health, its channel's state) may change between the counting and the filling pass,
-     * and a count that the fill does not match sends unfilled or overrun hash slots */
-    unsigned char *ask;
+    /* the rounds, their calls and hedges (tqkv__rd_t); the data channels polled (pf, who,
+     * buffered: one per call slot), the completion queue and the calls still live */
+    tqkv__rd_t rd;
+    size_t *who;
+    int *buffered;
     struct pollfd *pf;
-    gpr_timespec dl;
-    uint64_t dl_ns; /* dl as monotonic ns */
+    uint64_t dl_ns; /* the Get's deadline (monotonic ns) */
     grpc_completion_queue *cq;
     size_t live;
 } getop_t;
@@ -247,6 +240,18 @@ page_crc_copy(uint32_t *crc, uint8_t *dst, const uint8_t *src, size_t a, size_t 
 static int get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_checked,
                        size_t wire_len, int via_dc);
 
+/* Call r received a message of len bytes: its progress (the hedge clock), its server's
+ * answer time (the first message), the page size estimate (size deadlines). */
+static void
+get_progress(getop_t *g, rpc_t *r, size_t len)
+{
+    uint64_t now = tqkv_shard_now_ns();
+    if (r->last_ns == r->t0_ns)
+        tqkv__lat_record(g->c, r->target, now - r->t0_ns);
+    r->last_ns = now;
+    tqkv__page_seen(g->c, len);
+}
+
 /* One received message of rpc r. Returns -1 for a malformed message, 1 for a packed
  * page that fails its CRC32C. The slices are copied into the scratch buffer (the page
  * 64-byte aligned) and, for a packed page, the CRC is computed in the same pass. */
@@ -290,6 +295,7 @@ get_message(getop_t *g, rpc_t *r)
     grpc_byte_buffer_reader_destroy(&rd);
     if (off != len)
         return -1;
+    get_progress(g, r, len);
     tqkv__get_msg_t m;
     if (tqkv__client_parse_get(dst, len, &m) != 0)
         return -1;
@@ -355,23 +361,30 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
     if (g->done[slot])
         return 0;
     if (bad_crc) {
-        /* never handed out: another replica may hold a good copy */
+        /* never handed out: another replica may hold a good copy (with several
+         * candidates get_finish decides, once every call has ended) */
         if (g->corrupt == NULL && (g->corrupt = calloc(g->n * g->L, sizeof *g->corrupt)) == NULL)
             return -1; /* out of memory: treated as a malformed answer */
         g->corrupt[slot] = (uint32_t)(r->target + 1);
-        if (g->round + 1 < g->nc)
+        if (g->rd.nc > 1)
             return 0;
         g->bad_hash = gi, g->bad_layer = m.layer, g->bad_target = r->target;
         return 1;
     }
-    if (!m.found && g->round + 1 < g->nc)
-        return 0; /* ask the next candidate */
+    /* A miss is final only once every candidate was asked (get_finish reports it): another
+     * call (a later round, a hedge, or the call a hedge raced) may still find the page. */
+    if (!m.found && g->rd.nc > 1)
+        return 0;
     if (!m.found && g->corrupt && g->corrupt[slot]) {
         /* the only copies found were corrupt: an error, not a miss to recompute */
         g->bad_hash = gi, g->bad_layer = m.layer, g->bad_target = g->corrupt[slot] - 1u;
         return 1;
     }
     g->done[slot] = 1;
+    g->left[gi]--;
+    tqkv__rd_done(&g->rd, r, gi);
+    if (r->is_hedge && m.found)
+        atomic_fetch_add_explicit(&g->c->sh->hedge_pages, 1, memory_order_relaxed);
     tqkv_get_page_t pg;
     memset(&pg, 0, sizeof pg);
     pg.hash_index = gi;
@@ -391,7 +404,8 @@ get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *mp, int crc_
     pg.target = (int)r->target;
     pg.crc_checked = crc_checked;
     pg.data_channel = via_dc;
-    if (m.found && m.page && g->round > 0 && g->c->nt > 1 && crc_checked >= 0)
+    /* found below its primaries (not by a hedge, which races a primary that may hold it) */
+    if (m.found && m.page && r->rank > 0 && !r->is_hedge && g->c->nt > 1 && crc_checked >= 0)
         tqkv__repair_offer(g->c, g->q->ns, &g->q->hashes[gi], m.layer, &pg.shape, m.page,
                            m.page_len);
     deliver(g, &pg);
@@ -457,6 +471,7 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
     }
     r->next_frame++;
     r->frames_left--;
+    get_progress(g, r, TQKV_DC_FRAME_BYTES + (size_t)f.page_len);
     tqkv__get_msg_t m;
     memset(&m, 0, sizeof m);
     m.layer = f.layer;
@@ -481,28 +496,31 @@ get_frame(getop_t *g, rpc_t *r, uint64_t deadline_ns, char *why, size_t whylen)
 /* Cancels every call of a Get round (the callback asked to stop); data channels with
  * frames due are then out of step. */
 static void
-get_cancel_all(tqkv_client_t *c, rpc_t *rs, const int *started)
+get_cancel_all(getop_t *g)
 {
-    for (size_t t = 0; t < c->nt; t++) {
-        if (!started[t])
+    for (size_t t = 0; t < g->rd.nslots; t++) {
+        rpc_t *r = &g->rd.rs[t];
+        if (!g->rd.started[t])
             continue;
-        if (rs[t].call && rs[t].inflight > 0)
-            tqkv__rpc_cancel(&rs[t]);
-        if (rs[t].dc && rs[t].frames_left > 0)
-            rs[t].dc_bad = 1, rs[t].frames_left = 0;
+        if (r->call && r->inflight > 0)
+            tqkv__rpc_cancel(r);
+        if (r->dc && r->frames_left > 0)
+            r->dc_bad = 1, r->frames_left = 0;
     }
 }
 
 /* One completion of a Get round's calls (already booked by rpc_event). */
 static void
-get_event(tqkv_client_t *c, getop_t *g, rpc_t *rs, const int *started, rpc_t *r, tag_kind_t k,
-          tqkv_status_t *st)
+get_event(getop_t *g, rpc_t *r, tag_kind_t k, tqkv_status_t *st)
 {
+    tqkv_client_t *c = g->c;
     if (k == TAG_RECV && r->recv_bb) {
         int bad = r->dc ? -1 : get_message(g, r); /* nothing comes on a data channel's stream */
         grpc_byte_buffer_destroy(r->recv_bb);
         r->recv_bb = NULL;
-        if (bad) {
+        if (r->beaten) {
+            /* cancelled: what it still had in flight is not needed */
+        } else if (bad) {
             if (*st == TQKV_OK && bad > 0)
                 *st = tqkv__client_err(TQKV_ECORRUPT, 0,
                                        "%s: page of hash %zu layer %u failed its CRC32C check "
@@ -515,7 +533,7 @@ get_event(tqkv_client_t *c, getop_t *g, rpc_t *rs, const int *started, rpc_t *r,
             if (r->dc)
                 r->dc_bad = 1, r->frames_left = 0;
         } else if (g->canceled) {
-            get_cancel_all(c, rs, started);
+            get_cancel_all(g);
         } else if (!r->recv_eof) {
             tqkv__rpc_recv(r);
         }
@@ -557,139 +575,113 @@ get_check(const tqkv_get_req_t *q, tqkv_get_cb_t cb)
 static void
 get_free(getop_t *g)
 {
-    free(g->cand);
-    free(g->hb);
-    free(g->gidx);
-    free(g->start);
-    free(g->rs);
-    free(g->fill);
+    tqkv__rd_free(&g->rd);
     free(g->who);
-    free(g->started);
     free(g->pf);
     free(g->buffered);
-    free(g->ask);
     free(g->done);
+    free(g->left);
     free(g->corrupt);
     free(g->sc.mem);
     free(g->sv.mem);
+}
+
+/* Unreported layers of hash i. */
+static size_t
+get_undone(const getop_t *g, size_t i)
+{
+    return g->left[i];
+}
+
+static int
+get_resolved(void *op, size_t i)
+{
+    return get_undone(op, i) == 0;
+}
+
+/* Starts call slot sl (tqkv__rd_t) to target t for hb[from, to), over a data channel
+ * where the client and the server have them (never for a hedge). */
+static void
+get_call_start(void *op, size_t sl, size_t t, size_t from, size_t to)
+{
+    getop_t *g = op;
+    tqkv_client_t *c = g->c;
+    const tqkv_get_req_t *q = g->q;
+    Tqkv__V1__GetRequest m;
+    tqkv__v1__get_request__init(&m);
+    m.namespace_ = (char *)q->ns;
+    m.hashes = &g->rd.hb[from];
+    m.n_hashes = to - from;
+    m.layer_begin = q->layer_begin;
+    m.layer_end = q->layer_end;
+    m.encoding = q->encoding == TQKV_CLIENT_BF16 ? TQKV__V1__ENCODING__ENCODING_BF16
+                                                 : TQKV__V1__ENCODING__ENCODING_PACKED;
+    rpc_t *r = &g->rd.rs[sl];
+    for (size_t j = 0; j < r->count; j++)
+        r->rem += get_undone(g, r->gidx[j]);
+    /* its own deadline: what a call of this size should take, within the Get's */
+    gpr_timespec dl;
+    r->dl_ns = tqkv__call_deadline(c, (uint64_t)m.n_hashes * g->L * tqkv__page_estimate(c),
+                                   g->dl_ns, &dl, &r->short_dl);
+    /* Setting a channel up may take half the time left: a server that never
+     * answers leaves the other half to the gRPC fallback. */
+    uint64_t now_ns = tqkv_shard_now_ns();
+    uint32_t setup_ms = now_ns < r->dl_ns ? (uint32_t)((r->dl_ns - now_ns) / 2000000u) : 0;
+    if (!r->is_hedge && c->transport == TQKV_CLIENT_TRANSPORT_TCP &&
+        q->encoding != TQKV_CLIENT_BF16 && setup_ms > 0 &&
+        (r->dc = tqkv__dcc_acquire(c, t, setup_ms)) != NULL) {
+        m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
+        m.channel_id = r->dc->id;
+        r->frames_left = m.n_hashes * g->L;
+    }
+    grpc_byte_buffer *bb = tqkv_wire_encode(&m.base);
+    tqkv_status_t s2 = tqkv__rpc_start(c, r, g->cq, t, M_GET, dl, bb);
+    if (r->call == NULL)
+        grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
+    if (s2 == TQKV_OK)
+        tqkv__rpc_recv(r); /* a data channel Get's stream ends without messages */
+    else
+        r->frames_left = 0, r->dc_bad = 1, r->start_err = s2;
+    g->live += r->inflight > 0;
 }
 
 /* Allocates the Get's arrays and ranks the candidates of every hash. */
 static tqkv_status_t
 get_alloc(getop_t *g)
 {
-    tqkv_client_t *c = g->c;
-    size_t n = g->n, nc = g->nc;
-    g->cand = malloc(n * nc * sizeof *g->cand);
-    g->hb = malloc(n * sizeof *g->hb);
-    g->gidx = malloc(n * sizeof *g->gidx);
-    g->start = malloc((c->nt + 1) * sizeof *g->start);
-    g->rs = calloc(c->nt, sizeof *g->rs);
-    g->fill = malloc((c->nt + 1) * sizeof *g->fill);
-    g->who = malloc(c->nt * sizeof *g->who);
-    g->started = calloc(c->nt, sizeof *g->started);
-    g->pf = malloc(c->nt * sizeof *g->pf);
-    g->buffered = malloc(c->nt * sizeof *g->buffered);
-    g->ask = malloc(n ? n : 1);
-    g->done = calloc(n * g->L, 1);
-    if (!g->cand || !g->hb || !g->gidx || !g->start || !g->rs || !g->done || !g->fill || !g->who ||
-        !g->started || !g->pf || !g->buffered || !g->ask)
+    tqkv_status_t st = tqkv__rd_init(&g->rd);
+    if (st != TQKV_OK)
+        return st;
+    size_t ns = g->rd.nslots;
+    g->who = malloc(ns * sizeof *g->who);
+    g->pf = malloc(ns * sizeof *g->pf);
+    g->buffered = malloc(ns * sizeof *g->buffered);
+    g->done = calloc(g->n * g->L, 1);
+    g->left = malloc(g->n * sizeof *g->left);
+    if (!g->who || !g->pf || !g->buffered || !g->done || !g->left)
         return tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        uint32_t all[RANK_MAX];
-        tqkv__candidates(c, g->q->ns, &g->q->hashes[i], all);
-        memcpy(&g->cand[i * nc], all, nc * sizeof *g->cand);
-    }
+    for (size_t i = 0; i < g->n; i++)
+        g->left[i] = g->L;
     return TQKV_OK;
 }
 
-/* Whether hash i still has an unreported layer and its candidate of this round takes
- * calls. */
-static int
-get_round_needs(getop_t *g, size_t i, uint64_t now)
-{
-    int need = 0;
-    for (size_t l = 0; l < g->L && !need; l++)
-        need = !g->done[i * g->L + l];
-    return need && tqkv__target_usable(g->c, g->cand[i * g->nc + g->round], now);
-}
-
-/* Groups the hashes asked this round by target: target t asks hb[start[t]..start[t+1]). */
-static void
-get_round_plan(getop_t *g)
-{
-    tqkv_client_t *c = g->c;
-    size_t n = g->n, nc = g->nc, round = g->round;
-    uint64_t now = tqkv_shard_now_ns();
-    /* A hash is asked again while any of its layers is unreported. */
-    memset(g->start, 0, (c->nt + 1) * sizeof *g->start);
-    for (size_t i = 0; i < n; i++)
-        if ((g->ask[i] = (unsigned char)get_round_needs(g, i, now)))
-            g->start[g->cand[i * nc + round] + 1]++;
-    for (size_t t = 0; t < c->nt; t++)
-        g->start[t + 1] += g->start[t];
-    memcpy(g->fill, g->start, c->nt * sizeof *g->fill);
-    for (size_t i = 0; i < n; i++) {
-        if (g->ask[i]) {
-            size_t t = g->cand[i * nc + round];
-            g->gidx[g->fill[t]] = i;
-            g->hb[g->fill[t]].data = (uint8_t *)g->q->hashes[i].bytes;
-            g->hb[g->fill[t]].len = g->q->hashes[i].len;
-            g->fill[t]++;
-        }
-    }
-}
-
-/* Starts this round's call to every target with hashes to ask (over a data channel
- * where the client and the server have them). */
+/* Starts this round's calls; the first failure to start one is the Get's. */
 static void
 get_round_start(getop_t *g, tqkv_status_t *st)
 {
-    tqkv_client_t *c = g->c;
-    const tqkv_get_req_t *q = g->q;
-    rpc_t *rs = g->rs;
     g->cq = grpc_completion_queue_create_for_next(NULL);
     g->live = 0;
-    memset(rs, 0, c->nt * sizeof *rs);
-    memset(g->started, 0, c->nt * sizeof *g->started);
-    for (size_t t = 0; t < c->nt; t++) {
-        if (g->start[t + 1] == g->start[t])
-            continue;
-        Tqkv__V1__GetRequest m;
-        tqkv__v1__get_request__init(&m);
-        m.namespace_ = (char *)q->ns;
-        m.hashes = &g->hb[g->start[t]];
-        m.n_hashes = g->start[t + 1] - g->start[t];
-        m.layer_begin = q->layer_begin;
-        m.layer_end = q->layer_end;
-        m.encoding = q->encoding == TQKV_CLIENT_BF16 ? TQKV__V1__ENCODING__ENCODING_BF16
-                                                     : TQKV__V1__ENCODING__ENCODING_PACKED;
-        rpc_t *r = &rs[t];
-        r->gidx = &g->gidx[g->start[t]];
-        r->count = m.n_hashes;
-        /* Setting a channel up may take half the time left: a server that never
-         * answers leaves the other half to the gRPC fallback. */
-        uint64_t now_ns = tqkv_shard_now_ns();
-        uint32_t setup_ms = now_ns < g->dl_ns ? (uint32_t)((g->dl_ns - now_ns) / 2000000u) : 0;
-        if (c->transport == TQKV_CLIENT_TRANSPORT_TCP && q->encoding != TQKV_CLIENT_BF16 &&
-            setup_ms > 0 && (r->dc = tqkv__dcc_acquire(c, t, setup_ms)) != NULL) {
-            m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
-            m.channel_id = r->dc->id;
-            r->frames_left = m.n_hashes * g->L;
-        }
-        grpc_byte_buffer *bb = tqkv_wire_encode(&m.base);
-        tqkv_status_t s2 = tqkv__rpc_start(c, r, g->cq, t, M_GET, g->dl, bb);
-        if (r->call == NULL)
-            grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
-        g->started[t] = 1;
-        if (s2 == TQKV_OK)
-            tqkv__rpc_recv(r); /* a data channel Get's stream ends without messages */
-        else if (s2 != TQKV_OK && *st == TQKV_OK)
-            *st = s2;
-        if (s2 != TQKV_OK)
-            r->frames_left = 0, r->dc_bad = 1;
-        g->live += r->inflight > 0;
-    }
+    tqkv__rd_start(&g->rd);
+    for (size_t sl = 0; sl < g->rd.nslots; sl++)
+        if (g->rd.started[sl] && g->rd.rs[sl].start_err != TQKV_OK && *st == TQKV_OK)
+            *st = g->rd.rs[sl].start_err;
+}
+
+/* Hedges what is due (a hedge that cannot start is no failure of the Get). */
+static void
+get_hedge(getop_t *g)
+{
+    tqkv__rd_hedge(&g->rd);
 }
 
 /* Reads the frames of the data channels poll found readable (pf[0..nfd), pr of them). */
@@ -700,14 +692,20 @@ get_round_frames(getop_t *g, size_t nfd, int pr, tqkv_status_t *st)
     for (size_t i = 0; i < nfd && pr > 0; i++) {
         if (g->pf[i].revents == 0 || g->canceled)
             continue;
-        rpc_t *r = &g->rs[g->who[i]];
+        rpc_t *r = &g->rd.rs[g->who[i]];
+        if (r->dc_bad || r->frames_left == 0)
+            continue; /* lost a hedge race meanwhile */
         char why[240];
-        int bad = get_frame(g, r, g->dl_ns, why, sizeof why);
+        int bad = get_frame(g, r, r->dl_ns, why, sizeof why);
         if (bad == -2 && !r->status_done) {
             /* the server closed the channel: its status, still to come, says why
              * (the gRPC deadline bounds the wait); OK would not explain it */
             r->dc_bad = 1, r->frames_left = 0;
             snprintf(r->dc_eof, sizeof r->dc_eof, "%s", why);
+        } else if (bad == -3 && r->short_dl) {
+            /* its size deadline passed: the server's failure, not the Get's (its gRPC
+             * call, with the same deadline, ends DEADLINE_EXCEEDED: get_round_finish) */
+            r->dc_bad = 1, r->frames_left = 0;
         } else if (bad != 0) {
             r->dc_bad = 1;
             r->frames_left = 0;
@@ -725,24 +723,35 @@ get_round_frames(getop_t *g, size_t nfd, int pr, tqkv_status_t *st)
                 *st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
                                        "%s: data channel: %s", c->t[r->target]->name, why);
         } else if (g->canceled) {
-            get_cancel_all(c, g->rs, g->started);
+            get_cancel_all(g);
         }
     }
 }
 
+/* Books one completion of the round's queue. */
+static void
+get_book(getop_t *g, grpc_event ev, tqkv_status_t *st)
+{
+    rtag_t *tg = ev.tag;
+    tqkv__rpc_event(tg->r, tg->k, ev.success);
+    get_event(g, tg->r, tg->k, st);
+    if (tg->r->inflight == 0)
+        g->live--;
+}
+
 /* Drives this round's calls until every one has ended: data channels with frames due
  * are read as they become readable; between reads the completion queue is polled
- * without waiting (statuses). */
+ * without waiting (statuses); calls without progress are hedged when due. */
 static void
 get_round_drive(getop_t *g, tqkv_status_t *st)
 {
     tqkv_client_t *c = g->c;
-    rpc_t *rs = g->rs;
+    rpc_t *rs = g->rd.rs;
     for (;;) {
         size_t nfd = 0;
         int nbuf = 0; /* TLS records already read: poll cannot see them (buffered[]) */
-        for (size_t t = 0; t < c->nt; t++)
-            if (g->started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
+        for (size_t t = 0; t < g->rd.nslots; t++)
+            if (g->rd.started[t] && rs[t].dc && rs[t].frames_left > 0 && !rs[t].dc_bad) {
                 tqkv__dcio_t io = {rs[t].dc->fd, rs[t].dc->ssl};
                 g->pf[nfd].fd = rs[t].dc->fd;
                 g->pf[nfd].events = POLLIN;
@@ -754,14 +763,16 @@ get_round_drive(getop_t *g, tqkv_status_t *st)
         if (nfd == 0) {
             if (g->live == 0)
                 break;
-            tag_kind_t k;
-            int ok;
-            rpc_t *r = tqkv__cq_step(g->cq, &k, &ok);
-            if (r == NULL)
+            uint64_t due = g->canceled ? UINT64_MAX : tqkv__rd_hedge_due(&g->rd);
+            gpr_timespec until =
+                due == UINT64_MAX ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : tqkv__deadline_at_ns(due);
+            grpc_event ev = grpc_completion_queue_next(g->cq, until, NULL);
+            if (ev.type == GRPC_QUEUE_TIMEOUT)
+                get_hedge(g);
+            else if (ev.type == GRPC_OP_COMPLETE)
+                get_book(g, ev, st);
+            else
                 break;
-            get_event(c, g, rs, g->started, r, k, st);
-            if (r->inflight == 0)
-                g->live--;
             continue;
         }
         int pr = poll(g->pf, (nfds_t)nfd, nbuf ? 0 : g->live > 0 ? 1 : 50);
@@ -784,57 +795,63 @@ get_round_drive(getop_t *g, tqkv_status_t *st)
                 grpc_completion_queue_next(g->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
             if (ev.type != GRPC_OP_COMPLETE)
                 break;
-            rtag_t *tg = ev.tag;
-            tqkv__rpc_event(tg->r, tg->k, ev.success);
-            get_event(c, g, rs, g->started, tg->r, tg->k, st);
-            if (tg->r->inflight == 0)
-                g->live--;
+            get_book(g, ev, st);
         }
+        if (!g->canceled)
+            get_hedge(g);
     }
 }
 
 /* The statuses of this round's calls (the first failure wins), data channels back to
- * the pool (reused when in step), the calls freed. */
+ * the pool (reused when in step), the calls freed. A call that lost a hedge race is
+ * neither; one that passed its size deadline is its server's failure (its blocks are
+ * asked of the next candidate), not the Get's. */
 static void
 get_round_finish(getop_t *g, tqkv_status_t *st)
 {
     tqkv_client_t *c = g->c;
-    rpc_t *rs = g->rs;
-    for (size_t t = 0; t < c->nt; t++) {
-        if (!g->started[t])
+    rpc_t *rs = g->rd.rs;
+    for (size_t sl = 0; sl < g->rd.nslots; sl++) {
+        if (!g->rd.started[sl])
             continue;
-        if (rs[t].call && !g->canceled) {
+        size_t t = rs[sl].target;
+        if (rs[sl].call && !g->canceled && !rs[sl].beaten) {
             /* rpc_result records the call's status in the thread's error (a call
              * cancelled above for a bad page reads CANCELLED): the caller reads the
              * error of the status returned, the first failure */
             tqkv_client_error_t first = tqkv__client_last_err;
-            tqkv_status_t s2 = tqkv__rpc_result(c, &rs[t]);
-            if (s2 != TQKV_OK && *st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE)) {
+            tqkv_status_t s2 = tqkv__rpc_result(c, &rs[sl]);
+            int slow = s2 == TQKV_ETIMEDOUT && rs[sl].short_dl;
+            if (slow)
+                atomic_fetch_add_explicit(&c->sh->call_timeouts, 1, memory_order_relaxed);
+            if (s2 != TQKV_OK && *st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE) &&
+                !slow && !rs[sl].is_hedge) {
                 *st = s2;
-                if (s2 == TQKV_ETIMEDOUT && rs[t].dc_eof[0]) {
+                if (s2 == TQKV_ETIMEDOUT && rs[sl].dc_eof[0]) {
                     /* no status came to say why the server closed the channel */
                     size_t ml = strlen(tqkv__client_last_err.message);
                     snprintf(tqkv__client_last_err.message + ml,
                              sizeof tqkv__client_last_err.message - ml,
-                             " (data channel closed first: %s)", rs[t].dc_eof);
+                             " (data channel closed first: %s)", rs[sl].dc_eof);
                 }
-            } else if (*st != TQKV_OK) {
+            } else if (*st != TQKV_OK || slow || rs[sl].is_hedge) {
                 tqkv__client_last_err = first;
             }
             if (s2 != TQKV_OK)
-                rs[t].dc_bad = 1;
-            if (s2 == TQKV_OK && rs[t].dc_eof[0] && *st == TQKV_OK)
+                rs[sl].dc_bad = 1;
+            if (s2 == TQKV_OK && rs[sl].dc_eof[0] && *st == TQKV_OK)
                 *st = tqkv__client_err(TQKV_EUNAVAILABLE, (int)GRPC_STATUS_UNAVAILABLE,
-                                       "%s: data channel: %s", c->t[t]->name, rs[t].dc_eof);
+                                       "%s: data channel: %s", c->t[t]->name, rs[sl].dc_eof);
         }
-        if (rs[t].dc && rs[t].frames_left > 0 && *st == TQKV_OK && !g->canceled)
+        if (rs[sl].dc && rs[sl].frames_left > 0 && *st == TQKV_OK && !g->canceled && !rs[sl].beaten)
             *st = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: data channel: %zu frames missing",
-                                   c->t[t]->name, rs[t].frames_left);
-        tqkv__dcc_release(c, t, rs[t].dc,
-                          !rs[t].dc_bad && rs[t].frames_left == 0 && !g->canceled &&
-                              rs[t].status_done && rs[t].status == GRPC_STATUS_OK);
-        rs[t].dc = NULL;
-        tqkv__rpc_fini(&rs[t]);
+                                   c->t[t]->name, rs[sl].frames_left);
+        tqkv__dcc_release(c, t, rs[sl].dc,
+                          !rs[sl].dc_bad && rs[sl].frames_left == 0 && !g->canceled &&
+                              !rs[sl].beaten && rs[sl].status_done &&
+                              rs[sl].status == GRPC_STATUS_OK);
+        rs[sl].dc = NULL;
+        tqkv__rpc_fini(&rs[sl]);
     }
     tqkv__cq_destroy(g->cq);
     g->cq = NULL;
@@ -901,13 +918,18 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
     g.arg = arg;
     g.n = q->num_hashes;
     g.L = q->layer_end - q->layer_begin;
-    g.nc = tqkv__read_candidates(c);
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
-    g.dl = tqkv__deadline_after(op_ms);
-    g.dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull; /* the same instant */
+    g.dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull;
+    g.rd = (tqkv__rd_t){.c = c,
+                        .ns = q->ns,
+                        .hashes = q->hashes,
+                        .n = g.n,
+                        .op = &g,
+                        .resolved = get_resolved,
+                        .start_call = get_call_start};
     if ((st = get_alloc(&g)) == TQKV_OK) {
-        for (g.round = 0; g.round < g.nc && st == TQKV_OK && !g.canceled; g.round++) {
-            get_round_plan(&g);
+        for (g.rd.round = 0; g.rd.round < g.rd.nc && st == TQKV_OK && !g.canceled; g.rd.round++) {
+            tqkv__rd_plan(&g.rd);
             get_round_start(&g, &st);
             get_round_drive(&g, &st);
             get_round_finish(&g, &st);

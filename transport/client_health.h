@@ -19,6 +19,18 @@ typedef struct tqkv__health tqkv__health_t;
  * (0 with keepalive_ms = UINT32_MAX, or cap < TQKV__HEALTH_NUM_ARGS). Keys are static. */
 size_t tqkv__health_channel_args(const tqkv_client_opts_t *o, grpc_arg *args, size_t cap);
 
+/* The connection timeout of opts o in ms (connect_timeout_ms, its default; 5000 for one
+ * server and no resolve_targets, as before). */
+uint32_t tqkv__health_connect_ms(const tqkv_client_opts_t *o);
+
+/* Hedging and per-call deadline counters of client c (tqkv-bench reports them; not
+ * exported). hedges: hedge calls started; hedge_pages: pages a hedge delivered (its
+ * primary had not); call_timeouts: calls that passed their size deadline. */
+typedef struct tqkv__hedge_stats {
+    uint64_t hedges, hedge_pages, call_timeouts;
+} tqkv__hedge_stats_t;
+void tqkv__hedge_stats(const tqkv_client_t *c, tqkv__hedge_stats_t *out);
+
 /* keepalive_ms as used (the default for 0). */
 uint32_t tqkv__health_keepalive_ms(const tqkv_client_opts_t *o);
 

@@ -39,6 +39,8 @@
 #define RANK_MAX 64 /* rank positions a block is offered to (of any number of targets) */
 #define M_OPEN_CHANNEL "/tqkv.v1.KVCache/OpenChannel"
 #define M_CLOSE_CHANNEL "/tqkv.v1.KVCache/CloseChannel"
+#define TQKV__LAT_N 64      /* answer times kept per target (hedge delay) */
+#define TQKV__HEDGE_WAVES 2 /* hedge waves per round of a Get or Lookup */
 
 /* Lock rule: ch[] is read under lock (shared) to start a call or read the connectivity
  * state; a reconnect swaps a channel under lock (exclusive) and destroys the old one
@@ -63,6 +65,10 @@ typedef struct target {
     _Atomic int dc_off;
     char dc_why[256];
     _Atomic uint64_t dc_retry_ns; /* dc_off: try again after this */
+    /* recent answer times of Gets and Lookups (microseconds, a ring of TQKV__LAT_N;
+     * lat_n counts every sample): the hedge delay is their 95th percentile */
+    _Atomic uint32_t lat_us[TQKV__LAT_N];
+    _Atomic uint32_t lat_n;
 } target_t;
 
 /* A connected TCP data channel, owned by one Get at a time. */
@@ -98,6 +104,9 @@ typedef struct client_shared {
     pthread_t rq_thread;
     tqkv_client_repair_stats_t rs;
     struct tqkv__health *health; /* the prober (client_health.c), or NULL */
+    /* per-call deadlines and hedging (client_health.c) */
+    _Atomic uint64_t page_max;                           /* largest Get message received */
+    _Atomic uint64_t hedges, hedge_pages, call_timeouts; /* tqkv__hedge_stats */
 } client_shared_t;
 
 /* The client, and the view one call works on (tqkv__view_enter): a copy of the client whose
@@ -129,6 +138,9 @@ struct tqkv_client {
     int transport;             /* TQKV_CLIENT_TRANSPORT_* */
     struct ssl_ctx_st *dc_tls; /* TLS for data channels (the client has TLS), else NULL */
     size_t max_msg;            /* receive limit, also for data channel pages */
+    /* per-call deadlines and hedged reads (tqkv_client_opts_t; client_health.c) */
+    uint32_t call_base_ms, call_floor_mb_s, hedge_min_ms, hedge_max_ms;
+    int hedge;
 };
 
 typedef enum { TAG_STATUS, TAG_INIT, TAG_SEND, TAG_RECV } tag_kind_t;
@@ -161,6 +173,16 @@ struct rpc {
     /* Get over a TCP data channel: the channel, frames still due, the next index */
     dconn_t *dc;
     size_t frames_left, next_frame;
+    /* hedging (Get, Lookup): the rank position the call asks, whether it is a hedge,
+     * whether the other call answered all it asked first (cancelled: neither success nor
+     * failure), whether it was hedged; start and last progress (monotonic ns); slots it
+     * still waits for; its own deadline was the size deadline, shorter than the
+     * operation's (passing it fails the server, not the operation) */
+    uint32_t rank;
+    int is_hedge, beaten, hedged, short_dl;
+    tqkv_status_t start_err;                  /* the call could not be started */
+    uint64_t t0_ns, last_ns, dl_ns, hedge_ns; /* dl_ns: its deadline; hedge_ns: its delay */
+    size_t rem;
     int dc_bad;       /* out of step with the server: closed, not reused */
     char dc_eof[240]; /* the server closed the channel mid-Get: why, if its status is OK */
 };
@@ -221,13 +243,90 @@ tqkv_status_t tqkv__rpc_result(tqkv_client_t *c, rpc_t *r);
 /* Cancels r's call and remembers that this client did (rpc_result tells it apart from a
  * call that the server or the channel ended). */
 void tqkv__rpc_cancel(rpc_t *r);
+/* Replaces target t's channels that are not READY by fresh ones, at most once per
+ * min_interval_ns (after an UNAVAILABLE, and by the prober after a failed probe). */
+void tqkv__renew_channels(tqkv_client_t *c, target_t *t, uint64_t min_interval_ns);
 /* Whether target ti takes calls now (always, with a single target). */
 int tqkv__target_usable(tqkv_client_t *c, size_t ti, uint64_t now);
+/* Starts n unary calls on cq: call i to target tis[i] with reqs[i] (borrowed), deadline
+ * dl; writes sts[i]. Returns how many are live. */
+size_t tqkv__unary_start(tqkv_client_t *c, grpc_completion_queue *cq, rpc_t *rs, size_t n,
+                         const size_t *tis, const char *method, ProtobufCMessage *const *reqs,
+                         gpr_timespec dl, tqkv_status_t *sts);
+/* Drives the live calls of rs until each has ended; call i's first response decoded (rd)
+ * into resps[i] (resps NULL: discarded); ended(arg, i), when given, as call i ends. */
+void tqkv__unary_wait(grpc_completion_queue *cq, rpc_t *rs, size_t live,
+                      const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resps,
+                      void (*ended)(void *arg, size_t i), void *arg);
 /* Runs n unary calls in parallel: call i to target tis[i] with reqs[i]; writes
  * resps[i] (new, or NULL) and sts[i]. Borrows reqs. */
 void tqkv__unary_fanout(tqkv_client_t *c, size_t n, const size_t *tis, const char *method,
                         ProtobufCMessage *const *reqs, const ProtobufCMessageDescriptor *rd,
                         uint32_t deadline_ms, ProtobufCMessage **resps, tqkv_status_t *sts);
+
+/* ---- per-call deadlines and hedging (client_health.c) ---- */
+
+/* The deadline of one call of an operation with op_dl_ns left (monotonic ns) that moves
+ * `bytes`: now + call_base_ms + bytes at call_floor_mb_s, or op_dl_ns when that is
+ * sooner or the client has one target. *is_short: 1 when the size deadline is the
+ * sooner. Writes the gRPC deadline into *dl. Returns the deadline in monotonic ns. */
+uint64_t tqkv__call_deadline(const tqkv_client_t *c, uint64_t bytes, uint64_t op_dl_ns,
+                             gpr_timespec *dl, int *is_short);
+/* A Get's estimated bytes per page (the largest message received, 1 MiB before any). */
+uint64_t tqkv__page_estimate(const tqkv_client_t *c);
+void tqkv__page_seen(tqkv_client_t *c, uint64_t bytes);
+/* Records an answer time of target ti (ns), and the hedge delay of target ti (ns): the
+ * 95th percentile of its recent ones within hedge_min_ms..hedge_max_ms (hedge_max_ms
+ * while fewer than 8 are known). */
+void tqkv__lat_record(tqkv_client_t *c, size_t ti, uint64_t ns);
+uint64_t tqkv__hedge_delay_ns(const tqkv_client_t *c, size_t ti);
+/* A monotonic instant (ns) as a gRPC deadline. */
+gpr_timespec tqkv__deadline_at_ns(uint64_t at_ns);
+
+/* ---- reads asked in rounds, hedged (client_call.c) ----
+ *
+ * Get and Lookup ask each hash's candidates in rank order, one rank position per round;
+ * a round groups the hashes it asks by target, one call per target. A round's call that
+ * made no progress for its server's hedge delay is hedged: the hashes it has not
+ * answered are asked of their next-ranked server not asked yet, in a new wave of calls
+ * (at most TQKV__HEDGE_WAVES per round). The operation decides what an answer resolves
+ * and calls tqkv__rd_done for each; a call waiting for nothing more that did not answer
+ * it lost the race: cancelled (beaten), neither a success nor a failure of its server. */
+typedef struct tqkv__rd {
+    tqkv_client_t *c;
+    const char *ns;
+    const tqkv_hash_t *hashes;
+    size_t n, nc, round;
+    size_t nslots, waves; /* wave w's call to target t is rs[w * nt + t]; waves used */
+    uint32_t *cand;       /* n * nc: each hash's candidates, rank order */
+    uint64_t *asked;      /* n: rank positions asked (bit k) */
+    long *own;            /* 2n: this round's call slot asking hash i, and its hedge's; -1 */
+    unsigned char *ask;   /* n: asked this round (decided once) */
+    ProtobufCBinaryData *hb;
+    size_t *gidx;                  /* n * (1 + waves): the hashes of each call, grouped */
+    size_t *start, *hstart, *fill; /* nt + 1 */
+    rpc_t *rs;
+    int *started;
+    void *op;
+    int (*resolved)(void *op, size_t i); /* hash i needs no more answers */
+    /* starts slot sl's call (r = &rs[sl], target, rank, gidx, count, t0 set) to target t
+     * asking hb[from, to); sets r->rem */
+    void (*start_call)(void *op, size_t sl, size_t t, size_t from, size_t to);
+} tqkv__rd_t;
+
+/* Allocates and ranks (rd->c, ns, hashes, n, op and the two functions set by the
+ * caller). TQKV_ENOMEM. */
+tqkv_status_t tqkv__rd_init(tqkv__rd_t *rd);
+void tqkv__rd_free(tqkv__rd_t *rd);
+/* The round's hashes grouped by target (start[]); then its calls started. */
+void tqkv__rd_plan(tqkv__rd_t *rd);
+void tqkv__rd_start(tqkv__rd_t *rd);
+/* When a round call is next due for a hedge (monotonic ns), or UINT64_MAX; the hedges
+ * due at now started. */
+uint64_t tqkv__rd_hedge_due(const tqkv__rd_t *rd);
+void tqkv__rd_hedge(tqkv__rd_t *rd);
+/* One unit (a page, a hash) that hash i's calls waited for was answered by r. */
+void tqkv__rd_done(tqkv__rd_t *rd, const rpc_t *r, size_t i);
 
 /* ---- targets (client_view.c) ---- */
 

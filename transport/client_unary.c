@@ -7,6 +7,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "tqkv/v1/kvcache.pb-c.h"
 #include "transport/client_internal.h"
+#include "transport/wire.h"
 
 /* ---- Lookup ---- */
 
@@ -25,6 +26,146 @@ tqkv_client_lookup(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefi
     return st;
 }
 
+/* A Lookup: its rounds and hedges (tqkv__rd_t), what was found, the round's queue. */
+typedef struct lkop {
+    tqkv_client_t *c;
+    const tqkv_lookup_req_t *q;
+    tqkv__rd_t rd;
+    uint8_t *present, *tier;
+    int *answered; /* per call slot: a response was read */
+    uint64_t dl_ns;
+    grpc_completion_queue *cq;
+    size_t live;
+    uint32_t server_prefix;
+    int single_ok;
+} lkop_t;
+
+static int
+lookup_resolved(void *op, size_t i)
+{
+    return ((lkop_t *)op)->present[i];
+}
+
+/* Starts call slot sl (tqkv__rd_t) to target t for hb[from, to). */
+static void
+lookup_call_start(void *op, size_t sl, size_t t, size_t from, size_t to)
+{
+    lkop_t *l = op;
+    rpc_t *r = &l->rd.rs[sl];
+    Tqkv__V1__LookupRequest m;
+    tqkv__v1__lookup_request__init(&m);
+    m.namespace_ = (char *)l->q->ns;
+    m.hashes = &l->rd.hb[from];
+    m.n_hashes = to - from;
+    m.num_layers = l->q->num_layers;
+    m.lease_ms = l->q->lease_ms;
+    r->rem = r->count; /* unresolved, each */
+    l->answered[sl] = 0;
+    gpr_timespec dl; /* a Lookup's size is its hashes (~80 bytes each, both ways) */
+    r->dl_ns = tqkv__call_deadline(l->c, (uint64_t)r->count * 80u, l->dl_ns, &dl, &r->short_dl);
+    grpc_byte_buffer *bb = tqkv_wire_encode(&m.base);
+    tqkv_status_t s2 = tqkv__rpc_start(l->c, r, l->cq, t, M_LOOKUP, dl, bb);
+    if (r->call == NULL)
+        grpc_byte_buffer_destroy(bb), r->init_bb = NULL;
+    if (s2 == TQKV_OK)
+        tqkv__rpc_recv(r);
+    else
+        r->start_err = s2;
+    l->live += r->inflight > 0;
+}
+
+/* The response of call r (slot sl): the hashes it found, once each. */
+static void
+lookup_answer(lkop_t *l, rpc_t *r, size_t sl)
+{
+    Tqkv__V1__LookupResponse *lr = (Tqkv__V1__LookupResponse *)tqkv_wire_decode(
+        &tqkv__v1__lookup_response__descriptor, r->recv_bb);
+    if (lr == NULL || l->answered[sl])
+        goto out;
+    l->answered[sl] = 1;
+    tqkv__lat_record(l->c, r->target, tqkv_shard_now_ns() - r->t0_ns);
+    r->last_ns = tqkv_shard_now_ns();
+    if (l->c->nt == 1) {
+        l->server_prefix = lr->prefix_blocks;
+        l->single_ok = 1;
+    }
+    for (size_t j = 0; j < r->count; j++) {
+        size_t g = r->gidx[j];
+        int tr = j < lr->n_blocks ? (int)lr->blocks[j]->tier : 0;
+        if ((tr != 0 || j < lr->prefix_blocks) && !l->present[g]) {
+            l->present[g] = 1;
+            l->tier[g] = (uint8_t)(tr ? tr : TQKV_CLIENT_TIER_DRAM);
+            if (r->is_hedge)
+                atomic_fetch_add_explicit(&l->c->sh->hedge_pages, 1, memory_order_relaxed);
+            tqkv__rd_done(&l->rd, r, g);
+        }
+    }
+out:
+    if (lr)
+        protobuf_c_message_free_unpacked(&lr->base, NULL);
+    grpc_byte_buffer_destroy(r->recv_bb);
+    r->recv_bb = NULL;
+}
+
+/* One round: its calls started, driven (hedged when due) until each has ended, their
+ * statuses (a call that lost a hedge race, a hedge, or one that passed its size
+ * deadline fails no Lookup; nor, with several targets, UNAVAILABLE: its hashes read as
+ * absent). Returns the first failure. */
+static tqkv_status_t
+lookup_round(lkop_t *l)
+{
+    tqkv_client_t *c = l->c;
+    tqkv_status_t st = TQKV_OK;
+    l->cq = grpc_completion_queue_create_for_next(NULL);
+    l->live = 0;
+    tqkv__rd_start(&l->rd);
+    while (l->live > 0) {
+        uint64_t due = tqkv__rd_hedge_due(&l->rd);
+        gpr_timespec until =
+            due == UINT64_MAX ? gpr_inf_future(GPR_CLOCK_MONOTONIC) : tqkv__deadline_at_ns(due);
+        grpc_event ev = grpc_completion_queue_next(l->cq, until, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            tqkv__rd_hedge(&l->rd);
+            continue;
+        }
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        rtag_t *tg = ev.tag;
+        rpc_t *r = tg->r;
+        tqkv__rpc_event(r, tg->k, ev.success);
+        if (tg->k == TAG_RECV && r->recv_bb)
+            lookup_answer(l, r, (size_t)(r - l->rd.rs));
+        if (r->inflight == 0)
+            l->live--;
+    }
+    for (size_t sl = 0; sl < l->rd.nslots; sl++) {
+        rpc_t *r = &l->rd.rs[sl];
+        if (!l->rd.started[sl])
+            continue;
+        if (r->start_err != TQKV_OK && st == TQKV_OK)
+            st = r->start_err;
+        if (r->call && !r->beaten) {
+            tqkv_client_error_t first = tqkv__client_last_err;
+            tqkv_status_t s2 = tqkv__rpc_result(c, r);
+            int slow = s2 == TQKV_ETIMEDOUT && r->short_dl;
+            if (slow)
+                atomic_fetch_add_explicit(&c->sh->call_timeouts, 1, memory_order_relaxed);
+            if (s2 == TQKV_OK && !l->answered[sl])
+                s2 = tqkv__client_err(TQKV_EINTERNAL, 0, "%s: malformed response",
+                                      c->t[r->target]->name);
+            if (s2 != TQKV_OK && st == TQKV_OK && !(c->nt > 1 && s2 == TQKV_EUNAVAILABLE) &&
+                !slow && !r->is_hedge)
+                st = s2;
+            else if (st != TQKV_OK || s2 == TQKV_OK || slow || r->is_hedge)
+                tqkv__client_last_err = first;
+        }
+        tqkv__rpc_fini(r);
+    }
+    tqkv__cq_destroy(l->cq);
+    l->cq = NULL;
+    return st;
+}
+
 static tqkv_status_t
 lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, uint8_t *tiers)
 {
@@ -33,7 +174,7 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
     if (c == NULL || q == NULL || prefix_blocks == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0,
                                 "lookup: client, request and prefix_blocks required");
-    size_t n = q->num_hashes, nc = tqkv__read_candidates(c);
+    size_t n = q->num_hashes;
     tqkv_status_t st = TQKV_OK;
     if (q->ns == NULL)
         return tqkv__client_err(TQKV_EINVAL, 0, "lookup: namespace required");
@@ -47,116 +188,39 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
     if (n == 0)
         return TQKV_OK;
 
-    uint8_t *present = calloc(n, 1);
-    uint8_t *tier = calloc(n, 1);
-    uint32_t *cand = malloc(n * nc * sizeof *cand);
-    ProtobufCBinaryData *hb = malloc(n * sizeof *hb);
-    size_t *gidx = malloc(n * sizeof *gidx);
-    size_t *tis = malloc(c->nt * sizeof *tis);
-    Tqkv__V1__LookupRequest *reqs = malloc(c->nt * sizeof *reqs);
-    ProtobufCMessage **rq = malloc(c->nt * sizeof *rq);
-    ProtobufCMessage **rs = malloc(c->nt * sizeof *rs);
-    tqkv_status_t *sts = malloc(c->nt * sizeof *sts);
-    size_t *start = malloc((c->nt + 1) * sizeof *start);
-    size_t *fill = malloc((c->nt + 1) * sizeof *fill);
-    unsigned char *ask = malloc(n ? n : 1); /* asked this round: decided once (client_get.c) */
-    uint32_t server_prefix = 0;
-    int single_ok = 0;
-    if (!present || !tier || !cand || !hb || !gidx || !tis || !reqs || !rq || !rs || !sts ||
-        !start || !fill || !ask) {
+    uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
+    lkop_t l = {.c = c, .q = q, .dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull};
+    l.rd = (tqkv__rd_t){.c = c,
+                        .ns = q->ns,
+                        .hashes = q->hashes,
+                        .n = n,
+                        .op = &l,
+                        .resolved = lookup_resolved,
+                        .start_call = lookup_call_start};
+    l.present = calloc(n, 1);
+    l.tier = calloc(n, 1);
+    if ((st = tqkv__rd_init(&l.rd)) == TQKV_OK &&
+        (l.answered = calloc(l.rd.nslots, sizeof *l.answered)) == NULL)
         st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t all[RANK_MAX];
-        tqkv__candidates(c, q->ns, &q->hashes[i], all);
-        memcpy(&cand[i * nc], all, nc * sizeof *cand);
-    }
-    for (size_t round = 0; round < nc; round++) {
-        uint64_t now = tqkv_shard_now_ns();
-        /* Group the unresolved hashes by this round's candidate (counting sort). */
-        memset(start, 0, (c->nt + 1) * sizeof *start);
-        for (size_t i = 0; i < n; i++)
-            if ((ask[i] = !present[i] && tqkv__target_usable(c, cand[i * nc + round], now)))
-                start[cand[i * nc + round] + 1]++;
-        for (size_t t = 0; t < c->nt; t++)
-            start[t + 1] += start[t];
-        memcpy(fill, start, c->nt * sizeof *fill);
-        for (size_t i = 0; i < n; i++) {
-            if (ask[i]) {
-                size_t t = cand[i * nc + round];
-                gidx[fill[t]] = i;
-                hb[fill[t]].data = (uint8_t *)q->hashes[i].bytes;
-                hb[fill[t]].len = q->hashes[i].len;
-                fill[t]++;
-            }
-        }
-        size_t ncall = 0;
-        for (size_t t = 0; t < c->nt; t++) {
-            if (start[t + 1] == start[t])
-                continue;
-            tqkv__v1__lookup_request__init(&reqs[ncall]);
-            reqs[ncall].namespace_ = (char *)q->ns;
-            reqs[ncall].hashes = &hb[start[t]];
-            reqs[ncall].n_hashes = start[t + 1] - start[t];
-            reqs[ncall].num_layers = q->num_layers;
-            reqs[ncall].lease_ms = q->lease_ms;
-            rq[ncall] = &reqs[ncall].base;
-            tis[ncall] = t;
-            ncall++;
-        }
-        if (ncall == 0)
-            break;
-        tqkv__unary_fanout(c, ncall, tis, M_LOOKUP, rq, &tqkv__v1__lookup_response__descriptor,
-                           q->deadline_ms, rs, sts);
-        for (size_t k = 0; k < ncall; k++) {
-            size_t t = tis[k];
-            if (sts[k] != TQKV_OK) {
-                if (!(c->nt > 1 && sts[k] == TQKV_EUNAVAILABLE) && st == TQKV_OK)
-                    st = sts[k];
-                continue;
-            }
-            Tqkv__V1__LookupResponse *lr = (Tqkv__V1__LookupResponse *)rs[k];
-            size_t cnt = start[t + 1] - start[t];
-            if (c->nt == 1) {
-                server_prefix = lr->prefix_blocks;
-                single_ok = 1;
-            }
-            for (size_t j = 0; j < cnt; j++) {
-                size_t g = gidx[start[t] + j];
-                int tr = j < lr->n_blocks ? (int)lr->blocks[j]->tier : 0;
-                if (tr != 0 || j < lr->prefix_blocks) {
-                    present[g] = 1;
-                    tier[g] = (uint8_t)(tr ? tr : TQKV_CLIENT_TIER_DRAM);
-                }
-            }
-            protobuf_c_message_free_unpacked(rs[k], NULL);
-        }
-        if (st != TQKV_OK)
-            break;
+    if (st == TQKV_OK && (!l.present || !l.tier))
+        st = tqkv__client_err(TQKV_ENOMEM, 0, "out of memory");
+    for (l.rd.round = 0; st == TQKV_OK && l.rd.round < l.rd.nc; l.rd.round++) {
+        tqkv__rd_plan(&l.rd);
+        if (l.rd.start[c->nt] != 0)
+            st = lookup_round(&l);
     }
     if (st == TQKV_OK) {
         uint32_t pre = 0;
-        while (pre < n && present[pre])
+        while (pre < n && l.present[pre])
             pre++;
-        *prefix_blocks = single_ok ? server_prefix : pre;
+        *prefix_blocks = l.single_ok ? l.server_prefix : pre;
         if (tiers)
-            memcpy(tiers, tier, n);
+            memcpy(tiers, l.tier, n);
     }
-out:
-    free(present);
-    free(ask);
-    free(tier);
-    free(cand);
-    free(hb);
-    free(gidx);
-    free(tis);
-    free(reqs);
-    free(rq);
-    free(rs);
-    free(sts);
-    free(start);
-    free(fill);
+    tqkv__rd_free(&l.rd);
+    free(l.answered);
+    free(l.present);
+    free(l.tier);
     return st;
 }
 

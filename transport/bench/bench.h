@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "transport/client.h"
+#include "transport/client_health.h"
 
 #define MAX_TARGETS 32
 #define MAX_SERVER_ARGS 32
@@ -52,6 +53,9 @@ typedef struct cfg {
     uint32_t working_set;
     uint32_t lease_ms;
     int client_encode;
+    /* libtqkv's deadlines and hedging (tqkv_client_opts_t; 0 = its defaults) */
+    uint32_t deadline_ms, connect_ms, call_base_ms, call_floor_mb_s, hedge_min_ms, hedge_max_ms;
+    int no_hedge;
 } cfg_t;
 
 /* The run's configuration: defaults, then the flags (bench_options.c). */
@@ -79,6 +83,9 @@ typedef struct counters {
     _Atomic uint64_t dc_pages;   /* pages that came over a TCP data channel */
     _Atomic uint64_t lookup_asked, lookup_hit, verify_failures, errors, ops, content_checks;
     _Atomic int stop;
+    /* the longest time without an operation completing (any worker), from the first
+     * completion on, and when it ended (monotonic ns) */
+    _Atomic uint64_t last_op_ns, max_gap_ns, max_gap_end_ns, run_t0_ns;
 } counters_t;
 extern counters_t K;
 
@@ -128,6 +135,11 @@ typedef struct result {
     double tcp, tcp_block, redis, tls, cipher_gbps;
     char tls_suite[64];
     size_t msg, wmsg; /* the BF16 block's bytes; the raw TCP message's */
+    /* the longest time without an operation completing and when it ended (s from the
+     * start); libtqkv's hedges and calls past their size deadline */
+    double max_gap_s, max_gap_end_s;
+    tqkv__hedge_stats_t hs;
+    tqkv_client_health_stats_t health;
 } result_t;
 
 /* bench_options.c: flags */
@@ -142,6 +154,8 @@ uint16_t bench_f2bf(float f);
 int bench_rel_err_selftest(void);
 void bench_op_prefill(worker_t *w, int record);
 void *bench_worker_main(void *arg);
+/* An operation completed now: the longest gap between completions (K.max_gap_ns). */
+void bench_op_done(void);
 pct_t bench_percentiles(worker_t *ws, int n, size_t off);
 
 /* bench_baselines.c: spawned processes and the baselines */

@@ -52,6 +52,11 @@ usage(void)
         "  a --target DNS name stands for every server it resolves to (a headless Service;\n"
         "  SRV _grpc._tcp.NAME where present), followed as servers come and go:\n"
         "  --resolve-interval-ms N (10000)  --dns-server IP:PORT (default: the system's)\n"
+        "  libtqkv's failure handling (0 = its defaults; docs/cluster.md):\n"
+        "  --deadline-ms N (per operation; 60000, or the duration + 15 s when shorter)\n"
+        "  --connect-timeout-ms N  --call-base-ms N  --call-floor-mb-s N (a call's own\n"
+        "               deadline: base + its bytes at the floor)  --no-hedge\n"
+        "  --hedge-min-ms N --hedge-max-ms N (bounds of the hedge delay, p95 of a server)\n"
         "  --version (print the version and build, exit)\n"
         "exit status: 0 ok, 1 cannot run or write a report, 2 bad flags, 3 verify failures,\n"
         "             4 RPC errors (see \"errors\")\n");
@@ -286,6 +291,8 @@ flag_setup(const char *a, const char *v, int *i)
         C.token = v;
     } else if (!strcmp(a, "--no-baselines")) {
         C.baselines = 0;
+    } else if (!strcmp(a, "--no-hedge")) {
+        C.no_hedge = 1;
     } else if (ARG("--spawn-server")) {
         C.spawn = v;
     } else if (ARG("--server-arg")) {
@@ -308,6 +315,24 @@ flag_setup(const char *a, const char *v, int *i)
             return 2;
     } else if (ARG("--channels")) {
         if (arg_u32("--channels", v, 0, 1024, &C.channels) != 0)
+            return 2;
+    } else if (ARG("--deadline-ms")) {
+        if (arg_u32("--deadline-ms", v, 1, 3600000, &C.deadline_ms) != 0)
+            return 2;
+    } else if (ARG("--connect-timeout-ms")) {
+        if (arg_u32("--connect-timeout-ms", v, 1, 600000, &C.connect_ms) != 0)
+            return 2;
+    } else if (ARG("--call-base-ms")) {
+        if (arg_u32("--call-base-ms", v, 1, 3600000, &C.call_base_ms) != 0)
+            return 2;
+    } else if (ARG("--call-floor-mb-s")) {
+        if (arg_u32("--call-floor-mb-s", v, 1, 1000000, &C.call_floor_mb_s) != 0)
+            return 2;
+    } else if (ARG("--hedge-min-ms")) {
+        if (arg_u32("--hedge-min-ms", v, 1, 600000, &C.hedge_min_ms) != 0)
+            return 2;
+    } else if (ARG("--hedge-max-ms")) {
+        if (arg_u32("--hedge-max-ms", v, 1, 600000, &C.hedge_max_ms) != 0)
             return 2;
     } else {
         return FLAG_NOT_MINE;

@@ -116,6 +116,13 @@ bench_print_report(FILE *o, tqkv_client_t *cl, const result_t *r)
     fprintf(o, "  %-34s %12" PRIu64 "\n", "content checks", K.content_checks);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "verify failures", K.verify_failures);
     fprintf(o, "  %-34s %12" PRIu64 "\n", "errors", K.errors);
+    fprintf(o, "  %-34s %12.3f (ended at %.1f s)\n", "longest gap between ops, s", r->max_gap_s,
+            r->max_gap_end_s);
+    fprintf(o, "  %-34s %12" PRIu64 " (%" PRIu64 " pages from them)\n", "hedged calls",
+            r->hs.hedges, r->hs.hedge_pages);
+    fprintf(o, "  %-34s %12" PRIu64 "\n", "calls past their size deadline", r->hs.call_timeouts);
+    fprintf(o, "  %-34s %12" PRIu64 " (%" PRIu64 " revived)\n", "servers marked down",
+            r->health.marked_down, r->health.revived);
     if (r->have_stats)
         fprintf(o, "  %-34s %12.2f\n", "server compression ratio", r->sst.compression_ratio);
     fprintf(o, "  latency (us)     %10s %10s %10s %10s %10s\n", "n", "p50", "p95", "p99", "p99.9");
@@ -171,10 +178,14 @@ bench_write_json(const result_t *r)
             ", \"pages_found\": %" PRIu64 ", \"pages_missing\": %" PRIu64
             ", \"content_checks\": %" PRIu64 ", \"client_crc_checked\": %" PRIu64
             ", \"data_channel_pages\": %" PRIu64 ", \"transport\": \"%s\""
-            ", \"elapsed_s\": %.3f, ",
+            ", \"elapsed_s\": %.3f, \"max_gap_s\": %.3f, \"max_gap_end_s\": %.3f"
+            ", \"hedges\": %" PRIu64 ", \"hedge_pages\": %" PRIu64 ", \"call_timeouts\": %" PRIu64
+            ", \"marked_down\": %" PRIu64 ", ",
             r->bf16_gbps, r->wire_gbps, r->pages_s, r->put_gbps, r->put_wire_gbps, r->hit,
             K.verify_failures, K.errors, K.get_found, K.get_missing, K.content_checks, K.client_crc,
-            K.dc_pages, C.transport == TQKV_CLIENT_TRANSPORT_TCP ? "tcp" : "grpc", r->elapsed);
+            K.dc_pages, C.transport == TQKV_CLIENT_TRANSPORT_TCP ? "tcp" : "grpc", r->elapsed,
+            r->max_gap_s, r->max_gap_end_s, r->hs.hedges, r->hs.hedge_pages, r->hs.call_timeouts,
+            r->health.marked_down);
     fprintf(j, "\"latency_us\": {");
     const char *names[] = {"Put", "Lookup", "Get", "GetFirstPage"};
     pct_t ps[] = {r->pp, r->pl, r->pgt, r->pf};

@@ -540,6 +540,24 @@ op_decode(worker_t *w)
 
 static _Atomic uint64_t ops_started;
 
+void
+bench_op_done(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t last = atomic_exchange(&K.last_op_ns, now);
+    if (last == 0 || now <= last)
+        return;
+    uint64_t gap = now - last, m = atomic_load(&K.max_gap_ns);
+    while (gap > m) {
+        if (atomic_compare_exchange_weak(&K.max_gap_ns, &m, gap)) {
+            atomic_store(&K.max_gap_end_ns, now);
+            break;
+        }
+    }
+}
+
 void *
 bench_worker_main(void *arg)
 {
@@ -560,6 +578,7 @@ bench_worker_main(void *arg)
         else
             bench_op_prefill(w, 1);
         atomic_fetch_add(&K.ops, 1);
+        bench_op_done();
     }
     return NULL;
 }

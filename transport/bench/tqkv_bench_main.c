@@ -126,6 +126,7 @@ static tqkv_client_opts_t
 client_opts(void)
 {
     tqkv_client_opts_t co = {
+        .struct_size = sizeof(tqkv_client_opts_t),
         .targets = C.targets,
         .num_targets = C.ntargets,
         .resolve_targets = 1, /* a Service name: every server behind it, followed */
@@ -144,8 +145,15 @@ client_opts(void)
          * not come back: no wait-for-ready, and no call outlives
          * the run by more than 15 s. */
         .wait_for_ready = 0,
-        .deadline_ms =
-            C.duration > 0 && C.duration < 45 ? (uint32_t)(C.duration * 1000) + 15000 : 60000};
+        .deadline_ms = C.deadline_ms                       ? C.deadline_ms
+                       : C.duration > 0 && C.duration < 45 ? (uint32_t)(C.duration * 1000) + 15000
+                                                           : 60000,
+        .connect_timeout_ms = C.connect_ms,
+        .call_base_ms = C.call_base_ms,
+        .call_floor_mb_s = C.call_floor_mb_s,
+        .hedge_min_ms = C.hedge_min_ms,
+        .hedge_max_ms = C.hedge_max_ms,
+        .no_hedge = C.no_hedge};
     return co;
 }
 
@@ -306,6 +314,7 @@ run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
     const double PROGRESS_S = 5.0;
     int tty = isatty(2);
     double t0 = bench_now_s();
+    atomic_store(&K.run_t0_ns, (uint64_t)(t0 * 1e9));
     for (int i = 0; i < C.concurrency; i++)
         pthread_create(&ws[i].th, NULL, bench_worker_main, &ws[i]);
     mark_t l = {.t = t0}, q = {.t = t0};
@@ -339,6 +348,10 @@ results(result_t *r, worker_t *ws, tqkv_client_t *cl, double elapsed)
     memset(r, 0, sizeof *r);
     r->elapsed = elapsed;
     r->have_stats = tqkv_client_stats(cl, C.ns, &r->sst) == TQKV_OK;
+    r->max_gap_s = (double)K.max_gap_ns / 1e9;
+    r->max_gap_end_s = K.max_gap_ns ? ((double)K.max_gap_end_ns - (double)K.run_t0_ns) / 1e9 : 0;
+    tqkv__hedge_stats(cl, &r->hs);
+    tqkv_client_health_stats(cl, &r->health);
     r->put_gbps = (double)K.put_bf16 / elapsed / 1e9;
     r->put_wire_gbps = (double)K.put_wire / elapsed / 1e9;
     r->bf16_gbps = (double)K.get_bf16 / elapsed / 1e9;

@@ -75,6 +75,12 @@ typedef struct tqkv_client_opts {
     uint32_t keepalive_ms;
     uint32_t keepalive_timeout_ms;
     uint32_t probe_interval_ms;
+    uint32_t connect_timeout_ms;
+    uint32_t call_base_ms;
+    uint32_t call_floor_mb_s;
+    uint32_t hedge_min_ms;
+    uint32_t hedge_max_ms;
+    int no_hedge;
 } tqkv_client_opts_t;
 
 typedef struct tqkv_hash {

@@ -196,6 +196,13 @@ class Client:
     dns_servers ("IP:PORT,...") replaces the system's resolvers. read_repair (default
     on) puts a page found below its block's primaries back to them in the background,
     queueing at most read_repair_bytes (0 = 64 MiB).
+
+    Failure handling with several servers (docs/cluster.md, "A silent server"): a Get or
+    Lookup call without progress for its server's hedge delay (p95 of recent answers,
+    hedge_min_ms..hedge_max_ms: 20..500 ms) is also asked of the next-ranked server
+    (hedge=False: never); each call's own deadline is call_base_ms (5 s) plus its bytes
+    at call_floor_mb_s (20 MB/s); connect_timeout_ms (1 s) bounds a connection attempt.
+    0 = libtqkv's defaults.
     """
 
     def __init__(self, targets: Union[str, Sequence[str]], replicas: int = 1,
@@ -206,7 +213,10 @@ class Client:
                  resolve_targets: bool = False, max_message_bytes: int = 0,
                  backoff_min_ms: int = 0, backoff_max_ms: int = 0,
                  dns_servers: Optional[str] = None, resolve_interval_ms: int = 0,
-                 read_repair: bool = True, read_repair_bytes: int = 0) -> None:
+                 read_repair: bool = True, read_repair_bytes: int = 0,
+                 hedge: bool = True, hedge_min_ms: int = 0, hedge_max_ms: int = 0,
+                 connect_timeout_ms: int = 0, call_base_ms: int = 0,
+                 call_floor_mb_s: int = 0) -> None:
         if isinstance(targets, str):
             targets = [targets]
         if transport not in ("tcp", "grpc"):
@@ -234,6 +244,10 @@ class Client:
         o.wait_for_ready = int(bool(wait_for_ready))
         o.backoff_min_ms = backoff_min_ms
         o.backoff_max_ms = backoff_max_ms
+        o.no_hedge = int(not hedge)
+        o.hedge_min_ms, o.hedge_max_ms = hedge_min_ms, hedge_max_ms
+        o.connect_timeout_ms = connect_timeout_ms
+        o.call_base_ms, o.call_floor_mb_s = call_base_ms, call_floor_mb_s
         o.transport = TRANSPORT_TCP if transport == "tcp" else TRANSPORT_GRPC
         out = ffi.new("tqkv_client_t **")
         _check(lib.tqkv_client_create(o, out), "create")
