@@ -294,6 +294,7 @@ class TqkvConnector(KVConnectorBase_V1):
         # tqkv_stats_path: counters written as JSON to <path>.<scheduler|worker>.json
         # after each step (for tests and debugging; off by default).
         self._stats_path = extra.get("tqkv_stats_path")
+        self._is_worker = role == KVConnectorRole.WORKER
         # scheduler side
         self._pending = {}  # req_id -> (ns, hashes, hit_blocks, local_tokens)
         self._loads = {}  # req_id -> _Load, for the next build_connector_meta
@@ -482,12 +483,13 @@ class TqkvConnector(KVConnectorBase_V1):
                         st.block_ids.extend(new_ids[0])
                 done = cached.num_computed_tokens[i] + nsched.get(req_id, 0)
                 self._emit_saves(meta, req_id, st, done)
-        self._dump_stats("scheduler")
+        self._dump_stats()
         return meta
 
-    def _dump_stats(self, role):
+    def _dump_stats(self):
         if not self._stats_path:
             return
+        role = "worker" if self._is_worker else "scheduler"
         import json
         import os
         tmp = "%s.%s.json.tmp" % (self._stats_path, role)
@@ -710,7 +712,7 @@ class TqkvConnector(KVConnectorBase_V1):
         if self._save_q is not None:
             self._save_q.join()
         self._join_load()
-        self._dump_stats("worker")
+        self._dump_stats()
 
     def get_finished(self, finished_req_ids):
         return None, None
