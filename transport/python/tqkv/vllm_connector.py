@@ -4,6 +4,7 @@ Load it with vLLM's out-of-tree connector mechanism:
 
     --kv-transfer-config '{"kv_connector": "TqkvConnector",
         "kv_connector_module_path": "tqkv.vllm_connector", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"tqkv_targets": ["10.0.0.5:7000", "10.0.0.6:7000"],
                                       "tqkv_replicas": 2}}'
 
