@@ -3,7 +3,7 @@ vLLM connector and the SGLang HiCache back-end).
 
 Keys (all optional): tqkv_targets (a list, or one comma-separated string; default
 127.0.0.1:7000), tqkv_replicas, tqkv_token or tqkv_token_file (a mounted Secret: its
-first line), tqkv_tls_ca, tls_target_name, tqkv_transport (default "tcp"),
+first line), tqkv_tls_ca, tqkv_tls_target_name, tqkv_transport (default "tcp"),
 tqkv_resolve_targets.
 """
 from typing import Any, List, Mapping, Optional
