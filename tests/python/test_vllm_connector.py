@@ -190,6 +190,163 @@ class RealBase(unittest.TestCase):
         c.shutdown()
 
 
+class RealLayout(unittest.TestCase):
+    """The connector's _Layout against the installed vLLM's own KV cache: the per-layer
+    views its CPU backend gets (create_kv_cache_views over FullAttentionSpec, in each of
+    CPUAttentionBackend.supported_kv_cache_layouts()), written by the backend's own
+    kernel (cpu_attn_reshape_and_cache); then a worker-side TqkvConnector saves blocks of
+    that cache to a lossless tqkv namespace and loads them into other blocks: the bytes
+    are the kernel's. Also the "token" split of FLASH_ATTN/TRITON_ATTN (their
+    kv_cache.transpose(1, 2).split(head_size, dim=-1)) in both stride orders."""
+
+    T, H, D, NB = 32, 2, 64, 12
+
+    def setUp(self):
+        RealBase.setUp(self)
+
+    def views(self, layout, nl=2):
+        import torch
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheTensor,
+                                                compute_layer_kv_cache_shape_bytes,
+                                                create_kv_cache_views)
+        spec = FullAttentionSpec(block_size=self.T, num_kv_heads=self.H, head_size=self.D,
+                                 dtype=torch.bfloat16)
+        page = spec.page_size_bytes
+        kt = KVCacheTensor(size=page * self.NB * nl, layers=["model.layers.%d.attn" % i
+                                                             for i in range(nl)],
+                           layer_stride=page * self.NB, block_stride=page)
+        raw = torch.zeros(page * self.NB * nl, dtype=torch.int8)
+        views = create_kv_cache_views(raw, spec, self.NB, layout, kt)
+        want = compute_layer_kv_cache_shape_bytes(spec, self.NB)
+        for v in views:
+            self.assertEqual(tuple(v.shape), want[:3] + (want[3] // 2,))
+        return raw, dict(zip(kt.layers, views))
+
+    def cpu_fill(self, view, slots, seed, kv=None):
+        """K and V [n][H][D] (random, or kv) written into slots by vLLM's CPU kernel."""
+        import torch
+        from vllm import _custom_ops as ops
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+        g = torch.Generator().manual_seed(seed)
+        n = len(slots)
+        k = torch.randn(n, self.H, self.D, generator=g).to(torch.bfloat16)
+        v = torch.randn(n, self.H, self.D, generator=g).to(torch.bfloat16)
+        if kv is not None:
+            k, v = kv
+        nb, nh, bs, _ = view.size()
+        kc, vc = view.view((nb, nh, bs * 2, -1)).chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(k, v, kc, vc, torch.tensor(slots, dtype=torch.long),
+                                       _get_attn_isa(torch.bfloat16, self.T, self.D),
+                                       k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+        return k, v
+
+    def test_cpu_attn_layout(self):
+        import torch
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, _get_attn_isa
+        from tqkv.vllm_connector import KV_SPLIT_BY_BACKEND, _Layout, cpu_block_maps
+        self.assertEqual(KV_SPLIT_BY_BACKEND[CPUAttentionBackend.get_name()], "block")
+        T = self.T
+        isa = _get_attn_isa(torch.bfloat16, T, self.D)
+        maps = cpu_block_maps(isa, T, self.H, self.D)
+        print("\n  CPU_ATTN isa %s: K %s, V %s" % (
+            isa, "[T][D]" if torch.equal(maps[0], torch.arange(T * self.D)) else "permuted",
+            "[T][D]" if torch.equal(maps[1], torch.arange(T * self.D)) else "permuted"),
+            file=sys.stderr)
+        for layout in CPUAttentionBackend.supported_kv_cache_layouts():
+            _, views = self.views(layout)
+            view = list(views.values())[1]
+            blocks = [7, 2, 10]
+            slots = [b * T + t for b in blocks for t in range(T)]
+            k, v = self.cpu_fill(view, slots, 1)
+            lay = _Layout(view, T, "block", maps)
+            self.assertEqual(lay.shape, (T, self.H, self.D))
+            self.assertFalse(lay.direct)  # [H][T][D] blocks: staged
+            rk, rv = lay.read(blocks)
+            self.assertTrue(torch.equal(rk, k.view(3, T, self.H, self.D)), layout)
+            self.assertTrue(torch.equal(rv, v.view(3, T, self.H, self.D)), layout)
+            # write(): the same bytes as the kernel writes for the same tokens
+            lay.write([4], rk[:1], rv[:1])
+            self.cpu_fill(view, [5 * T + t for t in range(T)], 0, (k[:T], v[:T]))
+            self.assertTrue(torch.equal(view[4], view[7]))
+            self.assertTrue(torch.equal(view[5], view[7]))
+            for split in (None, "block"):  # no backend named, no maps: refused
+                with self.assertRaisesRegex(ValueError, "tqkv_kv_split"):
+                    _Layout(view, T, split)
+
+    def test_token_split_layouts(self):
+        import torch
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+        from tqkv.vllm_connector import _Layout
+        T, H, D = self.T, self.H, self.D
+        g = torch.Generator().manual_seed(3)
+        for layout in (KVCacheLayout.LBHNC, KVCacheLayout.LBNHC):
+            _, views = self.views(layout)
+            view = list(views.values())[0]
+            key_cache, value_cache = view.transpose(1, 2).split(D, dim=-1)  # FLASH_ATTN's
+            k = torch.randn(2, T, H, D, generator=g).to(torch.bfloat16)
+            v = torch.randn(2, T, H, D, generator=g).to(torch.bfloat16)
+            key_cache[[3, 9]] = k
+            value_cache[[3, 9]] = v
+            lay = _Layout(view, T, "token")
+            rk, rv = lay.read([3, 9])
+            self.assertTrue(torch.equal(rk, k) and torch.equal(rv, v), layout)
+            lay.write([0], k[1:], v[1:])
+            self.assertTrue(torch.equal(key_cache[0], k[1]) and
+                            torch.equal(value_cache[0], v[1]), layout)
+
+    def test_connector_round_trip_cpu_layout(self):
+        """Save blocks of the CPU backend's cache through the connector, load them into
+        other blocks (a lossless namespace): byte-identical, every layer."""
+        import torch
+        from types import SimpleNamespace as NS
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        from tqkv.vllm_connector import (KVConnectorRole, TqkvConnector,
+                                         TqkvConnectorMetadata, _Load, _Save)
+        T = self.T
+        layout = CPUAttentionBackend.supported_kv_cache_layouts()[0]
+        _, views = self.views(layout)
+        src = [1, 6, 3]
+        for i, view in enumerate(views.values()):
+            self.cpu_fill(view, [b * T + t for b in src for t in range(T)], 10 + i)
+        srv = Server("--namespace-policy", "m:lossless=1")
+        try:
+            ctx = {name: NS(attn_backend=CPUAttentionBackend) for name in views}
+            cfg = NS(kv_transfer_config=NS(kv_connector_extra_config={
+                         "tqkv_targets": [srv.addr], "tqkv_num_layers": len(views),
+                         "tqkv_namespace": "m", "tqkv_layers_per_get": 1}),
+                     cache_config=NS(block_size=T), model_config=NS(model="m"),
+                     parallel_config=NS(tensor_parallel_size=1),
+                     compilation_config=NS(static_forward_context=ctx))
+            c = TqkvConnector(cfg, KVConnectorRole.WORKER)
+            c.register_kv_caches(views)
+            hashes = [bytes([9, i]) * 16 for i in range(len(src))]
+            meta = TqkvConnectorMetadata()
+            meta.saves = [_Save("r", "m", hashes, src, None)]
+            c.bind_connector_metadata(meta)
+            for name, view in views.items():
+                c.save_kv_layer(name, view, None)
+            c.wait_for_save()
+            c.clear_connector_metadata()
+            self.assertEqual(c.stats()["save_blocks"], len(src) * len(views))
+            dst = [11, 0, 8]
+            meta = TqkvConnectorMetadata()
+            meta.loads = [_Load("r2", "m", hashes, dst)]
+            c.bind_connector_metadata(meta)
+            c.start_load_kv(None)
+            for name in views:
+                c.wait_for_layer_load(name)
+            self.assertEqual(c.get_block_ids_with_load_errors(), set())
+            c.clear_connector_metadata()
+            st = c.stats()
+            self.assertEqual((st["load_blocks"], st["load_failed_blocks"]), (len(src), 0))
+            for name, view in views.items():
+                for a, b in zip(src, dst):
+                    self.assertTrue(torch.equal(view[a], view[b]), (name, a, b))
+            c.shutdown()
+        finally:
+            srv.stop()
+
+
 class Blocks:
     """vllm.v1.core.kv_cache_manager.KVCacheBlocks, as the connector reads it."""
 

@@ -15,10 +15,25 @@ import os
 import signal
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 BS = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
+
+
+def wait_dead(pid, timeout=10.0):
+    """Until pid (the test's child: a zombie once dead) has stopped running."""
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.001)
+    raise RuntimeError("pid %d still running %.0f s after SIGKILL" % (pid, timeout))
 
 
 def main():
@@ -34,18 +49,22 @@ def main():
         extra = {"tqkv_targets": cfg["targets"], "tqkv_namespace": cfg.get("namespace", "tiny"),
                  "tqkv_deadline_ms": cfg.get("deadline_ms", 5000),
                  "tqkv_stats_path": stats_path, "tqkv_layers_per_get": 1}
+        # kv_load_failure_policy: vLLM 0.32 fails a request whose KV did not load by
+        # default; "recompute" is what a best-effort cache needs (docs/integration.md)
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="TqkvConnector", kv_connector_module_path="tqkv.vllm_connector",
-            kv_role="kv_both", kv_connector_extra_config=extra)
+            kv_role="kv_both", kv_connector_extra_config=extra,
+            kv_load_failure_policy="recompute")
+    state = {"done": False}
     if cfg.get("kill_pid"):
         from tqkv import vllm_connector as vc
         orig = vc.TqkvConnector._load_layers
-        state = {"done": False}
 
         def load_then_kill(self, ld, l0, l1):
             if not state["done"]:
                 state["done"] = True
                 os.kill(cfg["kill_pid"], signal.SIGKILL)
+                wait_dead(cfg["kill_pid"])
             return orig(self, ld, l0, l1)
         vc.TqkvConnector._load_layers = load_then_kill
     if cfg.get("num_blocks"):
@@ -60,7 +79,9 @@ def main():
                         detokenize=False, ignore_eos=True)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cfg["prompts"]], sp,
                         use_tqdm=False)
-    res = {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
+    res = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
+           "killed": int(state["done"]),
+           "finish": [o.outputs[0].finish_reason for o in outs]}
     try:
         import vllm
         res["vllm"] = vllm.__version__

@@ -37,7 +37,7 @@ import threading
 
 import numpy as np
 
-from . import client as _client
+from ._engine_config import client_from_extra
 
 logger = logging.getLogger("tqkv.sglang_backend")
 
@@ -94,18 +94,7 @@ class TqkvHiCacheStorage(HiCacheStorage):
         self._deadline_ms = int(extra.get("tqkv_deadline_ms", 10000))
         self._key_bits = float(extra.get("tqkv_key_bits", 0))
         self._value_bits = float(extra.get("tqkv_value_bits", 0))
-        targets = extra.get("tqkv_targets", ["127.0.0.1:7000"])
-        if isinstance(targets, str):
-            targets = [t.strip() for t in targets.split(",") if t.strip()]
-        token = extra.get("tqkv_token")
-        if token is None and extra.get("tqkv_token_file"):
-            with open(extra["tqkv_token_file"]) as f:
-                token = f.readline().strip() or None
-        self._client = _client.Client(
-            targets, replicas=int(extra.get("tqkv_replicas", 1)), token=token,
-            tls_ca=extra.get("tqkv_tls_ca"), tls_target_name=extra.get("tqkv_tls_target_name"),
-            transport=extra.get("tqkv_transport", "tcp"), deadline_ms=self._deadline_ms,
-            wait_for_ready=False)
+        self._client = client_from_extra(extra, self._deadline_ms)
         self._lock = threading.Lock()
         self._stats = dict(exists_calls=0, exists_errors=0, get_pages=0, get_found=0,
                            get_errors=0, set_pages=0, set_errors=0, staged=0)

@@ -4,6 +4,7 @@ Load it with vLLM's out-of-tree connector mechanism:
 
     --kv-transfer-config '{"kv_connector": "TqkvConnector",
         "kv_connector_module_path": "tqkv.vllm_connector", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"tqkv_targets": ["10.0.0.5:7000", "10.0.0.6:7000"],
                                       "tqkv_replicas": 2}}'
 
@@ -11,11 +12,20 @@ It implements KVConnectorBase_V1 (see tqkv/_vllm_base.py for the vLLM version wh
 signatures it matches; the real base class is used when vLLM is installed).
 
 Mapping. One vLLM block (block_size tokens) of one layer is one tqkv block: K and V
-[block_size][num_kv_heads][head_size] BF16, exactly a row of FlashAttention's paged
-layer tensor [2][num_blocks][block_size][num_kv_heads][head_size] (also accepted:
-[num_blocks][2][...], FlashInfer's). Namespace: tqkv_namespace (default: the model
-name) + "/salt=<cache_salt>" when the request has one + "/tp<rank>of<size>" with tensor
-parallelism. Block hashes: a SHA-256 chain over the prompt's token ids, one per full
+[block_size][num_kv_heads][head_size] BF16. The engine's layer tensors are read through
+_Layout: vLLM 0.32's per-layer views [num_blocks][num_kv_heads][block_size]
+[2 * head_size] in any stride order, split into K and V as the layer's attention
+backend does (FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION: the first head_size channels of
+each token are K, the next V; CPU_ATTN: each (block, head) run holds K then V in an
+order its ISA's kernel chooses, learned at register time from that kernel; tqkv_kv_split
+= "token" for another backend that splits per token), and older vLLM's
+[2][num_blocks][T][H][D] (FlashAttention) and [num_blocks][2][T][H][D] (FlashInfer).
+Where a block's [T][H][D] is one contiguous run in host memory, Gets decode into it and
+Puts read it by address; otherwise (CPU_ATTN, device memory) blocks go through a staging
+copy.
+
+Namespace: tqkv_namespace (default: the model name) + "/salt=<cache_salt>" when the
+request has one + "/tp<rank>of<size>" with tensor parallelism. Block hashes: a SHA-256 chain over the prompt's token ids, one per full
 block (h_i = sha256(h_{i-1} || tokens of block i as int32 LE), h_{-1} a seed over the
 block size, the LoRA name and the multimodal feature identifiers), stable across
 processes and restarts; with tqkv_hash = "vllm", vLLM's own request.block_hashes
@@ -47,6 +57,7 @@ import time
 import numpy as np
 
 from . import client as _client
+from ._engine_config import client_from_extra
 from ._vllm_base import HAVE_VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 logger = logging.getLogger("tqkv.vllm_connector")
@@ -97,47 +108,155 @@ class _ReqState:
         self.saved = saved  # leading blocks already in tqkv
 
 
-class _Layout:
-    """Where block b of one layer tensor keeps K and V (host addresses)."""
+# How a 4-D per-layer KV view [num_blocks][num_kv_heads][block_size][2 * head_size]
+# (vLLM 0.32's unified KV cache views, KVCacheLayout) holds K and V, by attention
+# backend (read from the installed vLLM's backends): "token" - FLASH_ATTN, TRITON_ATTN,
+# FLEX_ATTENTION split each token's 2D channels, K the first D and V the next; "block" -
+# CPU_ATTN views each (block, head) run [block_size][2D] as two regions of
+# block_size * D values, K then V, in an order its ISA's kernel chooses (with "vec", K
+# is stored [D][block_size], V [block_size][D]): cpu_block_maps() learns that order from
+# the backend's own write kernel. tqkv_kv_split in the extra config overrides.
+KV_SPLIT_BY_BACKEND = {"CPU_ATTN": "block", "FLASH_ATTN": "token", "TRITON_ATTN": "token",
+                       "FLEX_ATTENTION": "token"}
 
-    def __init__(self, t, block_size):
+
+def cpu_block_maps(isa, T, H, D):
+    """Where vLLM's CPU attention kernel (cpu_attn_reshape_and_cache, ISA isa) puts a
+    block's K and V: (map_k, map_v), LongTensors of T * D where map[j] = t * D + d is the
+    token and channel stored at position j of a (block, head) region. Learned by writing
+    a block whose values are their own indices (BF16 bit patterns, copied as is) with the
+    kernel; checked to be a permutation, the same for every head."""
+    import torch
+    from vllm import _custom_ops as ops
+    n = T * D
+    if n > 32767:
+        raise ValueError("tqkv: a CPU_ATTN block of %d x %d values is too large to map" %
+                         (T, D))
+    cache = torch.zeros(1, H, T, 2 * D, dtype=torch.bfloat16)
+    kc, vc = cache.view(1, H, 2 * T, D).chunk(2, dim=2)
+    pat = torch.arange(n, dtype=torch.int16).view(T, 1, D).expand(T, H, D).contiguous()
+    ops.cpu_attn_reshape_and_cache(pat.view(torch.bfloat16), pat.view(torch.bfloat16), kc,
+                                   vc, torch.arange(T, dtype=torch.long), isa, k_scale=1.0,
+                                   v_scale=1.0, kv_cache_dtype="auto")
+    reg = cache.view(torch.int16).view(H, 2, n).long()
+    want = torch.arange(n)
+    for h in range(H):
+        if not torch.equal(reg[h], reg[0]):
+            raise ValueError("tqkv: CPU_ATTN (isa %s) stores heads differently" % isa)
+    for m in (reg[0, 0], reg[0, 1]):
+        if not torch.equal(torch.sort(m).values, want):
+            raise ValueError("tqkv: CPU_ATTN (isa %s) block layout is not a permutation "
+                             "of its tokens and channels" % isa)
+    return reg[0, 0].clone(), reg[0, 1].clone()
+
+
+class _Layout:
+    """One layer's KV tensor, its blocks read and written as K and V [T][H][D] (a tqkv
+    block), whatever the engine's layout:
+
+      5-D [2][B][T][H][D] (FlashAttention, older vLLM) or [B][2][T][H][D] (FlashInfer)
+      4-D [B][H][T][2D] in any stride order (vLLM 0.32's views), kv_split "token"
+      4-D [B][H][T][2D] with each (block, head) run contiguous, kv_split "block" and
+          block_maps (cpu_block_maps) placing K and V inside it
+
+    The strided layouts are a view kv5 [2][B][T][H][D] over the engine's memory. direct:
+    a block's K (and V) [T][H][D] is one contiguous run in host memory, so Gets decode
+    into it and Puts read it by address (ptrs); otherwise blocks go through a staging
+    copy (read(), write())."""
+
+    def __init__(self, t, block_size, kv_split=None, block_maps=None):
         import torch
         if t.dtype != torch.bfloat16:
             raise ValueError("tqkv stores BF16 KV; this layer is %s" % t.dtype)
-        if t.dim() != 5:
-            raise ValueError("unsupported KV layout %s (want [2][blocks][T][H][D])" %
-                             (tuple(t.shape),))
-        if t.shape[0] == 2:
-            kv_axis, blk_axis = 0, 1
-        elif t.shape[1] == 2:
-            kv_axis, blk_axis = 1, 0
+        self.tensor = t
+        self.kv_split = kv_split
+        self.block_maps = block_maps
+        self.kv5 = self.reg = None
+        if t.dim() == 5:
+            if t.shape[0] == 2:
+                kv5 = t
+            elif t.shape[1] == 2:
+                kv5 = t.transpose(0, 1)
+            else:
+                raise ValueError("unsupported KV layout %s (want [2][blocks][T][H][D] or "
+                                 "[blocks][2][T][H][D])" % (tuple(t.shape),))
+            T, H, D = (int(x) for x in kv5.shape[2:])
+        elif t.dim() == 4:
+            B, H, T, C = (int(x) for x in t.shape)
+            sB, sH, sN, sC = t.stride()
+            if C % 2 or sC != 1:
+                raise ValueError("unsupported KV layout %s strides %s (want [blocks][heads]"
+                                 "[T][2 * head_size], channels contiguous)" %
+                                 (tuple(t.shape), t.stride()))
+            D = C // 2
+            if kv_split == "token":
+                kv5 = t.as_strided((2, B, T, H, D), (D, sB, sN, sH, 1), t.storage_offset())
+            elif kv_split == "block" and block_maps is not None:
+                if sN != C:
+                    raise ValueError("KV layout %s strides %s: the block-split layout needs "
+                                     "each (block, head) run [T][2D] contiguous" %
+                                     (tuple(t.shape), t.stride()))
+                kv5 = None
+                self.reg = t.as_strided((B, H, 2, T * D), (sB, sH, T * D, 1),
+                                        t.storage_offset())
+                self.inv_maps = tuple(torch.argsort(m) for m in block_maps)
+            else:
+                raise ValueError("4-D KV layout %s: where K and V lie in it depends on the "
+                                 "attention backend (%r); set tqkv_kv_split to \"token\" "
+                                 "in kv_connector_extra_config if it splits each token's "
+                                 "channels" % (tuple(t.shape), kv_split))
         else:
             raise ValueError("unsupported KV layout %s" % (tuple(t.shape),))
-        T, H, D = t.shape[2:]
         if T != block_size:
             raise ValueError("layer blocks of %d tokens, block_size %d" % (T, block_size))
-        st = t.stride()
-        if st[2:] != (H * D, D, 1):
-            raise ValueError("a block's [T][H][D] is not contiguous (strides %s)" % (st,))
-        self.shape = (int(T), int(H), int(D))
-        self.kv_axis, self.blk_axis = kv_axis, blk_axis
+        self.shape = (T, H, D)
         self.on_host = t.device.type == "cpu"
-        self.base = t.data_ptr()
-        self.s_kv = st[kv_axis] * 2
-        self.s_blk = st[blk_axis] * 2
-        self.tensor = t
+        self.direct = False
+        if kv5 is not None:
+            st = kv5.stride()
+            esz = kv5.element_size()
+            self.kv5 = kv5
+            self.direct = self.on_host and tuple(st[2:]) == (H * D, D, 1)
+            self.base = kv5.data_ptr()
+            self.s_kv = st[0] * esz
+            self.s_blk = st[1] * esz
 
     def ptrs(self, block_ids):
+        """K and V addresses of blocks (direct layouts only)."""
         b = np.asarray(block_ids, dtype=np.uint64) * np.uint64(self.s_blk) + np.uint64(self.base)
         return b, b + np.uint64(self.s_kv)
 
-    def k_view(self, block_ids):
-        idx = list(block_ids)
-        return self.tensor[0, idx] if self.kv_axis == 0 else self.tensor[idx, 0]
+    def read(self, block_ids):
+        """Copies of blocks' K and V, each [n][T][H][D] on the layer's device."""
+        import torch
+        dev = self.tensor.device
+        idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=dev)
+        if self.kv5 is not None:
+            return self.kv5[0].index_select(0, idx), self.kv5[1].index_select(0, idx)
+        T, H, D = self.shape
+        r = self.reg.index_select(0, idx)  # [n][H][2][T * D]
+        out = []
+        for i in (0, 1):
+            x = r[:, :, i, :].index_select(2, self.inv_maps[i].to(dev))  # [n][H][T * D]
+            out.append(x.view(-1, H, T, D).permute(0, 2, 1, 3).contiguous())
+        return out[0], out[1]
 
-    def v_view(self, block_ids):
-        idx = list(block_ids)
-        return self.tensor[1, idx] if self.kv_axis == 0 else self.tensor[idx, 1]
+    def write(self, block_ids, k, v):
+        """Store K and V [n][T][H][D] into blocks."""
+        import torch
+        dev = self.tensor.device
+        idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=dev)
+        k, v = k.to(dev), v.to(dev)
+        if self.kv5 is not None:
+            self.kv5[0].index_copy_(0, idx, k)
+            self.kv5[1].index_copy_(0, idx, v)
+            return
+        T, H, D = self.shape
+        parts = []
+        for i, x in enumerate((k, v)):
+            x = x.permute(0, 2, 1, 3).reshape(-1, H, T * D)  # [n][H][T * D]
+            parts.append(x.index_select(2, self.block_maps[i].to(dev)))
+        self.reg.index_copy_(0, idx, torch.stack(parts, dim=2))
 
 
 class TqkvConnector(KVConnectorBase_V1):
@@ -167,19 +286,7 @@ class TqkvConnector(KVConnectorBase_V1):
         self._hash_mode = extra.get("tqkv_hash", "tokens")
         self._key_bits = float(extra.get("tqkv_key_bits", 0))
         self._value_bits = float(extra.get("tqkv_value_bits", 0))
-        targets = extra.get("tqkv_targets", ["127.0.0.1:7000"])
-        if isinstance(targets, str):
-            targets = [t.strip() for t in targets.split(",") if t.strip()]
-        token = extra.get("tqkv_token")
-        if token is None and extra.get("tqkv_token_file"):
-            # a mounted Secret: the token is the file's first line
-            with open(extra["tqkv_token_file"]) as f:
-                token = f.readline().strip() or None
-        self._client = _client.Client(
-            targets, replicas=int(extra.get("tqkv_replicas", 1)), token=token,
-            tls_ca=extra.get("tqkv_tls_ca"), tls_target_name=extra.get("tqkv_tls_target_name"),
-            transport=extra.get("tqkv_transport", "tcp"), deadline_ms=self._deadline_ms,
-            wait_for_ready=False, resolve_targets=bool(extra.get("tqkv_resolve_targets", False)))
+        self._client = client_from_extra(extra, self._deadline_ms)
         self._lock = threading.Lock()
         self._counters = dict(lookups=0, lookup_errors=0, lookup_hit_tokens=0,
                               lookup_query_tokens=0, load_blocks=0, load_failed_blocks=0,
@@ -188,6 +295,7 @@ class TqkvConnector(KVConnectorBase_V1):
         # tqkv_stats_path: counters written as JSON to <path>.<scheduler|worker>.json
         # after each step (for tests and debugging; off by default).
         self._stats_path = extra.get("tqkv_stats_path")
+        self._is_worker = role == KVConnectorRole.WORKER
         # scheduler side
         self._pending = {}  # req_id -> (ns, hashes, hit_blocks, local_tokens)
         self._loads = {}  # req_id -> _Load, for the next build_connector_meta
@@ -196,6 +304,7 @@ class TqkvConnector(KVConnectorBase_V1):
         self._stored = {}  # req_id -> leading prompt blocks tqkv already holds (Lookup)
         # worker side
         self._layers = []  # [(name, _Layout)] in layer order
+        self._block_maps = {}  # (isa, T, H, D) -> cpu_block_maps()
         self._layer_index = {}
         self._load_thread = None
         self._layer_done = []
@@ -211,8 +320,10 @@ class TqkvConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
-        """NHD: a block's [block_size][num_kv_heads][head_size] is contiguous, which is
-        what a tqkv block is (the connector refuses other layouts at register time)."""
+        """NHD: a block's [block_size][num_kv_heads][head_size] contiguous, a tqkv block,
+        where the backend offers it (older vLLM's 5-D layouts: no staging copy). vLLM
+        0.32 reads it as LBNHC and drops it with a warning where the backend does not
+        support it (CPU_ATTN: LBHNC only); the connector maps every layout it gets."""
         return "NHD"
 
     @classmethod
@@ -373,12 +484,13 @@ class TqkvConnector(KVConnectorBase_V1):
                         st.block_ids.extend(new_ids[0])
                 done = cached.num_computed_tokens[i] + nsched.get(req_id, 0)
                 self._emit_saves(meta, req_id, st, done)
-        self._dump_stats("scheduler")
+        self._dump_stats()
         return meta
 
-    def _dump_stats(self, role):
+    def _dump_stats(self):
         if not self._stats_path:
             return
+        role = "worker" if self._is_worker else "scheduler"
         import json
         import os
         tmp = "%s.%s.json.tmp" % (self._stats_path, role)
@@ -419,12 +531,46 @@ class TqkvConnector(KVConnectorBase_V1):
         nums = [layer_no(n, i) for i, (n, _) in enumerate(items)]
         if len(set(nums)) == len(nums):
             items = [it for _, it in sorted(zip(nums, items), key=lambda x: x[0])]
-        self._layers = [(name, _Layout(t, self._block_size)) for name, t in items]
+        self._layers = []
+        for name, t in items:
+            split, maps = self._kv_split(name, t)
+            self._layers.append((name, _Layout(t, self._block_size, split, maps)))
         self._layer_index = {name: i for i, (name, _) in enumerate(self._layers)}
         if len(self._layers) != self._num_layers:
             logger.warning("tqkv: %d KV layers registered, model has %d", len(self._layers),
                            self._num_layers)
             self._num_layers = len(self._layers)
+
+    def _kv_split(self, layer_name, t):
+        """(kv_split, block_maps) of layer_name's 4-D KV view: tqkv_kv_split, else by
+        the layer's attention backend (KV_SPLIT_BY_BACKEND); for "block", the maps
+        learned from the CPU kernel of the layer's ISA (cached per shape and ISA)."""
+        split = self._extra.get("tqkv_kv_split")
+        layer = None
+        try:
+            layer = self._vllm_config.compilation_config.static_forward_context[layer_name]
+            backend = layer.attn_backend.get_name()
+        except Exception:  # noqa: BLE001 - no backend to ask (older vLLM, 5-D layouts)
+            backend = None
+        if not split:
+            if backend is None:
+                return None, None
+            split = KV_SPLIT_BY_BACKEND.get(backend, "unknown backend %s" % backend)
+        if split != "block" or t.dim() != 4:
+            return split, None
+        if backend not in (None, "CPU_ATTN"):
+            raise ValueError("tqkv_kv_split \"block\" is CPU_ATTN's layout; layer %s uses %s"
+                             % (layer_name, backend))
+        import torch
+        T, H, D = self._block_size, int(t.shape[1]), int(t.shape[3]) // 2
+        isa = getattr(layer, "isa", None)
+        if isa is None:
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+            isa = _get_attn_isa(torch.bfloat16, T, D)
+        key = (isa, T, H, D)
+        if key not in self._block_maps:
+            self._block_maps[key] = cpu_block_maps(isa, T, H, D)
+        return split, self._block_maps[key]
 
     def start_load_kv(self, forward_context, **kwargs):
         self._join_load()
@@ -473,7 +619,7 @@ class TqkvConnector(KVConnectorBase_V1):
         ns = self._worker_ns(ld.ns)
         lay0 = self._layers[l0][1]
         shape = lay0.shape
-        if all(self._layers[l][1].on_host for l in range(l0, l1)):
+        if all(self._layers[l][1].direct for l in range(l0, l1)):
             kp, vp = [], []
             for l in range(l0, l1):
                 k, v = self._layers[l][1].ptrs(ld.block_ids)
@@ -481,7 +627,8 @@ class TqkvConnector(KVConnectorBase_V1):
                 vp.append(v)
             return self._client.get_into(ns, ld.hashes, l0, l1, shape, np.concatenate(kp),
                                          np.concatenate(vp), "packed", self._deadline_ms)
-        # Device memory: decode into host staging, then copy the blocks that were found.
+        # Device memory or a layout whose blocks are not [T][H][D] runs: decode into host
+        # staging, then copy the blocks that were found (every layer of them) in.
         import torch
         n = len(ld.hashes)
         kst = torch.empty((l1 - l0, n) + shape, dtype=torch.bfloat16)
@@ -489,16 +636,9 @@ class TqkvConnector(KVConnectorBase_V1):
         _, _, found = self._client.get(ns, ld.hashes, l0, l1, keys=kst, values=vst,
                                        deadline_ms=self._deadline_ms)
         ok = [i for i in range(n) if found[:, i].all()]
-        for j, l in enumerate(range(l0, l1)):
-            lay = self._layers[l][1]
-            idx = torch.tensor([ld.block_ids[i] for i in ok], dtype=torch.long,
-                               device=lay.tensor.device)
-            if lay.kv_axis == 0:
-                lay.tensor[0].index_copy_(0, idx, kst[j, ok].to(lay.tensor.device))
-                lay.tensor[1].index_copy_(0, idx, vst[j, ok].to(lay.tensor.device))
-            else:
-                lay.tensor[:, 0].index_copy_(0, idx, kst[j, ok].to(lay.tensor.device))
-                lay.tensor[:, 1].index_copy_(0, idx, vst[j, ok].to(lay.tensor.device))
+        if ok:
+            for j, l in enumerate(range(l0, l1)):
+                self._layers[l][1].write([ld.block_ids[i] for i in ok], kst[j, ok], vst[j, ok])
         return found.reshape(-1)
 
     def _join_load(self):
@@ -521,15 +661,15 @@ class TqkvConnector(KVConnectorBase_V1):
         if not saves or i is None:
             return
         lay = self._layers[i][1]
-        if kv_layer is not None and kv_layer.data_ptr() != lay.base:
-            lay = _Layout(kv_layer, self._block_size)
-        if not lay.on_host:  # stage now: the device blocks may change after the forward
-            import torch
+        if kv_layer is not None and (kv_layer.data_ptr() != lay.tensor.data_ptr() or
+                                     kv_layer.shape != lay.tensor.shape or
+                                     kv_layer.stride() != lay.tensor.stride()):
+            lay = _Layout(kv_layer, self._block_size, lay.kv_split, lay.block_maps)
+        if not lay.direct:  # stage now: the blocks may change after the forward
             staged = []
             for s in saves:
-                k = lay.k_view(s.block_ids).to("cpu").contiguous()
-                v = lay.v_view(s.block_ids).to("cpu").contiguous()
-                staged.append((s, k, v))
+                k, v = lay.read(s.block_ids)
+                staged.append((s, k.to("cpu").contiguous(), v.to("cpu").contiguous()))
             work = ("staged", i, staged)
         else:
             work = ("host", i, [(s,) + lay.ptrs(s.block_ids) for s in saves])
@@ -573,7 +713,7 @@ class TqkvConnector(KVConnectorBase_V1):
         if self._save_q is not None:
             self._save_q.join()
         self._join_load()
-        self._dump_stats("worker")
+        self._dump_stats()
 
     def get_finished(self, finished_req_ids):
         return None, None
