@@ -111,7 +111,7 @@ put_encode(put_job_t *j, put_block_t *b)
         snprintf(j->err, TQKV__KV_ERRLEN, "out of memory encoding a %zu-byte page", cap);
         return TQKV_ENOMEM;
     }
-    double t0 = tqkv__now();
+    double t0 = tqkv_clock_s();
     st = TQKV_EUNSUPPORTED;
     if (s->gpu_encode_device >= 0 && codec.k.mode != TQKV_MODE_RAW &&
         codec.v.mode != TQKV_MODE_RAW) { /* a lossless page is a copy: CPU */
@@ -129,7 +129,7 @@ put_encode(put_job_t *j, put_block_t *b)
     if (st != TQKV_OK)
         return st;
     b->bf16 = m->key.len + m->value.len;
-    tqkv_metrics_codec(s->metrics, 1, b->bf16, tqkv__now() - t0);
+    tqkv_metrics_codec(s->metrics, 1, b->bf16, tqkv_clock_s() - t0);
     b->data = b->page;
     j->bytes_in = b->bf16;
     return TQKV_OK;

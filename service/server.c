@@ -82,7 +82,7 @@ call_free(tqkv__call_t *c)
         const tqkv__handler_t *h = tqkv__method_handler(c->method);
         if (h->on_free)
             h->on_free(c);
-        double secs = tqkv__now() - c->t_start;
+        double secs = tqkv_clock_s() - c->t_start;
         tqkv_metrics_rpc_done(s->metrics, h->metric, (int)c->code, secs);
         tqkv__call_log_end(c, h->metric, secs);
         tqkv_metrics_streams(s->metrics, -1);
@@ -187,7 +187,7 @@ on_new(tqkv__call_t *c, int ok)
     }
     const tqkv__handler_t *h = tqkv__method_handler(c->method);
     c->started = 1;
-    c->t_start = tqkv__now();
+    c->t_start = tqkv_clock_s();
     tqkv_metrics_streams(s->metrics, 1);
     if (h->drain)
         atomic_fetch_add(&s->work_calls, 1);
@@ -699,7 +699,7 @@ wait_until(tqkv_server_t *s, double deadline, int (*cond)(tqkv_server_t *))
 {
     pthread_mutex_lock(&s->mu);
     while (!cond(s)) {
-        if (deadline > 0 && tqkv__now() >= deadline)
+        if (deadline > 0 && tqkv_clock_s() >= deadline)
             break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -746,11 +746,11 @@ unacked_bytes(void)
 static void
 wait_sockets_flushed(double deadline)
 {
-    double quiet_since = tqkv__now();
-    while (tqkv__now() < deadline) {
+    double quiet_since = tqkv_clock_s();
+    while (tqkv_clock_s() < deadline) {
         if (unacked_bytes() > 0)
-            quiet_since = tqkv__now();
-        else if (tqkv__now() - quiet_since >= LINGER_QUIET_S)
+            quiet_since = tqkv_clock_s();
+        else if (tqkv_clock_s() - quiet_since >= LINGER_QUIET_S)
             return;
         usleep(10000);
     }
@@ -789,7 +789,7 @@ tqkv_server_shutdown(tqkv_server_t *s)
      * call's last messages could still be on their way, and the client, whose window
      * updates were unread, got a reset instead of them (interop_server's SIGTERM test,
      * ~3% of runs). */
-    double drain_end = tqkv__now() + s->cfg.drain_seconds;
+    double drain_end = tqkv_clock_s() + s->cfg.drain_seconds;
     wait_until(s, drain_end, no_work);
     long left = atomic_load(&s->work_calls);
     if (left)
@@ -798,7 +798,7 @@ tqkv_server_shutdown(tqkv_server_t *s)
         /* A drained call is complete once its last bytes are queued, not once the client
          * has them: wait until every TCP socket of the process has nothing left
          * unacknowledged (bounded by LINGER_S and the drain). */
-        double linger = tqkv__now() + LINGER_S;
+        double linger = tqkv_clock_s() + LINGER_S;
         wait_sockets_flushed(linger < drain_end ? linger : drain_end);
     }
     s->shutdown_tag.call = NULL;

@@ -271,7 +271,7 @@ static void
 renew_channels(tqkv_client_t *c, size_t ti)
 {
     target_t *t = c->t[ti];
-    uint64_t now = tqkv_shard_now_ns(), last = atomic_load(&t->renewed_ns);
+    uint64_t now = tqkv_clock_ns(), last = atomic_load(&t->renewed_ns);
     if (now - last < (uint64_t)c->backoff_min * 1000000ull ||
         !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
         return;
@@ -328,7 +328,7 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
         r->status = GRPC_STATUS_UNAVAILABLE;
     }
     if (r->status == GRPC_STATUS_UNAVAILABLE) {
-        tqkv_shard_health_fail(&t->health, tqkv_shard_now_ns(), c->backoff_min, c->backoff_max);
+        tqkv_shard_health_fail(&t->health, tqkv_clock_ns(), c->backoff_min, c->backoff_max);
         renew_channels(c, r->target);
         if (c->tab) /* re-resolve soon: the server may have moved */
             tqkv_membership_kick(c->ms, c->tab->s[r->target].m);

@@ -88,7 +88,7 @@ tqkv__health_channel_args(const tqkv_client_opts_t *o, grpc_arg *args, size_t ca
 static void
 renew(tqkv_client_t *c, target_t *t)
 {
-    uint64_t now = tqkv_shard_now_ns(), last = atomic_load(&t->renewed_ns);
+    uint64_t now = tqkv_clock_ns(), last = atomic_load(&t->renewed_ns);
     if (now - last < 1000000000ull || !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
         return;
     for (uint32_t k = 0; k < t->nch; k++) {
@@ -172,9 +172,9 @@ prober_main(void *arg)
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
         pthread_mutex_unlock(&h->mu);
-        uint64_t t0 = tqkv_shard_now_ns();
+        uint64_t t0 = tqkv_clock_ns();
         probe_round(h);
-        uint64_t spent_ms = (tqkv_shard_now_ns() - t0) / 1000000u;
+        uint64_t spent_ms = (tqkv_clock_ns() - t0) / 1000000u;
         pthread_mutex_lock(&h->mu);
         if (h->stop)
             break;

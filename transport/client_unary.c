@@ -73,7 +73,7 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
         memcpy(&cand[i * nc], all, nc * sizeof *cand);
     }
     for (size_t round = 0; round < nc; round++) {
-        uint64_t now = tqkv_shard_now_ns();
+        uint64_t now = tqkv_clock_ns();
         /* Group the unresolved hashes by this round's candidate (counting sort). */
         memset(start, 0, (c->nt + 1) * sizeof *start);
         for (size_t i = 0; i < n; i++)
@@ -171,7 +171,7 @@ static size_t
 all_live_targets(tqkv_client_t *c, ProtobufCMessage *m, size_t *tis, ProtobufCMessage **rq)
 {
     size_t n = 0;
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     for (size_t t = 0; t < c->nt; t++) {
         if (!tqkv__target_usable(c, t, now))
             continue;

@@ -26,14 +26,6 @@
 #define SUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
 #define READ_BUFFER (256u << 10) /* read-ahead buffer: many records per recv */
 
-uint64_t
-tqkv__dcio_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The oldest OpenSSL error as text (and clears the queue), or fallback. */
 static const char *
 ssl_reason(char *buf, size_t cap, const char *fallback)
@@ -52,7 +44,7 @@ tqkv__dcio_wait(int fd, short ev, uint64_t deadline_ns)
     for (;;) {
         int ms = -1;
         if (deadline_ns) {
-            uint64_t now = tqkv__dcio_now_ns();
+            uint64_t now = tqkv_clock_ns();
             if (now >= deadline_ns) {
                 errno = ETIMEDOUT;
                 return -1;

@@ -853,7 +853,7 @@ tqkv_membership_refresh(tqkv_membership_t *ms)
     uint64_t v = pass(ms);
     pthread_mutex_unlock(&ms->res_mu);
     pthread_mutex_lock(&ms->mu);
-    ms->last_ns = tqkv_shard_now_ns();
+    ms->last_ns = tqkv_clock_ns();
     pthread_mutex_unlock(&ms->mu);
     return v;
 }
@@ -868,7 +868,7 @@ resolver_main(void *arg)
     uint64_t min_kick_ns = (uint64_t)ms->o.min_kick_ms * 1000000ull;
     pthread_mutex_lock(&ms->mu);
     while (!ms->stop) {
-        uint64_t now = tqkv_shard_now_ns();
+        uint64_t now = tqkv_clock_ns();
         uint64_t due = ms->o.interval_ms == UINT32_MAX ? UINT64_MAX : ms->last_ns + interval_ns;
         if (ms->kicked && ms->last_ns + min_kick_ns < due)
             due = ms->last_ns + min_kick_ns;

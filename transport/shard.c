@@ -374,11 +374,3 @@ tqkv_shard_health_is_down(tqkv_shard_health_t *h)
 {
     return atomic_load_explicit(&h->down_until_ns, memory_order_acquire) == HEALTH_DOWN;
 }
-
-uint64_t
-tqkv_shard_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}

@@ -305,14 +305,14 @@ run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
 {
     const double PROGRESS_S = 5.0;
     int tty = isatty(2);
-    double t0 = bench_now_s();
+    double t0 = tqkv_clock_s();
     for (int i = 0; i < C.concurrency; i++)
         pthread_create(&ws[i].th, NULL, bench_worker_main, &ws[i]);
     mark_t l = {.t = t0}, q = {.t = t0};
     int running = 1;
     while (running) {
         usleep(100000);
-        double t = bench_now_s();
+        double t = tqkv_clock_s();
         if (C.duration > 0 && t - t0 >= C.duration)
             atomic_store(&K.stop, 1);
         if (C.ops && atomic_load(&K.ops) >= C.ops)
@@ -326,7 +326,7 @@ run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
     }
     for (int i = 0; i < C.concurrency; i++)
         pthread_join(ws[i].th, NULL);
-    double elapsed = bench_now_s() - t0;
+    double elapsed = tqkv_clock_s() - t0;
     if (tty)
         fputc('\n', stderr);
     return elapsed;
