@@ -310,30 +310,38 @@ srv_cb(void *arg, int status, int timeouts, unsigned char *abuf, int alen)
         q->srv = srv;
 }
 
+int
+tqkv_membership_ares_fds(struct ares_channeldata *ch, struct pollfd *pf)
+{
+    _Static_assert(TQKV_ARES_MAX_FDS == ARES_GETSOCK_MAXNUM, "pollfd array size");
+    ares_socket_t socks[ARES_GETSOCK_MAXNUM];
+    int bm = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
+    int n = 0;
+    for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
+        short ev = 0;
+        /* c-ares' ARES_GETSOCK_* macros shift a signed 1 into bit 31 (undefined
+         * behaviour for i = 15): the same bits, unsigned. */
+        if ((unsigned)bm & (1u << i))
+            ev |= POLLIN;
+        if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
+            ev |= POLLOUT;
+        if (!ev)
+            continue;
+        pf[n].fd = socks[i];
+        pf[n].events = ev;
+        pf[n].revents = 0;
+        n++;
+    }
+    return n;
+}
+
 /* Runs the channel until no query is pending. */
 static void
 ares_run(ares_channel ch)
 {
     for (;;) {
-        ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-        int bm = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
-        struct pollfd pf[ARES_GETSOCK_MAXNUM];
-        int n = 0;
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = 0;
-            /* c-ares' ARES_GETSOCK_* macros shift a signed 1 into bit 31 (undefined
-             * behaviour for i = 15): the same bits, unsigned. */
-            if ((unsigned)bm & (1u << i))
-                ev |= POLLIN;
-            if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
-                ev |= POLLOUT;
-            if (!ev)
-                continue;
-            pf[n].fd = socks[i];
-            pf[n].events = ev;
-            pf[n].revents = 0;
-            n++;
-        }
+        struct pollfd pf[TQKV_ARES_MAX_FDS];
+        int n = tqkv_membership_ares_fds(ch, pf);
         if (n == 0)
             return;
         struct timeval tv, *tvp = ares_timeout(ch, NULL, &tv);

@@ -338,25 +338,8 @@ static void
 dq_run(ares_channel ch, dq_t *q)
 {
     while (!q->done) {
-        ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-        int bm = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
-        struct pollfd pf[ARES_GETSOCK_MAXNUM];
-        int np = 0;
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = 0;
-            /* c-ares's ARES_GETSOCK_* macros shift a signed 1 by up to 31 places (UB):
-             * the same bits, unsigned */
-            if ((unsigned)bm & (1u << i))
-                ev |= POLLIN;
-            if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
-                ev |= POLLOUT;
-            if (ev) {
-                pf[np].fd = socks[i];
-                pf[np].events = ev;
-                pf[np].revents = 0;
-                np++;
-            }
-        }
+        struct pollfd pf[TQKV_ARES_MAX_FDS];
+        int np = tqkv_membership_ares_fds(ch, pf);
         struct timeval tv, *tvp = ares_timeout(ch, NULL, &tv);
         int ms = tvp ? (int)(tvp->tv_sec * 1000 + tvp->tv_usec / 1000) : 1000;
         int rc = poll(pf, (nfds_t)np, ms);
