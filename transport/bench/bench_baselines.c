@@ -293,14 +293,7 @@ baseline_tcp(size_t total, size_t msg, const uint8_t *src, size_t src_len, int c
                           .msg = msg,
                           .src = src,
                           .src_len = src_len};
-    double t0 = tqkv_clock_s();
-    for (int i = 0; i < conns; i++) {
-        pthread_create(&th[2 * i], NULL, tcp_recv_main, &t[i]);
-        pthread_create(&th[2 * i + 1], NULL, tcp_send_main, &t[i]);
-    }
-    for (int i = 0; i < 2 * conns; i++)
-        pthread_join(th[i], NULL);
-    double dt = tqkv_clock_s() - t0;
+    double dt = tqkv_bench_run_pairs(conns, tcp_recv_main, tcp_send_main, t, sizeof *t, th);
     int ok = 1;
     for (int i = 0; i < conns; i++) {
         ok &= t[i].ok;

@@ -179,14 +179,7 @@ pair_run(size_t total, size_t msg, const uint8_t *src, size_t src_len, int conns
                         .msg = msg,
                         .src = src,
                         .src_len = src_len};
-    double t0 = tqkv_clock_s();
-    for (int i = 0; i < conns; i++) {
-        pthread_create(&th[2 * i], NULL, recv_main, &p[i]);
-        pthread_create(&th[2 * i + 1], NULL, send_main, &p[i]);
-    }
-    for (int i = 0; i < 2 * conns; i++)
-        pthread_join(th[i], NULL);
-    double dt = tqkv_clock_s() - t0;
+    double dt = tqkv_bench_run_pairs(conns, recv_main, send_main, p, sizeof *p, th);
     int ok = 1;
     for (int i = 0; i < conns; i++) {
         ok &= p[i].ok;
@@ -225,6 +218,21 @@ tqkv_bench_cipher_speed(const char *evp_name, int seconds)
     }
     pclose(f);
     return kbs * 1000.0 / 1e9;
+}
+
+double
+tqkv_bench_run_pairs(int n, void *(*recv_fn)(void *), void *(*send_fn)(void *), void *ctx,
+                     size_t size, pthread_t *th)
+{
+    double t0 = tqkv_clock_s();
+    for (int i = 0; i < n; i++) {
+        void *c = (char *)ctx + (size_t)i * size;
+        pthread_create(&th[2 * i], NULL, recv_fn, c);
+        pthread_create(&th[2 * i + 1], NULL, send_fn, c);
+    }
+    for (int i = 0; i < 2 * n; i++)
+        pthread_join(th[i], NULL);
+    return tqkv_clock_s() - t0;
 }
 
 double
