@@ -228,6 +228,16 @@ on_new(tqkv__call_t *c, int ok)
     h->on_start(c);
 }
 
+/* Frees the message whose send completed. */
+static void
+drop_send_bb(tqkv__call_t *c)
+{
+    if (c->send_bb) {
+        grpc_byte_buffer_destroy(c->send_bb);
+        c->send_bb = NULL;
+    }
+}
+
 /* The state machine: one event of call c. */
 static void
 tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
@@ -243,6 +253,13 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
             h->on_close(c);
         return;
     }
+    if (kind == TQKV__TAG_WAKE && c->state != TQKV__CS_REQUESTED && h && h->on_wake) {
+        /* A job finished (Put; Get's read-ahead decode; the work of a unary call), or
+         * finished late: the call was abandoned while working, or Get's decode finished
+         * after its slot was sent. */
+        h->on_wake(c);
+        return;
+    }
     switch (c->state) {
     case TQKV__CS_REQUESTED:
         if (kind == TQKV__TAG_NEW) {
@@ -251,10 +268,6 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         }
         break;
     case TQKV__CS_RECV:
-        if (kind == TQKV__TAG_WAKE && h->on_wake) { /* Put: a job finished meanwhile */
-            h->on_wake(c);
-            return;
-        }
         if (kind == TQKV__TAG_RECV) {
             if (!ok) {
                 tqkv__call_abort(c);
@@ -265,15 +278,8 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         }
         break;
     case TQKV__CS_SEND:
-        if (kind == TQKV__TAG_WAKE && h->on_wake) { /* Get: a read-ahead decode finished */
-            h->on_wake(c);
-            return;
-        }
         if (kind == TQKV__TAG_SEND) {
-            if (c->send_bb) {
-                grpc_byte_buffer_destroy(c->send_bb);
-                c->send_bb = NULL;
-            }
+            drop_send_bb(c);
             if (!ok || c->closed) {
                 tqkv__call_abort(c);
                 return;
@@ -284,31 +290,15 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         break;
     case TQKV__CS_WORK:
     case TQKV__CS_IDLE:
-        if (kind == TQKV__TAG_WAKE) {
-            h->on_wake(c);
-            return;
-        }
-        break;
+        break; /* only wakes, above */
     case TQKV__CS_STATUS:
-        if (kind == TQKV__TAG_WAKE && h && h->on_wake) {
-            /* Get: a read-ahead decode whose slot was already sent finished late */
-            h->on_wake(c);
-            return;
-        }
         if (kind == TQKV__TAG_STATUS) {
-            if (c->send_bb) {
-                grpc_byte_buffer_destroy(c->send_bb);
-                c->send_bb = NULL;
-            }
+            drop_send_bb(c);
             tqkv__call_set_state(c, TQKV__CS_DONE);
             return;
         }
         break;
     case TQKV__CS_DONE:
-        if (kind == TQKV__TAG_WAKE && h && h->on_wake) {
-            h->on_wake(c); /* a late wake (call abandoned while working) */
-            return;
-        }
         if (kind == TQKV__TAG_SEND || kind == TQKV__TAG_STATUS || kind == TQKV__TAG_RECV)
             return; /* ops that were in flight when the call was abandoned */
         break;
