@@ -769,11 +769,12 @@ tqkv_server_shutdown(tqkv_server_t *s)
     if (!s->started)
         return;
     long inflight = atomic_load(&s->work_calls);
-    tqkv_log(TQKV_LOG_INFO, "draining", "in_flight=%ld drain_seconds=%u", inflight,
-             s->cfg.drain_seconds);
     tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
     atomic_store(&s->shutting_down, 1); /* no call is armed any more */
     tqkv__dc_stop_accepting(s);         /* channels already attached serve out the drain */
+    /* Logged once new calls and channels are refused (tests wait for this line). */
+    tqkv_log(TQKV_LOG_INFO, "draining", "in_flight=%ld drain_seconds=%u", inflight,
+             s->cfg.drain_seconds);
     /* The drain runs before gRPC's own shutdown: with grpc_server_shutdown_and_notify
      * first, gRPC 1.51 closed a connection as soon as its last call completed, while the
      * call's last messages could still be on their way, and the client, whose window
