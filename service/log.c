@@ -251,12 +251,6 @@ tqkv_log_to(FILE *out, tqkv_log_level_t level, const char *msg, const char *fiel
     fflush(out);
 }
 
-tqkv_log_format_t
-tqkv_log_get_format(void)
-{
-    return g_format;
-}
-
 static int
 open_access(const char *path, char *err, size_t errlen)
 {

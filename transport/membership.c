@@ -118,15 +118,6 @@ tqkv_membership_acquire(tqkv_membership_t *ms)
     return t;
 }
 
-size_t
-tqkv_member_table_find(const tqkv_member_table_t *t, const tqkv_member_t *m)
-{
-    for (size_t i = 0; i < t->n; i++)
-        if (t->s[i].m == m)
-            return i;
-    return t->n;
-}
-
 /* ---- targets ---- */
 
 static int

@@ -137,7 +137,4 @@ uint64_t tqkv_membership_refresh(tqkv_membership_t *ms);
 
 void tqkv_membership_stats(tqkv_membership_t *ms, tqkv_membership_stats_t *out);
 
-/* Index of the slot holding m in t, or t->n. */
-size_t tqkv_member_table_find(const tqkv_member_table_t *t, const tqkv_member_t *m);
-
 #endif
