@@ -895,6 +895,27 @@ sock_write(int fd, struct iovec *iov, int n, uint64_t deadline_ns)
     return 0;
 }
 
+/* OpenSSL's own record layer: writes (wr) or reads all n bytes at p through ssl,
+ * waiting on fd as it asks, until deadline_ns. 0, or -1 with errno. */
+static int
+ssl_xfer(SSL *ssl, int fd, int wr, void *buf, size_t n, uint64_t deadline_ns)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        size_t done = 0;
+        ERR_clear_error();
+        int rc = wr ? SSL_write_ex(ssl, p, n, &done) : SSL_read_ex(ssl, p, n, &done);
+        if (rc == 1) {
+            p += done;
+            n -= done;
+            continue;
+        }
+        if (ssl_wait(ssl, fd, rc, deadline_ns) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int
 tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadline_ns)
 {
@@ -905,19 +926,7 @@ tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadline_n
     if (t && t->tx == PATH_USER)
         return user_write(t, io->fd, iov, n, deadline_ns);
     for (; n > 0; iov++, n--) {
-        const uint8_t *p = iov->iov_base;
-        size_t left = iov->iov_len;
-        while (left > 0) {
-            size_t w = 0;
-            ERR_clear_error();
-            int rc = SSL_write_ex(io->ssl, p, left, &w);
-            if (rc == 1) {
-                p += w;
-                left -= w;
-                continue;
-            }
-            if (ssl_wait(io->ssl, io->fd, rc, deadline_ns) == 0)
-                continue;
+        if (ssl_xfer(io->ssl, io->fd, 1, iov->iov_base, iov->iov_len, deadline_ns) != 0) {
             if (errno == 0)
                 errno = EPIPE;
             return -1;
@@ -933,20 +942,9 @@ tqkv__dcio_read(tqkv__dcio_t *io, void *buf, size_t n, uint64_t deadline_ns)
     dctls_t *t = state(io->ssl);
     if (t && t->rx == PATH_USER)
         return user_read(t, io->fd, p, n, deadline_ns);
+    if (io->ssl)
+        return ssl_xfer(io->ssl, io->fd, 0, p, n, deadline_ns);
     while (n > 0) {
-        if (io->ssl) {
-            size_t r = 0;
-            ERR_clear_error();
-            int rc = SSL_read_ex(io->ssl, p, n, &r);
-            if (rc == 1) {
-                p += r;
-                n -= r;
-                continue;
-            }
-            if (ssl_wait(io->ssl, io->fd, rc, deadline_ns) == 0)
-                continue;
-            return -1;
-        }
         ssize_t r = recv(io->fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
             p += r;
