@@ -31,6 +31,12 @@
 /* PEM files larger than this are certainly not a certificate chain or a key. */
 #define TLS_MAX_PEM_BYTES (16u << 20)
 
+/* What read_pem accepts as a certificate and as a private key. */
+static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
+static const char *const key_markers[] = {
+    "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
+    "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
+
 tqkv_status_t
 tqkv_read_file(const char *path, char **out, size_t *len)
 {
@@ -138,14 +144,42 @@ wipe_free(char *s)
     free(s);
 }
 
+/* Reads the certificate, the (unencrypted) key and, with ca_path, the client CA into new
+ * NUL-terminated strings; on failure frees what it read (all three NULL). */
+static tqkv_status_t
+read_pems(const char *cert_path, const char *key_path, const char *ca_path, char **cert, char **key,
+          char **ca, char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    *cert = *key = *ca = NULL;
+    if ((st = read_pem(cert_path, "certificate", cert_markers, cert, err, errlen)) != TQKV_OK)
+        return st;
+    if ((st = read_pem(key_path, "private key", key_markers, key, err, errlen)) != TQKV_OK)
+        goto fail_key;
+    if (strstr(*key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") != NULL) {
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen,
+                          "%s: TLS private key is encrypted (a passphrase-less key is needed)",
+                          key_path);
+        goto fail_ca;
+    }
+    if (ca_path != NULL &&
+        (st = read_pem(ca_path, "client CA", cert_markers, ca, err, errlen)) != TQKV_OK)
+        goto fail_ca;
+    return TQKV_OK;
+
+fail_ca:
+    wipe_free(*key);
+    *key = NULL;
+fail_key:
+    wipe_free(*cert);
+    *cert = NULL;
+    return st;
+}
+
 tqkv_status_t
 tqkv_tls_server_creds(const char *cert_path, const char *key_path, const char *client_ca_path,
                       grpc_server_credentials **out, char *err, size_t errlen)
 {
-    static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
-    static const char *const key_markers[] = {
-        "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
-        "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
     tqkv_status_t st;
     char *cert = NULL, *key = NULL, *ca = NULL;
     *out = NULL;
@@ -153,19 +187,9 @@ tqkv_tls_server_creds(const char *cert_path, const char *key_path, const char *c
         return tqkv_errtext(TQKV_EINVAL, err, errlen,
                             "TLS needs both a certificate (--tls-cert) and a key (--tls-key)");
     }
-    if ((st = read_pem(cert_path, "certificate", cert_markers, &cert, err, errlen)) != TQKV_OK)
-        goto fail_cert;
-    if ((st = read_pem(key_path, "private key", key_markers, &key, err, errlen)) != TQKV_OK)
-        goto fail_key;
-    if (strstr(key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") != NULL) {
-        st = tqkv_errtext(TQKV_EINVAL, err, errlen,
-                          "%s: TLS private key is encrypted (a passphrase-less key is needed)",
-                          key_path);
-        goto fail_ca;
-    }
-    if (client_ca_path != NULL &&
-        (st = read_pem(client_ca_path, "client CA", cert_markers, &ca, err, errlen)) != TQKV_OK)
-        goto fail_ca;
+    if ((st = read_pems(cert_path, key_path, client_ca_path, &cert, &key, &ca, err, errlen)) !=
+        TQKV_OK)
+        return st;
 
     grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
     grpc_server_credentials *c = grpc_ssl_server_credentials_create_ex(
@@ -186,11 +210,8 @@ tqkv_tls_server_creds(const char *cert_path, const char *key_path, const char *c
 
 fail_creds:
     wipe_free(ca);
-fail_ca:
     wipe_free(key);
-fail_key:
     wipe_free(cert);
-fail_cert:
     return st;
 }
 
@@ -301,26 +322,13 @@ static tqkv_status_t
 load_config(tqkv_tls_t *t, grpc_ssl_server_certificate_config **cfg, unsigned char digest[32],
             double *not_after, char *err, size_t errlen)
 {
-    static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
-    static const char *const key_markers[] = {
-        "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
-        "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
     tqkv_status_t st;
     char *cert = NULL, *key = NULL, *ca = NULL;
     const char *ca_path = t->ca_path[0] ? t->ca_path : NULL;
     *cfg = NULL;
-    if ((st = read_pem(t->cert_path, "certificate", cert_markers, &cert, err, errlen)) != TQKV_OK)
-        goto out;
-    if ((st = read_pem(t->key_path, "private key", key_markers, &key, err, errlen)) != TQKV_OK)
-        goto out;
-    if (strstr(key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") != NULL) {
-        st = tqkv_errtext(TQKV_EINVAL, err, errlen,
-                          "%s: TLS private key is encrypted (a passphrase-less key is needed)",
-                          t->key_path);
-        goto out;
-    }
-    if (ca_path && (st = read_pem(ca_path, "client CA", cert_markers, &ca, err, errlen)) != TQKV_OK)
-        goto out;
+    if ((st = read_pems(t->cert_path, t->key_path, ca_path, &cert, &key, &ca, err, errlen)) !=
+        TQKV_OK)
+        return st;
     if ((st = check_pem(t->cert_path, cert, t->key_path, key, ca_path, ca, not_after, err,
                         errlen)) != TQKV_OK)
         goto out;
