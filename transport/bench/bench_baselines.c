@@ -166,12 +166,14 @@ connect_port(int port)
     return s;
 }
 
+/* Sends (wr) or receives all n bytes of buf on a blocking socket; 0, or -1 on an error or
+ * a closed peer. */
 static int
-send_all(int fd, const void *buf, size_t n)
+xfer_all(int fd, void *buf, size_t n, int wr)
 {
-    const char *p = buf;
+    char *p = buf;
     while (n > 0) {
-        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        ssize_t r = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -183,19 +185,15 @@ send_all(int fd, const void *buf, size_t n)
 }
 
 static int
+send_all(int fd, const void *buf, size_t n)
+{
+    return xfer_all(fd, (void *)buf, n, 1);
+}
+
+static int
 recv_all(int fd, void *buf, size_t n)
 {
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return xfer_all(fd, buf, n, 0);
 }
 
 /* ---- baseline: raw TCP loopback ---- */
