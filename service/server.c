@@ -269,11 +269,10 @@ tqkv__drive(tqkv__call_t *c, tqkv__tag_kind_t kind, int ok)
         break;
     case TQKV__CS_RECV:
         if (kind == TQKV__TAG_RECV) {
-            if (!ok) {
+            if (ok)
+                h->on_recv(c, ok);
+            else
                 tqkv__call_abort(c);
-                return;
-            }
-            h->on_recv(c, ok);
             return;
         }
         break;

@@ -547,24 +547,15 @@ tqkv__dctls_describe(SSL *ssl, const char **version, const char **cipher)
 
 /* ---- userspace records: writing ---- */
 
+static int sock_write(int fd, struct iovec *iov, int n, uint64_t deadline_ns);
+
 /* Sends t's write buffer whole. 0, or -1 with errno. */
 static int
 wflush(dctls_t *t, int fd, uint64_t deadline_ns)
 {
-    size_t off = 0;
-    while (off < t->wlen) {
-        ssize_t w = send(fd, t->wbuf + off, t->wlen - off, MSG_NOSIGNAL);
-        if (w >= 0) {
-            off += (size_t)w;
-            continue;
-        }
-        if (errno == EINTR)
-            continue;
-        if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
-            tqkv__dcio_wait(fd, POLLOUT, deadline_ns) == 0)
-            continue;
+    struct iovec v = {t->wbuf, t->wlen};
+    if (t->wlen > 0 && sock_write(fd, &v, 1, deadline_ns) != 0)
         return -1;
-    }
     t->wlen = 0;
     return 0;
 }
