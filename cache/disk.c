@@ -238,8 +238,6 @@ uint32_t
 tqkv__disk_do_commit_append(tqkv_disk_t *d, uint64_t rb, uint64_t seq)
 {
     uint32_t blk = (uint32_t)((d->buf_off + d->fill) / ALIGN);
-    if (d->fill == 0)
-        clock_gettime(CLOCK_MONOTONIC, &d->buf_since);
     d->fill += rb;
     if (d->buf_seq_lo == 0)
         d->buf_seq_lo = seq;

@@ -43,25 +43,23 @@ do_room_reloc(tqkv_disk_t *d, uint64_t rb, uint64_t slack)
     return fits ? tqkv__disk_do_prepare(d, rb) : TQKV_ENOSPC;
 }
 
-/* Copies the record rec (at off of s) to the head, keeping its seq, and moves its index
- * slot there, clearing its prefix mark (wlock held). dg: its digest (0 for a tombstone). */
-static tqkv_status_t
-do_relocate(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t dg)
+/* Appends a copy of the record rec (at off of s) at the head, keeping its seq, and moves
+ * its index slot (digest dg; a tombstone has none) there, clearing its prefix mark: it
+ * now follows its children in the log. Its parent, if kept, is marked again: always when
+ * parent_always, else only when rec's slot was still there. wlock held, room reserved. */
+static void
+do_copy_forward(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t dg,
+                int parent_always)
 {
     const tqkv_disk_rec_t *h = (const void *)rec;
     const uint8_t *k = rec + TQKV_DISK_REC_HEADER;
-    uint64_t rb = h->record_bytes;
-    tqkv_status_t st =
-        do_room_reloc(d, rb, (h->flags & TQKV_DISK_REC_TOMBSTONE) ? d->cfg.segment_bytes : 0);
-    if (st != TQKV_OK)
-        return st;
     uint32_t kb = tqkv__disk_key_bytes(h), crc = h->page_crc32c;
     tqkv__disk_rec_build(d->buf + d->fill, d->active->id, h->seq, h->flags, (const char *)k,
                          h->ns_len, k + h->ns_len, h->hash_len, k + h->ns_len + h->hash_len,
                          h->parent_len, h->layer, rec + tqkv_disk_page_offset(kb), h->page_len,
                          h->bf16_bytes, &crc);
     uint32_t nseg = d->active->id;
-    uint32_t nblk = tqkv__disk_do_commit_append(d, rb, h->seq);
+    uint32_t nblk = tqkv__disk_do_commit_append(d, h->record_bytes, h->seq);
     pthread_rwlock_wrlock(&d->ilock);
     if (h->flags & TQKV_DISK_REC_TOMBSTONE) {
         d->active->ntomb++;
@@ -71,14 +69,28 @@ do_relocate(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t
             tqkv__disk_do_account(d, &d->slots[j], 0);
             d->slots[j].seg = nseg;
             d->slots[j].blk = nblk;
-            d->slots[j].kids = 0; /* now after its children in the log */
+            d->slots[j].kids = 0;
             tqkv__disk_do_account(d, &d->slots[j], 1);
         }
-        /* and its parent, if kept, before it again */
-        tqkv__disk_do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len,
-                                  h->parent_len, h->layer);
+        if (j != UINT64_MAX || parent_always)
+            tqkv__disk_do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len,
+                                      h->parent_len, h->layer);
     }
     pthread_rwlock_unlock(&d->ilock);
+}
+
+/* Copies the record rec (at off of s) to the head, keeping its seq, and moves its index
+ * slot there, clearing its prefix mark (wlock held). dg: its digest (0 for a tombstone). */
+static tqkv_status_t
+do_relocate(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint64_t dg)
+{
+    const tqkv_disk_rec_t *h = (const void *)rec;
+    uint64_t rb = h->record_bytes;
+    tqkv_status_t st =
+        do_room_reloc(d, rb, (h->flags & TQKV_DISK_REC_TOMBSTONE) ? d->cfg.segment_bytes : 0);
+    if (st != TQKV_OK)
+        return st;
+    do_copy_forward(d, s, off, rec, dg, 1);
     cnt(&d->reloc_recs, 1);
     cnt(&d->reloc_bytes, rb);
     return TQKV_OK;
@@ -356,7 +368,6 @@ compact_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
 {
     compact_arg_t *ca = arg;
     const tqkv_disk_rec_t *h = (const void *)rec;
-    const uint8_t *k = rec + TQKV_DISK_REC_HEADER;
     uint64_t dg = 0;
     int tomb = (h->flags & TQKV_DISK_REC_TOMBSTONE) != 0;
     if (tomb) {
@@ -378,32 +389,7 @@ compact_fn(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, void *arg
         ca->st = st;
         return 1;
     }
-    uint32_t kb = tqkv__disk_key_bytes(h);
-    uint32_t crc = h->page_crc32c;
-    tqkv__disk_rec_build(d->buf + d->fill, d->active->id, h->seq, h->flags, (const char *)k,
-                         h->ns_len, k + h->ns_len, h->hash_len, k + h->ns_len + h->hash_len,
-                         h->parent_len, h->layer, rec + tqkv_disk_page_offset(kb), h->page_len,
-                         h->bf16_bytes, &crc);
-    uint32_t nseg = d->active->id;
-    uint32_t nblk = tqkv__disk_do_commit_append(d, rb, h->seq);
-    if (tomb) {
-        pthread_rwlock_wrlock(&d->ilock);
-        d->active->ntomb++;
-        pthread_rwlock_unlock(&d->ilock);
-    } else {
-        pthread_rwlock_wrlock(&d->ilock);
-        uint64_t j = tqkv__disk_do_idx_find_loc(d, dg, s->id, (uint32_t)(off / ALIGN));
-        if (j != UINT64_MAX) {
-            tqkv__disk_do_account(d, &d->slots[j], 0);
-            d->slots[j].seg = nseg;
-            d->slots[j].blk = nblk;
-            d->slots[j].kids = 0; /* now after its children in the log */
-            tqkv__disk_do_account(d, &d->slots[j], 1);
-            tqkv__disk_do_mark_parent(d, (const char *)k, h->ns_len, k + h->ns_len + h->hash_len,
-                                      h->parent_len, h->layer);
-        }
-        pthread_rwlock_unlock(&d->ilock);
-    }
+    do_copy_forward(d, s, off, rec, dg, 0);
     if (d->fill >= d->buf_cap)
         st = tqkv__disk_do_flush(d);
     pthread_mutex_unlock(&d->wlock);

@@ -32,9 +32,7 @@
 uint64_t
 tqkv__disk_now_ms(tqkv_disk_t *d)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u +
+    return tqkv_clock_ns() / 1000000u +
            (uint64_t)atomic_load_explicit(&d->clock_skew_ms, memory_order_relaxed);
 }
 

@@ -29,6 +29,7 @@
 #include "cache/disk.h"
 #include "cache/disk_format.h"
 #include "cache/disk_io.h"
+#include "kernels/clock.h"
 
 #define ALIGN TQKV_DISK_ALIGN
 #define SCAN_CHUNK (2u << 20) /* one read of a segment scan */
@@ -106,7 +107,6 @@ struct tqkv_disk {
     size_t buf_cap, fill;
     uint64_t buf_off;
     uint64_t seq, buf_seq_lo, buf_seq_hi;
-    struct timespec buf_since;
     struct {
         uint64_t lo, hi; /* seq range of a batch whose write failed (its records are lost) */
         tqkv_status_t st;
@@ -167,14 +167,6 @@ digest(const char *ns, size_t nl, const uint8_t *h, size_t hl, uint32_t layer)
     if (tqkv__disk_digest_bits < 64)
         x &= (1ULL << tqkv__disk_digest_bits) - 1;
     return x ? x : 1;
-}
-
-static inline double
-now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 static inline void *

@@ -616,7 +616,7 @@ tqkv__disk_rebuild(tqkv_disk_t *d, char *err, size_t errlen)
     uint32_t *ids = NULL;
     size_t n = 0, cap = 0;
     rebuild_t rb = {0};
-    double t0 = now_s();
+    double t0 = tqkv_clock_s();
     uint64_t bytes = 0;
     tqkv_status_t st = TQKV_OK;
 
@@ -709,7 +709,7 @@ tqkv__disk_rebuild(tqkv_disk_t *d, char *err, size_t errlen)
     free(rb.tombs);
     free(d->rseq);
     d->rseq = NULL;
-    d->rebuild_seconds = now_s() - t0;
+    d->rebuild_seconds = tqkv_clock_s() - t0;
     d->rebuild_bytes = bytes;
     release_freed_memory();
     return TQKV_OK;

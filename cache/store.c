@@ -467,9 +467,8 @@ tqkv_store_create(const tqkv_store_config_t *cfg, tqkv_store_t **out)
     if (s == NULL)
         return TQKV_ENOMEM;
     s->cfg = *cfg;
-    clock_gettime(CLOCK_MONOTONIC, &s->epoch);
     /* Lease timestamps of 0 mean "none": start the clock at 1 s. */
-    s->epoch.tv_sec -= 1;
+    s->epoch_ns = tqkv_clock_ns() - 1000000000u;
 
     if ((st = tqkv_pool_create_host(cfg->dram_capacity, &s->pool[TQKV_TIER_DRAM])) != TQKV_OK)
         goto fail_dram;

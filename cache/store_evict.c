@@ -42,6 +42,22 @@ evictable(tqkv__evq_node_t *n, void *arg)
     return lease <= f->now;
 }
 
+/* Called with evict_lock held, releases it: takes a reference on victim n (NULL: none)
+ * and finds its stripe (*st), whose lock must be taken before evict_lock again. */
+static entry_t *
+hold_victim_unlock(tqkv_store_t *s, tqkv__evq_node_t *n, stripe_t **st)
+{
+    if (n == NULL) {
+        pthread_mutex_unlock(&s->evict_lock);
+        return NULL;
+    }
+    entry_t *e = (entry_t *)n;
+    entry_hold(e);
+    *st = stripe_of(s, e->blk->hv);
+    pthread_mutex_unlock(&s->evict_lock);
+    return e;
+}
+
 /* Evicts one page of `tier` by the policy, or with ns non-NULL the oldest evictable leaf
  * of that namespace in any tier (tier is then ignored). Returns 1 when a page went, 0
  * when there is no candidate. */
@@ -68,14 +84,8 @@ tqkv__store_evict_one(tqkv_store_t *s, int tier, ns_rec_t *ns)
         } else {
             n = tqkv__evq_victim(&s->q[tier], evictable, &f);
         }
-        if (n == NULL) {
-            pthread_mutex_unlock(&s->evict_lock);
+        if ((e = hold_victim_unlock(s, n, &st)) == NULL)
             return 0;
-        }
-        e = (entry_t *)n;
-        entry_hold(e);
-        st = stripe_of(s, e->blk->hv);
-        pthread_mutex_unlock(&s->evict_lock);
 
         pthread_mutex_lock(&st->lock);
         pthread_mutex_lock(&s->evict_lock);
@@ -145,14 +155,8 @@ demote_one(tqkv_store_t *s)
         n = tqkv__evq_victim(&s->q[TQKV_TIER_HBM], NULL, NULL);
         if (n == NULL)
             n = tqkv__evq_coldest_parked(&s->q[TQKV_TIER_HBM]);
-        if (n == NULL) {
-            pthread_mutex_unlock(&s->evict_lock);
+        if ((e = hold_victim_unlock(s, n, &st)) == NULL)
             return 0;
-        }
-        e = (entry_t *)n;
-        entry_hold(e);
-        st = stripe_of(s, e->blk->hv);
-        pthread_mutex_unlock(&s->evict_lock);
 
         pthread_mutex_lock(&st->lock);
         if (!e->linked || e->tier != TQKV_TIER_HBM) {

@@ -24,6 +24,7 @@
 #include "cache/evict.h"
 #include "cache/pool.h"
 #include "cache/store.h"
+#include "kernels/clock.h"
 
 #define NSTRIPES 256u
 #define GHOST_SLOTS (1u << 16)
@@ -140,7 +141,7 @@ struct tqkv_store {
     ns_rec_t **ns_tab;        /* open addressing, ns_cap slots */
     size_t ns_cap, ns_count;
 
-    struct timespec epoch;
+    uint64_t epoch_ns;             /* tqkv_clock_ns() at which now_ms() reads 0 */
     _Atomic int64_t clock_skew_ms; /* added to the clock (tqkv__store_debug_advance_clock) */
 
     pthread_mutex_t maint_lock; /* one maintenance pass at a time (outermost lock) */
@@ -173,10 +174,7 @@ stripe_of(tqkv_store_t *s, uint64_t hv)
 static inline uint64_t
 now_ms(tqkv_store_t *s)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    int64_t ms =
-        (int64_t)(t.tv_sec - s->epoch.tv_sec) * 1000 + (t.tv_nsec - s->epoch.tv_nsec) / 1000000;
+    int64_t ms = (int64_t)((tqkv_clock_ns() - s->epoch_ns) / 1000000u);
     ms += atomic_load_explicit(&s->clock_skew_ms, memory_order_relaxed);
     return ms < 0 ? 0 : (uint64_t)ms;
 }

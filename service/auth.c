@@ -1,8 +1,7 @@
 /* auth.c - bearer-token table: parser of the --auth-tokens file and the per-call check.
  *
- * The table holds, per token, only its SHA-256 digest (a self-contained FIPS 180-4
- * implementation below, so the service does not link libcrypto), its permissions and
- * its namespace grants. A check hashes the presented token once and compares it with
+ * The table holds, per token, only its SHA-256 digest (OpenSSL's EVP), its permissions
+ * and its namespace grants. A check hashes the presented token once and compares it with
  * EVERY entry's digest in constant time, selecting the match with masks, so the time
  * taken does not depend on which entry (if any) matched or on how many leading bytes
  * agreed. The table is immutable after tqkv_auth_load, so concurrent checks need no lock;
@@ -12,138 +11,25 @@
 #include "service/auth.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- SHA-256 (FIPS 180-4) ---- */
+#include <openssl/evp.h>
 
-typedef struct sha256 {
-    uint32_t h[8];
-    uint64_t bits;
-    uint8_t buf[64];
-    size_t nbuf;
-} sha256_t;
+#include "kernels/errtext.h"
 
-static const uint32_t K256[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+/* SHA-256 through OpenSSL's EVP (the library links libcrypto for TLS anyway). Returns 0,
+ * or -1 when OpenSSL cannot allocate its context. Exposed for the unit test
+ * (known-answer vectors); not in auth.h. */
+int tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32]);
 
-static uint32_t
-rotr32(uint32_t x, unsigned n)
-{
-    return (x >> n) | (x << (32 - n));
-}
-
-static void
-sha256_block(sha256_t *s, const uint8_t *p)
-{
-    uint32_t w[64];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = rotr32(w[i - 15], 7) ^ rotr32(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = rotr32(w[i - 2], 17) ^ rotr32(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
-    uint32_t e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (rotr32(e, 6) ^ rotr32(e, 11) ^ rotr32(e, 25)) + ((e & f) ^ (~e & g)) +
-                      K256[i] + w[i];
-        uint32_t t2 =
-            (rotr32(a, 2) ^ rotr32(a, 13) ^ rotr32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        h = g;
-        g = f;
-        f = e;
-        e = d + t1;
-        d = c;
-        c = b;
-        b = a;
-        a = t1 + t2;
-    }
-    s->h[0] += a;
-    s->h[1] += b;
-    s->h[2] += c;
-    s->h[3] += d;
-    s->h[4] += e;
-    s->h[5] += f;
-    s->h[6] += g;
-    s->h[7] += h;
-}
-
-static void
-sha256_init(sha256_t *s)
-{
-    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(s->h, iv, sizeof(iv));
-    s->bits = 0;
-    s->nbuf = 0;
-}
-
-static void
-sha256_update(sha256_t *s, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    s->bits += (uint64_t)len * 8;
-    while (len > 0) {
-        size_t take = 64 - s->nbuf;
-        if (take > len)
-            take = len;
-        memcpy(s->buf + s->nbuf, p, take);
-        s->nbuf += take;
-        p += take;
-        len -= take;
-        if (s->nbuf == 64) {
-            sha256_block(s, s->buf);
-            s->nbuf = 0;
-        }
-    }
-}
-
-static void
-sha256_final(sha256_t *s, uint8_t out[32])
-{
-    uint64_t bits = s->bits;
-    uint8_t pad = 0x80;
-    sha256_update(s, &pad, 1);
-    pad = 0;
-    while (s->nbuf != 56)
-        sha256_update(s, &pad, 1);
-    uint8_t len_be[8];
-    for (int i = 0; i < 8; i++)
-        len_be[i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha256_update(s, len_be, 8);
-    for (int i = 0; i < 8; i++) {
-        out[4 * i] = (uint8_t)(s->h[i] >> 24);
-        out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
-        out[4 * i + 2] = (uint8_t)(s->h[i] >> 8);
-        out[4 * i + 3] = (uint8_t)s->h[i];
-    }
-    memset(s, 0, sizeof(*s));
-}
-
-/* Exposed for the unit test (known-answer vectors); not in auth.h. */
-void tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32]);
-
-void
+int
 tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32])
 {
-    sha256_t s;
-    sha256_init(&s);
-    sha256_update(&s, data, len);
-    sha256_final(&s, out);
+    return EVP_Digest(data, len, out, NULL, EVP_sha256(), NULL) == 1 ? 0 : -1;
 }
 
 /* ---- the token table ---- */
@@ -205,17 +91,6 @@ tqkv_auth_destroy(tqkv_auth_t *a)
         entry_fini(&a->e[i]);
     free(a->e);
     free(a);
-}
-
-static void
-fmt_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 static int
@@ -321,7 +196,10 @@ parse_entry(char *tok, char *perm, char *nslist, auth_entry_t *e, const char **w
             break;
         p = c + 1;
     }
-    tqkv__auth_sha256(tok, toklen, e->digest);
+    if (tqkv__auth_sha256(tok, toklen, e->digest) != 0) {
+        *why = "out of memory (SHA-256)";
+        return -1;
+    }
     return 0;
 }
 
@@ -329,22 +207,25 @@ tqkv_status_t
 tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
 {
     tqkv_status_t st;
+    EVP_MD_CTX *fd = NULL; /* the SHA-256 of the whole file */
     *out = NULL;
     FILE *f = fopen(path, "r");
     if (f == NULL) {
-        fmt_err(err, errlen, "%s: cannot open token file: %s", path, strerror(errno));
-        st = TQKV_EIO;
+        st = tqkv_errtext(TQKV_EIO, err, errlen, "%s: cannot open token file: %s", path,
+                          strerror(errno));
         goto fail_open;
     }
     tqkv_auth_t *a = calloc(1, sizeof(*a));
     if (a == NULL) {
-        fmt_err(err, errlen, "%s: out of memory", path);
-        st = TQKV_ENOMEM;
+        st = tqkv_errtext(TQKV_ENOMEM, err, errlen, "%s: out of memory", path);
         goto fail_alloc;
     }
     atomic_init(&a->refs, 1);
-    sha256_t fd;
-    sha256_init(&fd);
+    if ((fd = EVP_MD_CTX_new()) == NULL || EVP_DigestInit_ex(fd, EVP_sha256(), NULL) != 1) {
+        st = tqkv_errtext(TQKV_ENOMEM, err, errlen, "%s: out of memory (SHA-256)", path);
+        tqkv_auth_destroy(a);
+        goto fail_alloc;
+    }
     size_t cap = 0;
     char *line = NULL;
     size_t linecap = 0;
@@ -352,10 +233,12 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
     unsigned long lineno = 0;
     while ((got = getline(&line, &linecap, f)) >= 0) {
         lineno++;
-        sha256_update(&fd, line, (size_t)got);
+        if (EVP_DigestUpdate(fd, line, (size_t)got) != 1) {
+            st = tqkv_errtext(TQKV_ENOMEM, err, errlen, "%s:%lu: SHA-256 failed", path, lineno);
+            goto fail_parse;
+        }
         if (memchr(line, '\0', (size_t)got) != NULL) {
-            fmt_err(err, errlen, "%s:%lu: NUL byte in line", path, lineno);
-            st = TQKV_EINVAL;
+            st = tqkv_errtext(TQKV_EINVAL, err, errlen, "%s:%lu: NUL byte in line", path, lineno);
             goto fail_parse;
         }
         char *s = line;
@@ -367,22 +250,21 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
         int nf = split_fields(s, fld, 3);
         if (nf != 3) {
             if (nf > 3)
-                fmt_err(err, errlen,
-                        "%s:%lu: too many fields (expected '<token> <r|w|rw> <ns>[,<ns>...]')",
-                        path, lineno);
+                st = tqkv_errtext(
+                    TQKV_EINVAL, err, errlen,
+                    "%s:%lu: too many fields (expected '<token> <r|w|rw> <ns>[,<ns>...]')", path,
+                    lineno);
             else
-                fmt_err(err, errlen,
-                        "%s:%lu: %d field%s, expected '<token> <r|w|rw> <ns>[,<ns>...]'", path,
-                        lineno, nf, nf == 1 ? "" : "s");
-            st = TQKV_EINVAL;
+                st = tqkv_errtext(TQKV_EINVAL, err, errlen,
+                                  "%s:%lu: %d field%s, expected '<token> <r|w|rw> <ns>[,<ns>...]'",
+                                  path, lineno, nf, nf == 1 ? "" : "s");
             goto fail_parse;
         }
         if (a->n == cap) {
             size_t ncap = cap ? cap * 2 : 8;
             auth_entry_t *ne = realloc(a->e, ncap * sizeof(*ne));
             if (ne == NULL) {
-                fmt_err(err, errlen, "%s:%lu: out of memory", path, lineno);
-                st = TQKV_ENOMEM;
+                st = tqkv_errtext(TQKV_ENOMEM, err, errlen, "%s:%lu: out of memory", path, lineno);
                 goto fail_parse;
             }
             a->e = ne;
@@ -393,15 +275,13 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
         a->n++; /* counted now so that a failed entry is freed with the table */
         const char *why = NULL;
         if (parse_entry(fld[0], fld[1], fld[2], e, &why) != 0) {
-            fmt_err(err, errlen, "%s:%lu: %s", path, lineno, why);
-            st = TQKV_EINVAL;
+            st = tqkv_errtext(TQKV_EINVAL, err, errlen, "%s:%lu: %s", path, lineno, why);
             goto fail_parse;
         }
         for (size_t i = 0; i + 1 < a->n; i++) {
             if (memcmp(a->e[i].digest, e->digest, 32) == 0) {
-                fmt_err(err, errlen, "%s:%lu: duplicate token (first defined earlier)", path,
-                        lineno);
-                st = TQKV_EINVAL;
+                st = tqkv_errtext(TQKV_EINVAL, err, errlen,
+                                  "%s:%lu: duplicate token (first defined earlier)", path, lineno);
                 goto fail_parse;
             }
         }
@@ -409,16 +289,19 @@ tqkv_auth_load(const char *path, tqkv_auth_t **out, char *err, size_t errlen)
         memset(fld[0], 0, strlen(fld[0]));
     }
     if (ferror(f)) {
-        fmt_err(err, errlen, "%s:%lu: read error: %s", path, lineno + 1, strerror(errno));
-        st = TQKV_EIO;
+        st = tqkv_errtext(TQKV_EIO, err, errlen, "%s:%lu: read error: %s", path, lineno + 1,
+                          strerror(errno));
         goto fail_parse;
     }
     if (a->n == 0) {
-        fmt_err(err, errlen, "%s:%lu: no tokens defined", path, lineno);
-        st = TQKV_EINVAL;
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "%s:%lu: no tokens defined", path, lineno);
         goto fail_parse;
     }
-    sha256_final(&fd, a->file_digest);
+    if (EVP_DigestFinal_ex(fd, a->file_digest, NULL) != 1) {
+        st = tqkv_errtext(TQKV_ENOMEM, err, errlen, "%s: SHA-256 failed", path);
+        goto fail_parse;
+    }
+    EVP_MD_CTX_free(fd);
     if (line != NULL)
         memset(line, 0, linecap);
     free(line);
@@ -432,6 +315,7 @@ fail_parse:
     free(line);
     tqkv_auth_destroy(a);
 fail_alloc:
+    EVP_MD_CTX_free(fd);
     fclose(f);
 fail_open:
     return st;
@@ -497,7 +381,8 @@ tqkv_auth_check(const tqkv_auth_t *a, const char *authz, size_t authz_len, const
     if (authz == NULL || parse_bearer(authz, authz_len, &tok, &toklen) != 0)
         return TQKV_EAUTH;
     uint8_t d[32];
-    tqkv__auth_sha256(tok, toklen, d);
+    if (tqkv__auth_sha256(tok, toklen, d) != 0)
+        return TQKV_EAUTH;
 
     /* Scan every entry; remember the match with a mask instead of breaking out. */
     size_t match = 0;

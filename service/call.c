@@ -47,14 +47,6 @@ tqkv__call_state_name(tqkv__call_state_t st)
     return state_names[st];
 }
 
-double
-tqkv__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 void
 tqkv__call_set_state(tqkv__call_t *c, tqkv__call_state_t st)
 {
@@ -183,9 +175,7 @@ static _Atomic uint64_t g_warn_dropped;
 static int
 warn_allowed(uint64_t *dropped)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t sec = (int64_t)ts.tv_sec, w = atomic_load(&g_warn_sec);
+    int64_t sec = (int64_t)(tqkv_clock_ns() / 1000000000u), w = atomic_load(&g_warn_sec);
     if (w != sec && atomic_compare_exchange_strong(&g_warn_sec, &w, sec))
         atomic_store(&g_warn_n, 0);
     if (atomic_fetch_add(&g_warn_n, 1) < CALL_WARN_PER_SEC) {

@@ -96,14 +96,6 @@ struct tqkv__dc {
     SSL_CTX *tls; /* data channels are TLS when the server has --tls-cert; else NULL */
 };
 
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- channel references (dc->mu held) ---- */
 
 static void
@@ -352,7 +344,7 @@ attach(tqkv__dc_t *dc, tqkv__dcio_t *io, uint64_t deadline_ns, uint32_t *status)
         } else if (ch->attached) {
             *status = TQKV_DC_ACK_ATTACHED;
             ch = NULL;
-        } else if (now_s() - ch->created > ATTACH_TIMEOUT_S) {
+        } else if (tqkv_clock_s() - ch->created > ATTACH_TIMEOUT_S) {
             /* expired: OpenChannel reaps such channels only when it runs */
             chan_kill_locked(ch);
             chan_unregister_locked(dc, ch);
@@ -376,7 +368,7 @@ conn_main(void *arg)
     free(arg);
     tqkv__dc_t *dc = a.dc;
     uint32_t status = TQKV_DC_ACK_BAD;
-    uint64_t deadline = tqkv__dcio_now_ns() + HELLO_TIMEOUT_MS * 1000000ull;
+    uint64_t deadline = tqkv_clock_ns() + HELLO_TIMEOUT_MS * 1000000ull;
     tqkv__dcio_t io = {a.fd, NULL};
     dchan_t *ch = NULL;
     int handshake_ok = 1;
@@ -739,7 +731,7 @@ tqkv__dc_open(tqkv__call_t *c)
     }
     ch->fd = -1;
     ch->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    ch->created = now_s();
+    ch->created = tqkv_clock_s();
     size_t tl = 0;
     const char *tok = call_token(c, &tl);
     if (tok != NULL) {

@@ -1,6 +1,6 @@
 /* encoder.c - a fixed pool of threads draining one FIFO of jobs.
  *
- * Locking: `mu` protects the queue, `pending` and `stopping`; `cv` signals work or
+ * Locking: `mu` protects the queue and `stopping`; `cv` signals work or
  * stop. Jobs run without the lock.
  */
 #include "service/encoder.h"
@@ -18,7 +18,6 @@ struct tqkv_encoder {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     job_t *head, *tail; /* under mu */
-    size_t pending;     /* queued + running, under mu */
     int stopping;       /* under mu */
     unsigned nthreads;
     pthread_t *threads;
@@ -42,7 +41,6 @@ encoder_thread(void *p)
         j->fn(j->arg);
         free(j);
         pthread_mutex_lock(&e->mu);
-        e->pending--;
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -96,19 +94,9 @@ tqkv_encoder_submit(tqkv_encoder_t *e, tqkv_encoder_fn fn, void *arg)
     else
         e->head = j;
     e->tail = j;
-    e->pending++;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return TQKV_OK;
-}
-
-size_t
-tqkv_encoder_pending(tqkv_encoder_t *e)
-{
-    pthread_mutex_lock(&e->mu);
-    size_t n = e->pending;
-    pthread_mutex_unlock(&e->mu);
-    return n;
 }
 
 void

@@ -20,9 +20,6 @@ tqkv_status_t tqkv_encoder_create(unsigned nthreads, tqkv_encoder_t **out);
  * tqkv_encoder_destroy has begun. Thread-safe. */
 tqkv_status_t tqkv_encoder_submit(tqkv_encoder_t *e, tqkv_encoder_fn fn, void *arg);
 
-/* Jobs queued or running now (for tests and metrics). */
-size_t tqkv_encoder_pending(tqkv_encoder_t *e);
-
 /* Runs every queued job, then joins the threads and frees. NULL is a no-op. */
 void tqkv_encoder_destroy(tqkv_encoder_t *e);
 

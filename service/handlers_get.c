@@ -10,6 +10,7 @@
 
 #include "kernels/page.h"
 #include "kernels/policy.h"
+#include "kernels/varint.h"
 #include "service/forward.h"
 #include "service/log.h"
 #include "service/gpu_encode.h"
@@ -19,18 +20,6 @@
 
 /* ---- protobuf hand-encoding of GetResponse prefixes ---- */
 
-static size_t
-put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 /* Fields 1 (hash), 2 (layer), 3 (found), 7-9 (shape), 10 (tier) of a GetResponse
  * (tags from transport/wire.h). */
 static size_t
@@ -39,33 +28,22 @@ get_prefix(uint8_t *p, const ProtobufCBinaryData *hash, uint32_t layer, int foun
 {
     size_t n = 0;
     p[n++] = TQKV_GET_TAG_HASH;
-    n += put_varint(p + n, hash->len);
+    n += tqkv_varint_put(p + n, hash->len);
     memcpy(p + n, hash->data, hash->len);
     n += hash->len;
     p[n++] = TQKV_GET_TAG_LAYER;
-    n += put_varint(p + n, layer);
+    n += tqkv_varint_put(p + n, layer);
     if (found) {
         p[n++] = TQKV_GET_TAG_FOUND;
         p[n++] = 1;
         p[n++] = TQKV_GET_TAG_NUM_TOKENS;
-        n += put_varint(p + n, hdr->num_tokens);
+        n += tqkv_varint_put(p + n, hdr->num_tokens);
         p[n++] = TQKV_GET_TAG_NUM_KV_HEADS;
-        n += put_varint(p + n, hdr->num_kv_heads);
+        n += tqkv_varint_put(p + n, hdr->num_kv_heads);
         p[n++] = TQKV_GET_TAG_HEAD_DIM;
-        n += put_varint(p + n, hdr->head_dim);
+        n += tqkv_varint_put(p + n, hdr->head_dim);
         p[n++] = TQKV_GET_TAG_TIER;
-        n += put_varint(p + n, (uint64_t)tier);
-    }
-    return n;
-}
-
-size_t
-tqkv__kv_varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
+        n += tqkv_varint_put(p + n, (uint64_t)tier);
     }
     return n;
 }
@@ -79,11 +57,11 @@ get_response_bytes(const ProtobufCBinaryData *hash, uint32_t layer, const tqkv_p
     uint8_t pre[128];
     uint64_t n = get_prefix(pre, hash, layer, 1, hdr, tier);
     if (!bf16)
-        return n + 1 + tqkv__kv_varint_len(plen) + plen;
+        return n + 1 + tqkv_varint_len(plen) + plen;
     uint64_t tb = (uint64_t)hdr->num_tokens * hdr->num_kv_heads * hdr->head_dim * 2;
     for (int t = 0; t < 2; t++)
         if (hdr->tensor[t].bits_x2)
-            n += 1 + tqkv__kv_varint_len(tb) + tb;
+            n += 1 + tqkv_varint_len(tb) + tb;
     return n;
 }
 
@@ -217,7 +195,7 @@ get_send_packed(tqkv__call_t *c, size_t idx, tqkv_page_ref_t *ref)
     memcpy(&hdr, page, sizeof hdr);
     size_t n = get_prefix(pre, hash, layer, 1, &hdr, (int)tqkv_page_ref_tier(ref));
     pre[n++] = TQKV_GET_TAG_PAGE;
-    n += put_varint(pre + n, plen);
+    n += tqkv_varint_put(pre + n, plen);
     grpc_slice sl[2];
     sl[0] = grpc_slice_from_copied_buffer((const char *)pre, n);
     /* Zero copy: the slice wraps the pinned page; its last unref releases the pin. */
@@ -242,7 +220,7 @@ get_send_bf16(tqkv__call_t *c, size_t idx, get_slot_t *sl)
     size_t ns = 0;
     if (sl->hdr.tensor[0].bits_x2) {
         pre[n++] = TQKV_GET_TAG_KEY;
-        n += put_varint(pre + n, sl->tensor_bytes);
+        n += tqkv_varint_put(pre + n, sl->tensor_bytes);
         s[ns++] = grpc_slice_from_copied_buffer((const char *)pre, n);
         s[ns++] = grpc_slice_new(sl->k, sl->tensor_bytes, free);
     } else {
@@ -252,7 +230,7 @@ get_send_bf16(tqkv__call_t *c, size_t idx, get_slot_t *sl)
     if (sl->hdr.tensor[1].bits_x2) {
         size_t m = 0;
         mid[m++] = TQKV_GET_TAG_VALUE;
-        m += put_varint(mid + m, sl->tensor_bytes);
+        m += tqkv_varint_put(mid + m, sl->tensor_bytes);
         s[ns++] = grpc_slice_from_copied_buffer((const char *)mid, m);
         s[ns++] = grpc_slice_new(sl->v, sl->tensor_bytes, free);
     } else {
@@ -425,11 +403,11 @@ get_decode_job(void *arg)
     if (sl->k == NULL || sl->v == NULL) {
         st = TQKV_ENOMEM;
     } else {
-        double t0 = tqkv__now();
+        double t0 = tqkv_clock_s();
         st = tqkv_page_decode_bf16(page, plen, sl->hdr.tensor[0].bits_x2 ? sl->k : NULL,
                                    sl->hdr.tensor[1].bits_x2 ? sl->v : NULL);
         if (st == TQKV_OK)
-            tqkv_metrics_codec(c->srv->metrics, 0, page_bf16_bytes(&sl->hdr), tqkv__now() - t0);
+            tqkv_metrics_codec(c->srv->metrics, 0, page_bf16_bytes(&sl->hdr), tqkv_clock_s() - t0);
     }
     tqkv_page_ref_release(sl->ref);
     pthread_mutex_lock(&h->mu);

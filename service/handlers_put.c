@@ -111,7 +111,7 @@ put_encode(put_job_t *j, put_block_t *b)
         snprintf(j->err, TQKV__KV_ERRLEN, "out of memory encoding a %zu-byte page", cap);
         return TQKV_ENOMEM;
     }
-    double t0 = tqkv__now();
+    double t0 = tqkv_clock_s();
     st = TQKV_EUNSUPPORTED;
     if (s->gpu_encode_device >= 0 && codec.k.mode != TQKV_MODE_RAW &&
         codec.v.mode != TQKV_MODE_RAW) { /* a lossless page is a copy: CPU */
@@ -129,7 +129,7 @@ put_encode(put_job_t *j, put_block_t *b)
     if (st != TQKV_OK)
         return st;
     b->bf16 = m->key.len + m->value.len;
-    tqkv_metrics_codec(s->metrics, 1, b->bf16, tqkv__now() - t0);
+    tqkv_metrics_codec(s->metrics, 1, b->bf16, tqkv_clock_s() - t0);
     b->data = b->page;
     j->bytes_in = b->bf16;
     return TQKV_OK;
@@ -269,24 +269,32 @@ put_block(put_job_t *j, put_block_t *b, int *input)
     return put_store(j, b);
 }
 
+/* Hands the finished job j to its call's done list and wakes the call (the encoder
+ * thread's last touch of j). */
+static void
+job_done(put_job_t *j)
+{
+    tqkv__call_t *c = j->call;
+    put_state_t *h = c->h;
+    pthread_mutex_lock(&h->mu);
+    j->next = h->done;
+    h->done = j;
+    pthread_mutex_unlock(&h->mu);
+    tqkv__call_wake(c);
+}
+
 /* Encoder-pool job: one message's block (put_block); its status goes back to the worker
  * with the job (put_wake), which keeps the stream's first failure for put_finish. */
 static void
 put_job(void *arg)
 {
     put_job_t *j = arg;
-    tqkv__call_t *c = j->call;
-    put_state_t *h = c->h;
     put_block_t b = {0};
     j->st = put_block(j, &b, &j->input);
     free(b.page);
     if (b.m)
         tqkv__v1__put_request__free_unpacked(b.m, NULL);
-    pthread_mutex_lock(&h->mu);
-    j->next = h->done;
-    h->done = j;
-    pthread_mutex_unlock(&h->mu);
-    tqkv__call_wake(c);
+    job_done(j);
 }
 
 /* Encoder-pool job: with --disk-sync always, makes the stream's disk records durable
@@ -295,20 +303,14 @@ static void
 put_sync_job(void *arg)
 {
     put_job_t *j = arg;
-    tqkv__call_t *c = j->call;
-    put_state_t *h = c->h;
-    tqkv_status_t st = tqkv_store_sync(c->srv->store, &j->sync);
+    tqkv_status_t st = tqkv_store_sync(j->call->srv->store, &j->sync);
     j->st = st;
     if (st != TQKV_OK) {
         snprintf(j->err, TQKV__KV_ERRLEN,
                  "disk tier (--disk-sync always): the stream's pages could not be made durable: %s",
                  tqkv_strerror(st));
     }
-    pthread_mutex_lock(&h->mu);
-    j->next = h->done;
-    h->done = j;
-    pthread_mutex_unlock(&h->mu);
-    tqkv__call_wake(c);
+    job_done(j);
 }
 
 /* Finishes c with the failure st, msg saying what failed: the one place Put translates a

@@ -9,6 +9,7 @@
 
 #include "kernels/page.h"
 #include "kernels/policy.h"
+#include "kernels/varint.h"
 #include "service/forward.h"
 #include "service/log.h"
 #include "service/gpu_encode.h"
@@ -150,8 +151,8 @@ lookup_response_bound(const Tqkv__V1__LookupRequest *r)
     uint64_t bound = 6; /* prefix_blocks */
     for (size_t i = 0; i < r->n_hashes; i++) {
         uint64_t hl = r->hashes[i].len;
-        uint64_t bi = 1 + tqkv__kv_varint_len(hl) + hl + 2; /* hash, tier */
-        bound += 1 + tqkv__kv_varint_len(bi) + bi;
+        uint64_t bi = 1 + tqkv_varint_len(hl) + hl + 2; /* hash, tier */
+        bound += 1 + tqkv_varint_len(bi) + bi;
     }
     return bound;
 }

@@ -33,7 +33,7 @@ tqkv_server_handoff(tqkv_server_t *s)
     const tqkv_server_config_t *cfg = &s->cfg;
     if (cfg->peers[0] == '\0' || cfg->handoff_seconds == 0 || !s->started)
         return 0;
-    double t0 = tqkv__now(), deadline = t0 + cfg->handoff_seconds;
+    double t0 = tqkv_clock_s(), deadline = t0 + cfg->handoff_seconds;
     tqkv__health_set_all(s, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
 
     char list[sizeof cfg->peers], tok[TQKV__PEER_TOKEN_MAX] = "", err[512];
@@ -80,7 +80,7 @@ tqkv_server_handoff(tqkv_server_t *s)
     }
     for (size_t i = 0; i < n; i++) {
         const tqkv_store_key_out_t *k = &keys[i];
-        if (tqkv__now() >= deadline) {
+        if (tqkv_clock_s() >= deadline) {
             stop = "time budget";
             break;
         }
@@ -143,7 +143,7 @@ tqkv_server_handoff(tqkv_server_t *s)
              "seconds=%.2f peers=%zu tls=%s stopped_by=\"%s\" error=\"%s\"",
              n, (unsigned long long)sent, (unsigned long long)res.blocks_stored,
              (unsigned long long)res.blocks_duplicate, (unsigned long long)res.blocks_lost,
-             (unsigned long long)failed, (unsigned long long)bytes, tqkv__now() - t0,
+             (unsigned long long)failed, (unsigned long long)bytes, tqkv_clock_s() - t0,
              tqkv_client_num_targets(c), o.tls ? "on" : "off", stop, q);
     free(keys);
     tqkv_client_destroy(c);

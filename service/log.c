@@ -211,21 +211,29 @@ tqkv_log_format_line(char *buf, size_t cap, tqkv_log_format_t format, tqkv_log_l
     return pos;
 }
 
+/* Formats the fields (fields a printf format for ap, or NULL) and the line into
+ * line[LINE_BYTES]; returns the line's length. */
+#define LINE_BYTES 2048
+static size_t
+vformat(char *line, tqkv_log_level_t level, const char *msg, const char *fields, va_list ap)
+{
+    char f[1024];
+    f[0] = '\0';
+    if (fields)
+        vsnprintf(f, sizeof f, fields, ap);
+    return tqkv_log_format_line(line, LINE_BYTES, g_format, level, msg, f);
+}
+
 void
 tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)
 {
-    char f[1024];
-    char line[2048];
+    char line[LINE_BYTES];
     if (level < g_level)
         return;
-    f[0] = '\0';
-    if (fields) {
-        va_list ap;
-        va_start(ap, fields);
-        vsnprintf(f, sizeof f, fields, ap);
-        va_end(ap);
-    }
-    tqkv_log_format_line(line, sizeof line, g_format, level, msg, f);
+    va_list ap;
+    va_start(ap, fields);
+    vformat(line, level, msg, fields, ap);
+    va_end(ap);
     FILE *out = g_out ? g_out : stderr;
     fputs(line, out);
     fflush(out);
@@ -234,24 +242,13 @@ tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)
 void
 tqkv_log_to(FILE *out, tqkv_log_level_t level, const char *msg, const char *fields, ...)
 {
-    char f[1024];
-    char line[2048];
-    f[0] = '\0';
-    if (fields) {
-        va_list ap;
-        va_start(ap, fields);
-        vsnprintf(f, sizeof f, fields, ap);
-        va_end(ap);
-    }
-    tqkv_log_format_line(line, sizeof line, g_format, level, msg, f);
+    char line[LINE_BYTES];
+    va_list ap;
+    va_start(ap, fields);
+    vformat(line, level, msg, fields, ap);
+    va_end(ap);
     fputs(line, out);
     fflush(out);
-}
-
-tqkv_log_format_t
-tqkv_log_get_format(void)
-{
-    return g_format;
 }
 
 static int
@@ -313,18 +310,13 @@ tqkv_log_access_enabled(void)
 void
 tqkv_log_access(const char *msg, const char *fields, ...)
 {
-    char f[1024];
-    char line[2048];
+    char line[LINE_BYTES];
     if (!g_access_on)
         return;
-    f[0] = '\0';
-    if (fields) {
-        va_list ap;
-        va_start(ap, fields);
-        vsnprintf(f, sizeof f, fields, ap);
-        va_end(ap);
-    }
-    size_t n = tqkv_log_format_line(line, sizeof line, g_format, TQKV_LOG_INFO, msg, f);
+    va_list ap;
+    va_start(ap, fields);
+    size_t n = vformat(line, TQKV_LOG_INFO, msg, fields, ap);
+    va_end(ap);
     if (g_access_fd < 0) {
         FILE *out = g_out ? g_out : stderr;
         fputs(line, out);

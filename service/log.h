@@ -50,9 +50,6 @@ void tqkv_log(tqkv_log_level_t level, const char *msg, const char *fields, ...)
 void tqkv_log_to(FILE *out, tqkv_log_level_t level, const char *msg, const char *fields, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* The format set by tqkv_log_setup. */
-tqkv_log_format_t tqkv_log_get_format(void);
-
 /* The access log (--access-log): one line per finished RPC. path "-" writes the lines to
  * the log stream; any other path is a file opened for appending (created mode 0640).
  * Call before threads start. TQKV_EIO with a line naming the file in err. */

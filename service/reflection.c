@@ -13,6 +13,7 @@
 
 #include "google/protobuf/descriptor.pb-c.h"
 #include "grpc/reflection/v1alpha/reflection.pb-c.h"
+#include "kernels/varint.h"
 #include "service/log.h"
 #include "service/service_internal.h"
 #include "transport/wire.h"
@@ -117,22 +118,6 @@ index_file(tqkv__reflection_t *r, size_t fi)
     return 0;
 }
 
-/* Reads a varint at *p (< end); returns 0 on success. */
-static int
-read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-        uint8_t b = *(*p)++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 tqkv_status_t
 tqkv__reflection_create(tqkv__reflection_t **out, char *err, size_t errlen)
 {
@@ -143,7 +128,7 @@ tqkv__reflection_create(tqkv__reflection_t **out, char *err, size_t errlen)
     const uint8_t *p = tqkv_descriptor_set, *end = p + tqkv_descriptor_set_len;
     while (p < end) {
         uint64_t tag, len;
-        if (read_varint(&p, end, &tag) || tag != 0x0a || read_varint(&p, end, &len) ||
+        if (tqkv_varint_get(&p, end, &tag) || tag != 0x0a || tqkv_varint_get(&p, end, &len) ||
             len > (uint64_t)(end - p))
             goto bad;
         refl_file_t *nf = realloc(r->files, (r->nfiles + 1) * sizeof *nf);

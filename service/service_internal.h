@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "cache/store.h"
+#include "kernels/clock.h"
 #include "kernels/policy.h"
 #include "service/auth.h"
 #include "service/config.h"
@@ -245,7 +246,6 @@ int tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req);
 /* Auth check for namespace ns (NULL = every namespace) when auth is on. */
 tqkv_status_t tqkv__call_auth(tqkv__call_t *c, const char *ns, unsigned perm, char *err,
                               size_t errlen);
-double tqkv__now(void);
 /* Name of a call state, for log lines. */
 const char *tqkv__call_state_name(tqkv__call_state_t st);
 /* Starts batch ops on c with the tag of kind k (counted in c->inflight); logs a failure. */
@@ -261,8 +261,6 @@ void tqkv__call_log_end(tqkv__call_t *c, const char *method, double seconds);
 /* Room for the status message of a KV handler (handlers_put.c, handlers_get.c,
  * handlers_unary.c). */
 #define TQKV__KV_ERRLEN 320
-/* Bytes of v as a protobuf varint (handlers_get.c; the unary handlers size replies). */
-size_t tqkv__kv_varint_len(uint64_t v);
 
 /* reload.c: token / TLS reload on SIGHUP (tqkv_server_reload) and on file change. */
 /* Takes a reference to the token table in force (NULL without auth). */

@@ -20,26 +20,22 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "kernels/errtext.h"
+
 /* PEM files larger than this are certainly not a certificate chain or a key. */
 #define TLS_MAX_PEM_BYTES (16u << 20)
 
-static void
-fmt_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+/* What read_pem accepts as a certificate and as a private key. */
+static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
+static const char *const key_markers[] = {
+    "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
+    "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
 
 tqkv_status_t
 tqkv_read_file(const char *path, char **out, size_t *len)
@@ -106,32 +102,32 @@ read_pem(const char *path, const char *what, const char *const *markers, char **
 {
     struct stat sb;
     if (stat(path, &sb) != 0) {
-        fmt_err(err, errlen, "%s: cannot read TLS %s: %s", path, what, strerror(errno));
-        return TQKV_EIO;
+        return tqkv_errtext(TQKV_EIO, err, errlen, "%s: cannot read TLS %s: %s", path, what,
+                            strerror(errno));
     }
     if (!S_ISREG(sb.st_mode)) {
-        fmt_err(err, errlen, "%s: TLS %s is not a regular file", path, what);
-        return TQKV_EINVAL;
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS %s is not a regular file", path,
+                            what);
     }
     if ((unsigned long long)sb.st_size > TLS_MAX_PEM_BYTES) {
-        fmt_err(err, errlen, "%s: TLS %s is larger than %u bytes", path, what, TLS_MAX_PEM_BYTES);
-        return TQKV_EINVAL;
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS %s is larger than %u bytes", path,
+                            what, TLS_MAX_PEM_BYTES);
     }
     size_t len = 0;
     tqkv_status_t st = tqkv_read_file(path, out, &len);
     if (st != TQKV_OK) {
-        fmt_err(err, errlen, "%s: cannot read TLS %s: %s", path, what,
-                st == TQKV_EIO ? strerror(errno) : tqkv_strerror(st));
-        return st;
+        return tqkv_errtext(st, err, errlen, "%s: cannot read TLS %s: %s", path, what,
+                            st == TQKV_EIO ? strerror(errno) : tqkv_strerror(st));
     }
     if (strlen(*out) != len) {
-        fmt_err(err, errlen, "%s: TLS %s is not PEM text (NUL byte)", path, what);
+        tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS %s is not PEM text (NUL byte)", path, what);
         goto fail;
     }
     for (const char *const *m = markers; *m != NULL; m++)
         if (strstr(*out, *m) != NULL)
             return TQKV_OK;
-    fmt_err(err, errlen, "%s: TLS %s is not PEM (no '%s' block)", path, what, markers[0]);
+    tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS %s is not PEM (no '%s' block)", path, what,
+                 markers[0]);
 fail:
     memset(*out, 0, len);
     free(*out);
@@ -148,34 +144,52 @@ wipe_free(char *s)
     free(s);
 }
 
+/* Reads the certificate, the (unencrypted) key and, with ca_path, the client CA into new
+ * NUL-terminated strings; on failure frees what it read (all three NULL). */
+static tqkv_status_t
+read_pems(const char *cert_path, const char *key_path, const char *ca_path, char **cert, char **key,
+          char **ca, char *err, size_t errlen)
+{
+    tqkv_status_t st;
+    *cert = *key = *ca = NULL;
+    if ((st = read_pem(cert_path, "certificate", cert_markers, cert, err, errlen)) != TQKV_OK)
+        return st;
+    if ((st = read_pem(key_path, "private key", key_markers, key, err, errlen)) != TQKV_OK)
+        goto fail_key;
+    if (strstr(*key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") != NULL) {
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen,
+                          "%s: TLS private key is encrypted (a passphrase-less key is needed)",
+                          key_path);
+        goto fail_ca;
+    }
+    if (ca_path != NULL &&
+        (st = read_pem(ca_path, "client CA", cert_markers, ca, err, errlen)) != TQKV_OK)
+        goto fail_ca;
+    return TQKV_OK;
+
+fail_ca:
+    wipe_free(*key);
+    *key = NULL;
+fail_key:
+    wipe_free(*cert);
+    *cert = NULL;
+    return st;
+}
+
 tqkv_status_t
 tqkv_tls_server_creds(const char *cert_path, const char *key_path, const char *client_ca_path,
                       grpc_server_credentials **out, char *err, size_t errlen)
 {
-    static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
-    static const char *const key_markers[] = {
-        "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
-        "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
     tqkv_status_t st;
     char *cert = NULL, *key = NULL, *ca = NULL;
     *out = NULL;
     if (cert_path == NULL || key_path == NULL) {
-        fmt_err(err, errlen, "TLS needs both a certificate (--tls-cert) and a key (--tls-key)");
-        return TQKV_EINVAL;
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "TLS needs both a certificate (--tls-cert) and a key (--tls-key)");
     }
-    if ((st = read_pem(cert_path, "certificate", cert_markers, &cert, err, errlen)) != TQKV_OK)
-        goto fail_cert;
-    if ((st = read_pem(key_path, "private key", key_markers, &key, err, errlen)) != TQKV_OK)
-        goto fail_key;
-    if (strstr(key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") != NULL) {
-        fmt_err(err, errlen, "%s: TLS private key is encrypted (a passphrase-less key is needed)",
-                key_path);
-        st = TQKV_EINVAL;
-        goto fail_ca;
-    }
-    if (client_ca_path != NULL &&
-        (st = read_pem(client_ca_path, "client CA", cert_markers, &ca, err, errlen)) != TQKV_OK)
-        goto fail_ca;
+    if ((st = read_pems(cert_path, key_path, client_ca_path, &cert, &key, &ca, err, errlen)) !=
+        TQKV_OK)
+        return st;
 
     grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
     grpc_server_credentials *c = grpc_ssl_server_credentials_create_ex(
@@ -184,8 +198,8 @@ tqkv_tls_server_creds(const char *cert_path, const char *key_path, const char *c
                    : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
         NULL);
     if (c == NULL) {
-        fmt_err(err, errlen, "%s, %s: gRPC rejected the TLS certificate/key", cert_path, key_path);
-        st = TQKV_EINVAL;
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "%s, %s: gRPC rejected the TLS certificate/key",
+                          cert_path, key_path);
         goto fail_creds;
     }
     wipe_free(ca);
@@ -196,11 +210,8 @@ tqkv_tls_server_creds(const char *cert_path, const char *key_path, const char *c
 
 fail_creds:
     wipe_free(ca);
-fail_ca:
     wipe_free(key);
-fail_key:
     wipe_free(cert);
-fail_cert:
     return st;
 }
 
@@ -259,30 +270,30 @@ check_pem(const char *cert_path, const char *cert, const char *key_path, const c
     EVP_PKEY *k = NULL;
     BIO *b = BIO_new_mem_buf(cert, -1);
     if (b == NULL || (x = PEM_read_bio_X509(b, NULL, no_passphrase, NULL)) == NULL) {
-        fmt_err(err, errlen, "%s: TLS certificate does not parse: %s", cert_path,
-                ssl_reason(why, sizeof why));
+        tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS certificate does not parse: %s", cert_path,
+                     ssl_reason(why, sizeof why));
         goto out;
     }
     BIO_free(b);
     b = BIO_new_mem_buf(key, -1);
     if (b == NULL || (k = PEM_read_bio_PrivateKey(b, NULL, no_passphrase, NULL)) == NULL) {
-        fmt_err(err, errlen, "%s: TLS private key does not parse: %s", key_path,
-                ssl_reason(why, sizeof why));
+        tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS private key does not parse: %s", key_path,
+                     ssl_reason(why, sizeof why));
         goto out;
     }
     if (X509_check_private_key(x, k) != 1) {
         ERR_clear_error();
-        fmt_err(err, errlen, "%s, %s: the private key does not match the certificate", key_path,
-                cert_path);
+        tqkv_errtext(TQKV_EINVAL, err, errlen,
+                     "%s, %s: the private key does not match the certificate", key_path, cert_path);
         goto out;
     }
     if (X509_cmp_current_time(X509_get0_notAfter(x)) <= 0) {
-        fmt_err(err, errlen, "%s: TLS certificate has expired", cert_path);
+        tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS certificate has expired", cert_path);
         goto out;
     }
     if (X509_cmp_current_time(X509_get0_notBefore(x)) > 0) {
-        fmt_err(err, errlen, "%s: TLS certificate is not valid yet (notBefore in the future)",
-                cert_path);
+        tqkv_errtext(TQKV_EINVAL, err, errlen,
+                     "%s: TLS certificate is not valid yet (notBefore in the future)", cert_path);
         goto out;
     }
     *not_after = asn1_time_unix(X509_get0_notAfter(x));
@@ -291,8 +302,8 @@ check_pem(const char *cert_path, const char *cert, const char *key_path, const c
         X509 *c = NULL;
         b = BIO_new_mem_buf(ca, -1);
         if (b == NULL || (c = PEM_read_bio_X509(b, NULL, no_passphrase, NULL)) == NULL) {
-            fmt_err(err, errlen, "%s: TLS client CA does not parse: %s", ca_path,
-                    ssl_reason(why, sizeof why));
+            tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: TLS client CA does not parse: %s", ca_path,
+                         ssl_reason(why, sizeof why));
             goto out;
         }
         X509_free(c);
@@ -311,26 +322,13 @@ static tqkv_status_t
 load_config(tqkv_tls_t *t, grpc_ssl_server_certificate_config **cfg, unsigned char digest[32],
             double *not_after, char *err, size_t errlen)
 {
-    static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
-    static const char *const key_markers[] = {
-        "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
-        "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
     tqkv_status_t st;
     char *cert = NULL, *key = NULL, *ca = NULL;
     const char *ca_path = t->ca_path[0] ? t->ca_path : NULL;
     *cfg = NULL;
-    if ((st = read_pem(t->cert_path, "certificate", cert_markers, &cert, err, errlen)) != TQKV_OK)
-        goto out;
-    if ((st = read_pem(t->key_path, "private key", key_markers, &key, err, errlen)) != TQKV_OK)
-        goto out;
-    if (strstr(key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") != NULL) {
-        fmt_err(err, errlen, "%s: TLS private key is encrypted (a passphrase-less key is needed)",
-                t->key_path);
-        st = TQKV_EINVAL;
-        goto out;
-    }
-    if (ca_path && (st = read_pem(ca_path, "client CA", cert_markers, &ca, err, errlen)) != TQKV_OK)
-        goto out;
+    if ((st = read_pems(t->cert_path, t->key_path, ca_path, &cert, &key, &ca, err, errlen)) !=
+        TQKV_OK)
+        return st;
     if ((st = check_pem(t->cert_path, cert, t->key_path, key, ca_path, ca, not_after, err,
                         errlen)) != TQKV_OK)
         goto out;
@@ -341,8 +339,8 @@ load_config(tqkv_tls_t *t, grpc_ssl_server_certificate_config **cfg, unsigned ch
         (ca && EVP_DigestUpdate(h, ca, strlen(ca) + 1) != 1) ||
         EVP_DigestFinal_ex(h, digest, NULL) != 1) {
         EVP_MD_CTX_free(h);
-        fmt_err(err, errlen, "%s: cannot hash the TLS files (OpenSSL)", t->cert_path);
-        st = TQKV_ENOMEM;
+        st = tqkv_errtext(TQKV_ENOMEM, err, errlen, "%s: cannot hash the TLS files (OpenSSL)",
+                          t->cert_path);
         goto out;
     }
     EVP_MD_CTX_free(h);
@@ -352,9 +350,8 @@ load_config(tqkv_tls_t *t, grpc_ssl_server_certificate_config **cfg, unsigned ch
      * CertificateRequest is sent), so the server's own chain stands in. */
     *cfg = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1);
     if (*cfg == NULL) {
-        fmt_err(err, errlen, "%s, %s: gRPC rejected the TLS certificate/key", t->cert_path,
-                t->key_path);
-        st = TQKV_EINVAL;
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "%s, %s: gRPC rejected the TLS certificate/key",
+                          t->cert_path, t->key_path);
     }
 out:
     wipe_free(ca);
@@ -396,20 +393,18 @@ tqkv_tls_create(const char *cert_path, const char *key_path, const char *client_
     *out = NULL;
     *creds = NULL;
     if (cert_path == NULL || key_path == NULL) {
-        fmt_err(err, errlen, "TLS needs both a certificate (--tls-cert) and a key (--tls-key)");
-        return TQKV_EINVAL;
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "TLS needs both a certificate (--tls-cert) and a key (--tls-key)");
     }
     tqkv_tls_t *t = calloc(1, sizeof *t);
     if (t == NULL) {
-        fmt_err(err, errlen, "out of memory");
-        return TQKV_ENOMEM;
+        return tqkv_errtext(TQKV_ENOMEM, err, errlen, "out of memory");
     }
     if (copy_path(t->cert_path, sizeof t->cert_path, cert_path) ||
         copy_path(t->key_path, sizeof t->key_path, key_path) ||
         copy_path(t->ca_path, sizeof t->ca_path, client_ca_path)) {
-        fmt_err(err, errlen, "TLS file path too long");
         free(t);
-        return TQKV_EINVAL;
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "TLS file path too long");
     }
     pthread_mutex_init(&t->mu, NULL);
     if ((st = load_config(t, &t->pending, t->digest, &t->not_after, err, errlen)) != TQKV_OK)
@@ -421,8 +416,8 @@ tqkv_tls_create(const char *cert_path, const char *key_path, const char *client_
             fetch_config, t);
     grpc_server_credentials *c = o ? grpc_ssl_server_credentials_create_with_options(o) : NULL;
     if (c == NULL) {
-        fmt_err(err, errlen, "%s, %s: gRPC rejected the TLS certificate/key", cert_path, key_path);
-        st = TQKV_EINVAL;
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "%s, %s: gRPC rejected the TLS certificate/key",
+                          cert_path, key_path);
         goto fail;
     }
     *out = t;

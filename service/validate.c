@@ -4,13 +4,14 @@
  */
 #include "service/validate.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/errtext.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
 #include "kernels/tq_math.h"
+#include "kernels/varint.h"
 
 #define HASH_MIN 8u
 #define HASH_MAX 64u
@@ -26,27 +27,13 @@ tqkv_limits_default(tqkv_limits_t *l)
     l->max_namespace_bytes = 256;
 }
 
-static tqkv_status_t fail(tqkv_status_t st, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static tqkv_status_t
-fail(tqkv_status_t st, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 static tqkv_status_t
 check_size(size_t len, const tqkv_limits_t *lim, char *err, size_t errlen)
 {
     if (len > lim->max_message_bytes)
-        return fail(TQKV_EINVAL, err, errlen, "message: %zu bytes exceeds the limit of %llu", len,
-                    (unsigned long long)lim->max_message_bytes);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "message: %zu bytes exceeds the limit of %llu", len,
+                            (unsigned long long)lim->max_message_bytes);
     return TQKV_OK;
 }
 
@@ -58,16 +45,18 @@ check_namespace(const char *ns, int may_be_empty, const tqkv_limits_t *lim, char
     if (n == 0) {
         if (may_be_empty)
             return TQKV_OK;
-        return fail(TQKV_EINVAL, err, errlen, "namespace: empty");
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "namespace: empty");
     }
     if (n > lim->max_namespace_bytes)
-        return fail(TQKV_EINVAL, err, errlen, "namespace: %zu bytes exceeds the limit of %u", n,
-                    lim->max_namespace_bytes);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "namespace: %zu bytes exceeds the limit of %u", n,
+                            lim->max_namespace_bytes);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)ns[i];
         if (c < 0x21 || c > 0x7e)
-            return fail(TQKV_EINVAL, err, errlen,
-                        "namespace: byte %zu (0x%02x) is not a printable ASCII character", i, c);
+            return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                                "namespace: byte %zu (0x%02x) is not a printable ASCII character",
+                                i, c);
     }
     return TQKV_OK;
 }
@@ -76,40 +65,29 @@ check_namespace(const char *ns, int may_be_empty, const tqkv_limits_t *lim, char
  * embedded NUL ("a\0b") would silently become its prefix ("a"). The wire length of the
  * last top-level field 1 (every request's namespace; protobuf-c keeps the last) must
  * equal strlen. buf already unpacked, so it is well formed; any surprise skips the check. */
-static int
-raw_varint(const uint8_t *b, size_t len, size_t *p, uint64_t *v)
-{
-    *v = 0;
-    for (unsigned sh = 0; *p < len && sh < 64; sh += 7) {
-        uint8_t c = b[(*p)++];
-        *v |= (uint64_t)(c & 0x7f) << sh;
-        if (!(c & 0x80))
-            return 1;
-    }
-    return 0;
-}
-
 static tqkv_status_t
 check_namespace_wire(const uint8_t *buf, size_t len, const char *ns, char *err, size_t errlen)
 {
-    size_t p = 0, n = ns ? strlen(ns) : 0;
+    size_t n = ns ? strlen(ns) : 0;
     uint64_t key, v, wire_len = n;
-    while (p < len) {
-        if (!raw_varint(buf, len, &p, &key))
+    const uint8_t *p = buf, *end = buf + len;
+    while (p < end) {
+        if (tqkv_varint_get(&p, end, &key) != 0)
             return TQKV_OK;
         switch (key & 7) {
         case 0:
-            if (!raw_varint(buf, len, &p, &v))
+            if (tqkv_varint_get(&p, end, &v) != 0)
                 return TQKV_OK;
             break;
         case 1:
-            p += 8;
-            break;
         case 5:
-            p += 4;
+            v = (key & 7) == 1 ? 8 : 4;
+            if (v > (uint64_t)(end - p))
+                return TQKV_OK;
+            p += v;
             break;
         case 2:
-            if (!raw_varint(buf, len, &p, &v) || v > len - p)
+            if (tqkv_varint_get(&p, end, &v) != 0 || v > (uint64_t)(end - p))
                 return TQKV_OK;
             if ((key >> 3) == 1)
                 wire_len = v;
@@ -120,8 +98,8 @@ check_namespace_wire(const uint8_t *buf, size_t len, const char *ns, char *err, 
         }
     }
     if (wire_len != n)
-        return fail(TQKV_EINVAL, err, errlen,
-                    "namespace: byte %zu (0x00) is not a printable ASCII character", n);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "namespace: byte %zu (0x00) is not a printable ASCII character", n);
     return TQKV_OK;
 }
 
@@ -129,9 +107,10 @@ static tqkv_status_t
 check_hash(const ProtobufCBinaryData *h, const char *field, char *err, size_t errlen)
 {
     if (h->len == 0)
-        return fail(TQKV_EINVAL, err, errlen, "%s: empty (8..64 bytes required)", field);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: empty (8..64 bytes required)", field);
     if (h->len < HASH_MIN || h->len > HASH_MAX)
-        return fail(TQKV_EINVAL, err, errlen, "%s: %zu bytes (8..64 required)", field, h->len);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: %zu bytes (8..64 required)", field,
+                            h->len);
     return TQKV_OK;
 }
 
@@ -141,10 +120,10 @@ check_hash_list(size_t n, const ProtobufCBinaryData *hashes, const tqkv_limits_t
 {
     char field[32];
     if (n == 0)
-        return fail(TQKV_EINVAL, err, errlen, "hashes: empty");
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "hashes: empty");
     if (n > lim->max_hashes)
-        return fail(TQKV_EINVAL, err, errlen, "hashes: %zu exceeds the limit of %u", n,
-                    lim->max_hashes);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "hashes: %zu exceeds the limit of %u", n,
+                            lim->max_hashes);
     for (size_t i = 0; i < n; i++) {
         snprintf(field, sizeof field, "hashes[%zu]", i);
         tqkv_status_t st = check_hash(&hashes[i], field, err, errlen);
@@ -161,9 +140,9 @@ check_bits(float bits, const char *field, char *err, size_t errlen)
     if (bits == 0.0f)
         return TQKV_OK;
     if (!(bits == bits) || tqkv_bits_from_float(bits, &b2) != TQKV_OK)
-        return fail(TQKV_EUNSUPPORTED, err, errlen,
-                    "%s: %.9g is not a supported bit width (1, 1.5, 2, 2.5, 3, 3.5, 4)", field,
-                    (double)bits);
+        return tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen,
+                            "%s: %.9g is not a supported bit width (1, 1.5, 2, 2.5, 3, 3.5, 4)",
+                            field, (double)bits);
     return TQKV_OK;
 }
 
@@ -171,7 +150,7 @@ static tqkv_status_t
 check_mode(int mode, const char *field, char *err, size_t errlen)
 {
     if (mode < TQKV__V1__MODE__MODE_DEFAULT || mode > TQKV__V1__MODE__MODE_LOSSLESS)
-        return fail(TQKV_EUNSUPPORTED, err, errlen, "%s: unknown mode %d", field, mode);
+        return tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen, "%s: unknown mode %d", field, mode);
     return TQKV_OK;
 }
 
@@ -180,10 +159,11 @@ static tqkv_status_t
 check_lossless(float bits, int mode, const char *tensor, char *err, size_t errlen)
 {
     if (mode == TQKV__V1__MODE__MODE_LOSSLESS && bits != 0.0f)
-        return fail(TQKV_EINVAL, err, errlen,
-                    "codec.%s_bits: %.9g with codec.%s_mode MODE_LOSSLESS (a lossless tensor is "
-                    "stored as BF16 and takes no bit width: leave %s_bits 0)",
-                    tensor, (double)bits, tensor, tensor);
+        return tqkv_errtext(
+            TQKV_EINVAL, err, errlen,
+            "codec.%s_bits: %.9g with codec.%s_mode MODE_LOSSLESS (a lossless tensor is "
+            "stored as BF16 and takes no bit width: leave %s_bits 0)",
+            tensor, (double)bits, tensor, tensor);
     return TQKV_OK;
 }
 
@@ -243,30 +223,30 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
         (st = check_hash(&m->parent_hash, "parent_hash", err, errlen)) != TQKV_OK)
         return st;
     if (m->layer >= lim->max_layers)
-        return fail(TQKV_EINVAL, err, errlen, "layer: %u exceeds the limit of %u", m->layer,
-                    lim->max_layers - 1);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "layer: %u exceeds the limit of %u", m->layer,
+                            lim->max_layers - 1);
     if (m->num_layers != 0 && m->layer >= m->num_layers)
-        return fail(TQKV_EINVAL, err, errlen, "layer: %u is not below num_layers %u", m->layer,
-                    m->num_layers);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "layer: %u is not below num_layers %u",
+                            m->layer, m->num_layers);
     if (m->num_layers > lim->max_layers)
-        return fail(TQKV_EINVAL, err, errlen, "num_layers: %u exceeds the limit of %u",
-                    m->num_layers, lim->max_layers);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "num_layers: %u exceeds the limit of %u",
+                            m->num_layers, lim->max_layers);
     if (m->key.len == 0 && m->value.len == 0 && m->page.len == 0)
-        return fail(TQKV_EINVAL, err, errlen, "key: missing (send key and value, or page)");
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "key: missing (send key and value, or page)");
     if (m->num_tokens == 0 || m->num_tokens > lim->max_tokens ||
         m->num_tokens > TQKV_PAGE_MAX_TOKENS)
-        return fail(TQKV_EINVAL, err, errlen, "num_tokens: %u out of range [1, %u]%s",
-                    m->num_tokens,
-                    lim->max_tokens < TQKV_PAGE_MAX_TOKENS ? lim->max_tokens : TQKV_PAGE_MAX_TOKENS,
-                    m->page.len != 0 ? " (a page Put also sets num_tokens, num_kv_heads and "
-                                       "head_dim to the page's shape)"
-                                     : "");
+        return tqkv_errtext(
+            TQKV_EINVAL, err, errlen, "num_tokens: %u out of range [1, %u]%s", m->num_tokens,
+            lim->max_tokens < TQKV_PAGE_MAX_TOKENS ? lim->max_tokens : TQKV_PAGE_MAX_TOKENS,
+            m->page.len != 0 ? " (a page Put also sets num_tokens, num_kv_heads and "
+                               "head_dim to the page's shape)"
+                             : "");
     if (m->num_kv_heads == 0 || m->num_kv_heads > TQKV_PAGE_MAX_HEADS)
-        return fail(TQKV_EINVAL, err, errlen, "num_kv_heads: %u out of range [1, %u]",
-                    m->num_kv_heads, TQKV_PAGE_MAX_HEADS);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "num_kv_heads: %u out of range [1, %u]",
+                            m->num_kv_heads, TQKV_PAGE_MAX_HEADS);
     if (m->head_dim < TQKV_PAGE_MIN_DIM || m->head_dim > TQKV_PAGE_MAX_DIM)
-        return fail(TQKV_EINVAL, err, errlen, "head_dim: %u out of range [%u, %u]", m->head_dim,
-                    TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "head_dim: %u out of range [%u, %u]",
+                            m->head_dim, TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM);
     if (m->codec) {
         if ((st = check_bits(m->codec->key_bits, "codec.key_bits", err, errlen)) != TQKV_OK ||
             (st = check_bits(m->codec->value_bits, "codec.value_bits", err, errlen)) != TQKV_OK ||
@@ -284,46 +264,49 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
         tqkv_page_info_t info;
         char why[200];
         if (m->key.len != 0 || m->value.len != 0)
-            return fail(TQKV_EINVAL, err, errlen,
-                        "page: set together with key/value (send one or the other)");
+            return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                                "page: set together with key/value (send one or the other)");
         st = tqkv_page_validate(m->page.data, m->page.len, 1, &info, why, sizeof why);
         if (st != TQKV_OK)
-            return fail(st, err, errlen, "page: %s", why);
+            return tqkv_errtext(st, err, errlen, "page: %s", why);
         if (info.page_bytes != m->page.len)
-            return fail(TQKV_EFORMAT, err, errlen, "page: %zu bytes but the header says %zu",
-                        m->page.len, info.page_bytes);
+            return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                                "page: %zu bytes but the header says %zu", m->page.len,
+                                info.page_bytes);
         if (info.shape.num_tokens != m->num_tokens || info.shape.num_kv_heads != m->num_kv_heads ||
             info.shape.head_dim != m->head_dim)
-            return fail(TQKV_EINVAL, err, errlen,
-                        "page: shape [%u][%u][%u] does not match num_tokens/num_kv_heads/head_dim "
-                        "[%u][%u][%u]",
-                        info.shape.num_tokens, info.shape.num_kv_heads, info.shape.head_dim,
-                        m->num_tokens, m->num_kv_heads, m->head_dim);
+            return tqkv_errtext(
+                TQKV_EINVAL, err, errlen,
+                "page: shape [%u][%u][%u] does not match num_tokens/num_kv_heads/head_dim "
+                "[%u][%u][%u]",
+                info.shape.num_tokens, info.shape.num_kv_heads, info.shape.head_dim, m->num_tokens,
+                m->num_kv_heads, m->head_dim);
         /* A block is K and V: a page of one tensor (tqkv-codec encode) would be stored,
          * counted by Lookup, and then refused by decode-kv and attention. */
         if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0)
-            return fail(TQKV_EINVAL, err, errlen,
-                        "page: holds no %s (a block page needs K and V: tqkv-codec encode-kv)",
-                        info.codec.k.bits_x2 == 0 ? "keys" : "values");
+            return tqkv_errtext(
+                TQKV_EINVAL, err, errlen,
+                "page: holds no %s (a block page needs K and V: tqkv-codec encode-kv)",
+                info.codec.k.bits_x2 == 0 ? "keys" : "values");
         return TQKV_OK;
     }
 
     uint64_t elems = (uint64_t)m->num_tokens * m->num_kv_heads * m->head_dim;
     uint64_t want = elems * 2;
     if (m->key.len != want)
-        return fail(TQKV_EINVAL, err, errlen, "key: %zu bytes, expected %llu for BF16 [%u][%u][%u]",
-                    m->key.len, (unsigned long long)want, m->num_tokens, m->num_kv_heads,
-                    m->head_dim);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "key: %zu bytes, expected %llu for BF16 [%u][%u][%u]", m->key.len,
+                            (unsigned long long)want, m->num_tokens, m->num_kv_heads, m->head_dim);
     if (m->value.len != want)
-        return fail(TQKV_EINVAL, err, errlen,
-                    "value: %zu bytes, expected %llu for BF16 [%u][%u][%u]", m->value.len,
-                    (unsigned long long)want, m->num_tokens, m->num_kv_heads, m->head_dim);
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "value: %zu bytes, expected %llu for BF16 [%u][%u][%u]", m->value.len,
+                            (unsigned long long)want, m->num_tokens, m->num_kv_heads, m->head_dim);
     size_t bad = first_nonfinite(m->key.data, (size_t)elems);
     if (bad != elems)
-        return fail(TQKV_ERANGE, err, errlen, "key: element %zu is NaN or Inf", bad);
+        return tqkv_errtext(TQKV_ERANGE, err, errlen, "key: element %zu is NaN or Inf", bad);
     bad = first_nonfinite(m->value.data, (size_t)elems);
     if (bad != elems)
-        return fail(TQKV_ERANGE, err, errlen, "value: element %zu is NaN or Inf", bad);
+        return tqkv_errtext(TQKV_ERANGE, err, errlen, "value: element %zu is NaN or Inf", bad);
     (void)len;
     return TQKV_OK;
 }
@@ -335,8 +318,8 @@ validate_put(const Tqkv__V1__PutRequest *m, size_t len, const tqkv_limits_t *lim
             return st_;                                                                            \
         msg = fn(NULL, len, buf);                                                                  \
         if (msg == NULL)                                                                           \
-            return fail(TQKV_EINVAL, err, errlen,                                                  \
-                        "message: %zu bytes are not a valid " what " protobuf", len);              \
+            return tqkv_errtext(TQKV_EINVAL, err, errlen,                                          \
+                                "message: %zu bytes are not a valid " what " protobuf", len);      \
     } while (0)
 
 tqkv_status_t
@@ -368,13 +351,13 @@ tqkv_validate_lookup(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
         (st = check_hash_list(msg->n_hashes, msg->hashes, lim, err, errlen)) != TQKV_OK)
         goto bad;
     if (msg->num_layers == 0 || msg->num_layers > lim->max_layers) {
-        st = fail(TQKV_EINVAL, err, errlen, "num_layers: %u out of range [1, %u]", msg->num_layers,
-                  lim->max_layers);
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "num_layers: %u out of range [1, %u]",
+                          msg->num_layers, lim->max_layers);
         goto bad;
     }
     if (msg->lease_ms > LEASE_MAX_MS) {
-        st = fail(TQKV_EINVAL, err, errlen, "lease_ms: %u exceeds the limit of %u", msg->lease_ms,
-                  LEASE_MAX_MS);
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "lease_ms: %u exceeds the limit of %u",
+                          msg->lease_ms, LEASE_MAX_MS);
         goto bad;
     }
     *out = msg;
@@ -396,25 +379,27 @@ tqkv_validate_get(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
         (st = check_hash_list(msg->n_hashes, msg->hashes, lim, err, errlen)) != TQKV_OK)
         goto bad;
     if (msg->layer_end <= msg->layer_begin) {
-        st = fail(TQKV_EINVAL, err, errlen, "layer_end: %u must be greater than layer_begin %u",
-                  msg->layer_end, msg->layer_begin);
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen,
+                          "layer_end: %u must be greater than layer_begin %u", msg->layer_end,
+                          msg->layer_begin);
         goto bad;
     }
     if (msg->layer_end > lim->max_layers) {
-        st = fail(TQKV_EINVAL, err, errlen, "layer_end: %u exceeds the limit of %u", msg->layer_end,
-                  lim->max_layers);
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen, "layer_end: %u exceeds the limit of %u",
+                          msg->layer_end, lim->max_layers);
         goto bad;
     }
     if ((int)msg->encoding != TQKV__V1__ENCODING__ENCODING_PACKED &&
         (int)msg->encoding != TQKV__V1__ENCODING__ENCODING_BF16) {
-        st = fail(TQKV_EUNSUPPORTED, err, errlen, "encoding: unknown value %d", (int)msg->encoding);
+        st = tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen, "encoding: unknown value %d",
+                          (int)msg->encoding);
         goto bad;
     }
     if ((int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_GRPC &&
         (int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_NCCL &&
         (int)msg->transport != TQKV__V1__TRANSPORT__TRANSPORT_TCP) {
-        st = fail(TQKV_EUNSUPPORTED, err, errlen, "transport: unknown value %d",
-                  (int)msg->transport);
+        st = tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen, "transport: unknown value %d",
+                          (int)msg->transport);
         goto bad;
     }
     *out = msg;
@@ -436,12 +421,12 @@ tqkv_validate_delete(const uint8_t *buf, size_t len, const tqkv_limits_t *lim,
         goto bad;
     if (msg->all) {
         if (msg->n_hashes != 0) {
-            st = fail(TQKV_EINVAL, err, errlen, "hashes: must be empty when all is set");
+            st = tqkv_errtext(TQKV_EINVAL, err, errlen, "hashes: must be empty when all is set");
             goto bad;
         }
     } else if (msg->n_hashes == 0) {
-        st = fail(TQKV_EINVAL, err, errlen,
-                  "hashes: empty (list hashes, or set all to delete the namespace)");
+        st = tqkv_errtext(TQKV_EINVAL, err, errlen,
+                          "hashes: empty (list hashes, or set all to delete the namespace)");
         goto bad;
     } else if ((st = check_hash_list(msg->n_hashes, msg->hashes, lim, err, errlen)) != TQKV_OK) {
         goto bad;

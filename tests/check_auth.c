@@ -16,7 +16,7 @@
 #include "tests/check_main.h"
 #include "tests/support/sanitize.h"
 
-void tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32]);
+int tqkv__auth_sha256(const void *data, size_t len, uint8_t out[32]);
 
 static char g_dir[256];
 

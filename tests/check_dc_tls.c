@@ -85,7 +85,7 @@ hs_main(void *arg)
 {
     hs_t *h = arg;
     h->ssl = tqkv__dctls_handshake(h->ctx, h->fd, h->server ? NULL : "127.0.0.1",
-                                   tqkv__dcio_now_ns() + DEADLINE_NS, h->err, sizeof h->err);
+                                   tqkv_clock_ns() + DEADLINE_NS, h->err, sizeof h->err);
     return NULL;
 }
 
@@ -198,7 +198,7 @@ writer_main(void *arg)
         memset(hdr, f, sizeof hdr);
         size_t len = w->page + (size_t)f * 37; /* page ends fall anywhere in a record */
         struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)(w->src + f), len}};
-        w->rc = tqkv__dcio_write(w->io, iov, 2, tqkv__dcio_now_ns() + DEADLINE_NS);
+        w->rc = tqkv__dcio_write(w->io, iov, 2, tqkv_clock_ns() + DEADLINE_NS);
     }
     return NULL;
 }
@@ -213,13 +213,12 @@ read_frames(tqkv__dcio_t *io, const writer_t *w, size_t chunk)
     for (int f = 0; f < w->frames; f++) {
         uint8_t hdr[16], want[16];
         memset(want, f, sizeof want);
-        ck_assert_int_eq(tqkv__dcio_read(io, hdr, sizeof hdr, tqkv__dcio_now_ns() + DEADLINE_NS),
-                         0);
+        ck_assert_int_eq(tqkv__dcio_read(io, hdr, sizeof hdr, tqkv_clock_ns() + DEADLINE_NS), 0);
         ck_assert_mem_eq(hdr, want, sizeof hdr);
         size_t len = w->page + (size_t)f * 37, off = 0;
         while (off < len) {
             size_t k = chunk && len - off > chunk ? chunk : len - off;
-            ck_assert_msg(tqkv__dcio_read(io, got + off, k, tqkv__dcio_now_ns() + DEADLINE_NS) == 0,
+            ck_assert_msg(tqkv__dcio_read(io, got + off, k, tqkv_clock_ns() + DEADLINE_NS) == 0,
                           "frame %d at %zu: errno %d", f, off, errno);
             off += k;
         }
@@ -322,9 +321,9 @@ START_TEST(test_key_update_requested)
     ck_assert_int_eq(SSL_key_update(k.c.ssl, SSL_KEY_UPDATE_REQUESTED), 1);
     uint8_t x = 0x5a;
     struct iovec one = {&x, 1};
-    ck_assert_int_eq(tqkv__dcio_write(&k.c, &one, 1, tqkv__dcio_now_ns() + DEADLINE_NS), 0);
+    ck_assert_int_eq(tqkv__dcio_write(&k.c, &one, 1, tqkv_clock_ns() + DEADLINE_NS), 0);
     uint8_t y = 0;
-    ck_assert_int_eq(tqkv__dcio_read(&k.s, &y, 1, tqkv__dcio_now_ns() + DEADLINE_NS), 0);
+    ck_assert_int_eq(tqkv__dcio_read(&k.s, &y, 1, tqkv_clock_ns() + DEADLINE_NS), 0);
     ck_assert_int_eq(y, 0x5a);
     writer_t w = {&k.s, 4, 90000, src, -1, -1, 0};
     pthread_t th;
@@ -343,12 +342,12 @@ START_TEST(test_close_notify_is_eof)
     conn_open(&k, 1, 0, NULL);
     uint8_t b[16] = {1};
     struct iovec iov = {b, sizeof b};
-    ck_assert_int_eq(tqkv__dcio_write(&k.s, &iov, 1, tqkv__dcio_now_ns() + DEADLINE_NS), 0);
+    ck_assert_int_eq(tqkv__dcio_write(&k.s, &iov, 1, tqkv_clock_ns() + DEADLINE_NS), 0);
     ck_assert_int_ge(SSL_shutdown(k.s.ssl), 0);
     uint8_t r[16];
-    ck_assert_int_eq(tqkv__dcio_read(&k.c, r, sizeof r, tqkv__dcio_now_ns() + DEADLINE_NS), 0);
+    ck_assert_int_eq(tqkv__dcio_read(&k.c, r, sizeof r, tqkv_clock_ns() + DEADLINE_NS), 0);
     errno = 12345;
-    ck_assert_int_eq(tqkv__dcio_read(&k.c, r, 1, tqkv__dcio_now_ns() + DEADLINE_NS), -1);
+    ck_assert_int_eq(tqkv__dcio_read(&k.c, r, 1, tqkv_clock_ns() + DEADLINE_NS), -1);
     ck_assert_int_eq(errno, 0);
     conn_close(&k);
 }
@@ -407,15 +406,14 @@ START_TEST(test_tampered_record)
     pthread_create(&th, NULL, relay_main, &r);
     uint8_t *src = pattern(100000, 9), *got = malloc(100000);
     struct iovec iov = {src, 100000};
-    ck_assert_int_eq(tqkv__dcio_write(&s, &iov, 1, tqkv__dcio_now_ns() + DEADLINE_NS), 0);
+    ck_assert_int_eq(tqkv__dcio_write(&s, &iov, 1, tqkv_clock_ns() + DEADLINE_NS), 0);
     /* Records 0 and 1 (32 KiB) are intact; the flip is in record 2. */
-    ck_assert_int_eq(tqkv__dcio_read(&c, got, 32768, tqkv__dcio_now_ns() + DEADLINE_NS), 0);
+    ck_assert_int_eq(tqkv__dcio_read(&c, got, 32768, tqkv_clock_ns() + DEADLINE_NS), 0);
     ck_assert_mem_eq(got, src, 32768);
-    ck_assert_int_eq(tqkv__dcio_read(&c, got, 100000 - 32768, tqkv__dcio_now_ns() + DEADLINE_NS),
-                     -1);
+    ck_assert_int_eq(tqkv__dcio_read(&c, got, 100000 - 32768, tqkv_clock_ns() + DEADLINE_NS), -1);
     ck_assert_int_eq(errno, EPROTO);
     /* And it stays refused. */
-    ck_assert_int_eq(tqkv__dcio_read(&c, got, 1, tqkv__dcio_now_ns() + DEADLINE_NS), -1);
+    ck_assert_int_eq(tqkv__dcio_read(&c, got, 1, tqkv_clock_ns() + DEADLINE_NS), -1);
     ck_assert_int_eq(errno, EPROTO);
     shutdown(a[0], SHUT_RDWR);
     pthread_join(th, NULL);

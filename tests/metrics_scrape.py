@@ -39,6 +39,7 @@ SERVER = None
 PROTO_DIR = None
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 from tqkv_seed import test_seed  # noqa: E402
+from tqkv_server import ServerProcess  # noqa: E402
 
 SEED = test_seed()
 RNG = np.random.default_rng(SEED)
@@ -67,7 +68,7 @@ def bf16(a):
     return u.astype("<u2").tobytes()
 
 
-class Server:
+class Server(ServerProcess):
     """tqkv-server on 127.0.0.1 with a metrics endpoint, both on port 0; JSON logs (stderr
     to a file, read by the tests), an access log and a 1 ms slow-request threshold."""
 
@@ -75,52 +76,32 @@ class Server:
         self.dir = tempfile.mkdtemp(prefix="tqkv-logs-")
         self.access = os.path.join(self.dir, "access.log")
         self.errpath = os.path.join(self.dir, "stderr.log")
-        self.err = open(self.errpath, "w")
-        self.proc = subprocess.Popen(
-            [SERVER, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-             "--threads", "2", "--encoder-threads", "2", "--dram-capacity", "64M",
-             "--key-bits", "3.5", "--value-bits", "3", "--log-format", "json",
-             "--access-log", self.access, "--slow-request-ms", "1"],
-            stdout=subprocess.PIPE, stderr=self.err, text=True)
-        self.port = self.metrics_port = None
-        self.stdout_lines = []
-        deadline = time.time() + 60
-        while time.time() < deadline and (self.port is None or self.metrics_port is None):
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.stdout_lines.append(line)
-            msg = json.loads(line)["msg"]  # JSON mode: stdout lines are JSON too
-            if "listening on" in msg:
-                # What tqkv-bench, the harnesses and quickstart.sh take from the raw line:
-                # the address up to the next blank.
-                addr = re.search(r"listening on (\S+)", line).group(1)
-                if not re.fullmatch(r"127\.0\.0\.1:\d+", addr):
-                    raise RuntimeError("the JSON listening line hides its address: %r" % line)
-                self.port = int(addr.rsplit(":", 1)[1])
-            elif "metrics on port" in msg:
-                self.metrics_port = int(msg.rsplit(" ", 1)[1])
-        if self.port is None or self.metrics_port is None:
-            self.proc.kill()
+        super().__init__(
+            SERVER, ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                     "--threads", "2", "--encoder-threads", "2", "--dram-capacity", "64M",
+                     "--key-bits", "3.5", "--value-bits", "3", "--log-format", "json",
+                     "--access-log", self.access, "--slow-request-ms", "1"],
+            start_timeout=60, want_metrics=True, drain_stdout=True, stderr_path=self.errpath)
+        # JSON mode: stdout lines are JSON too. What tqkv-bench, the harnesses and
+        # quickstart.sh take from the raw line: the address up to the next blank.
+        line = next(l for l in self.stdout_lines if "listening on" in l)
+        json.loads(line)
+        addr = re.search(r"listening on (\S+)", line).group(1)
+        if not re.fullmatch(r"127\.0\.0\.1:\d+", addr):
+            self.kill()
+            raise RuntimeError("the JSON listening line hides its address: %r" % line)
+        if self.metrics_port is None:
+            self.kill()
             raise RuntimeError("tqkv-server did not print its ports: %s" % self.stderr())
 
     def stderr(self):
-        with open(self.errpath) as f:
-            return f.read()
+        return self.stderr_text()
 
     def url(self, path="/metrics"):
         return "http://127.0.0.1:%d%s" % (self.metrics_port, path)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.stdout_lines += self.proc.stdout.readlines()
-            self.proc.stdout.close()
-            self.err.close()
+        return super().stop(timeout=60)
 
 
 def json_lines(text, where):

@@ -4,7 +4,7 @@
 
 tqkv_check_suite(check_auth
   SOURCES ${PROJECT_SOURCE_DIR}/tests/check_auth.c ${PROJECT_SOURCE_DIR}/service/auth.c
-  LIBS tqkv_kernels
+  LIBS tqkv_kernels OpenSSL::Crypto
   LABELS unit
   TIMEOUT 120)
 
@@ -74,7 +74,7 @@ if(TARGET tqkv AND EXISTS ${PROJECT_SOURCE_DIR}/transport/client.c)
   tqkv_fuzz_replay(client_get SOURCES ${TQKV_FUZZ_DIR}/fuzz_client_get.c LIBS tqkv)
 endif()
 tqkv_fuzz_replay(auth SOURCES ${TQKV_FUZZ_DIR}/fuzz_auth.c ${PROJECT_SOURCE_DIR}/service/auth.c
-  LIBS tqkv_kernels)
+  LIBS tqkv_kernels OpenSSL::Crypto)
 
 if(TQKV_FUZZ)
   add_subdirectory(${TQKV_FUZZ_DIR} ${PROJECT_BINARY_DIR}/fuzz)

@@ -270,7 +270,7 @@ tqkv__cq_destroy(grpc_completion_queue *cq)
 void
 tqkv__renew_channels(tqkv_client_t *c, target_t *t, uint64_t min_interval_ns)
 {
-    uint64_t now = tqkv_shard_now_ns(), last = atomic_load(&t->renewed_ns);
+    uint64_t now = tqkv_clock_ns(), last = atomic_load(&t->renewed_ns);
     if (now - last < min_interval_ns || !atomic_compare_exchange_strong(&t->renewed_ns, &last, now))
         return;
     for (uint32_t k = 0; k < t->nch; k++) {
@@ -326,7 +326,7 @@ tqkv__rpc_result(tqkv_client_t *c, rpc_t *r)
         r->status = GRPC_STATUS_UNAVAILABLE;
     }
     if (r->status == GRPC_STATUS_UNAVAILABLE) {
-        tqkv_shard_health_fail(&t->health, tqkv_shard_now_ns(), c->backoff_min, c->backoff_max);
+        tqkv_shard_health_fail(&t->health, tqkv_clock_ns(), c->backoff_min, c->backoff_max);
         /* after an UNAVAILABLE: at most once per minimum back-off */
         tqkv__renew_channels(c, t, (uint64_t)c->backoff_min * 1000000ull);
         if (c->tab) /* re-resolve soon: the server may have moved */
@@ -518,7 +518,7 @@ void
 tqkv__rd_plan(tqkv__rd_t *rd)
 {
     size_t n = rd->n, nc = rd->nc, r = rd->round, nt = rd->c->nt;
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     /* Asked again while unresolved and not asked at this rank (a hedge may have); the
      * decision is made once: a target's usability (its health, its channel's state) may
      * change between counting and filling, and a count the fill does not match would
@@ -557,7 +557,7 @@ rd_call(tqkv__rd_t *rd, size_t sl, size_t t, size_t from, size_t to, uint32_t ra
     r->count = to - from;
     r->rank = rank;
     r->is_hedge = is_hedge;
-    r->t0_ns = r->last_ns = tqkv_shard_now_ns();
+    r->t0_ns = r->last_ns = tqkv_clock_ns();
     r->hedge_ns =
         is_hedge || rd->nslots == rd->c->nt ? UINT64_MAX / 2 : tqkv__hedge_delay_ns(rd->c, t);
     rd->started[sl] = 1;
@@ -613,7 +613,7 @@ void
 tqkv__rd_hedge(tqkv__rd_t *rd)
 {
     tqkv_client_t *c = rd->c;
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     if (tqkv__rd_hedge_due(rd) > now)
         return;
     size_t w = ++rd->waves, base = rd->n * w, k = 0, n1 = rd->n ? rd->n : 1;

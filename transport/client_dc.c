@@ -29,7 +29,7 @@ dc_disable(target_t *t, const char *fmt, ...)
     vsnprintf(t->dc_why, sizeof t->dc_why, fmt, ap);
     va_end(ap);
     pthread_mutex_unlock(&t->dc_mu);
-    atomic_store(&t->dc_retry_ns, tqkv_shard_now_ns() + DC_RETRY_NS);
+    atomic_store(&t->dc_retry_ns, tqkv_clock_ns() + DC_RETRY_NS);
 }
 
 /* An idle channel the server has not closed (a restarted server closed the old ones). */
@@ -62,7 +62,7 @@ tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms)
 {
     target_t *t = c->t[ti];
     if (t->dc_off) {
-        if (tqkv_shard_now_ns() < atomic_load(&t->dc_retry_ns))
+        if (tqkv_clock_ns() < atomic_load(&t->dc_retry_ns))
             return NULL;
         pthread_mutex_lock(&t->dc_mu);
         t->dc_off = 0;
@@ -82,7 +82,7 @@ tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms)
     m.transport = TQKV__V1__TRANSPORT__TRANSPORT_TCP;
     ProtobufCMessage *rq = &m.base, *rs = NULL;
     tqkv_status_t st;
-    uint64_t t0 = tqkv_shard_now_ns();
+    uint64_t t0 = tqkv_clock_ns();
     tqkv__unary_fanout(c, 1, &ti, M_OPEN_CHANNEL, &rq, &tqkv__v1__open_channel_response__descriptor,
                        setup_ms, &rs, &st);
     if (st != TQKV_OK) {
@@ -103,7 +103,7 @@ tqkv__dcc_acquire(tqkv_client_t *c, size_t ti, uint32_t setup_ms)
     else if (!c->dc_tls && r->data_tls)
         snprintf(err, sizeof err, "the server's data channels need TLS and this client has none");
     else {
-        uint64_t spent_ms = (tqkv_shard_now_ns() - t0) / 1000000u;
+        uint64_t spent_ms = (tqkv_clock_ns() - t0) / 1000000u;
         uint32_t left = spent_ms < setup_ms ? setup_ms - (uint32_t)spent_ms : 1;
         rc = tqkv__dcc_connect(host, r->data_port, r->channel_id, r->channel_secret.data,
                                left < DC_CONNECT_MS ? left : DC_CONNECT_MS, c->dc_tls, c->tls_name,

@@ -12,6 +12,7 @@
 #include <grpc/support/alloc.h>
 
 #include "kernels/page.h"
+#include "kernels/varint.h"
 #include "kernels/page_format.h"
 #include "tqkv/v1/kvcache.pb-c.h"
 #include "transport/client_internal.h"
@@ -22,23 +23,6 @@
 
 /* In-place reader of a GetResponse (fields of kvcache.proto). Returns 0, or -1 for
  * bytes that are not a valid message. Pointers borrow p. */
-static int
-rd_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (int s = 0; s < 64; s += 7) {
-        if (*p >= end)
-            return -1;
-        uint8_t b = *(*p)++;
-        x |= (uint64_t)(b & 0x7f) << s;
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 int
 tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m)
 {
@@ -46,14 +30,14 @@ tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m)
     memset(m, 0, sizeof *m);
     while (p < end) {
         uint64_t key, v;
-        if (rd_varint(&p, end, &key) != 0)
+        if (tqkv_varint_get(&p, end, &key) != 0)
             return -1;
         if ((key >> 3) == 0 || (key >> 3) > 0x1fffffffu)
             return -1; /* field numbers are 1 .. 2^29-1 */
         uint32_t field = (uint32_t)(key >> 3), wt = (uint32_t)(key & 7);
         switch (wt) {
         case TQKV_WIRE_VARINT:
-            if (rd_varint(&p, end, &v) != 0)
+            if (tqkv_varint_get(&p, end, &v) != 0)
                 return -1;
             switch (field) {
             case TQKV_GET_F_LAYER:
@@ -79,7 +63,7 @@ tqkv__client_parse_get(const uint8_t *p, size_t n, tqkv__get_msg_t *m)
             }
             break;
         case TQKV_WIRE_LEN:
-            if (rd_varint(&p, end, &v) != 0 || v > (uint64_t)(end - p))
+            if (tqkv_varint_get(&p, end, &v) != 0 || v > (uint64_t)(end - p))
                 return -1;
             switch (field) {
             case TQKV_GET_F_HASH:
@@ -183,15 +167,15 @@ page_field_at(const uint8_t *p, size_t avail, size_t *off, size_t *plen)
     const uint8_t *q = p, *end = p + avail;
     while (q < end) {
         uint64_t key, v;
-        if (rd_varint(&q, end, &key) != 0)
+        if (tqkv_varint_get(&q, end, &key) != 0)
             return -1;
         switch (key & 7) {
         case TQKV_WIRE_VARINT:
-            if (rd_varint(&q, end, &v) != 0)
+            if (tqkv_varint_get(&q, end, &v) != 0)
                 return -1;
             break;
         case TQKV_WIRE_LEN:
-            if (rd_varint(&q, end, &v) != 0)
+            if (tqkv_varint_get(&q, end, &v) != 0)
                 return -1;
             if ((key >> 3) == TQKV_GET_F_PAGE) {
                 *off = (size_t)(q - p);
@@ -245,7 +229,7 @@ static int get_deliver(getop_t *g, rpc_t *r, size_t gi, const tqkv__get_msg_t *m
 static void
 get_progress(getop_t *g, rpc_t *r, size_t len)
 {
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     if (r->last_ns == r->t0_ns)
         tqkv__lat_record(g->c, r->target, now - r->t0_ns);
     r->last_ns = now;
@@ -625,7 +609,7 @@ get_call_start(void *op, size_t sl, size_t t, size_t from, size_t to)
                                    g->dl_ns, &dl, &r->short_dl);
     /* Setting a channel up may take half the time left: a server that never
      * answers leaves the other half to the gRPC fallback. */
-    uint64_t now_ns = tqkv_shard_now_ns();
+    uint64_t now_ns = tqkv_clock_ns();
     uint32_t setup_ms = now_ns < r->dl_ns ? (uint32_t)((r->dl_ns - now_ns) / 2000000u) : 0;
     if (!r->is_hedge && c->transport == TQKV_CLIENT_TRANSPORT_TCP &&
         q->encoding != TQKV_CLIENT_BF16 && setup_ms > 0 &&
@@ -782,7 +766,7 @@ get_round_drive(getop_t *g, tqkv_status_t *st)
                 g->pf[i].revents |= POLLIN;
             }
         get_round_frames(g, nfd, pr, st);
-        if (pr == 0 && g->live == 0 && tqkv_shard_now_ns() >= g->dl_ns) {
+        if (pr == 0 && g->live == 0 && tqkv_clock_ns() >= g->dl_ns) {
             for (size_t i = 0; i < nfd; i++)
                 rs[g->who[i]].dc_bad = 1, rs[g->who[i]].frames_left = 0;
             if (*st == TQKV_OK)
@@ -919,7 +903,7 @@ get_v(tqkv_client_t *c, const tqkv_get_req_t *q, tqkv_get_cb_t cb, void *arg)
     g.n = q->num_hashes;
     g.L = q->layer_end - q->layer_begin;
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
-    g.dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull;
+    g.dl_ns = tqkv_clock_ns() + (uint64_t)op_ms * 1000000ull;
     g.rd = (tqkv__rd_t){.c = c,
                         .ns = q->ns,
                         .hashes = q->hashes,

@@ -165,9 +165,9 @@ prober_main(void *arg)
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
         pthread_mutex_unlock(&h->mu);
-        uint64_t t0 = tqkv_shard_now_ns();
+        uint64_t t0 = tqkv_clock_ns();
         probe_round(h);
-        uint64_t spent_ms = (tqkv_shard_now_ns() - t0) / 1000000u;
+        uint64_t spent_ms = (tqkv_clock_ns() - t0) / 1000000u;
         pthread_mutex_lock(&h->mu);
         if (h->stop)
             break;
@@ -279,7 +279,7 @@ tqkv_client_health_stats(const tqkv_client_t *c, tqkv_client_health_stats_t *s)
 gpr_timespec
 tqkv__deadline_at_ns(uint64_t at_ns)
 {
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     int64_t left = at_ns > now ? (int64_t)(at_ns - now) : 0;
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_nanos(left, GPR_TIMESPAN));
 }
@@ -293,7 +293,7 @@ tqkv__call_deadline(const tqkv_client_t *c, uint64_t bytes, uint64_t op_dl_ns, g
     if (c->nt > 1 && c->call_base_ms != UINT32_MAX && c->call_floor_mb_s > 0) {
         /* MB/s * 1000 = bytes per ms */
         uint64_t ms = (uint64_t)c->call_base_ms + bytes / ((uint64_t)c->call_floor_mb_s * 1000u);
-        uint64_t size_at = tqkv_shard_now_ns() + ms * 1000000ull;
+        uint64_t size_at = tqkv_clock_ns() + ms * 1000000ull;
         if (size_at < op_dl_ns) {
             at = size_at;
             *is_short = 1;

@@ -225,7 +225,7 @@ put_route(tqkv_put_t *p, grpc_byte_buffer *bb, const uint32_t *rank, size_t nran
           uint64_t *holders, tqkv_status_t *st)
 {
     tqkv_client_t *c = p->c;
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     size_t sent = 0;
     uint64_t used = 0;
     *st = TQKV_OK;

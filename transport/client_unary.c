@@ -83,8 +83,8 @@ lookup_answer(lkop_t *l, rpc_t *r, size_t sl)
     if (lr == NULL || l->answered[sl])
         goto out;
     l->answered[sl] = 1;
-    tqkv__lat_record(l->c, r->target, tqkv_shard_now_ns() - r->t0_ns);
-    r->last_ns = tqkv_shard_now_ns();
+    tqkv__lat_record(l->c, r->target, tqkv_clock_ns() - r->t0_ns);
+    r->last_ns = tqkv_clock_ns();
     if (l->c->nt == 1) {
         l->server_prefix = lr->prefix_blocks;
         l->single_ok = 1;
@@ -189,7 +189,7 @@ lookup_v(tqkv_client_t *c, const tqkv_lookup_req_t *q, uint32_t *prefix_blocks, 
         return TQKV_OK;
 
     uint32_t op_ms = q->deadline_ms ? q->deadline_ms : c->deadline_ms;
-    lkop_t l = {.c = c, .q = q, .dl_ns = tqkv_shard_now_ns() + (uint64_t)op_ms * 1000000ull};
+    lkop_t l = {.c = c, .q = q, .dl_ns = tqkv_clock_ns() + (uint64_t)op_ms * 1000000ull};
     l.rd = (tqkv__rd_t){.c = c,
                         .ns = q->ns,
                         .hashes = q->hashes,
@@ -235,7 +235,7 @@ static size_t
 all_live_targets(tqkv_client_t *c, ProtobufCMessage *m, size_t *tis, ProtobufCMessage **rq)
 {
     size_t n = 0;
-    uint64_t now = tqkv_shard_now_ns();
+    uint64_t now = tqkv_clock_ns();
     for (size_t t = 0; t < c->nt; t++) {
         if (!tqkv__target_usable(c, t, now))
             continue;

@@ -67,7 +67,7 @@ tqkv__dcc_connect(const char *host, uint32_t port, uint64_t id,
         snprintf(err, errlen, "data channel %s:%u: %s", host, port, gai_strerror(gr));
         return -1;
     }
-    uint64_t deadline = tqkv__dcio_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = tqkv_clock_ns() + (uint64_t)timeout_ms * 1000000ull;
     int fd = -1, e = 0;
     for (struct addrinfo *p = ai; p && fd < 0; p = p->ai_next) {
         fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, p->ai_protocol);

@@ -26,14 +26,6 @@
 #define SUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
 #define READ_BUFFER (256u << 10) /* read-ahead buffer: many records per recv */
 
-uint64_t
-tqkv__dcio_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The oldest OpenSSL error as text (and clears the queue), or fallback. */
 static const char *
 ssl_reason(char *buf, size_t cap, const char *fallback)
@@ -52,7 +44,7 @@ tqkv__dcio_wait(int fd, short ev, uint64_t deadline_ns)
     for (;;) {
         int ms = -1;
         if (deadline_ns) {
-            uint64_t now = tqkv__dcio_now_ns();
+            uint64_t now = tqkv_clock_ns();
             if (now >= deadline_ns) {
                 errno = ETIMEDOUT;
                 return -1;
@@ -555,24 +547,15 @@ tqkv__dctls_describe(SSL *ssl, const char **version, const char **cipher)
 
 /* ---- userspace records: writing ---- */
 
+static int sock_write(int fd, struct iovec *iov, int n, uint64_t deadline_ns);
+
 /* Sends t's write buffer whole. 0, or -1 with errno. */
 static int
 wflush(dctls_t *t, int fd, uint64_t deadline_ns)
 {
-    size_t off = 0;
-    while (off < t->wlen) {
-        ssize_t w = send(fd, t->wbuf + off, t->wlen - off, MSG_NOSIGNAL);
-        if (w >= 0) {
-            off += (size_t)w;
-            continue;
-        }
-        if (errno == EINTR)
-            continue;
-        if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
-            tqkv__dcio_wait(fd, POLLOUT, deadline_ns) == 0)
-            continue;
+    struct iovec v = {t->wbuf, t->wlen};
+    if (t->wlen > 0 && sock_write(fd, &v, 1, deadline_ns) != 0)
         return -1;
-    }
     t->wlen = 0;
     return 0;
 }
@@ -903,6 +886,27 @@ sock_write(int fd, struct iovec *iov, int n, uint64_t deadline_ns)
     return 0;
 }
 
+/* OpenSSL's own record layer: writes (wr) or reads all n bytes at p through ssl,
+ * waiting on fd as it asks, until deadline_ns. 0, or -1 with errno. */
+static int
+ssl_xfer(SSL *ssl, int fd, int wr, void *buf, size_t n, uint64_t deadline_ns)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        size_t done = 0;
+        ERR_clear_error();
+        int rc = wr ? SSL_write_ex(ssl, p, n, &done) : SSL_read_ex(ssl, p, n, &done);
+        if (rc == 1) {
+            p += done;
+            n -= done;
+            continue;
+        }
+        if (ssl_wait(ssl, fd, rc, deadline_ns) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int
 tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadline_ns)
 {
@@ -913,19 +917,7 @@ tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadline_n
     if (t && t->tx == PATH_USER)
         return user_write(t, io->fd, iov, n, deadline_ns);
     for (; n > 0; iov++, n--) {
-        const uint8_t *p = iov->iov_base;
-        size_t left = iov->iov_len;
-        while (left > 0) {
-            size_t w = 0;
-            ERR_clear_error();
-            int rc = SSL_write_ex(io->ssl, p, left, &w);
-            if (rc == 1) {
-                p += w;
-                left -= w;
-                continue;
-            }
-            if (ssl_wait(io->ssl, io->fd, rc, deadline_ns) == 0)
-                continue;
+        if (ssl_xfer(io->ssl, io->fd, 1, iov->iov_base, iov->iov_len, deadline_ns) != 0) {
             if (errno == 0)
                 errno = EPIPE;
             return -1;
@@ -941,20 +933,9 @@ tqkv__dcio_read(tqkv__dcio_t *io, void *buf, size_t n, uint64_t deadline_ns)
     dctls_t *t = state(io->ssl);
     if (t && t->rx == PATH_USER)
         return user_read(t, io->fd, p, n, deadline_ns);
+    if (io->ssl)
+        return ssl_xfer(io->ssl, io->fd, 0, p, n, deadline_ns);
     while (n > 0) {
-        if (io->ssl) {
-            size_t r = 0;
-            ERR_clear_error();
-            int rc = SSL_read_ex(io->ssl, p, n, &r);
-            if (rc == 1) {
-                p += r;
-                n -= r;
-                continue;
-            }
-            if (ssl_wait(io->ssl, io->fd, rc, deadline_ns) == 0)
-                continue;
-            return -1;
-        }
         ssize_t r = recv(io->fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
             p += r;

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "kernels/clock.h"
+
 /* A data-channel connection: ssl is NULL for plain TCP. */
 typedef struct tqkv__dcio {
     int fd;
@@ -86,9 +88,6 @@ int tqkv__dcio_write(tqkv__dcio_t *io, struct iovec *iov, int n, uint64_t deadli
  * ETIMEDOUT, EPROTO for a TLS failure (bad record MAC: tampered bytes), or the
  * socket's error. */
 int tqkv__dcio_read(tqkv__dcio_t *io, void *buf, size_t n, uint64_t deadline_ns);
-
-/* Monotonic clock in ns, the deadlines' clock. */
-uint64_t tqkv__dcio_now_ns(void);
 
 /* Waits for ev (POLLIN, POLLOUT) on fd until deadline_ns (0: forever). Returns 0 when
  * ready (or in error: the next call says which), -1 with errno (ETIMEDOUT). */

@@ -118,15 +118,6 @@ tqkv_membership_acquire(tqkv_membership_t *ms)
     return t;
 }
 
-size_t
-tqkv_member_table_find(const tqkv_member_table_t *t, const tqkv_member_t *m)
-{
-    for (size_t i = 0; i < t->n; i++)
-        if (t->s[i].m == m)
-            return i;
-    return t->n;
-}
-
 /* ---- targets ---- */
 
 static int
@@ -310,30 +301,38 @@ srv_cb(void *arg, int status, int timeouts, unsigned char *abuf, int alen)
         q->srv = srv;
 }
 
+int
+tqkv_membership_ares_fds(struct ares_channeldata *ch, struct pollfd *pf)
+{
+    _Static_assert(TQKV_ARES_MAX_FDS == ARES_GETSOCK_MAXNUM, "pollfd array size");
+    ares_socket_t socks[ARES_GETSOCK_MAXNUM];
+    int bm = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
+    int n = 0;
+    for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
+        short ev = 0;
+        /* c-ares' ARES_GETSOCK_* macros shift a signed 1 into bit 31 (undefined
+         * behaviour for i = 15): the same bits, unsigned. */
+        if ((unsigned)bm & (1u << i))
+            ev |= POLLIN;
+        if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
+            ev |= POLLOUT;
+        if (!ev)
+            continue;
+        pf[n].fd = socks[i];
+        pf[n].events = ev;
+        pf[n].revents = 0;
+        n++;
+    }
+    return n;
+}
+
 /* Runs the channel until no query is pending. */
 static void
 ares_run(ares_channel ch)
 {
     for (;;) {
-        ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-        int bm = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
-        struct pollfd pf[ARES_GETSOCK_MAXNUM];
-        int n = 0;
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = 0;
-            /* c-ares' ARES_GETSOCK_* macros shift a signed 1 into bit 31 (undefined
-             * behaviour for i = 15): the same bits, unsigned. */
-            if ((unsigned)bm & (1u << i))
-                ev |= POLLIN;
-            if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
-                ev |= POLLOUT;
-            if (!ev)
-                continue;
-            pf[n].fd = socks[i];
-            pf[n].events = ev;
-            pf[n].revents = 0;
-            n++;
-        }
+        struct pollfd pf[TQKV_ARES_MAX_FDS];
+        int n = tqkv_membership_ares_fds(ch, pf);
         if (n == 0)
             return;
         struct timeval tv, *tvp = ares_timeout(ch, NULL, &tv);
@@ -853,7 +852,7 @@ tqkv_membership_refresh(tqkv_membership_t *ms)
     uint64_t v = pass(ms);
     pthread_mutex_unlock(&ms->res_mu);
     pthread_mutex_lock(&ms->mu);
-    ms->last_ns = tqkv_shard_now_ns();
+    ms->last_ns = tqkv_clock_ns();
     pthread_mutex_unlock(&ms->mu);
     return v;
 }
@@ -868,7 +867,7 @@ resolver_main(void *arg)
     uint64_t min_kick_ns = (uint64_t)ms->o.min_kick_ms * 1000000ull;
     pthread_mutex_lock(&ms->mu);
     while (!ms->stop) {
-        uint64_t now = tqkv_shard_now_ns();
+        uint64_t now = tqkv_clock_ns();
         uint64_t due = ms->o.interval_ms == UINT32_MAX ? UINT64_MAX : ms->last_ns + interval_ns;
         if (ms->kicked && ms->last_ns + min_kick_ns < due)
             due = ms->last_ns + min_kick_ns;

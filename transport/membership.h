@@ -102,6 +102,14 @@ typedef struct tqkv_membership_stats {
     uint64_t idle_checks;    /* times the thread looked at its schedule and found no pass due */
 } tqkv_membership_stats_t;
 
+/* The pollfds c-ares waits on for channel ch (an ares_channel): fills pf (room for
+ * TQKV_ARES_MAX_FDS) and returns how many (0: nothing pending). Shared with
+ * tqkv-cluster-sim's DNS loop. */
+#define TQKV_ARES_MAX_FDS 16 /* ARES_GETSOCK_MAXNUM */
+struct ares_channeldata;
+struct pollfd;
+int tqkv_membership_ares_fds(struct ares_channeldata *ch, struct pollfd *pf);
+
 /* Resolves and identifies every target once (the first table), then starts the
  * re-resolving thread. Borrows o (targets and dns_servers are copied). A target that
  * no DNS answer resolves is used as given. TQKV_EINVAL with a message in err for an
@@ -128,8 +136,5 @@ void tqkv_membership_kick(tqkv_membership_t *ms, const tqkv_member_t *m);
 uint64_t tqkv_membership_refresh(tqkv_membership_t *ms);
 
 void tqkv_membership_stats(tqkv_membership_t *ms, tqkv_membership_stats_t *out);
-
-/* Index of the slot holding m in t, or t->n. */
-size_t tqkv_member_table_find(const tqkv_member_table_t *t, const tqkv_member_t *m);
 
 #endif

@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/clock.h"
+
 _Static_assert(TQKV_NCCL_UID_BYTES == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size");
 
 #define POLL_US 50
@@ -39,14 +41,6 @@ idle_limit_s(void)
 /* Set by tqkv_nccl_chan_close_all: every wait (communicator set-up, sends) gives up
  * at once so the channel threads release their pages and exit. */
 static atomic_int g_closing;
-
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int
 tqkv_nccl_device_count(void)
@@ -128,7 +122,7 @@ comm_wait(ncclComm_t comm, double deadline)
             return ncclInternalError;
         if (st != ncclInProgress)
             return st;
-        if (now_s() > deadline || atomic_load_explicit(&g_closing, memory_order_relaxed))
+        if (tqkv_clock_s() > deadline || atomic_load_explicit(&g_closing, memory_order_relaxed))
             return ncclInProgress;
         usleep(POLL_US * 10);
     }
@@ -141,7 +135,8 @@ tqkv_nccl_comm_join(const uint8_t uid[TQKV_NCCL_UID_BYTES], int rank, int device
     tqkv_nccl_comm_t *m = calloc(1, sizeof *m);
     ncclUniqueId id;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    double deadline = now_s() + (timeout_ms ? timeout_ms : TQKV_NCCL_TIMEOUT_MS_DEFAULT) * 1e-3;
+    double deadline =
+        tqkv_clock_s() + (timeout_ms ? timeout_ms : TQKV_NCCL_TIMEOUT_MS_DEFAULT) * 1e-3;
     *out = NULL;
     if (nccl_load(err, errlen) != 0) {
         free(m);
@@ -192,7 +187,7 @@ tqkv_status_t
 tqkv_nccl_comm_recv(tqkv_nccl_comm_t *m, void *dev, size_t len, uint32_t timeout_ms, char *err,
                     size_t errlen)
 {
-    double deadline = now_s() + (timeout_ms ? timeout_ms : OP_TIMEOUT_MS) * 1e-3;
+    double deadline = tqkv_clock_s() + (timeout_ms ? timeout_ms : OP_TIMEOUT_MS) * 1e-3;
     if (m->comm == NULL) {
         snprintf(err, errlen, "NCCL channel aborted");
         return TQKV_ECANCELED;
@@ -223,7 +218,7 @@ tqkv_nccl_comm_recv(tqkv_nccl_comm_t *m, void *dev, size_t len, uint32_t timeout
             comm_abort(m);
             return TQKV_ENCCL;
         }
-        if (now_s() > deadline) {
+        if (tqkv_clock_s() > deadline) {
             snprintf(err, errlen, "ncclRecv of %zu bytes: timed out", len);
             comm_abort(m);
             return TQKV_ETIMEDOUT;
@@ -366,7 +361,7 @@ issue(tqkv_nccl_comm_t *m, slot_t *s, item_t *it, double deadline)
         s->cap = cap;
     }
     s->it = it;
-    s->t0 = now_s();
+    s->t0 = tqkv_clock_s();
     if (cudaMemcpyAsync(s->buf, it->data, it->len, cudaMemcpyDefault, m->stream) != cudaSuccess)
         return -1;
     ncclResult_t r = nccl.Send(s->buf, it->len, ncclUint8, 1, m->comm, m->stream);
@@ -392,15 +387,15 @@ chan_main(void *arg)
     for (nev = 0; nev < ch->window; nev++)
         if (cudaEventCreateWithFlags(&slots[nev].ev, cudaEventDisableTiming) != cudaSuccess)
             goto out;
-    double idle_limit = idle_limit_s(), last = now_s();
+    double idle_limit = idle_limit_s(), last = tqkv_clock_s();
     for (;;) {
         item_t *it = NULL;
         int idle = 0;
         pthread_mutex_lock(&ch->mu);
         while (!ch->dead && ch->head == NULL && inflight == 0) {
             if (ch->claimed)
-                last = now_s();
-            else if (now_s() - last > idle_limit) {
+                last = tqkv_clock_s();
+            else if (tqkv_clock_s() - last > idle_limit) {
                 idle = 1;
                 break;
             }
@@ -413,7 +408,7 @@ chan_main(void *arg)
             pthread_mutex_unlock(&ch->mu);
             break;
         }
-        last = now_s();
+        last = tqkv_clock_s();
         if (ch->head && inflight < ch->window) {
             it = ch->head;
             ch->head = it->next;
@@ -424,7 +419,7 @@ chan_main(void *arg)
         if (it) {
             slot_t *s = &slots[(first + inflight) % ch->window];
             inflight++;
-            if (issue(m, s, it, now_s() + OP_TIMEOUT_MS * 1e-3) != 0) {
+            if (issue(m, s, it, tqkv_clock_s() + OP_TIMEOUT_MS * 1e-3) != 0) {
                 if (s->it == NULL) { /* not attached to the slot: release here */
                     inflight--;
                     it->release(it->arg);
@@ -457,7 +452,8 @@ chan_main(void *arg)
             break;
         ncclResult_t as = ncclSuccess;
         nccl.CommGetAsyncError(m->comm, &as);
-        if ((as != ncclSuccess && as != ncclInProgress) || now_s() - s->t0 > OP_TIMEOUT_MS * 1e-3)
+        if ((as != ncclSuccess && as != ncclInProgress) ||
+            tqkv_clock_s() - s->t0 > OP_TIMEOUT_MS * 1e-3)
             break;
         pthread_mutex_lock(&ch->mu);
         int dead = ch->dead;

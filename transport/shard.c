@@ -73,6 +73,31 @@ rank_flat(const uint64_t *ids, size_t n, uint64_t block_key, uint32_t *order)
 #define ID_AT(base, stride, i)                                                                     \
     (*(const uint64_t *)(const void *)((const char *)(base) + (i) * (stride)))
 
+/* Offers target i with score s to the best k so far (best[base..have), descending; ties
+ * keep the earlier offer, as tqkv_shard_rank). Returns the new have. */
+static inline size_t
+offer(uint64_t *best, uint32_t *order, size_t base, size_t have, size_t k, uint64_t s, uint32_t i)
+{
+    if (have == k && s <= best[k - 1])
+        return have;
+    size_t j = have < k ? have++ : k - 1;
+    while (j > base && best[j - 1] < s) {
+        best[j] = best[j - 1];
+        order[j] = order[j - 1];
+        j--;
+    }
+    best[j] = s;
+    order[j] = i;
+    return have;
+}
+
+/* k clamped to n and to the 256 scores the callers keep. */
+static size_t
+clamp_k(size_t k, size_t n)
+{
+    return k > n ? (n > 256 ? 256 : n) : (k > 256 ? 256 : k);
+}
+
 /* The best k of targets i in [0, n) with keep(i), appended to order[have..k), scores in
  * best[]: one score per kept target and a partial insertion. Returns the new have. */
 static size_t
@@ -84,17 +109,7 @@ top_flat(const uint64_t *ids_base, size_t stride, size_t n, uint64_t mk, size_t 
         uint64_t id = ID_AT(ids_base, stride, i);
         if (group >= 0 && (int)(id >> (64 - TQKV_SHARD_GROUP_BITS)) != group)
             continue;
-        uint64_t s = mix64(id ^ mk);
-        if (have == k && s <= best[k - 1])
-            continue; /* ties keep the lower index, as tqkv_shard_rank */
-        size_t j = have < k ? have++ : k - 1;
-        while (j > base && best[j - 1] < s) {
-            best[j] = best[j - 1];
-            order[j] = order[j - 1];
-            j--;
-        }
-        best[j] = s;
-        order[j] = (uint32_t)i;
+        have = offer(best, order, base, have, k, mix64(id ^ mk), (uint32_t)i);
     }
     return have;
 }
@@ -214,18 +229,24 @@ tqkv_shard_rank(const uint64_t *ids, size_t n, uint64_t block_key, uint32_t *ord
     }
 }
 
+/* tqkv_shard_top (grouped: by groups past TQKV_SHARD_FLAT_MAX ids) and
+ * tqkv_shard_top_flat. */
+static size_t
+top_any(const uint64_t *ids_base, size_t stride, size_t n, uint64_t block_key, size_t k,
+        uint32_t *order, int grouped)
+{
+    uint64_t best[256];
+    k = clamp_k(k, n);
+    if (grouped && n > TQKV_SHARD_FLAT_MAX)
+        return top_groups(ids_base, stride, n, block_key, k, order, best);
+    return top_flat(ids_base, stride, n, mix64(block_key), k, order, best, 0, -1);
+}
+
 size_t
 tqkv_shard_top(const uint64_t *ids_base, size_t stride, size_t n, uint64_t block_key, size_t k,
                uint32_t *order)
 {
-    uint64_t best[256];
-    if (k > n)
-        k = n;
-    if (k > sizeof best / sizeof best[0])
-        k = sizeof best / sizeof best[0];
-    if (n > TQKV_SHARD_FLAT_MAX)
-        return top_groups(ids_base, stride, n, block_key, k, order, best);
-    return top_flat(ids_base, stride, n, mix64(block_key), k, order, best, 0, -1);
+    return top_any(ids_base, stride, n, block_key, k, order, 1);
 }
 
 struct tqkv_shard_index {
@@ -271,10 +292,7 @@ tqkv_shard_top_index(const tqkv_shard_index_t *ix, const uint64_t *ids_base, siz
     if (ix == NULL || ix->n != n)
         return tqkv_shard_top(ids_base, stride, n, block_key, k, order);
     uint64_t best[256];
-    if (k > n)
-        k = n;
-    if (k > sizeof best / sizeof best[0])
-        k = sizeof best / sizeof best[0];
+    k = clamp_k(k, n);
     uint64_t mk = mix64(block_key);
     /* The groups by weighted rendezvous, as rank_groups (from the index's counts), taken
      * best first as needed: mostly one group holds all k (no sort of all G). */
@@ -295,17 +313,7 @@ tqkv_shard_top_index(const tqkv_shard_index_t *ix, const uint64_t *ids_base, siz
         size_t base = have;
         for (uint32_t m = ix->start[bg]; m < ix->start[bg + 1]; m++) {
             uint32_t i = ix->member[m];
-            uint64_t s = mix64(ID_AT(ids_base, stride, i) ^ mk);
-            if (have == k && s <= best[k - 1])
-                continue;
-            size_t j = have < k ? have++ : k - 1;
-            while (j > base && best[j - 1] < s) {
-                best[j] = best[j - 1];
-                order[j] = order[j - 1];
-                j--;
-            }
-            best[j] = s;
-            order[j] = i;
+            have = offer(best, order, base, have, k, mix64(ID_AT(ids_base, stride, i) ^ mk), i);
         }
     }
     return have;
@@ -315,12 +323,7 @@ size_t
 tqkv_shard_top_flat(const uint64_t *ids_base, size_t stride, size_t n, uint64_t block_key, size_t k,
                     uint32_t *order)
 {
-    uint64_t best[256];
-    if (k > n)
-        k = n;
-    if (k > sizeof best / sizeof best[0])
-        k = sizeof best / sizeof best[0];
-    return top_flat(ids_base, stride, n, mix64(block_key), k, order, best, 0, -1);
+    return top_any(ids_base, stride, n, block_key, k, order, 0);
 }
 
 void
@@ -373,12 +376,4 @@ int
 tqkv_shard_health_is_down(tqkv_shard_health_t *h)
 {
     return atomic_load_explicit(&h->down_until_ns, memory_order_acquire) == HEALTH_DOWN;
-}
-
-uint64_t
-tqkv_shard_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/clock.h"
+
 /* Stable 64-bit id of a target name (FNV-1a + a finaliser). */
 uint64_t tqkv_shard_target_id(const char *name);
 
@@ -94,8 +96,5 @@ void tqkv_shard_health_down(tqkv_shard_health_t *h);
 
 /* 1 while the target is marked down by tqkv_shard_health_down. */
 int tqkv_shard_health_is_down(tqkv_shard_health_t *h);
-
-/* Monotonic clock in nanoseconds. */
-uint64_t tqkv_shard_now_ns(void);
 
 #endif

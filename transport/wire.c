@@ -28,9 +28,3 @@ tqkv_wire_decode(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb)
     grpc_slice_unref(s);
     return m;
 }
-
-size_t
-tqkv_wire_length(grpc_byte_buffer *bb)
-{
-    return bb ? grpc_byte_buffer_length(bb) : 0;
-}

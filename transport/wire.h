@@ -17,9 +17,6 @@ grpc_byte_buffer *tqkv_wire_encode(const ProtobufCMessage *m);
  * and NULL allocator), or NULL when the bytes are not a valid message. Borrows bb. */
 ProtobufCMessage *tqkv_wire_decode(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb);
 
-/* Total payload length of a byte buffer. */
-size_t tqkv_wire_length(grpc_byte_buffer *bb);
-
 /* ---- GetResponse on the wire, written and read by hand ----
  * The server writes the fields of a GetResponse before the page bytes itself
  * (service/handlers_get.c) and libtqkv reads them in place (transport/client_get.c):

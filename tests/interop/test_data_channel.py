@@ -785,7 +785,12 @@ class ShutdownTest(unittest.TestCase):
             ch.sock.settimeout(30)
             self.assertEqual(Frame(ch.sock).page, page)
             srv.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
+            # The server has begun draining once it logs so (not a guess of how long a
+            # signal takes): only then must a new channel be refused.
+            deadline = time.time() + 30
+            while not any("draining" in l for l in srv.stderr_lines):
+                self.assertLess(time.time(), deadline, "no 'draining' line: " + srv.log_tail())
+                time.sleep(0.01)
             for i in range(1, n):
                 f = Frame(ch.sock)
                 if f.index != i or f.page != page:

@@ -289,19 +289,23 @@ class KVTest(unittest.TestCase):
         it.cancel()
         it = watch(b"\x0a\x04nope", timeout=10)
         self.assertEqual(next(it), b"\x08\x03")  # SERVICE_UNKNOWN
-        # ...and the stream stays open.
+        # ...and the stream stays open: after another call has gone through the server, the
+        # reader's next() ends only by our cancel (CANCELLED), never by the server (end of
+        # stream or another status). No sleep: the evidence is the status of the end.
         q = queue.Queue()
 
         def reader():
             try:
-                q.put(next(it, None))
-            except grpc.RpcError:
-                pass
+                q.put(("message", next(it, None)))
+            except grpc.RpcError as e:
+                q.put(("status", e.code()))
 
-        threading.Thread(target=reader, daemon=True).start()
-        time.sleep(0.3)
-        self.assertTrue(q.empty())
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        self.assertEqual(check(b"", timeout=5), b"\x08\x01")
         it.cancel()
+        t.join(timeout=10)
+        self.assertEqual(q.get(timeout=10), ("status", grpc.StatusCode.CANCELLED))
 
     def test_reflection(self):
         for path in ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",

@@ -15,7 +15,6 @@ usage: rolling_restart_bench.py TQKV_SERVER TQKV_BENCH OUTDIR
 import csv
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,8 @@ SERVER, BENCH, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
 DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLOT = os.path.join(HERE, "..", "..", "deploy", "bench", "hit-rate.gp")
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from tqkv_server import ServerProcess  # noqa: E402
 
 
 def free_port():
@@ -71,29 +72,26 @@ class Dns:
 
 
 class Server:
+    """Server idx of the cluster, restartable: each start() is a new ServerProcess (the
+    shared fixture) with the same node id."""
+
     def __init__(self, idx, dns, handoff_s):
         self.idx, self.dns, self.handoff_s = idx, dns, handoff_s
-        self.proc = None
+        self.sp = None
         self.port = 0
 
     def start(self):
-        args = [SERVER, "--listen", "127.0.0.1:0", "--node-id", "tqkv-%d" % self.idx,
-                "--dram-capacity", "512M", "--drain-seconds", "2", "--peers", "svc.test:1",
-                "--peers-dns", "127.0.0.1:%d" % self.dns.port, "--handoff-seconds",
-                str(self.handoff_s), "--log-level", "warn"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("server did not start")
-            if "listening on" in line:
-                self.port = int(line.rsplit(":", 1)[1])
-                return
+        self.sp = ServerProcess(SERVER, [
+            "--listen", "127.0.0.1:0", "--node-id", "tqkv-%d" % self.idx, "--dram-capacity",
+            "512M", "--drain-seconds", "2", "--peers", "svc.test:1", "--peers-dns",
+            "127.0.0.1:%d" % self.dns.port, "--handoff-seconds", str(self.handoff_s),
+            "--log-level", "warn"], drain_stdout=True)
+        self.port = self.sp.port
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        rc = self.sp.stop(timeout=60)
+        if isinstance(rc, str):  # hung after SIGTERM (and killed)
+            raise RuntimeError("server %d: %s: %s" % (self.idx, rc, self.sp.log_tail()))
 
 
 def run(handoff_s, tmp):

@@ -29,6 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.environ.get("TQKV_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 SANITIZED = os.environ.get("TQKV_SANITIZED") == "1"
 
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "support"))
+from tqkv_server import ServerProcess  # noqa: E402
+
 if os.environ.get("TQKV_SEC_TMP") and os.path.isdir(os.environ["TQKV_SEC_TMP"]):
     _TMP = os.environ["TQKV_SEC_TMP"]  # a child process: the parent owns and removes it
 else:
@@ -95,13 +98,12 @@ def server_binary():
     raise RuntimeError("tqkv-server not found: set TQKV_SERVER")
 
 
-class Server:
-    """A tqkv-server child process on a free loopback port."""
+class Server(ServerProcess):
+    """A tqkv-server child process on a free loopback port (tests/support's fixture), its
+    stderr in a file under the harness's temporary folder."""
 
     def __init__(self, *args, env=None, startup_timeout=60):
         self.args = list(args)
-        self.log_path = os.path.join(_TMP, "server-%d-%d.log" % (os.getpid(), id(self)))
-        self.log = open(self.log_path, "w")
         e = dict(os.environ)
         if env:
             e.update(env)
@@ -112,39 +114,14 @@ class Server:
             # (the fast unwinder stops at libgpr, built without frame pointers).
             slow = "fast_unwind_on_malloc=0"
             e["ASAN_OPTIONS"] = (e["ASAN_OPTIONS"] + ":" + slow) if e.get("ASAN_OPTIONS") else slow
-        cmd = [server_binary(), "--listen", "127.0.0.1:0", "--log-level", "warn"] + self.args
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=e)
-        self.port = None
-        self._lines = []
-        deadline = time.time() + startup_timeout
-        got = threading.Event()
-
-        def reader():
-            for raw in self.proc.stdout:
-                line = raw.decode(errors="replace")
-                self._lines.append(line)
-                m = re.search(r"listening on ([^\s]+):(\d+)", line)
-                if m and self.port is None:
-                    self.port = int(m.group(2))
-                    got.set()
-            got.set()
-
-        self._reader = threading.Thread(target=reader, daemon=True)
-        self._reader.start()
-        while not got.wait(0.1):
-            if time.time() > deadline:
-                self.kill()
-                raise RuntimeError("tqkv-server did not report its port: " + self.stderr())
-        if self.port is None:
-            rc = self.proc.wait(5)
-            raise RuntimeError("tqkv-server exited (%s) at start-up: %s" % (rc, self.stderr()))
-        self.addr = "127.0.0.1:%d" % self.port
+        self.log_path = os.path.join(_TMP, "server-%d-%d.log" % (os.getpid(), id(self)))
+        super().__init__(server_binary(), ["--listen", "127.0.0.1:0", "--log-level", "warn"] +
+                         self.args, env=e, start_timeout=startup_timeout, drain_stdout=True,
+                         stderr_path=self.log_path)
         _servers.append(self)
 
     def stderr(self, full=False):
-        self.log.flush()
-        with open(self.log_path, errors="replace") as f:
-            text = f.read()
+        text = self.stderr_text()
         return text if full else text[-4000:]
 
     def rss_bytes(self):
@@ -156,11 +133,6 @@ class Server:
 
     def alive(self):
         return self.proc.poll() is None
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
     def terminate(self, timeout=60):
         if self.proc.poll() is None:
@@ -284,7 +256,7 @@ def metrics_port(srv, timeout=10):
     """The port of --metrics-listen HOST:0, from the server's start-up lines."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for line in srv._lines:
+        for line in list(srv.stdout_lines):
             m = re.search(r"metrics on port (\d+)", line)
             if m:
                 return int(m.group(1))

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "kernels/clock.h"
 #include "transport/client.h"
 #include "transport/client_health.h"
 
@@ -149,7 +150,6 @@ int bench_parse_flags(int argc, char **argv);
 uint64_t bench_mix64(uint64_t z);
 uint64_t bench_rnd(uint64_t *s);
 double bench_rndu(uint64_t *s);
-double bench_now_s(void);
 uint16_t bench_f2bf(float f);
 int bench_rel_err_selftest(void);
 void bench_op_prefill(worker_t *w, int record);

@@ -65,10 +65,10 @@ bench_child_start(child_t *c, char *const argv[], int want_port, char *addr, siz
     if (want_port) {
         char line[4096];
         size_t n = 0;
-        double t0 = bench_now_s();
+        double t0 = tqkv_clock_s();
         int found = 0;
         fcntl(c->fd, F_SETFL, O_NONBLOCK);
-        while (!found && bench_now_s() - t0 < 30) {
+        while (!found && tqkv_clock_s() - t0 < 30) {
             ssize_t r = read(c->fd, line + n, sizeof line - 1 - n);
             if (r == 0)
                 break;
@@ -166,12 +166,14 @@ connect_port(int port)
     return s;
 }
 
+/* Sends (wr) or receives all n bytes of buf on a blocking socket; 0, or -1 on an error or
+ * a closed peer. */
 static int
-send_all(int fd, const void *buf, size_t n)
+xfer_all(int fd, void *buf, size_t n, int wr)
 {
-    const char *p = buf;
+    char *p = buf;
     while (n > 0) {
-        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        ssize_t r = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -183,19 +185,15 @@ send_all(int fd, const void *buf, size_t n)
 }
 
 static int
+send_all(int fd, const void *buf, size_t n)
+{
+    return xfer_all(fd, (void *)buf, n, 1);
+}
+
+static int
 recv_all(int fd, void *buf, size_t n)
 {
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return xfer_all(fd, buf, n, 0);
 }
 
 /* ---- baseline: raw TCP loopback ---- */
@@ -293,14 +291,7 @@ baseline_tcp(size_t total, size_t msg, const uint8_t *src, size_t src_len, int c
                           .msg = msg,
                           .src = src,
                           .src_len = src_len};
-    double t0 = bench_now_s();
-    for (int i = 0; i < conns; i++) {
-        pthread_create(&th[2 * i], NULL, tcp_recv_main, &t[i]);
-        pthread_create(&th[2 * i + 1], NULL, tcp_send_main, &t[i]);
-    }
-    for (int i = 0; i < 2 * conns; i++)
-        pthread_join(th[i], NULL);
-    double dt = bench_now_s() - t0;
+    double dt = tqkv_bench_run_pairs(conns, tcp_recv_main, tcp_send_main, t, sizeof *t, th);
     int ok = 1;
     for (int i = 0; i < conns; i++) {
         ok &= t[i].ok;
@@ -399,7 +390,7 @@ redis_get_main(void *arg)
         x->fail = 1;
         goto out;
     }
-    while (bench_now_s() < x->until) {
+    while (tqkv_clock_s() < x->until) {
         char key[32], line[64];
         snprintf(key, sizeof key, "tqkv:%zu", (size_t)(bench_rnd(&s) % x->nkeys));
         if (r_cmd(r, "GET", key, NULL, 0) != 0 || r_line(r, line, sizeof line) != 0 ||
@@ -462,13 +453,13 @@ baseline_redis(size_t msg, int conc, double seconds)
     redisctx_t x = {.port = port, .nkeys = nkeys, .msg = msg};
     pthread_t th[256];
     int n = conc < 256 ? conc : 256;
-    double t0 = bench_now_s();
+    double t0 = tqkv_clock_s();
     x.until = t0 + seconds;
     for (int i = 0; i < n; i++)
         pthread_create(&th[i], NULL, redis_get_main, &x);
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
-    double dt = bench_now_s() - t0;
+    double dt = tqkv_clock_s() - t0;
     if (x.fail)
         fprintf(stderr, "tqkv-bench: redis baseline: GET failed\n");
     else if (dt > 0)

@@ -54,14 +54,6 @@ bench_rndu(uint64_t *s)
     return (double)(bench_rnd(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-double
-bench_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void
 lat_add(lat_t *l, double sec)
 {
@@ -324,7 +316,7 @@ on_page(void *arg, const tqkv_get_page_t *pg)
     const tqkv_hash_t *h = &g->hashes[pg->hash_index];
     if (!g->first) {
         g->first = 1;
-        lat_add(&w->first, bench_now_s() - g->t0);
+        lat_add(&w->first, tqkv_clock_s() - g->t0);
     }
     atomic_fetch_add(&K.get_wire, pg->wire_bytes);
     if (!pg->found) {
@@ -458,14 +450,14 @@ bench_op_prefill(worker_t *w, int record)
                 pb.page = w->page;
                 pb.page_len = len;
             }
-            double t0 = bench_now_s(); /* the message only, not a local encode */
+            double t0 = tqkv_clock_s(); /* the message only, not a local encode */
             if (tqkv_client_put_block(p, &pb) != TQKV_OK) {
                 count_error("put_block");
                 ok = 0;
                 break;
             }
             if (record) {
-                lat_add(&w->put, bench_now_s() - t0);
+                lat_add(&w->put, tqkv_clock_s() - t0);
                 atomic_fetch_add(&K.put_blocks, 1);
                 atomic_fetch_add(&K.put_bf16, (uint64_t)block_elems * 4);
             }
@@ -513,13 +505,13 @@ op_decode(worker_t *w)
                             .num_layers = C.layers,
                             .lease_ms = C.lease_ms};
     uint32_t prefix = 0;
-    double t0 = bench_now_s();
+    double t0 = tqkv_clock_s();
     if (tqkv_client_lookup(w->cl, &lq, &prefix, NULL) != TQKV_OK) {
         count_error("lookup");
         free(hs);
         return;
     }
-    lat_add(&w->lookup, bench_now_s() - t0);
+    lat_add(&w->lookup, tqkv_clock_s() - t0);
     atomic_fetch_add(&K.lookup_asked, C.seq_blocks);
     atomic_fetch_add(&K.lookup_hit, prefix);
     if (prefix > 0) {
@@ -529,11 +521,11 @@ op_decode(worker_t *w)
                              .layer_begin = 0,
                              .layer_end = C.layers,
                              .encoding = C.encoding};
-        getctx_t g = {.w = w, .hashes = hs, .t0 = bench_now_s()};
+        getctx_t g = {.w = w, .hashes = hs, .t0 = tqkv_clock_s()};
         if (tqkv_client_get(w->cl, &gq, on_page, &g) != TQKV_OK)
             count_error("get");
         else
-            lat_add(&w->get, bench_now_s() - g.t0);
+            lat_add(&w->get, tqkv_clock_s() - g.t0);
     }
     free(hs);
 }

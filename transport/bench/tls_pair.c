@@ -22,14 +22,6 @@
 
 #include "transport/dc_tls.h"
 
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* A server context with an ephemeral self-signed P-256 certificate, the data channels'
  * protocol settings; NULL on failure. */
 static SSL_CTX *
@@ -87,7 +79,7 @@ recv_main(void *arg)
                             .sin_port = htons((uint16_t)p->port)};
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     char err[256];
-    uint64_t dl = tqkv__dcio_now_ns() + 10000000000ull;
+    uint64_t dl = tqkv_clock_ns() + 10000000000ull;
     if (fd < 0 || (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS) ||
         tqkv__dcio_wait(fd, POLLOUT, dl) != 0) {
         if (fd >= 0)
@@ -129,8 +121,8 @@ send_main(void *arg)
         return NULL;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    SSL *ssl = tqkv__dctls_handshake(p->sctx, fd, NULL, tqkv__dcio_now_ns() + 10000000000ull, err,
-                                     sizeof err);
+    SSL *ssl =
+        tqkv__dctls_handshake(p->sctx, fd, NULL, tqkv_clock_ns() + 10000000000ull, err, sizeof err);
     if (ssl) {
         tqkv__dcio_t io = {fd, ssl};
         size_t sent = 0, off = 0;
@@ -187,14 +179,7 @@ pair_run(size_t total, size_t msg, const uint8_t *src, size_t src_len, int conns
                         .msg = msg,
                         .src = src,
                         .src_len = src_len};
-    double t0 = now_s();
-    for (int i = 0; i < conns; i++) {
-        pthread_create(&th[2 * i], NULL, recv_main, &p[i]);
-        pthread_create(&th[2 * i + 1], NULL, send_main, &p[i]);
-    }
-    for (int i = 0; i < 2 * conns; i++)
-        pthread_join(th[i], NULL);
-    double dt = now_s() - t0;
+    double dt = tqkv_bench_run_pairs(conns, recv_main, send_main, p, sizeof *p, th);
     int ok = 1;
     for (int i = 0; i < conns; i++) {
         ok &= p[i].ok;
@@ -233,6 +218,21 @@ tqkv_bench_cipher_speed(const char *evp_name, int seconds)
     }
     pclose(f);
     return kbs * 1000.0 / 1e9;
+}
+
+double
+tqkv_bench_run_pairs(int n, void *(*recv_fn)(void *), void *(*send_fn)(void *), void *ctx,
+                     size_t size, pthread_t *th)
+{
+    double t0 = tqkv_clock_s();
+    for (int i = 0; i < n; i++) {
+        void *c = (char *)ctx + (size_t)i * size;
+        pthread_create(&th[2 * i], NULL, recv_fn, c);
+        pthread_create(&th[2 * i + 1], NULL, send_fn, c);
+    }
+    for (int i = 0; i < 2 * n; i++)
+        pthread_join(th[i], NULL);
+    return tqkv_clock_s() - t0;
 }
 
 double

@@ -3,6 +3,7 @@
 #ifndef TQKV_BENCH_TLS_PAIR_H
 #define TQKV_BENCH_TLS_PAIR_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,12 @@ double tqkv_bench_tls_pair(size_t total, size_t msg, const uint8_t *src, size_t 
  * dc_tls.h): raw TCP plus the cipher, the ceiling of the channel. */
 double tqkv_bench_tls_pair_channel_layer(size_t total, size_t msg, const uint8_t *src,
                                          size_t src_len, int conns, char *cipher, size_t cap);
+
+/* Runs recv_fn and send_fn on each of the n contexts at ctx, ctx + size, ... (2n
+ * threads, their ids in th) and joins them all; returns the seconds that took. The raw
+ * TCP and both TLS pairs time their transfers with it. */
+double tqkv_bench_run_pairs(int n, void *(*recv_fn)(void *), void *(*send_fn)(void *), void *ctx,
+                            size_t size, pthread_t *th);
 
 /* The cipher's speed on this machine: `openssl speed -evp aes-128-gcm` at 16 KiB
  * blocks (the TLS record size) for about `seconds`, in GB/s; 0 when openssl is missing. */

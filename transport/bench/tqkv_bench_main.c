@@ -313,7 +313,7 @@ run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
 {
     const double PROGRESS_S = 5.0;
     int tty = isatty(2);
-    double t0 = bench_now_s();
+    double t0 = tqkv_clock_s();
     atomic_store(&K.run_t0_ns, (uint64_t)(t0 * 1e9));
     for (int i = 0; i < C.concurrency; i++)
         pthread_create(&ws[i].th, NULL, bench_worker_main, &ws[i]);
@@ -321,7 +321,7 @@ run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
     int running = 1;
     while (running) {
         usleep(100000);
-        double t = bench_now_s();
+        double t = tqkv_clock_s();
         if (C.duration > 0 && t - t0 >= C.duration)
             atomic_store(&K.stop, 1);
         if (C.ops && atomic_load(&K.ops) >= C.ops)
@@ -335,7 +335,7 @@ run_workers(worker_t *ws, tqkv_client_t *cl, FILE *csv)
     }
     for (int i = 0; i < C.concurrency; i++)
         pthread_join(ws[i].th, NULL);
-    double elapsed = bench_now_s() - t0;
+    double elapsed = tqkv_clock_s() - t0;
     if (tty)
         fputc('\n', stderr);
     return elapsed;

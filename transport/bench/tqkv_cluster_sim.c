@@ -70,12 +70,6 @@ rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static double
-now_s(void)
-{
-    return (double)tqkv_shard_now_ns() / 1e9;
-}
-
 /* CPU time of the calling thread: what ranking costs on one core, without the time the
  * thread waited for a core on a shared machine. */
 static double
@@ -167,7 +161,7 @@ placement(size_t n, size_t nblocks, size_t r)
         /* A packed page of a block: 64 KiB .. 1 MiB (models of different sizes). */
         b[i].bytes = (uint32_t)(65536 + rng_next(&seed) % (1048576 - 65536));
     }
-    double t0 = now_s();
+    double t0 = tqkv_clock_s();
     for (size_t i = 0; i < nblocks; i++) {
         uint32_t *o = set + i * r;
         top(s, n, b[i].key, r, o);
@@ -177,7 +171,7 @@ placement(size_t n, size_t nblocks, size_t r)
         }
         pbytes[o[0]] += b[i].bytes;
     }
-    double t_place = now_s() - t0;
+    double t_place = tqkv_clock_s() - t0;
     uint64_t max_b = 0, min_b = UINT64_MAX, max_p = 0, max_c = 0, min_c = UINT64_MAX, tot = 0,
              totp = 0, totc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -344,25 +338,8 @@ static void
 dq_run(ares_channel ch, dq_t *q)
 {
     while (!q->done) {
-        ares_socket_t socks[ARES_GETSOCK_MAXNUM];
-        int bm = ares_getsock(ch, socks, ARES_GETSOCK_MAXNUM);
-        struct pollfd pf[ARES_GETSOCK_MAXNUM];
-        int np = 0;
-        for (int i = 0; i < ARES_GETSOCK_MAXNUM; i++) {
-            short ev = 0;
-            /* c-ares's ARES_GETSOCK_* macros shift a signed 1 by up to 31 places (UB):
-             * the same bits, unsigned */
-            if ((unsigned)bm & (1u << i))
-                ev |= POLLIN;
-            if ((unsigned)bm & (1u << (i + ARES_GETSOCK_MAXNUM)))
-                ev |= POLLOUT;
-            if (ev) {
-                pf[np].fd = socks[i];
-                pf[np].events = ev;
-                pf[np].revents = 0;
-                np++;
-            }
-        }
+        struct pollfd pf[TQKV_ARES_MAX_FDS];
+        int np = tqkv_membership_ares_fds(ch, pf);
         struct timeval tv, *tvp = ares_timeout(ch, NULL, &tv);
         int ms = tvp ? (int)(tvp->tv_sec * 1000 + tvp->tv_usec / 1000) : 1000;
         int rc = poll(pf, (nfds_t)np, ms);
@@ -399,10 +376,10 @@ dns_query(const char *servers, const char *name, int type, int flags, int edns, 
         q->status = -1;
         return;
     }
-    double t0 = now_s();
+    double t0 = tqkv_clock_s();
     ares_query(ch, name, C_IN, type, dq_cb, q);
     dq_run(ch, q);
-    *secs = now_s() - t0;
+    *secs = tqkv_clock_s() - t0;
     ares_destroy(ch);
 }
 
@@ -411,7 +388,7 @@ free_port(void)
 {
     /* dnsmasq binds UDP and TCP on it; a port in a high, test-only range that is free
      * now is good enough for a tool (the test runs one at a time). */
-    uint64_t seed = (uint64_t)getpid() ^ tqkv_shard_now_ns();
+    uint64_t seed = (uint64_t)getpid() ^ tqkv_clock_ns();
     for (int tries = 0; tries < 50; tries++) {
         int port = 20000 + (int)(rng_next(&seed) % 30000);
         int u = socket(AF_INET, SOCK_DGRAM, 0), t = socket(AF_INET, SOCK_STREAM, 0);
@@ -549,17 +526,17 @@ dns(size_t npods)
     mo.interval_ms = UINT32_MAX;
     tqkv_membership_t *ms = NULL;
     char err[256] = "";
-    double t0 = now_s();
+    double t0 = tqkv_clock_s();
     tqkv_status_t st = tqkv_membership_create(&mo, &ms, err, sizeof err);
-    double t_create = now_s() - t0;
+    double t_create = tqkv_clock_s() - t0;
     size_t members = 0;
     if (st == TQKV_OK) {
         tqkv_member_table_t *t = tqkv_membership_acquire(ms);
         members = t->n;
         tqkv_membership_release(t);
-        t0 = now_s();
+        t0 = tqkv_clock_s();
         tqkv_membership_refresh(ms);
-        double t_ref = now_s() - t0;
+        double t_ref = tqkv_clock_s() - t0;
         printf("libtqkv membership: %zu members from %s in %.0f ms (first), a re-resolution "
                "%.0f ms\n",
                members, target, t_create * 1e3, t_ref * 1e3);
