@@ -45,13 +45,63 @@ rel_err_f(const float *a, const float *b, size_t n)
     return sqrt(num / (den > 0 ? den : 1e-300));
 }
 
-int
-tqkv_cli_attn_bench(int argc, char **argv)
+/* Encodes k, v [T][H][D] into pages of block tokens: pages[p], lens[p] for every page,
+ * *total bytes in all. Returns the buffer holding them (free()), or NULL after printing
+ * why. */
+static uint8_t *
+bench_pages(const uint16_t *k, const uint16_t *v, uint32_t T, uint32_t H, uint32_t D,
+            uint32_t block, const tqkv_block_codec_t *codec, const void **pages, size_t *lens,
+            size_t *total)
 {
-    const char *missing = NULL;
-    uint32_t T = 32768, H = 8, HQ = 32, D = 128, block = 256, iters = 20;
-    uint8_t kb = 7, vb = 7;
-    uint64_t seed = 1;
+    const uint32_t npages = (T + block - 1) / block;
+    size_t cap = 0;
+    uint8_t *buf;
+    for (uint32_t p = 0; p < npages; p++) {
+        tqkv_block_shape_t sh = {T - p * block < block ? T - p * block : block, H, D};
+        size_t sz;
+        if (tqkv_page_size(&sh, codec, &sz) != TQKV_OK) {
+            tqkv__cli_fail("unsupported shape/codec");
+            return NULL;
+        }
+        cap += sz;
+    }
+    buf = aligned_alloc(64, tqkv_align_up(cap, 64));
+    if (!buf) {
+        tqkv__cli_fail("out of memory");
+        return NULL;
+    }
+    for (uint32_t p = 0; p < npages; p++) {
+        tqkv_block_shape_t sh = {T - p * block < block ? T - p * block : block, H, D};
+        size_t wr, off = (size_t)p * block * H * D;
+        char why[200] = "";
+        if (tqkv_page_encode(&sh, codec, k + off, v + off, buf + *total, cap - *total, &wr, why,
+                             sizeof why) != TQKV_OK) {
+            tqkv__cli_fail("encode: %s", why);
+            free(buf);
+            return NULL;
+        }
+        pages[p] = buf + *total;
+        lens[p] = wr;
+        *total += wr;
+    }
+    return buf;
+}
+
+/* attn-bench with parsed options. */
+typedef struct bench_args {
+    uint32_t T, H, HQ, D, block, iters;
+    uint8_t kb, vb;
+    uint64_t seed;
+} bench_args_t;
+
+/* Times fused attention on packed pages and BF16 attention at each kernel level, prints
+ * the table and the sanity line. Returns the exit status. */
+static int
+attn_bench_run(const bench_args_t *a)
+{
+    const uint32_t T = a->T, H = a->H, HQ = a->HQ, D = a->D, block = a->block, iters = a->iters;
+    const uint8_t kb = a->kb, vb = a->vb;
+    const uint64_t seed = a->seed;
     int rc = 1;
     uint16_t *k = NULL, *v = NULL;
     float *q = NULL, *o_f = NULL, *o_b = NULL, *o_r = NULL, *o_br = NULL;
@@ -59,51 +109,8 @@ tqkv_cli_attn_bench(int argc, char **argv)
     const void **pages = NULL;
     size_t *lens = NULL, total = 0;
     double *times = NULL;
-    if (tqkv__cli_is_help(argc, argv)) {
-        fputs(attn_bench_usage, stdout);
-        return 0;
-    }
-    for (int i = 1; i < argc; i++) {
-        if (OPT_VALUE("--tokens")) {
-            if (tqkv__cli_parse_u32(argv[++i], 1, 1u << 24, &T))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --tokens '%s'", argv[i]);
-        } else if (OPT_VALUE("--heads")) {
-            if (tqkv__cli_parse_u32(argv[++i], 1, TQKV_PAGE_MAX_HEADS, &H))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --heads '%s'", argv[i]);
-        } else if (OPT_VALUE("--query-heads")) {
-            if (tqkv__cli_parse_u32(argv[++i], 1, 1u << 16, &HQ))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --query-heads '%s'", argv[i]);
-        } else if (OPT_VALUE("--dim")) {
-            if (tqkv__cli_parse_u32(argv[++i], TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM, &D))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --dim '%s'", argv[i]);
-        } else if (OPT_VALUE("--key-bits")) {
-            if (tqkv_bits_parse(argv[++i], &kb) != TQKV_OK)
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --key-bits '%s'", argv[i]);
-        } else if (OPT_VALUE("--value-bits")) {
-            if (tqkv_bits_parse(argv[++i], &vb) != TQKV_OK)
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --value-bits '%s'", argv[i]);
-        } else if (OPT_VALUE("--block")) {
-            if (tqkv__cli_parse_u32(argv[++i], 1, TQKV_PAGE_MAX_TOKENS, &block))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --block '%s'", argv[i]);
-        } else if (OPT_VALUE("--iters")) {
-            if (tqkv__cli_parse_u32(argv[++i], 1, 100000, &iters))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --iters '%s'", argv[i]);
-        } else if (OPT_VALUE("--seed")) {
-            if (tqkv__cli_parse_u64(argv[++i], 0, UINT64_MAX, &seed))
-                return tqkv__cli_usage_err(attn_bench_usage, "bad --seed '%s'", argv[i]);
-        } else if (missing) {
-            break;
-        } else {
-            return tqkv__cli_usage_err(attn_bench_usage, "unexpected argument '%s'", argv[i]);
-        }
-    }
-    if (missing)
-        return tqkv__cli_usage_err(attn_bench_usage, "%s needs a value", missing);
-    if (HQ % H != 0)
-        return tqkv__cli_usage_err(attn_bench_usage,
-                                   "--query-heads %u is not a multiple of --heads %u", HQ, H);
     {
-        size_t n = (size_t)T * H * D, cap = 0;
+        size_t n = (size_t)T * H * D;
         uint32_t npages = (T + block - 1) / block;
         tqkv__cli_rng_t r = {seed};
         tqkv_block_codec_t codec = {
@@ -126,33 +133,8 @@ tqkv_cli_attn_bench(int argc, char **argv)
         }
         tqkv__cli_synth_kv(&r, T, H, D, k, v);
         tqkv__cli_synth_q(&r, HQ, H, D, T, k, 1.0f, q);
-        for (uint32_t p = 0; p < npages; p++) {
-            tqkv_block_shape_t sh = {T - p * block < block ? T - p * block : block, H, D};
-            size_t sz;
-            if (tqkv_page_size(&sh, &codec, &sz) != TQKV_OK) {
-                tqkv__cli_fail("unsupported shape/codec");
-                goto done;
-            }
-            cap += sz;
-        }
-        buf = aligned_alloc(64, tqkv_align_up(cap, 64));
-        if (!buf) {
-            tqkv__cli_fail("out of memory");
+        if (!(buf = bench_pages(k, v, T, H, D, block, &codec, pages, lens, &total)))
             goto done;
-        }
-        for (uint32_t p = 0; p < npages; p++) {
-            tqkv_block_shape_t sh = {T - p * block < block ? T - p * block : block, H, D};
-            size_t wr, off = (size_t)p * block * H * D;
-            char why[200] = "";
-            if (tqkv_page_encode(&sh, &codec, k + off, v + off, buf + total, cap - total, &wr, why,
-                                 sizeof why) != TQKV_OK) {
-                tqkv__cli_fail("encode: %s", why);
-                goto done;
-            }
-            pages[p] = buf + total;
-            lens[p] = wr;
-            total += wr;
-        }
         tqkv_attn_opts_default(&opts);
         /* Fused and BF16 calls alternate (one of each per iteration) so that noise from
          * other processes hits both alike; each kernel level the CPU has is measured. */
@@ -261,4 +243,60 @@ done:
     free(lens);
     free(times);
     return rc;
+}
+
+int
+tqkv_cli_attn_bench(int argc, char **argv)
+{
+    const char *missing = NULL;
+    uint32_t T = 32768, H = 8, HQ = 32, D = 128, block = 256, iters = 20;
+    uint8_t kb = 7, vb = 7;
+    uint64_t seed = 1;
+    if (tqkv__cli_is_help(argc, argv)) {
+        fputs(attn_bench_usage, stdout);
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (OPT_VALUE("--tokens")) {
+            if (tqkv__cli_parse_u32(argv[++i], 1, 1u << 24, &T))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --tokens '%s'", argv[i]);
+        } else if (OPT_VALUE("--heads")) {
+            if (tqkv__cli_parse_u32(argv[++i], 1, TQKV_PAGE_MAX_HEADS, &H))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --heads '%s'", argv[i]);
+        } else if (OPT_VALUE("--query-heads")) {
+            if (tqkv__cli_parse_u32(argv[++i], 1, 1u << 16, &HQ))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --query-heads '%s'", argv[i]);
+        } else if (OPT_VALUE("--dim")) {
+            if (tqkv__cli_parse_u32(argv[++i], TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM, &D))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --dim '%s'", argv[i]);
+        } else if (OPT_VALUE("--key-bits")) {
+            if (tqkv_bits_parse(argv[++i], &kb) != TQKV_OK)
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --key-bits '%s'", argv[i]);
+        } else if (OPT_VALUE("--value-bits")) {
+            if (tqkv_bits_parse(argv[++i], &vb) != TQKV_OK)
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --value-bits '%s'", argv[i]);
+        } else if (OPT_VALUE("--block")) {
+            if (tqkv__cli_parse_u32(argv[++i], 1, TQKV_PAGE_MAX_TOKENS, &block))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --block '%s'", argv[i]);
+        } else if (OPT_VALUE("--iters")) {
+            if (tqkv__cli_parse_u32(argv[++i], 1, 100000, &iters))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --iters '%s'", argv[i]);
+        } else if (OPT_VALUE("--seed")) {
+            if (tqkv__cli_parse_u64(argv[++i], 0, UINT64_MAX, &seed))
+                return tqkv__cli_usage_err(attn_bench_usage, "bad --seed '%s'", argv[i]);
+        } else if (missing) {
+            break;
+        } else {
+            return tqkv__cli_usage_err(attn_bench_usage, "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (missing)
+        return tqkv__cli_usage_err(attn_bench_usage, "%s needs a value", missing);
+    if (HQ % H != 0)
+        return tqkv__cli_usage_err(attn_bench_usage,
+                                   "--query-heads %u is not a multiple of --heads %u", HQ, H);
+    {
+        const bench_args_t a = {T, H, HQ, D, block, iters, kb, vb, seed};
+        return attn_bench_run(&a);
+    }
 }

@@ -223,6 +223,91 @@ eval_kivi(const eval_data_t *e, uint32_t bits, eval_row_t *row)
     return 0;
 }
 
+/* The rows of attn-eval: TurboQuant codecs (symmetric, asymmetric, prod values) and KIVI
+ * at 2..4 bits, appended to rows (room for 64) and counted in *nrows. Returns 0, or -1
+ * after printing why. */
+static int
+eval_rows(const eval_data_t *e, uint64_t seed, uint32_t block, eval_row_t *rows, size_t *nrows)
+{
+    static const uint8_t sym[] = {5, 6, 7, 8};
+    static const uint8_t asym[][2] = {{7, 5}, {7, 6}, {8, 6}, {8, 5}, {6, 5}, {8, 7}};
+    for (size_t b = 0; b < sizeof sym; b++)
+        for (int kmode = 0; kmode < 2; kmode++)
+            for (int nc = 0; nc < 2; nc++)
+                for (int ctr = 0; ctr < 2; ctr++) {
+                    tqkv_block_codec_t c = {{sym[b], (uint8_t)kmode, (uint8_t)nc},
+                                            {sym[b], TQKV_MODE_MSE, (uint8_t)nc},
+                                            TQKV_ROT_HADAMARD,
+                                            (uint8_t)ctr,
+                                            seed * 7919u + 17u};
+                    eval_row_t *rw = &rows[(*nrows)++];
+                    snprintf(rw->name, sizeof rw->name, "TQ K%.1f%s V%.1f%s%s", sym[b] / 2.0,
+                             kmode ? "p" : "", sym[b] / 2.0, nc ? " nc" : "", ctr ? " ctr" : "");
+                    if (eval_turboquant(e, &c, block, rw) != 0)
+                        return -1;
+                }
+    for (size_t a = 0; a < sizeof asym / sizeof asym[0]; a++)
+        for (int ctr = 0; ctr < 2; ctr++) {
+            tqkv_block_codec_t c = {{asym[a][0], TQKV_MODE_MSE, 1},
+                                    {asym[a][1], TQKV_MODE_MSE, 1},
+                                    TQKV_ROT_HADAMARD,
+                                    (uint8_t)ctr,
+                                    seed * 7919u + 17u};
+            eval_row_t *rw = &rows[(*nrows)++];
+            snprintf(rw->name, sizeof rw->name, "TQ K%.1f V%.1f nc%s", asym[a][0] / 2.0,
+                     asym[a][1] / 2.0, ctr ? " ctr" : "");
+            if (eval_turboquant(e, &c, block, rw) != 0)
+                return -1;
+        }
+    {
+        /* prod values, for the record */
+        tqkv_block_codec_t c = {{7, TQKV_MODE_MSE, 1},
+                                {7, TQKV_MODE_PROD, 1},
+                                TQKV_ROT_HADAMARD,
+                                1,
+                                seed * 7919u + 17u};
+        eval_row_t *rw = &rows[(*nrows)++];
+        snprintf(rw->name, sizeof rw->name, "TQ K3.5 V3.5p nc ctr");
+        if (eval_turboquant(e, &c, block, rw) != 0)
+            return -1;
+    }
+    for (uint32_t b = 2; b <= 4; b++)
+        if (eval_kivi(e, b, &rows[(*nrows)++]) != 0)
+            return -1;
+    return 0;
+}
+
+/* Prints the rows as a table, or as one JSON object (json). */
+static void
+eval_print(const eval_data_t *e, const eval_row_t *rows, size_t nrows, uint32_t block,
+           int synthetic, int json)
+{
+    const uint32_t T = e->T, H = e->H, D = e->D, HQ = e->HQ;
+    if (json) {
+        printf("{\"tokens\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"query_heads\":%u,\"block\":%u,"
+               "\"synthetic\":%s,\"ref_top8_mass\":%.4f,\"rows\":[",
+               T, H, D, HQ, block, synthetic ? "true" : "false", e->topmass);
+        for (size_t i = 0; i < nrows; i++)
+            printf("%s{\"method\":\"%s\",\"k_bits\":%.4f,\"v_bits\":%.4f,\"bits\":%.4f,"
+                   "\"ratio_vs_bf16\":%.3f,\"rel_err\":%.6f,\"cosine\":%.6f,\"top8_overlap\":%.4f}",
+                   i ? "," : "", rows[i].name, rows[i].k_bits, rows[i].v_bits, rows[i].bits,
+                   rows[i].ratio, rows[i].rel_err, rows[i].cosine, rows[i].top8);
+        printf("]}\n");
+    } else {
+        printf("attn-eval: T=%u H=%u D=%u HQ=%u block=%u, %s data; reference top-8 attention "
+               "mass %.3f\n",
+               T, H, D, HQ, block, synthetic ? "synthetic" : "file", e->topmass);
+        printf("(p = prod mode, nc = norm correction, ctr = key centering; bits/coord count "
+               "every byte of the page or every scale/zero)\n");
+        printf("%-26s %7s %7s %7s %7s %10s %9s %7s\n", "method", "K bits", "V bits", "bits",
+               "ratio", "rel err", "cosine", "top-8");
+        for (size_t i = 0; i < nrows; i++)
+            printf("%-26s %7.3f %7.3f %7.3f %6.2fx %10.5f %9.6f %7.3f\n", rows[i].name,
+                   rows[i].k_bits, rows[i].v_bits, rows[i].bits, rows[i].ratio, rows[i].rel_err,
+                   rows[i].cosine, rows[i].top8);
+    }
+}
+
 int
 tqkv_cli_attn_eval(int argc, char **argv)
 {
@@ -342,84 +427,14 @@ tqkv_cli_attn_eval(int argc, char **argv)
         attn_f64(&e, kf, vf, e.ref, e.top, &e.topmass);
     }
 
-    {
-        static const uint8_t sym[] = {5, 6, 7, 8};
-        static const uint8_t asym[][2] = {{7, 5}, {7, 6}, {8, 6}, {8, 5}, {6, 5}, {8, 7}};
-        size_t cap = 64;
-        rows = calloc(cap, sizeof(eval_row_t));
-        if (!rows) {
-            tqkv__cli_fail("out of memory");
-            goto done;
-        }
-        for (size_t b = 0; b < sizeof sym; b++)
-            for (int kmode = 0; kmode < 2; kmode++)
-                for (int nc = 0; nc < 2; nc++)
-                    for (int ctr = 0; ctr < 2; ctr++) {
-                        tqkv_block_codec_t c = {{sym[b], (uint8_t)kmode, (uint8_t)nc},
-                                                {sym[b], TQKV_MODE_MSE, (uint8_t)nc},
-                                                TQKV_ROT_HADAMARD,
-                                                (uint8_t)ctr,
-                                                seed * 7919u + 17u};
-                        eval_row_t *rw = &rows[nrows++];
-                        snprintf(rw->name, sizeof rw->name, "TQ K%.1f%s V%.1f%s%s", sym[b] / 2.0,
-                                 kmode ? "p" : "", sym[b] / 2.0, nc ? " nc" : "",
-                                 ctr ? " ctr" : "");
-                        if (eval_turboquant(&e, &c, block, rw) != 0)
-                            goto done;
-                    }
-        for (size_t a = 0; a < sizeof asym / sizeof asym[0]; a++)
-            for (int ctr = 0; ctr < 2; ctr++) {
-                tqkv_block_codec_t c = {{asym[a][0], TQKV_MODE_MSE, 1},
-                                        {asym[a][1], TQKV_MODE_MSE, 1},
-                                        TQKV_ROT_HADAMARD,
-                                        (uint8_t)ctr,
-                                        seed * 7919u + 17u};
-                eval_row_t *rw = &rows[nrows++];
-                snprintf(rw->name, sizeof rw->name, "TQ K%.1f V%.1f nc%s", asym[a][0] / 2.0,
-                         asym[a][1] / 2.0, ctr ? " ctr" : "");
-                if (eval_turboquant(&e, &c, block, rw) != 0)
-                    goto done;
-            }
-        {
-            /* prod values, for the record */
-            tqkv_block_codec_t c = {{7, TQKV_MODE_MSE, 1},
-                                    {7, TQKV_MODE_PROD, 1},
-                                    TQKV_ROT_HADAMARD,
-                                    1,
-                                    seed * 7919u + 17u};
-            eval_row_t *rw = &rows[nrows++];
-            snprintf(rw->name, sizeof rw->name, "TQ K3.5 V3.5p nc ctr");
-            if (eval_turboquant(&e, &c, block, rw) != 0)
-                goto done;
-        }
-        for (uint32_t b = 2; b <= 4; b++)
-            if (eval_kivi(&e, b, &rows[nrows++]) != 0)
-                goto done;
+    rows = calloc(64, sizeof(eval_row_t));
+    if (!rows) {
+        tqkv__cli_fail("out of memory");
+        goto done;
     }
-
-    if (json) {
-        printf("{\"tokens\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"query_heads\":%u,\"block\":%u,"
-               "\"synthetic\":%s,\"ref_top8_mass\":%.4f,\"rows\":[",
-               T, H, D, HQ, block, kp ? "false" : "true", e.topmass);
-        for (size_t i = 0; i < nrows; i++)
-            printf("%s{\"method\":\"%s\",\"k_bits\":%.4f,\"v_bits\":%.4f,\"bits\":%.4f,"
-                   "\"ratio_vs_bf16\":%.3f,\"rel_err\":%.6f,\"cosine\":%.6f,\"top8_overlap\":%.4f}",
-                   i ? "," : "", rows[i].name, rows[i].k_bits, rows[i].v_bits, rows[i].bits,
-                   rows[i].ratio, rows[i].rel_err, rows[i].cosine, rows[i].top8);
-        printf("]}\n");
-    } else {
-        printf("attn-eval: T=%u H=%u D=%u HQ=%u block=%u, %s data; reference top-8 attention "
-               "mass %.3f\n",
-               T, H, D, HQ, block, kp ? "file" : "synthetic", e.topmass);
-        printf("(p = prod mode, nc = norm correction, ctr = key centering; bits/coord count "
-               "every byte of the page or every scale/zero)\n");
-        printf("%-26s %7s %7s %7s %7s %10s %9s %7s\n", "method", "K bits", "V bits", "bits",
-               "ratio", "rel err", "cosine", "top-8");
-        for (size_t i = 0; i < nrows; i++)
-            printf("%-26s %7.3f %7.3f %7.3f %6.2fx %10.5f %9.6f %7.3f\n", rows[i].name,
-                   rows[i].k_bits, rows[i].v_bits, rows[i].bits, rows[i].ratio, rows[i].rel_err,
-                   rows[i].cosine, rows[i].top8);
-    }
+    if (eval_rows(&e, seed, block, rows, &nrows) != 0)
+        goto done;
+    eval_print(&e, rows, nrows, block, kp == NULL, json);
     rc = 0;
 done:
     free(rows);
