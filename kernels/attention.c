@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/cpu.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
@@ -27,10 +28,25 @@
 
 /* ---- dispatch ---- */
 
-enum { LEVEL_SCALAR = 1, LEVEL_AVX2 = 2, LEVEL_AVX512 = 3 };
+/* The attention kernels of one ISA level (ggml style: one table, indexed by cpu.h's
+ * tqkv_isa_t; the scalar row is what the SIMD rows are tested against). hadamard: the
+ * driver's rotation (NULL: the rotation module's own); had_mult: the dimensions it takes
+ * are multiples of had_mult. */
+typedef struct attn_kernels {
+    tqkv__attn_task_fn task;
+    tqkv__attn_bf16_fn bf16;
+    tqkv__attn_had_fn hadamard;
+    uint32_t had_mult;
+} attn_kernels_t;
+
+static const attn_kernels_t attn_table[] = {
+    [TQKV_ISA_SCALAR] = {tqkv__attn_task_scalar, tqkv__attn_bf16_scalar, NULL, 0},
+    [TQKV_ISA_AVX2] = {tqkv__attn_task_avx2, tqkv__attn_bf16_avx2, tqkv__attn_hadamard_avx2, 8},
+    [TQKV_ISA_AVX512] = {tqkv__attn_task_avx512, tqkv__attn_bf16_avx512, tqkv__attn_hadamard_avx512,
+                         16},
+};
 
 static int isa_cap; /* TQKV_ATTN_ISA_*: tqkv_attn_set_isa_cap, or TQKV_ATTN_ISA at first use */
-static int cpu_lvl; /* best LEVEL_* usable (cpu.h: the CPU, capped by TQKV_ISA) */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 static void
@@ -38,37 +54,34 @@ isa_init(void)
 {
     /* TQKV_ATTN_ISA: deprecated alias of TQKV_ISA that caps the attention kernels only */
     const char *e = getenv("TQKV_ATTN_ISA");
-    tqkv_isa_t lvl = tqkv_isa_level();
-    cpu_lvl = lvl == TQKV_ISA_AVX512 ? LEVEL_AVX512
-              : lvl == TQKV_ISA_AVX2 ? LEVEL_AVX2
-                                     : LEVEL_SCALAR;
     isa_cap = e && !strcmp(e, "scalar") ? TQKV_ATTN_ISA_SCALAR
               : e && !strcmp(e, "avx2") ? TQKV_ATTN_ISA_AVX2
                                         : TQKV_ATTN_ISA_BEST;
 }
 
-static int
+/* The level in use: the best usable (cpu.h: the CPU, capped by TQKV_ISA) under isa_cap. */
+static tqkv_isa_t
 level(void)
 {
+    tqkv_isa_t lvl = tqkv_isa_level();
     pthread_once(&isa_once, isa_init);
     if (isa_cap == TQKV_ATTN_ISA_SCALAR)
-        return LEVEL_SCALAR;
-    if (isa_cap == TQKV_ATTN_ISA_AVX2 && cpu_lvl > LEVEL_AVX2)
-        return LEVEL_AVX2;
-    return cpu_lvl;
+        return TQKV_ISA_SCALAR;
+    if (isa_cap == TQKV_ATTN_ISA_AVX2 && lvl > TQKV_ISA_AVX2)
+        return TQKV_ISA_AVX2;
+    return lvl;
 }
 
-static int
-use_avx2(void)
+static const attn_kernels_t *
+kernels(void)
 {
-    return level() >= LEVEL_AVX2;
+    return &attn_table[level()];
 }
 
 const char *
 tqkv_attn_isa(void)
 {
-    int lvl = level();
-    return lvl == LEVEL_AVX512 ? "avx512" : lvl == LEVEL_AVX2 ? "avx2" : "scalar";
+    return tqkv_isa_name(level());
 }
 
 void
@@ -84,24 +97,6 @@ tqkv_attn_force_scalar(int on)
     tqkv_attn_set_isa_cap(on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST);
 }
 
-static tqkv__attn_task_fn
-task_kernel(void)
-{
-    int lvl = level();
-    return lvl == LEVEL_AVX512 ? tqkv__attn_task_avx512
-           : lvl == LEVEL_AVX2 ? tqkv__attn_task_avx2
-                               : tqkv__attn_task_scalar;
-}
-
-static tqkv__attn_bf16_fn
-bf16_kernel(void)
-{
-    int lvl = level();
-    return lvl == LEVEL_AVX512 ? tqkv__attn_bf16_avx512
-           : lvl == LEVEL_AVX2 ? tqkv__attn_bf16_avx2
-                               : tqkv__attn_bf16_scalar;
-}
-
 void
 tqkv_attn_opts_default(tqkv_attn_opts_t *o)
 {
@@ -110,21 +105,6 @@ tqkv_attn_opts_default(tqkv_attn_opts_t *o)
     o->num_threads = 1;
     o->check_crc = 0;
     o->sm_scale = 0.0f;
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-#include <stdarg.h>
-static void
-set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- scalar task kernel ---- */
@@ -264,20 +244,19 @@ tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint
     }
 }
 
-/* Rotation of the fused driver: the AVX2 Hadamard when available (it runs once per page,
+/* Rotation of the fused driver: the SIMD Hadamard when available (it runs once per page,
  * head, group and query head, so the scalar FWHT would cost as much as the scoring),
  * else the rotation module's own. */
 static void
 rot_apply(const tqkv_rotation_t *r, const float *x, float *y, int transpose)
 {
-    if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 16 && r->dim % 16 == 0 &&
-        level() == LEVEL_AVX512) {
-        tqkv__attn_hadamard_avx512(r->signs, r->dim, x, y, transpose);
-        return;
-    }
-    if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 8 && use_avx2()) {
-        tqkv__attn_hadamard_avx2(r->signs, r->dim, x, y, transpose);
-        return;
+    /* the level's Hadamard, or the next level down's for dimensions it does not take */
+    for (int l = (int)level(); r->kind == TQKV_ROT_HADAMARD && l > TQKV_ISA_SCALAR; l--) {
+        const attn_kernels_t *K = &attn_table[l];
+        if (r->dim >= K->had_mult && r->dim % K->had_mult == 0) {
+            K->hadamard(r->signs, r->dim, x, y, transpose);
+            return;
+        }
     }
     if (transpose)
         tqkv_rotation_apply_t(r, x, y);
@@ -296,35 +275,36 @@ tqkv_attn_check_pages(const void *const *pages, const size_t *page_lens, size_t 
     uint64_t total = 0;
     char why[160];
     if (!pages || !page_lens || n_pages == 0) {
-        set_err(err, errlen, "no pages");
+        tqkv__page_seterr(err, errlen, "no pages");
         return TQKV_EINVAL;
     }
     for (size_t p = 0; p < n_pages; p++) {
         tqkv_page_info_t info;
         tqkv_status_t st;
         if (!pages[p]) {
-            set_err(err, errlen, "page %zu is NULL", p);
+            tqkv__page_seterr(err, errlen, "page %zu is NULL", p);
             return TQKV_EINVAL;
         }
         why[0] = '\0';
         st = tqkv_page_validate(pages[p], page_lens[p], check_crc, &info, why, sizeof why);
         if (st != TQKV_OK) {
-            set_err(err, errlen, "page %zu: %s", p, why[0] ? why : tqkv_strerror(st));
+            tqkv__page_seterr(err, errlen, "page %zu: %s", p, why[0] ? why : tqkv_strerror(st));
             return st;
         }
         if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0) {
-            set_err(err, errlen, "page %zu holds no %s", p,
-                    info.codec.k.bits_x2 == 0 ? "keys" : "values");
+            tqkv__page_seterr(err, errlen, "page %zu holds no %s", p,
+                              info.codec.k.bits_x2 == 0 ? "keys" : "values");
             return TQKV_EINVAL;
         }
         if (p == 0) {
             H = info.shape.num_kv_heads;
             D = info.shape.head_dim;
         } else if (info.shape.num_kv_heads != H || info.shape.head_dim != D) {
-            set_err(err, errlen,
-                    "page %zu has %u KV heads x head_dim %u, page 0 has %u x %u: pages of one "
-                    "sequence must match",
-                    p, info.shape.num_kv_heads, info.shape.head_dim, H, D);
+            tqkv__page_seterr(
+                err, errlen,
+                "page %zu has %u KV heads x head_dim %u, page 0 has %u x %u: pages of one "
+                "sequence must match",
+                p, info.shape.num_kv_heads, info.shape.head_dim, H, D);
             return TQKV_EINVAL;
         }
         total += info.shape.num_tokens;
@@ -620,7 +600,7 @@ static tqkv_status_t
 run_item_raw(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, uint32_t n,
              split_state_t *s, const uint8_t *next, size_t next_bytes)
 {
-    tqkv__attn_bf16_fn fn = bf16_kernel();
+    tqkv__attn_bf16_fn fn = kernels()->bf16;
     size_t part = (next_bytes + c->H - 1) / c->H;
     for (uint32_t h = 0; h < c->H; h++) {
         size_t off = ((size_t)t0 * c->H + h) * c->D, pf = 0;
@@ -813,7 +793,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         opts = &dflt;
     }
     if (!q || !out || num_q_heads == 0) {
-        set_err(err, errlen, "NULL query/output or zero query heads");
+        tqkv__page_seterr(err, errlen, "NULL query/output or zero query heads");
         return TQKV_EINVAL;
     }
     memset(&c, 0, sizeof c);
@@ -822,12 +802,12 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if (st != TQKV_OK)
         return st;
     if (num_q_heads % c.H != 0) {
-        set_err(err, errlen, "%u query heads is not a multiple of the pages' %u KV heads",
-                num_q_heads, c.H);
+        tqkv__page_seterr(err, errlen, "%u query heads is not a multiple of the pages' %u KV heads",
+                          num_q_heads, c.H);
         return TQKV_EINVAL;
     }
     if (total == 0) {
-        set_err(err, errlen, "the pages hold no tokens");
+        tqkv__page_seterr(err, errlen, "the pages hold no tokens");
         return TQKV_EINVAL;
     }
     c.q = q;
@@ -840,14 +820,14 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if ((total + c.split_tokens - 1) / c.split_tokens > MAX_SPLITS)
         c.split_tokens = (total + MAX_SPLITS - 1) / MAX_SPLITS; /* bounds the split states */
     c.n_splits = (size_t)((total + c.split_tokens - 1) / c.split_tokens);
-    c.task_fn = task_kernel();
+    c.task_fn = kernels()->task;
 
     starts = malloc(sizeof(uint64_t) * (n_pages + 1));
     c.splits = calloc(c.n_splits, sizeof(split_state_t));
     mem = malloc(sizeof(double) * c.n_splits * (size_t)c.HQ * (2 + c.D));
     if (!starts || !c.splits || !mem) {
         st = TQKV_ENOMEM;
-        set_err(err, errlen, "out of memory");
+        tqkv__page_seterr(err, errlen, "out of memory");
         goto done;
     }
     starts[0] = 0;
@@ -871,7 +851,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if (nthreads <= 1) {
         attn_ws_t w;
         if ((st = ws_alloc(&w, c.G, c.D, c.max_item_tokens)) != TQKV_OK) {
-            set_err(err, errlen, "out of memory");
+            tqkv__page_seterr(err, errlen, "out of memory");
             goto done;
         }
         for (size_t s = 0; s < c.n_splits && st == TQKV_OK; s++)
@@ -882,7 +862,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         uint32_t started = 0;
         if (!th) {
             st = TQKV_ENOMEM;
-            set_err(err, errlen, "out of memory");
+            tqkv__page_seterr(err, errlen, "out of memory");
             goto done;
         }
         pthread_mutex_init(&c.lock, NULL);
@@ -898,8 +878,8 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         st = c.status;
     }
     if (st != TQKV_OK) {
-        set_err(err, errlen, "%s",
-                st == TQKV_ECORRUPT ? "page outlier mask is corrupt" : tqkv_strerror(st));
+        tqkv__page_seterr(err, errlen, "%s",
+                          st == TQKV_ECORRUPT ? "page outlier mask is corrupt" : tqkv_strerror(st));
         goto done;
     }
 
@@ -1209,7 +1189,7 @@ tqkv_attn_bf16(const float *q, uint32_t num_q_heads, const uint16_t *k_bf16, con
                uint32_t num_tokens, uint32_t num_kv_heads, uint32_t head_dim, float *out)
 {
     return bf16_common(q, num_q_heads, k_bf16, v_bf16, num_tokens, num_kv_heads, head_dim, out,
-                       bf16_kernel());
+                       kernels()->bf16);
 }
 
 /* Reads like the math: two-pass softmax in double. */

@@ -94,60 +94,17 @@ select_outliers(const double *energy, uint32_t d, uint32_t n_hi, uint8_t *mask, 
     }
 }
 
-/* tqkv__encode_vec_ref of a prod vector up to its QJL product: tqkv_group_encode_vec operation
- * for operation, leaving u = r / ||r|| in u_out (g floats) for S u, taken for a block of
- * vectors by tqkv__page_kernels()->rows_mm (bit for bit tqkv_matvec). Returns 0 for a zero vector
- * (finished: scale and gamma 0, every sign set). work: 3g floats. */
+/* tqkv__encode_vec_ref of a prod vector up to its QJL product (tq_math.h
+ * tqkv_group_encode_vec_pre), leaving u = r / ||r|| in u_out (g floats) for S u, taken for
+ * a block of vectors by the kernel table's rows_mm (bit for bit tqkv_matvec). Returns 0
+ * for a zero vector (finished: scale and gamma 0, every sign set). work: 3g floats. */
 static int
 encode_vec_prod_pre(const tqkv__group_ctx_t *G, const double *x, float *work, uint16_t *scale,
                     uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row, float *u_out)
 {
     tqkv_group_codec_t C;
-    const uint32_t g = G->L.dim, b = G->L.mse_bits;
-    float *u = work, *y = work + g, *a = work + 2 * g;
-    const float sqrt_g = sqrtf((float)g);
-    double s = 0, zn2 = 0, sc, rn = 0, sf;
     tqkv__group_codec(G, &C);
-    for (uint32_t j = 0; j < g; j++)
-        s = TQKV_DADD(s, TQKV_DMUL(x[j], x[j]));
-    s = sqrt(s);
-    if (s == 0) {
-        *scale = 0;
-        *gamma = 0;
-        for (uint32_t j = 0; j < g; j++)
-            sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
-        return 0;
-    }
-    for (uint32_t j = 0; j < g; j++)
-        u[j] = (float)(x[j] / s);
-    if (b) {
-        tqkv_group_rotate(&C, u, y);
-        for (uint32_t j = 0; j < g; j++) {
-            uint32_t k = tqkv_nearest_index(TQKV_FMUL(y[j], sqrt_g), C.thr, C.n_centroids);
-            tqkv_bits_put(idx_row, j, b, k);
-            y[j] = C.z[k];
-            zn2 = TQKV_DADD(zn2, TQKV_DMUL(y[j], y[j]));
-        }
-    }
-    if (C.norm_corrected && b && zn2 > 0)
-        sc = s / sqrt(zn2);
-    else
-        sc = s / sqrt((double)g);
-    *scale = tqkv_scale_to_bf16(tqkv_clamp_flt(sc));
-    if (b)
-        tqkv_group_rotate_t(&C, y, a);
-    sf = (double)tqkv_bf16_to_f32(*scale);
-    for (uint32_t j = 0; j < g; j++) {
-        double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
-        rn = TQKV_DADD(rn, TQKV_DMUL(r, r));
-    }
-    rn = sqrt(rn);
-    for (uint32_t j = 0; j < g; j++) {
-        double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
-        u_out[j] = rn > 0 ? (float)(r / rn) : 0.0f;
-    }
-    *gamma = tqkv_scale_to_bf16(tqkv_clamp_flt(rn / sqrt((double)g)));
-    return 1;
+    return tqkv_group_encode_vec_pre(&C, x, work, scale, gamma, idx_row, sign_row, u_out);
 }
 
 /* Prod rows [0, T) of head hh (see encode_group_head) with the QJL products of
@@ -262,7 +219,7 @@ static void
 center_decide(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, float *mh, int fast)
 {
     uint64_t votes, nonzero;
-    (fast ? tqkv__center_votes : tqkv__center_votes_plain)(x, xs, T, D, mh, &votes, &nonzero);
+    (fast ? tqkv__center_votes : tqkv__center_votes_ref)(x, xs, T, D, mh, &votes, &nonzero);
     if (!tqkv_center_keep(votes, nonzero))
         memset(mh, 0, sizeof(float) * D);
 }

@@ -1,5 +1,5 @@
 /* page_internal.h - the SIMD kernels behind tqkv_page_encode/decode (tqkv__, not API):
- * shared by kernels/page*.c and crc32c_sse42.c only. The
+ * shared by kernels/page*.c and crc32c_sse42.c only (attention.c: tqkv__page_seterr). The
  * public page API is kernels/page.h.
  */
 #ifndef TQKV_KERNELS_PAGE_INTERNAL_H
@@ -84,7 +84,7 @@ void tqkv__rows_matmul_avx2(const float *a, uint32_t g, const float *x, float *y
 #include "kernels/tq_math.h"
 
 /* The run-time kernel table of the page codec (page.c), chosen once. */
-typedef struct page_kernels {
+typedef struct tqkv__page_kernels {
     const char *isa;
     tqkv__enc_had_fn enc_had; /* NULL: reference only */
     tqkv__dec_had_fn dec_had;
@@ -96,7 +96,7 @@ typedef struct page_kernels {
 } tqkv__page_kernels_t;
 
 /* The matrices and codebook of one group (page.c). */
-typedef struct group_ctx {
+typedef struct tqkv__group_ctx {
     tqkv_group_layout_t L;
     const tqkv_rotation_t *rot; /* Pi */
     const tqkv_rotation_t *qjl; /* S (prod) */
@@ -139,12 +139,29 @@ int tqkv__find_nonfinite(const uint16_t *x, uint64_t count, uint64_t *where);
 
 /* page_stats.c: the key-statistics loops (one copy per ISA, chosen at run time) and the
  * AVX-512 VBMI2 channel split/merge of two-group tensors. */
+#include "kernels/cpu.h"
+/* The key-statistics kernels of one ISA level: one table indexed by tqkv_isa_t (ggml
+ * style), the scalar row the references (energy_accum_ref, sum_accum_ref,
+ * tqkv__center_votes_ref) the others are tested against. Their level is chosen from
+ * tqkv_cpu_usable(): AVX-512 F alone is enough for these auto-vectorized loops.
+ * energy: acc[k] += (x[k] - mean[k])^2 (mean NULL: 0); sum: acc[k] += x[k], returns the
+ * largest |x| bits (at least maxmag); votes: tq_math.h's centering votes of T rows
+ * x + t * xs of D channels against mu, and the number of non-zero rows. */
+typedef struct tqkv__stats_kernels {
+    void (*energy)(double *acc, const uint16_t *x, const float *mean, uint64_t n);
+    uint16_t (*sum)(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag);
+    void (*votes)(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                  uint64_t *votes, uint64_t *nonzero);
+} tqkv__stats_kernels_t;
+const tqkv__stats_kernels_t *tqkv__stats_kernels(tqkv_isa_t isa);
+/* The level the tqkv__energy_accum, _sum_accum and _center_votes below dispatch to. */
+tqkv_isa_t tqkv__stats_isa(void);
 void tqkv__energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n);
 uint16_t tqkv__sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag);
 void tqkv__center_votes(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
                         uint64_t *votes, uint64_t *nonzero);
-void tqkv__center_votes_plain(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D,
-                              const float *mu, uint64_t *votes, uint64_t *nonzero);
+void tqkv__center_votes_ref(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                            uint64_t *votes, uint64_t *nonzero);
 /* 1 when tqkv__split_rows_vbmi2 / tqkv__merge_rows_vbmi2 may run (cpu.h). */
 int tqkv__page_vbmi2(void);
 void tqkv__split_rows_vbmi2(const uint16_t *x, size_t xs, uint16_t *o, uint32_t T, uint32_t D,

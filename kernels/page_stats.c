@@ -79,7 +79,7 @@ energy_accum_avx2(double *acc, const uint16_t *x, const float *mean, uint64_t n)
     energy_accum_body(acc, x, mean, n);
 }
 static void
-energy_accum_plain(double *acc, const uint16_t *x, const float *mean, uint64_t n)
+energy_accum_ref(double *acc, const uint16_t *x, const float *mean, uint64_t n)
 {
     energy_accum_body(acc, x, mean, n);
 }
@@ -94,7 +94,7 @@ sum_accum_avx2(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
     return sum_accum_body(acc, x, n, maxmag);
 }
 static uint16_t
-sum_accum_plain(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
+sum_accum_ref(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
 {
     return sum_accum_body(acc, x, n, maxmag);
 }
@@ -180,56 +180,59 @@ center_votes_avx2(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const 
     *nonzero = n;
 }
 void
-tqkv__center_votes_plain(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
-                         uint64_t *votes, uint64_t *nonzero)
+tqkv__center_votes_ref(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                       uint64_t *votes, uint64_t *nonzero)
 {
     center_votes_body(x, xs, T, D, mu, votes, nonzero);
 }
 
-static int accum_isa; /* 2 avx512f, 1 avx2, 0 plain */
-static pthread_once_t accum_once = PTHREAD_ONCE_INIT;
+/* The key-statistics table (page_internal.h), one row per ISA level. */
+static const tqkv__stats_kernels_t stats_table[] = {
+    [TQKV_ISA_SCALAR] = {energy_accum_ref, sum_accum_ref, tqkv__center_votes_ref},
+    [TQKV_ISA_AVX2] = {energy_accum_avx2, sum_accum_avx2, center_votes_avx2},
+    [TQKV_ISA_AVX512] = {energy_accum_avx512, sum_accum_avx512, center_votes_avx512},
+};
+
+static tqkv_isa_t stats_isa;
+static pthread_once_t stats_once = PTHREAD_ONCE_INIT;
 
 static void
-accum_init(void)
+stats_init(void)
 {
     const tqkv_cpu_t *c = tqkv_cpu_usable();
-    accum_isa = c->avx512f ? 2 : c->avx2 ? 1 : 0;
+    stats_isa = c->avx512f ? TQKV_ISA_AVX512 : c->avx2 ? TQKV_ISA_AVX2 : TQKV_ISA_SCALAR;
+}
+
+const tqkv__stats_kernels_t *
+tqkv__stats_kernels(tqkv_isa_t isa)
+{
+    return &stats_table[isa];
+}
+
+tqkv_isa_t
+tqkv__stats_isa(void)
+{
+    pthread_once(&stats_once, stats_init);
+    return stats_isa;
 }
 
 void
 tqkv__energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n)
 {
-    pthread_once(&accum_once, accum_init);
-    if (accum_isa == 2)
-        energy_accum_avx512(acc, x, mean, n);
-    else if (accum_isa == 1)
-        energy_accum_avx2(acc, x, mean, n);
-    else
-        energy_accum_plain(acc, x, mean, n);
+    stats_table[tqkv__stats_isa()].energy(acc, x, mean, n);
 }
 
 uint16_t
 tqkv__sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag)
 {
-    pthread_once(&accum_once, accum_init);
-    if (accum_isa == 2)
-        return sum_accum_avx512(acc, x, n, maxmag);
-    if (accum_isa == 1)
-        return sum_accum_avx2(acc, x, n, maxmag);
-    return sum_accum_plain(acc, x, n, maxmag);
+    return stats_table[tqkv__stats_isa()].sum(acc, x, n, maxmag);
 }
 
 void
 tqkv__center_votes(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
                    uint64_t *votes, uint64_t *nonzero)
 {
-    pthread_once(&accum_once, accum_init);
-    if (accum_isa == 2)
-        center_votes_avx512(x, xs, T, D, mu, votes, nonzero);
-    else if (accum_isa == 1)
-        center_votes_avx2(x, xs, T, D, mu, votes, nonzero);
-    else
-        tqkv__center_votes_plain(x, xs, T, D, mu, votes, nonzero);
+    stats_table[tqkv__stats_isa()].votes(x, xs, T, D, mu, votes, nonzero);
 }
 
 static int have_vbmi2;
