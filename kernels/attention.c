@@ -1,5 +1,5 @@
 /* attention.c - fused decode attention on packed pages (driver, scalar kernels, reference)
- * and the BF16 attention baseline.
+ * (the BF16 attention baseline is attention_bf16.c).
  *
  * Driver: the sequence (pages in order) is cut into splits of split_tokens tokens. Each
  * split is processed independently (by the calling thread or by one of num_threads
@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/cpu.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
@@ -27,10 +28,25 @@
 
 /* ---- dispatch ---- */
 
-enum { LEVEL_SCALAR = 1, LEVEL_AVX2 = 2, LEVEL_AVX512 = 3 };
+/* The attention kernels of one ISA level (ggml style: one table, indexed by cpu.h's
+ * tqkv_isa_t; the scalar row is what the SIMD rows are tested against). hadamard: the
+ * driver's rotation (NULL: the rotation module's own); had_mult: the dimensions it takes
+ * are multiples of had_mult. */
+typedef struct attn_kernels {
+    tqkv__attn_task_fn task;
+    tqkv__attn_bf16_fn bf16;
+    tqkv__attn_had_fn hadamard;
+    uint32_t had_mult;
+} attn_kernels_t;
+
+static const attn_kernels_t attn_table[] = {
+    [TQKV_ISA_SCALAR] = {tqkv__attn_task_scalar, tqkv__attn_bf16_scalar, NULL, 0},
+    [TQKV_ISA_AVX2] = {tqkv__attn_task_avx2, tqkv__attn_bf16_avx2, tqkv__attn_hadamard_avx2, 8},
+    [TQKV_ISA_AVX512] = {tqkv__attn_task_avx512, tqkv__attn_bf16_avx512, tqkv__attn_hadamard_avx512,
+                         16},
+};
 
 static int isa_cap; /* TQKV_ATTN_ISA_*: tqkv_attn_set_isa_cap, or TQKV_ATTN_ISA at first use */
-static int cpu_lvl; /* best LEVEL_* usable (cpu.h: the CPU, capped by TQKV_ISA) */
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 static void
@@ -38,37 +54,40 @@ isa_init(void)
 {
     /* TQKV_ATTN_ISA: deprecated alias of TQKV_ISA that caps the attention kernels only */
     const char *e = getenv("TQKV_ATTN_ISA");
-    tqkv_isa_t lvl = tqkv_isa_level();
-    cpu_lvl = lvl == TQKV_ISA_AVX512 ? LEVEL_AVX512
-              : lvl == TQKV_ISA_AVX2 ? LEVEL_AVX2
-                                     : LEVEL_SCALAR;
     isa_cap = e && !strcmp(e, "scalar") ? TQKV_ATTN_ISA_SCALAR
               : e && !strcmp(e, "avx2") ? TQKV_ATTN_ISA_AVX2
                                         : TQKV_ATTN_ISA_BEST;
 }
 
-static int
+/* The level in use: the best usable (cpu.h: the CPU, capped by TQKV_ISA) under isa_cap. */
+static tqkv_isa_t
 level(void)
 {
+    tqkv_isa_t lvl = tqkv_isa_level();
     pthread_once(&isa_once, isa_init);
     if (isa_cap == TQKV_ATTN_ISA_SCALAR)
-        return LEVEL_SCALAR;
-    if (isa_cap == TQKV_ATTN_ISA_AVX2 && cpu_lvl > LEVEL_AVX2)
-        return LEVEL_AVX2;
-    return cpu_lvl;
+        return TQKV_ISA_SCALAR;
+    if (isa_cap == TQKV_ATTN_ISA_AVX2 && lvl > TQKV_ISA_AVX2)
+        return TQKV_ISA_AVX2;
+    return lvl;
 }
 
-static int
-use_avx2(void)
+static const attn_kernels_t *
+kernels(void)
 {
-    return level() >= LEVEL_AVX2;
+    return &attn_table[level()];
+}
+
+tqkv__attn_bf16_fn
+tqkv__attn_bf16_kernel(void)
+{
+    return kernels()->bf16;
 }
 
 const char *
 tqkv_attn_isa(void)
 {
-    int lvl = level();
-    return lvl == LEVEL_AVX512 ? "avx512" : lvl == LEVEL_AVX2 ? "avx2" : "scalar";
+    return tqkv_isa_name(level());
 }
 
 void
@@ -84,24 +103,6 @@ tqkv_attn_force_scalar(int on)
     tqkv_attn_set_isa_cap(on ? TQKV_ATTN_ISA_SCALAR : TQKV_ATTN_ISA_BEST);
 }
 
-static tqkv__attn_task_fn
-task_kernel(void)
-{
-    int lvl = level();
-    return lvl == LEVEL_AVX512 ? tqkv__attn_task_avx512
-           : lvl == LEVEL_AVX2 ? tqkv__attn_task_avx2
-                               : tqkv__attn_task_scalar;
-}
-
-static tqkv__attn_bf16_fn
-bf16_kernel(void)
-{
-    int lvl = level();
-    return lvl == LEVEL_AVX512 ? tqkv__attn_bf16_avx512
-           : lvl == LEVEL_AVX2 ? tqkv__attn_bf16_avx2
-                               : tqkv__attn_bf16_scalar;
-}
-
 void
 tqkv_attn_opts_default(tqkv_attn_opts_t *o)
 {
@@ -110,21 +111,6 @@ tqkv_attn_opts_default(tqkv_attn_opts_t *o)
     o->num_threads = 1;
     o->check_crc = 0;
     o->sm_scale = 0.0f;
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-#include <stdarg.h>
-static void
-set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- scalar task kernel ---- */
@@ -219,65 +205,19 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
     }
 }
 
-/* BF16 attention state update (see tqkv__attn_bf16_fn). */
-void
-tqkv__attn_bf16_scalar(const float *q, uint32_t G, const uint16_t *k, const uint16_t *v, uint32_t T,
-                       size_t stride, uint32_t D, float sm_scale, float *out, float *m, float *l,
-                       float *scratch, const void *pfk, const void *pfv, size_t pf_bytes)
-{
-    float *sc = scratch;
-    tqkv__attn_prefetch_bytes(pfk, 0, pf_bytes);
-    tqkv__attn_prefetch_bytes(pfv, 0, pf_bytes);
-    for (uint32_t t0 = 0; t0 < T; t0 += TQKV__ATTN_TILE) {
-        uint32_t n = T - t0 < TQKV__ATTN_TILE ? T - t0 : TQKV__ATTN_TILE;
-        for (uint32_t i = 0; i < n; i++) {
-            const uint16_t *kr = k + (size_t)(t0 + i) * stride;
-            for (uint32_t h = 0; h < G; h++) {
-                float dot = 0.0f;
-                for (uint32_t j = 0; j < D; j++)
-                    dot += q[(size_t)h * D + j] * tqkv_bf16_to_f32(kr[j]);
-                sc[h * TQKV__ATTN_TILE + i] = dot * sm_scale;
-            }
-        }
-        for (uint32_t h = 0; h < G; h++) {
-            float *row = sc + h * TQKV__ATTN_TILE, mx = m[h], alpha, sum = 0.0f;
-            for (uint32_t i = 0; i < n; i++)
-                mx = row[i] > mx ? row[i] : mx;
-            alpha = expf(m[h] - mx);
-            for (uint32_t i = 0; i < n; i++) {
-                row[i] = expf(row[i] - mx);
-                sum += row[i];
-            }
-            l[h] = l[h] * alpha + sum;
-            m[h] = mx;
-            for (uint32_t j = 0; j < D; j++)
-                out[(size_t)h * D + j] *= alpha;
-        }
-        for (uint32_t i = 0; i < n; i++) {
-            const uint16_t *vr = v + (size_t)(t0 + i) * stride;
-            for (uint32_t h = 0; h < G; h++) {
-                float w = sc[h * TQKV__ATTN_TILE + i];
-                for (uint32_t j = 0; j < D; j++)
-                    out[(size_t)h * D + j] += w * tqkv_bf16_to_f32(vr[j]);
-            }
-        }
-    }
-}
-
-/* Rotation of the fused driver: the AVX2 Hadamard when available (it runs once per page,
+/* Rotation of the fused driver: the SIMD Hadamard when available (it runs once per page,
  * head, group and query head, so the scalar FWHT would cost as much as the scoring),
  * else the rotation module's own. */
 static void
 rot_apply(const tqkv_rotation_t *r, const float *x, float *y, int transpose)
 {
-    if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 16 && r->dim % 16 == 0 &&
-        level() == LEVEL_AVX512) {
-        tqkv__attn_hadamard_avx512(r->signs, r->dim, x, y, transpose);
-        return;
-    }
-    if (r->kind == TQKV_ROT_HADAMARD && r->dim >= 8 && use_avx2()) {
-        tqkv__attn_hadamard_avx2(r->signs, r->dim, x, y, transpose);
-        return;
+    /* the level's Hadamard, or the next level down's for dimensions it does not take */
+    for (int l = (int)level(); r->kind == TQKV_ROT_HADAMARD && l > TQKV_ISA_SCALAR; l--) {
+        const attn_kernels_t *K = &attn_table[l];
+        if (r->dim >= K->had_mult && r->dim % K->had_mult == 0) {
+            K->hadamard(r->signs, r->dim, x, y, transpose);
+            return;
+        }
     }
     if (transpose)
         tqkv_rotation_apply_t(r, x, y);
@@ -296,35 +236,36 @@ tqkv_attn_check_pages(const void *const *pages, const size_t *page_lens, size_t 
     uint64_t total = 0;
     char why[160];
     if (!pages || !page_lens || n_pages == 0) {
-        set_err(err, errlen, "no pages");
+        tqkv__page_seterr(err, errlen, "no pages");
         return TQKV_EINVAL;
     }
     for (size_t p = 0; p < n_pages; p++) {
         tqkv_page_info_t info;
         tqkv_status_t st;
         if (!pages[p]) {
-            set_err(err, errlen, "page %zu is NULL", p);
+            tqkv__page_seterr(err, errlen, "page %zu is NULL", p);
             return TQKV_EINVAL;
         }
         why[0] = '\0';
         st = tqkv_page_validate(pages[p], page_lens[p], check_crc, &info, why, sizeof why);
         if (st != TQKV_OK) {
-            set_err(err, errlen, "page %zu: %s", p, why[0] ? why : tqkv_strerror(st));
+            tqkv__page_seterr(err, errlen, "page %zu: %s", p, why[0] ? why : tqkv_strerror(st));
             return st;
         }
         if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0) {
-            set_err(err, errlen, "page %zu holds no %s", p,
-                    info.codec.k.bits_x2 == 0 ? "keys" : "values");
+            tqkv__page_seterr(err, errlen, "page %zu holds no %s", p,
+                              info.codec.k.bits_x2 == 0 ? "keys" : "values");
             return TQKV_EINVAL;
         }
         if (p == 0) {
             H = info.shape.num_kv_heads;
             D = info.shape.head_dim;
         } else if (info.shape.num_kv_heads != H || info.shape.head_dim != D) {
-            set_err(err, errlen,
-                    "page %zu has %u KV heads x head_dim %u, page 0 has %u x %u: pages of one "
-                    "sequence must match",
-                    p, info.shape.num_kv_heads, info.shape.head_dim, H, D);
+            tqkv__page_seterr(
+                err, errlen,
+                "page %zu has %u KV heads x head_dim %u, page 0 has %u x %u: pages of one "
+                "sequence must match",
+                p, info.shape.num_kv_heads, info.shape.head_dim, H, D);
             return TQKV_EINVAL;
         }
         total += info.shape.num_tokens;
@@ -620,7 +561,7 @@ static tqkv_status_t
 run_item_raw(const attn_ctx_t *c, const page_ctx_t *pc, attn_ws_t *w, uint32_t t0, uint32_t n,
              split_state_t *s, const uint8_t *next, size_t next_bytes)
 {
-    tqkv__attn_bf16_fn fn = bf16_kernel();
+    tqkv__attn_bf16_fn fn = kernels()->bf16;
     size_t part = (next_bytes + c->H - 1) / c->H;
     for (uint32_t h = 0; h < c->H; h++) {
         size_t off = ((size_t)t0 * c->H + h) * c->D, pf = 0;
@@ -813,7 +754,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         opts = &dflt;
     }
     if (!q || !out || num_q_heads == 0) {
-        set_err(err, errlen, "NULL query/output or zero query heads");
+        tqkv__page_seterr(err, errlen, "NULL query/output or zero query heads");
         return TQKV_EINVAL;
     }
     memset(&c, 0, sizeof c);
@@ -822,12 +763,12 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if (st != TQKV_OK)
         return st;
     if (num_q_heads % c.H != 0) {
-        set_err(err, errlen, "%u query heads is not a multiple of the pages' %u KV heads",
-                num_q_heads, c.H);
+        tqkv__page_seterr(err, errlen, "%u query heads is not a multiple of the pages' %u KV heads",
+                          num_q_heads, c.H);
         return TQKV_EINVAL;
     }
     if (total == 0) {
-        set_err(err, errlen, "the pages hold no tokens");
+        tqkv__page_seterr(err, errlen, "the pages hold no tokens");
         return TQKV_EINVAL;
     }
     c.q = q;
@@ -840,14 +781,14 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if ((total + c.split_tokens - 1) / c.split_tokens > MAX_SPLITS)
         c.split_tokens = (total + MAX_SPLITS - 1) / MAX_SPLITS; /* bounds the split states */
     c.n_splits = (size_t)((total + c.split_tokens - 1) / c.split_tokens);
-    c.task_fn = task_kernel();
+    c.task_fn = kernels()->task;
 
     starts = malloc(sizeof(uint64_t) * (n_pages + 1));
     c.splits = calloc(c.n_splits, sizeof(split_state_t));
     mem = malloc(sizeof(double) * c.n_splits * (size_t)c.HQ * (2 + c.D));
     if (!starts || !c.splits || !mem) {
         st = TQKV_ENOMEM;
-        set_err(err, errlen, "out of memory");
+        tqkv__page_seterr(err, errlen, "out of memory");
         goto done;
     }
     starts[0] = 0;
@@ -871,7 +812,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if (nthreads <= 1) {
         attn_ws_t w;
         if ((st = ws_alloc(&w, c.G, c.D, c.max_item_tokens)) != TQKV_OK) {
-            set_err(err, errlen, "out of memory");
+            tqkv__page_seterr(err, errlen, "out of memory");
             goto done;
         }
         for (size_t s = 0; s < c.n_splits && st == TQKV_OK; s++)
@@ -882,7 +823,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         uint32_t started = 0;
         if (!th) {
             st = TQKV_ENOMEM;
-            set_err(err, errlen, "out of memory");
+            tqkv__page_seterr(err, errlen, "out of memory");
             goto done;
         }
         pthread_mutex_init(&c.lock, NULL);
@@ -898,8 +839,8 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         st = c.status;
     }
     if (st != TQKV_OK) {
-        set_err(err, errlen, "%s",
-                st == TQKV_ECORRUPT ? "page outlier mask is corrupt" : tqkv_strerror(st));
+        tqkv__page_seterr(err, errlen, "%s",
+                          st == TQKV_ECORRUPT ? "page outlier mask is corrupt" : tqkv_strerror(st));
         goto done;
     }
 
@@ -1156,104 +1097,4 @@ done:
     free(x.tmp);
     free(x.ch);
     return st;
-}
-
-/* ---- BF16 baseline ---- */
-
-/* Tokens per block of the BF16 baseline: like the fused path's pages, all KV heads of a
- * block are processed before the next block, so memory is read as one forward stream. */
-#define BF16_BLOCK 64
-
-static tqkv_status_t
-bf16_common(const float *q, uint32_t HQ, const uint16_t *k, const uint16_t *v, uint32_t T,
-            uint32_t H, uint32_t D, float *out, tqkv__attn_bf16_fn fn)
-{
-    float *scratch, *m, *l, sm_scale;
-    uint32_t G;
-    if (!q || !k || !v || !out || T == 0 || H == 0 || D == 0 || HQ == 0 || HQ % H != 0)
-        return TQKV_EINVAL;
-    G = HQ / H;
-    scratch =
-        aligned_alloc(64, tqkv_align_up(sizeof(float) * (2 * G * TQKV__ATTN_TILE + 2 * HQ), 64));
-    if (!scratch)
-        return TQKV_ENOMEM;
-    m = scratch + 2 * G * TQKV__ATTN_TILE;
-    l = m + HQ;
-    sm_scale = (float)(1.0 / sqrt((double)D));
-    for (uint32_t i = 0; i < HQ; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-    }
-    memset(out, 0, sizeof(float) * HQ * D);
-    for (uint32_t t0 = 0; t0 < T; t0 += BF16_BLOCK) {
-        uint32_t n = T - t0 < BF16_BLOCK ? T - t0 : BF16_BLOCK;
-        uint32_t n2 = T - t0 - n < BF16_BLOCK ? T - t0 - n : BF16_BLOCK;
-        size_t part = (size_t)n2 * D; /* elements of the next block per head-sized part */
-        for (uint32_t h = 0; h < H; h++) {
-            size_t off = ((size_t)t0 * H + h) * D, nxt = ((size_t)(t0 + n) * H + h) * D;
-            fn(q + (size_t)h * G * D, G, k + off, v + off, n, (size_t)H * D, D, sm_scale,
-               out + (size_t)h * G * D, m + h * G, l + h * G, scratch,
-               k + nxt - (size_t)h * D + (size_t)h * part,
-               v + nxt - (size_t)h * D + (size_t)h * part, n2 ? part * 2 : 0);
-        }
-    }
-    for (uint32_t i = 0; i < HQ; i++)
-        for (uint32_t d = 0; d < D; d++)
-            out[(size_t)i * D + d] /= l[i];
-    free(scratch);
-    return TQKV_OK;
-}
-
-tqkv_status_t
-tqkv_attn_bf16(const float *q, uint32_t num_q_heads, const uint16_t *k_bf16, const uint16_t *v_bf16,
-               uint32_t num_tokens, uint32_t num_kv_heads, uint32_t head_dim, float *out)
-{
-    return bf16_common(q, num_q_heads, k_bf16, v_bf16, num_tokens, num_kv_heads, head_dim, out,
-                       bf16_kernel());
-}
-
-/* Reads like the math: two-pass softmax in double. */
-tqkv_status_t
-tqkv_attn_bf16_ref(const float *q, uint32_t num_q_heads, const uint16_t *k_bf16,
-                   const uint16_t *v_bf16, uint32_t num_tokens, uint32_t num_kv_heads,
-                   uint32_t head_dim, float *out)
-{
-    uint32_t H = num_kv_heads, D = head_dim, T = num_tokens, G;
-    double *s, *o;
-    if (!q || !k_bf16 || !v_bf16 || !out || T == 0 || H == 0 || D == 0 || num_q_heads == 0 ||
-        num_q_heads % H != 0)
-        return TQKV_EINVAL;
-    G = num_q_heads / H;
-    s = malloc(sizeof(double) * T);
-    o = malloc(sizeof(double) * D);
-    if (!s || !o) {
-        free(s);
-        free(o);
-        return TQKV_ENOMEM;
-    }
-    for (uint32_t hq = 0; hq < num_q_heads; hq++) {
-        uint32_t h = hq / G;
-        double mx = -INFINITY, L = 0.0;
-        for (uint32_t t = 0; t < T; t++) {
-            const uint16_t *kr = k_bf16 + ((size_t)t * H + h) * D;
-            double dot = 0.0;
-            for (uint32_t d = 0; d < D; d++)
-                dot += (double)q[(size_t)hq * D + d] * tqkv_bf16_to_f32(kr[d]);
-            s[t] = dot / sqrt((double)D);
-            mx = s[t] > mx ? s[t] : mx;
-        }
-        memset(o, 0, sizeof(double) * D);
-        for (uint32_t t = 0; t < T; t++) {
-            const uint16_t *vr = v_bf16 + ((size_t)t * H + h) * D;
-            double p = exp(s[t] - mx);
-            L += p;
-            for (uint32_t d = 0; d < D; d++)
-                o[d] += p * tqkv_bf16_to_f32(vr[d]);
-        }
-        for (uint32_t d = 0; d < D; d++)
-            out[(size_t)hq * D + d] = (float)(o[d] / L);
-    }
-    free(s);
-    free(o);
-    return TQKV_OK;
 }

@@ -166,6 +166,8 @@ typedef void (*tqkv__attn_bf16_fn)(const float *q, uint32_t G, const uint16_t *k
                                    uint32_t T, size_t stride, uint32_t D, float sm_scale,
                                    float *acc, float *m, float *l, float *scratch, const void *pfk,
                                    const void *pfv, size_t pf_bytes);
+/* The BF16 state update of the kernel level in use (attention.c's table). */
+tqkv__attn_bf16_fn tqkv__attn_bf16_kernel(void);
 
 /* Randomized Hadamard rotation of kernels/rotation.h for a power-of-two n >= 8, with the
  * signs D1 = signs[0..n), D2 = signs[n..2n): forward y = H D2 H D1 x / n, transposed

@@ -35,21 +35,6 @@ dec_warp_floats(uint32_t g)
     return 4 * (size_t)g;
 }
 
-static __device__ inline void
-warp_fwht(float *x, uint32_t n, uint32_t lane)
-{
-    for (uint32_t h = 1; h < n; h <<= 1) {
-        __syncwarp();
-        for (uint32_t k = lane; k < n / 2; k += 32) {
-            uint32_t i = (k / h) * 2 * h + (k % h);
-            float a = x[i], c = x[i + h];
-            x[i] = __fadd_rn(a, c);
-            x[i + h] = __fsub_rn(a, c);
-        }
-    }
-    __syncwarp();
-}
-
 /* x = M^T y for a row-major g x g matrix, columns over the lanes (as tqkv_matvec_t). */
 static __device__ inline void
 warp_matvec_t(const float *__restrict__ M, const float *y, float *x, uint32_t g, uint32_t lane)
@@ -93,10 +78,10 @@ __launch_bounds__(DEC_WARPS * 32)
             float inv = 1.0f / (float)g;
             for (uint32_t j = lane; j < g; j += 32)
                 a[j] = y[j];
-            warp_fwht(a, g, lane);
+            tqkv__warp_fwht(a, g, lane);
             for (uint32_t j = lane; j < g; j += 32)
                 a[j] = __fmul_rn(a[j], G.signs[g + j]);
-            warp_fwht(a, g, lane);
+            tqkv__warp_fwht(a, g, lane);
             for (uint32_t j = lane; j < g; j += 32)
                 a[j] = __fmul_rn(a[j], __fmul_rn(G.signs[j], inv));
             __syncwarp();

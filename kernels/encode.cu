@@ -145,22 +145,6 @@ enc_warp_floats(uint32_t g)
     return ((5 * (size_t)g + (g + 3) / 4) + 1) & ~(size_t)1;
 }
 
-/* Lanes-wide FWHT of x[0..n) in shared memory (same butterflies as tqkv_fwht). */
-static __device__ inline void
-warp_fwht(float *x, uint32_t n, uint32_t lane)
-{
-    for (uint32_t h = 1; h < n; h <<= 1) {
-        __syncwarp();
-        for (uint32_t k = lane; k < n / 2; k += 32) {
-            uint32_t i = (k / h) * 2 * h + (k % h);
-            float a = x[i], c = x[i + h];
-            x[i] = __fadd_rn(a, c);
-            x[i + h] = __fsub_rn(a, c);
-        }
-    }
-    __syncwarp();
-}
-
 /* out = Pi in, as tqkv_group_rotate (rows of a dense Pi over the lanes). */
 static __device__ inline void
 warp_rotate(const tqkv_group_codec_t &G, const float *in, float *out, uint32_t lane)
@@ -170,10 +154,10 @@ warp_rotate(const tqkv_group_codec_t &G, const float *in, float *out, uint32_t l
         float inv = 1.0f / (float)g;
         for (uint32_t j = lane; j < g; j += 32)
             out[j] = __fmul_rn(in[j], G.signs[j]);
-        warp_fwht(out, g, lane);
+        tqkv__warp_fwht(out, g, lane);
         for (uint32_t j = lane; j < g; j += 32)
             out[j] = __fmul_rn(out[j], G.signs[g + j]);
-        warp_fwht(out, g, lane);
+        tqkv__warp_fwht(out, g, lane);
         for (uint32_t j = lane; j < g; j += 32)
             out[j] = __fmul_rn(out[j], inv);
     } else {
@@ -197,10 +181,10 @@ warp_rotate_t(const tqkv_group_codec_t &G, const float *in, float *out, uint32_t
         float inv = 1.0f / (float)g;
         for (uint32_t j = lane; j < g; j += 32)
             out[j] = in[j];
-        warp_fwht(out, g, lane);
+        tqkv__warp_fwht(out, g, lane);
         for (uint32_t j = lane; j < g; j += 32)
             out[j] = __fmul_rn(out[j], G.signs[g + j]);
-        warp_fwht(out, g, lane);
+        tqkv__warp_fwht(out, g, lane);
         for (uint32_t j = lane; j < g; j += 32)
             out[j] = __fmul_rn(out[j], __fmul_rn(G.signs[j], inv));
     } else {

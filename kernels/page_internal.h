@@ -1,5 +1,5 @@
 /* page_internal.h - the SIMD kernels behind tqkv_page_encode/decode (tqkv__, not API):
- * shared by kernels/page.c, page_avx2.c, page_avx512.c and crc32c_sse42.c only. The
+ * shared by kernels/page*.c and crc32c_sse42.c only (attention.c: tqkv__page_seterr). The
  * public page API is kernels/page.h.
  */
 #ifndef TQKV_KERNELS_PAGE_INTERNAL_H
@@ -76,5 +76,97 @@ void tqkv__page_dec_dense_avx2(const struct tqkv__dec_rows *a, const float *m);
  * tqkv_matvec_t(a, x) of tq_math.h bit for bit (the QJL term of prod decode). */
 void tqkv__rows_matmul_avx512(const float *a, uint32_t g, const float *x, float *y, size_t n);
 void tqkv__rows_matmul_avx2(const float *a, uint32_t g, const float *x, float *y, size_t n);
+
+/* ---- internal: the parts of the page codec shared by page.c, page_encode.c,
+ * page_validate.c, page_decode.c and page_stats.c (tqkv__, not API) ---- */
+#include "kernels/codebook.h"
+#include "kernels/rotation.h"
+#include "kernels/tq_math.h"
+
+/* The run-time kernel table of the page codec (page.c), chosen once. */
+typedef struct tqkv__page_kernels {
+    const char *isa;
+    tqkv__enc_had_fn enc_had; /* NULL: reference only */
+    tqkv__dec_had_fn dec_had;
+    size_t (*enc_dense)(const tqkv__enc_rows_t *, const float *mt); /* NULL: reference */
+    void (*dec_dense)(const tqkv__dec_rows_t *, const float *m);
+    void (*rows_mm)(const float *a, uint32_t g, const float *x, float *y, size_t n);
+    uint32_t (*crc)(uint32_t, const void *, size_t);
+    uint32_t (*crc_copy)(uint32_t, void *, const void *, size_t);
+} tqkv__page_kernels_t;
+
+/* The matrices and codebook of one group (page.c). */
+typedef struct tqkv__group_ctx {
+    tqkv_group_layout_t L;
+    const tqkv_rotation_t *rot; /* Pi */
+    const tqkv_rotation_t *qjl; /* S (prod) */
+    const tqkv_codebook_t *cb;  /* NULL when mse_bits == 0 */
+    const float *z;             /* codebook to decode with (page's own) */
+    float sqrt_g;               /* sqrtf(g) */
+    int norm_corrected;
+} tqkv__group_ctx_t;
+
+/* The kernel table: set up once (pthread_once), returns borrowed static storage. */
+const tqkv__page_kernels_t *tqkv__page_kernels(void);
+/* snprintf into err[errlen] when err is not NULL. */
+void tqkv__page_seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "K", "V": tensor names in error messages. */
+extern const char *const tqkv__tensor_name[2];
+/* Builds the header (layout, parameters, crc 0) for shape and codec, after checking. */
+tqkv_status_t tqkv__page_plan(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c,
+                              tqkv_page_header_t *h, char *err, size_t errlen);
+
+/* A group's layout, codebook and rotations (acquired: release with _fini). */
+tqkv_status_t tqkv__group_ctx_init(tqkv__group_ctx_t *G, uint32_t g, uint32_t bits, uint32_t mode,
+                                   uint64_t n, uint32_t page_rot, uint64_t seed, uint32_t tensor,
+                                   uint32_t group, int need_cb);
+void tqkv__group_ctx_fini(tqkv__group_ctx_t *G);
+void tqkv__group_codec(const tqkv__group_ctx_t *G, tqkv_group_codec_t *C);
+void tqkv__encode_vec_ref(const tqkv__group_ctx_t *G, const double *x, float *work, uint16_t *scale,
+                          uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row);
+void tqkv__decode_vec_ref(const tqkv__group_ctx_t *G, float scale, float gamma,
+                          const uint8_t *idx_row, const uint8_t *sign_row, float *work,
+                          double *out);
+void tqkv__decode_vec_prod(const tqkv__group_ctx_t *G, float scale, float gamma,
+                           const uint8_t *idx_row, const float *am, const float *aq, float *work,
+                           double *out);
+
+#define TQKV__PROD_BLOCK 64 /* prod vectors per QJL block product */
+
+/* page_encode.c: the first NaN/Inf of count BF16 values at *where; 0 when all finite. */
+int tqkv__find_nonfinite(const uint16_t *x, uint64_t count, uint64_t *where);
+
+/* page_stats.c: the key-statistics loops (one copy per ISA, chosen at run time) and the
+ * AVX-512 VBMI2 channel split/merge of two-group tensors. */
+#include "kernels/cpu.h"
+/* The key-statistics kernels of one ISA level: one table indexed by tqkv_isa_t (ggml
+ * style), the scalar row the references (energy_accum_ref, sum_accum_ref,
+ * tqkv__center_votes_ref) the others are tested against. Their level is chosen from
+ * tqkv_cpu_usable(): AVX-512 F alone is enough for these auto-vectorized loops.
+ * energy: acc[k] += (x[k] - mean[k])^2 (mean NULL: 0); sum: acc[k] += x[k], returns the
+ * largest |x| bits (at least maxmag); votes: tq_math.h's centering votes of T rows
+ * x + t * xs of D channels against mu, and the number of non-zero rows. */
+typedef struct tqkv__stats_kernels {
+    void (*energy)(double *acc, const uint16_t *x, const float *mean, uint64_t n);
+    uint16_t (*sum)(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag);
+    void (*votes)(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                  uint64_t *votes, uint64_t *nonzero);
+} tqkv__stats_kernels_t;
+const tqkv__stats_kernels_t *tqkv__stats_kernels(tqkv_isa_t isa);
+/* The level the tqkv__energy_accum, _sum_accum and _center_votes below dispatch to. */
+tqkv_isa_t tqkv__stats_isa(void);
+void tqkv__energy_accum(double *acc, const uint16_t *x, const float *mean, uint64_t n);
+uint16_t tqkv__sum_accum(double *acc, const uint16_t *x, uint64_t n, uint16_t maxmag);
+void tqkv__center_votes(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                        uint64_t *votes, uint64_t *nonzero);
+void tqkv__center_votes_ref(const uint16_t *x, uint64_t xs, uint32_t T, uint32_t D, const float *mu,
+                            uint64_t *votes, uint64_t *nonzero);
+/* 1 when tqkv__split_rows_vbmi2 / tqkv__merge_rows_vbmi2 may run (cpu.h). */
+int tqkv__page_vbmi2(void);
+void tqkv__split_rows_vbmi2(const uint16_t *x, size_t xs, uint16_t *o, uint32_t T, uint32_t D,
+                            const uint8_t *mask, uint32_t g0);
+void tqkv__merge_rows_vbmi2(const float *bf, const uint16_t *bh, float *out_f, uint16_t *out_h,
+                            size_t os, uint32_t T, uint32_t D, const uint8_t *mask, uint32_t g0);
 
 #endif

@@ -60,6 +60,20 @@ gauss_stream(uint64_t seed, double *m, size_t n)
     }
 }
 
+/* col -= 2 (v . col) / (v . v) v: the Householder reflection of step k, v[k] = vhk,
+ * v[i] = ak[i] for i > k (zero above k), vvk = v . v; col a column of n doubles. */
+static void
+reflect(const double *ak, double vhk, double vvk, uint32_t k, uint32_t n, double *col)
+{
+    double dot = vhk * col[k];
+    for (uint32_t i = k + 1; i < n; i++)
+        dot += ak[i] * col[i];
+    dot = 2.0 * dot / vvk;
+    col[k] -= dot * vhk;
+    for (uint32_t i = k + 1; i < n; i++)
+        col[i] -= dot * ak[i];
+}
+
 /* Pi = Q diag(sign(diag R)) of the Householder QR of the n x n row-major matrix g
  * (destroyed), written row-major as float to out. Works on column-major copies so
  * that every inner loop is contiguous. */
@@ -96,16 +110,8 @@ haar_from_gauss(double *g, uint32_t n, float *out)
         ak[k] = alpha;
         if (vv[k] == 0)
             continue;
-        for (uint32_t j = k + 1; j < n; j++) {
-            double *aj = a + (size_t)j * n;
-            double dot = vh[k] * aj[k];
-            for (uint32_t i = k + 1; i < n; i++)
-                dot += ak[i] * aj[i];
-            dot = 2.0 * dot / vv[k];
-            aj[k] -= dot * vh[k];
-            for (uint32_t i = k + 1; i < n; i++)
-                aj[i] -= dot * ak[i];
-        }
+        for (uint32_t j = k + 1; j < n; j++)
+            reflect(ak, vh[k], vv[k], k, n, a + (size_t)j * n);
     }
     /* Q = H_0 H_1 ... H_{n-1} I, applied right to left to the columns of I. */
     memset(qt, 0, sizeof(double) * n * n);
@@ -115,16 +121,8 @@ haar_from_gauss(double *g, uint32_t n, float *out)
         const double *ak = a + (size_t)k * n;
         if (vv[k] == 0)
             continue;
-        for (uint32_t j = k; j < n; j++) {
-            double *qj = qt + (size_t)j * n;
-            double dot = vh[k] * qj[k];
-            for (uint32_t i = k + 1; i < n; i++)
-                dot += ak[i] * qj[i];
-            dot = 2.0 * dot / vv[k];
-            qj[k] -= dot * vh[k];
-            for (uint32_t i = k + 1; i < n; i++)
-                qj[i] -= dot * ak[i];
-        }
+        for (uint32_t j = k; j < n; j++)
+            reflect(ak, vh[k], vv[k], k, n, qt + (size_t)j * n);
     }
     /* Pi[i][j] = Q[i][j] * sign(R_jj). */
     for (uint32_t j = 0; j < n; j++)

@@ -72,6 +72,23 @@ tqkv__block_fwht(float *x, uint32_t n)
     __syncthreads();
 }
 
+/* In-place FWHT of x[0..n) in shared memory by the 32 lanes of one warp (lane: this
+ * thread's lane; same butterflies as tqkv_fwht). Ends with __syncwarp(). */
+static __device__ inline void
+tqkv__warp_fwht(float *x, uint32_t n, uint32_t lane)
+{
+    for (uint32_t h = 1; h < n; h <<= 1) {
+        __syncwarp();
+        for (uint32_t k = lane; k < n / 2; k += 32) {
+            uint32_t i = (k / h) * 2 * h + (k % h);
+            float a = x[i], c = x[i + h];
+            x[i] = __fadd_rn(a, c);
+            x[i + h] = __fsub_rn(a, c);
+        }
+    }
+    __syncwarp();
+}
+
 static __device__ inline float
 tqkv__warp_sum(float v)
 {

@@ -367,14 +367,13 @@ tqkv_group_rotate_t(const tqkv_group_codec_t *G, const float *in, float *out)
     }
 }
 
-/* Encodes the group vector x[g] (f64: BF16 values minus the f32 key mean). work: 3g
- * floats. idx_row (idx_row_bytes) and sign_row (prod, sign_row_bytes) must be zeroed.
- * Writes *scale and (prod) *gamma as stored (BF16, tqkv_scale_to_bf16); the residual
- * of prod is taken against the stored (rounded) scale, as the decoder rebuilds it.
- * Zero vector: scale 0, indices 0, gamma 0, all signs set. */
-TQKV_HD void
-tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work, uint16_t *scale,
-                      uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row)
+/* tqkv_group_encode_vec up to the QJL product, operation for operation: returns 1 for a
+ * prod vector with u = r / ||r|| in u_out[g] (S u gives its signs; u_out may be work),
+ * 0 when the vector is finished (mse, or a zero vector). work: 3g floats. */
+TQKV_HD int
+tqkv_group_encode_vec_pre(const tqkv_group_codec_t *G, const double *x, float *work,
+                          uint16_t *scale, uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row,
+                          float *u_out)
 {
     const uint32_t g = G->dim, b = G->mse_bits;
     float *u = work, *y = work + g, *a = work + 2 * g;
@@ -391,7 +390,7 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
             for (uint32_t j = 0; j < g; j++)
                 sign_row[j >> 3] |= (uint8_t)(1u << (j & 7u));
         }
-        return;
+        return 0;
     }
     for (uint32_t j = 0; j < g; j++)
         u[j] = (float)(x[j] / s);
@@ -410,7 +409,7 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
         sc = s / sqrt((double)g);
     *scale = tqkv_scale_to_bf16(tqkv_clamp_flt(sc));
     if (G->mode != TQKV_MODE_PROD)
-        return;
+        return 0;
     /* r = x - scale * Pi^T z[idx] (what the decoder rebuilds, with the stored BF16
      * scale); QJL of r / ||r|| */
     if (b)
@@ -423,9 +422,25 @@ tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work,
     rn = sqrt(rn);
     for (uint32_t j = 0; j < g; j++) {
         double r = b ? TQKV_DSUB(x[j], TQKV_DMUL(sf, a[j])) : x[j];
-        u[j] = rn > 0 ? (float)(r / rn) : 0.0f;
+        u_out[j] = rn > 0 ? (float)(r / rn) : 0.0f;
     }
     *gamma = tqkv_scale_to_bf16(tqkv_clamp_flt(rn / sqrt((double)g)));
+    return 1;
+}
+
+/* Encodes the group vector x[g] (f64: BF16 values minus the f32 key mean). work: 3g
+ * floats. idx_row (idx_row_bytes) and sign_row (prod, sign_row_bytes) must be zeroed.
+ * Writes *scale and (prod) *gamma as stored (BF16, tqkv_scale_to_bf16); the residual
+ * of prod is taken against the stored (rounded) scale, as the decoder rebuilds it.
+ * Zero vector: scale 0, indices 0, gamma 0, all signs set. */
+TQKV_HD void
+tqkv_group_encode_vec(const tqkv_group_codec_t *G, const double *x, float *work, uint16_t *scale,
+                      uint16_t *gamma, uint8_t *idx_row, uint8_t *sign_row)
+{
+    const uint32_t g = G->dim;
+    float *u = work, *y = work + g;
+    if (!tqkv_group_encode_vec_pre(G, x, work, scale, gamma, idx_row, sign_row, u))
+        return;
     tqkv_matvec(G->qjl, u, y, g);
     for (uint32_t j = 0; j < g; j++)
         if (y[j] >= 0.0f)

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "kernels/codebook.h"
+#include "kernels/cpu.h"
 #include "kernels/page.h"
+#include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 #include "tests/check_main.h"
@@ -597,6 +599,61 @@ START_TEST(test_outlier_ties)
 }
 END_TEST
 
+/* The key-statistics table (page_internal.h): every row the CPU can run equals the scalar
+ * row, bit for bit (f64 sums in the same order; integer votes), on BF16 rows with outlier
+ * channels, zero rows and awkward widths, with and without a mean. */
+START_TEST(test_stats_kernels_vs_ref)
+{
+    static const uint32_t dims[] = {1, 7, 8, 16, 33, 127, 128, 129, 256};
+    const tqkv__stats_kernels_t *ref = tqkv__stats_kernels(TQKV_ISA_SCALAR);
+    const tqkv_cpu_t *c = tqkv_cpu_usable();
+    const int top = c->avx512f ? TQKV_ISA_AVX512 : c->avx2 ? TQKV_ISA_AVX2 : TQKV_ISA_SCALAR;
+    rng = tqkv_test_seed() + 17;
+    ck_assert_int_eq(tqkv__stats_isa(), top);
+    for (int isa = TQKV_ISA_AVX2; isa <= top; isa++) {
+        const tqkv__stats_kernels_t *k = tqkv__stats_kernels((tqkv_isa_t)isa);
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const uint32_t D = dims[di], T = 37;
+            uint16_t *x = malloc(sizeof(uint16_t) * T * D);
+            float *mu = malloc(sizeof(float) * D);
+            double *a0 = calloc(D, sizeof(double)), *a1 = calloc(D, sizeof(double));
+            uint64_t v0, n0, v1, n1;
+            uint16_t m0 = 0, m1 = 0;
+            ck_assert_ptr_nonnull(x);
+            ck_assert_ptr_nonnull(mu);
+            ck_assert_ptr_nonnull(a0);
+            ck_assert_ptr_nonnull(a1);
+            for (uint32_t j = 0; j < D; j++)
+                mu[j] = (float)tqkv_test_gauss(&rng) * (j % 5 == 2 ? 4.0f : 0.5f);
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t j = 0; j < D; j++)
+                    x[t * D + j] = t % 11 == 4
+                                       ? 0
+                                       : tqkv_f32_to_bf16(
+                                             (float)(tqkv_test_gauss(&rng) * (j % 7 == 3 ? 30 : 1) +
+                                                     (t % 3 ? mu[j] : 0)));
+            for (uint32_t t = 0; t < T; t++) {
+                ref->energy(a0, x + t * D, t % 2 ? mu : NULL, D);
+                k->energy(a1, x + t * D, t % 2 ? mu : NULL, D);
+                m0 = ref->sum(a0, x + t * D, D, m0);
+                m1 = k->sum(a1, x + t * D, D, m1);
+            }
+            ck_assert_int_eq(m0, m1);
+            ck_assert_mem_eq(a0, a1, sizeof(double) * D);
+            ref->votes(x, D, T, D, mu, &v0, &n0);
+            k->votes(x, D, T, D, mu, &v1, &n1);
+            ck_assert_uint_eq(v0, v1);
+            ck_assert_uint_eq(n0, n1);
+            ck_assert_uint_gt(n0, 0);
+            free(x);
+            free(mu);
+            free(a0);
+            free(a1);
+        }
+    }
+}
+END_TEST
+
 static Suite *
 pack_suite(void)
 {
@@ -610,6 +667,7 @@ pack_suite(void)
     tcase_add_test(tc, test_simd_decode_saturation);
     tcase_add_test(tc, test_simd_vs_ref_frac_dense);
     tcase_add_test(tc, test_outlier_ties);
+    tcase_add_test(tc, test_stats_kernels_vs_ref);
     suite_add_tcase(s, tc);
     return s;
 }

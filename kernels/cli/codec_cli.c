@@ -834,80 +834,113 @@ typedef struct bench_res {
     double enc, dec, memcpy_, zc, zd, zratio, ratio, enc_ref, dec_ref;
 } bench_res_t;
 
-int
-tqkv_cli_bench(int argc, char **argv)
+/* bench with parsed options. */
+typedef struct codec_bench_args {
+    uint32_t D, mb, tpp, reps, heads;
+    uint8_t bits_x2, mode, rot, nc, center;
+    int json, with_ref;
+} codec_bench_args_t;
+
+/* Prints the results r of a bench run a over bytes of BF16: a table, or one JSON object. */
+static void
+bench_print(const codec_bench_args_t *a, const bench_res_t *r, size_t bytes)
 {
-    uint32_t D = 128, mb = 64, tpp = 256, reps = 3;
-    uint8_t bits_x2 = 6, mode = TQKV_MODE_MSE, rot = TQKV_ROT_HADAMARD, nc = 0, center = 0;
-    uint32_t heads = 1;
-    int json = 0, with_ref = 0;
+    const uint32_t D = a->D, tpp = a->tpp, reps = a->reps;
+    const uint8_t bits_x2 = a->bits_x2, mode = a->mode, rot = a->rot;
+    const int with_ref = a->with_ref;
+    if (a->json) {
+        printf("{\"dim\": %u, \"bits\": \"%s\", \"mode\": \"%s\", \"rotation\": \"%s\", "
+               "\"isa\": \"%s\", \"clock\": \"%s\", \"bytes\": %zu, \"tokens_per_page\": %u, "
+               "\"encode_gbps\": %.3f, \"decode_gbps\": %.3f, \"ratio\": %.3f, "
+               "\"memcpy_gbps\": %.3f, \"zstd1_compress_gbps\": %.3f, "
+               "\"zstd1_decompress_gbps\": %.3f, \"zstd1_ratio\": %.3f",
+               D, bits_name(bits_x2), mode ? "prod" : "mse", rot ? "hadamard" : "dense",
+               tqkv_kernels_isa(),
+               getenv("TQKV_BENCH_CLOCK") && !strcmp(getenv("TQKV_BENCH_CLOCK"), "cpu") ? "cpu"
+                                                                                        : "wall",
+               bytes, tpp, r->enc, r->dec, r->ratio, r->memcpy_, r->zc, r->zd, r->zratio);
+        if (with_ref)
+            printf(", \"encode_ref_gbps\": %.3f, \"decode_ref_f32_gbps\": %.3f", r->enc_ref,
+                   r->dec_ref);
+        printf("}\n");
+    } else {
+        const char *ck = getenv("TQKV_BENCH_CLOCK");
+        printf("tqkv-codec bench: d=%u, %s bits %s, rotation %s, %u tokens/page, %.0f MiB of "
+               "KV-like BF16, one core, kernels %s, best of %u, %s clock\n\n",
+               D, bits_name(bits_x2), mode ? "prod" : "mse", rot ? "hadamard" : "dense", tpp,
+               bytes / 1048576.0, tqkv_kernels_isa(), reps,
+               ck && !strcmp(ck, "cpu") ? "thread CPU" : "wall");
+        printf(" %-26s %10s %10s %8s\n", "", "in GB/s", "out GB/s", "ratio");
+        printf(" %-26s %10.2f %10.2f %8.2fx\n", "tqkv encode / decode", r->enc, r->dec, r->ratio);
+        if (with_ref)
+            printf(" %-26s %10.2f %10.2f %8s\n", "tqkv scalar reference", r->enc_ref, r->dec_ref,
+                   "(f32 out)");
+        printf(" %-26s %10.2f %10.2f %8.2fx\n", "zstd -1 compress / decomp.", r->zc, r->zd,
+               r->zratio);
+        printf(" %-26s %10.2f %10s %8s\n", "memcpy", r->memcpy_, "", "");
+        printf("\n vs zstd -1: encode %.1fx faster, decode %.1fx %s, ratio %.1fx higher\n",
+               r->enc / r->zc, r->dec >= r->zd ? r->dec / r->zd : r->zd / r->dec,
+               r->dec >= r->zd ? "faster" : "slower", r->ratio / r->zratio);
+    }
+}
+
+/* zstd -1 compress and decompress of x[bytes] (y: bytes of scratch), best of reps, into
+ * r->zc, r->zd, r->zratio. Returns 0, or -1 after printing why. */
+static int
+bench_zstd(const uint16_t *x, uint16_t *y, size_t bytes, uint32_t reps, bench_res_t *r)
+{
+    size_t zcap = ZSTD_compressBound(bytes), zlen = 0;
+    double best_c = 1e30, best_d = 1e30;
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    ZSTD_DCtx *dc = ZSTD_createDCtx();
+    uint8_t *zbuf = malloc(zcap);
+    if (!zbuf || !cc || !dc) {
+        ZSTD_freeCCtx(cc);
+        ZSTD_freeDCtx(dc);
+        free(zbuf);
+        fail("bench", "zstd setup failed");
+        return -1;
+    }
+    for (uint32_t rep = 0; rep < reps; rep++) {
+        double t0 = now_s(), t1;
+        zlen = ZSTD_compressCCtx(cc, zbuf, zcap, x, bytes, 1);
+        t1 = now_s();
+        if (ZSTD_isError(zlen) || ZSTD_isError(ZSTD_decompressDCtx(dc, y, bytes, zbuf, zlen))) {
+            ZSTD_freeCCtx(cc);
+            ZSTD_freeDCtx(dc);
+            free(zbuf);
+            fail("bench", "zstd failed");
+            return -1;
+        }
+        best_c = fmin(best_c, t1 - t0);
+        best_d = fmin(best_d, now_s() - t1);
+    }
+    ZSTD_freeCCtx(cc);
+    ZSTD_freeDCtx(dc);
+    r->zc = bytes / best_c / 1e9;
+    r->zd = bytes / best_d / 1e9;
+    r->zratio = (double)bytes / zlen;
+    free(zbuf);
+    return 0;
+}
+
+/* Encode/decode GB/s next to memcpy and zstd -1 on KV-like data. Returns the exit
+ * status. */
+static int
+codec_bench_run(const codec_bench_args_t *a)
+{
+    const uint32_t D = a->D, mb = a->mb, tpp = a->tpp, reps = a->reps, heads = a->heads;
+    const uint8_t bits_x2 = a->bits_x2, mode = a->mode, rot = a->rot, nc = a->nc,
+                  center = a->center;
+    const int with_ref = a->with_ref;
     size_t n, nvec, npages, bytes, cap = 0, total = 0;
     uint16_t *x = NULL, *y = NULL;
     float *yf = NULL; /* one page of f32 for the reference decode */
-    uint8_t *pages = NULL, *zbuf = NULL;
+    uint8_t *pages = NULL;
     size_t *offs = NULL;
     bench_res_t r = {0};
     int rc = 1;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (is_help(a)) {
-            printf("usage: tqkv-codec bench [--dim 128] [--bits 3] [--mode mse] [--rotation "
-                   "hadamard]\n"
-                   "                        [--mb 64] [--tokens-per-page 256] [--heads 1] "
-                   "[--reps 3]\n"
-                   "                        [--norm-correction] [--centering] [--ref] [--json]\n"
-                   "  one core, KV-like synthetic BF16: encode GB/s (BF16 in), decode GB/s\n"
-                   "  (BF16 out), memcpy, zstd -1 on the same data; best of --reps runs.\n"
-                   "  --heads H, --norm-correction, --centering: pages of H heads with those\n"
-                   "  settings (the default KV policy is 3 bits, norm correction, centered keys).\n"
-                   "  --ref also times the scalar reference. TQKV_BENCH_CLOCK=cpu times with\n"
-                   "  the thread's CPU clock instead of wall clock (busy shared machines).\n");
-            return 0;
-        } else if (!strcmp(a, "--dim") && v) {
-            if (parse_u32(v, TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM, &D))
-                return usage_error("bench", "unsupported --dim '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--bits") && v) {
-            if (parse_bits(v, &bits_x2))
-                return usage_error("bench", "unsupported --bits '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--mode") && v) {
-            if (parse_mode(v, &mode))
-                return usage_error("bench", "bad --mode '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--rotation") && v) {
-            if (parse_rotation(v, &rot))
-                return usage_error("bench", "bad --rotation '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--mb") && v) {
-            if (parse_u32(v, 1, 4096, &mb))
-                return usage_error("bench", "bad --mb '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--tokens-per-page") && v) {
-            if (parse_u32(v, 1, TQKV_PAGE_MAX_TOKENS, &tpp))
-                return usage_error("bench", "bad --tokens-per-page '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--reps") && v) {
-            if (parse_u32(v, 1, 100, &reps))
-                return usage_error("bench", "bad --reps '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--ref")) {
-            with_ref = 1;
-        } else if (!strcmp(a, "--norm-correction")) {
-            nc = 1;
-        } else if (!strcmp(a, "--centering")) {
-            center = 1;
-        } else if (!strcmp(a, "--heads") && v) {
-            if (parse_u32(v, 1, TQKV_PAGE_MAX_HEADS, &heads))
-                return usage_error("bench", "bad --heads '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else {
-            return usage_error("bench", "unknown or incomplete option '%s'", a);
-        }
-    }
     nvec = ((size_t)mb << 20) / (2 * D);
     nvec = nvec / ((size_t)tpp * heads) * ((size_t)tpp * heads);
     if (nvec == 0)
@@ -997,70 +1030,9 @@ tqkv_cli_bench(int argc, char **argv)
         }
         r.memcpy_ = bytes / best / 1e9;
     }
-    {
-        size_t zcap = ZSTD_compressBound(bytes), zlen = 0;
-        double best_c = 1e30, best_d = 1e30;
-        ZSTD_CCtx *cc = ZSTD_createCCtx();
-        ZSTD_DCtx *dc = ZSTD_createDCtx();
-        zbuf = malloc(zcap);
-        if (!zbuf || !cc || !dc) {
-            ZSTD_freeCCtx(cc);
-            ZSTD_freeDCtx(dc);
-            fail("bench", "zstd setup failed");
-            goto out;
-        }
-        for (uint32_t rep = 0; rep < reps; rep++) {
-            double t0 = now_s(), t1;
-            zlen = ZSTD_compressCCtx(cc, zbuf, zcap, x, bytes, 1);
-            t1 = now_s();
-            if (ZSTD_isError(zlen) || ZSTD_isError(ZSTD_decompressDCtx(dc, y, bytes, zbuf, zlen))) {
-                ZSTD_freeCCtx(cc);
-                ZSTD_freeDCtx(dc);
-                fail("bench", "zstd failed");
-                goto out;
-            }
-            best_c = fmin(best_c, t1 - t0);
-            best_d = fmin(best_d, now_s() - t1);
-        }
-        ZSTD_freeCCtx(cc);
-        ZSTD_freeDCtx(dc);
-        r.zc = bytes / best_c / 1e9;
-        r.zd = bytes / best_d / 1e9;
-        r.zratio = (double)bytes / zlen;
-    }
-    if (json) {
-        printf("{\"dim\": %u, \"bits\": \"%s\", \"mode\": \"%s\", \"rotation\": \"%s\", "
-               "\"isa\": \"%s\", \"clock\": \"%s\", \"bytes\": %zu, \"tokens_per_page\": %u, "
-               "\"encode_gbps\": %.3f, \"decode_gbps\": %.3f, \"ratio\": %.3f, "
-               "\"memcpy_gbps\": %.3f, \"zstd1_compress_gbps\": %.3f, "
-               "\"zstd1_decompress_gbps\": %.3f, \"zstd1_ratio\": %.3f",
-               D, bits_name(bits_x2), mode ? "prod" : "mse", rot ? "hadamard" : "dense",
-               tqkv_kernels_isa(),
-               getenv("TQKV_BENCH_CLOCK") && !strcmp(getenv("TQKV_BENCH_CLOCK"), "cpu") ? "cpu"
-                                                                                        : "wall",
-               bytes, tpp, r.enc, r.dec, r.ratio, r.memcpy_, r.zc, r.zd, r.zratio);
-        if (with_ref)
-            printf(", \"encode_ref_gbps\": %.3f, \"decode_ref_f32_gbps\": %.3f", r.enc_ref,
-                   r.dec_ref);
-        printf("}\n");
-    } else {
-        const char *ck = getenv("TQKV_BENCH_CLOCK");
-        printf("tqkv-codec bench: d=%u, %s bits %s, rotation %s, %u tokens/page, %.0f MiB of "
-               "KV-like BF16, one core, kernels %s, best of %u, %s clock\n\n",
-               D, bits_name(bits_x2), mode ? "prod" : "mse", rot ? "hadamard" : "dense", tpp,
-               bytes / 1048576.0, tqkv_kernels_isa(), reps,
-               ck && !strcmp(ck, "cpu") ? "thread CPU" : "wall");
-        printf(" %-26s %10s %10s %8s\n", "", "in GB/s", "out GB/s", "ratio");
-        printf(" %-26s %10.2f %10.2f %8.2fx\n", "tqkv encode / decode", r.enc, r.dec, r.ratio);
-        if (with_ref)
-            printf(" %-26s %10.2f %10.2f %8s\n", "tqkv scalar reference", r.enc_ref, r.dec_ref,
-                   "(f32 out)");
-        printf(" %-26s %10.2f %10.2f %8.2fx\n", "zstd -1 compress / decomp.", r.zc, r.zd, r.zratio);
-        printf(" %-26s %10.2f %10s %8s\n", "memcpy", r.memcpy_, "", "");
-        printf("\n vs zstd -1: encode %.1fx faster, decode %.1fx %s, ratio %.1fx higher\n",
-               r.enc / r.zc, r.dec >= r.zd ? r.dec / r.zd : r.zd / r.dec,
-               r.dec >= r.zd ? "faster" : "slower", r.ratio / r.zratio);
-    }
+    if (bench_zstd(x, y, bytes, reps, &r) != 0)
+        goto out;
+    bench_print(a, &r, bytes);
     rc = 0;
 out:
     free(x);
@@ -1068,6 +1040,79 @@ out:
     free(yf);
     free(offs);
     free(pages);
-    free(zbuf);
     return rc;
+}
+
+int
+tqkv_cli_bench(int argc, char **argv)
+{
+    uint32_t D = 128, mb = 64, tpp = 256, reps = 3;
+    uint8_t bits_x2 = 6, mode = TQKV_MODE_MSE, rot = TQKV_ROT_HADAMARD, nc = 0, center = 0;
+    uint32_t heads = 1;
+    int json = 0, with_ref = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (is_help(a)) {
+            printf("usage: tqkv-codec bench [--dim 128] [--bits 3] [--mode mse] [--rotation "
+                   "hadamard]\n"
+                   "                        [--mb 64] [--tokens-per-page 256] [--heads 1] "
+                   "[--reps 3]\n"
+                   "                        [--norm-correction] [--centering] [--ref] [--json]\n"
+                   "  one core, KV-like synthetic BF16: encode GB/s (BF16 in), decode GB/s\n"
+                   "  (BF16 out), memcpy, zstd -1 on the same data; best of --reps runs.\n"
+                   "  --heads H, --norm-correction, --centering: pages of H heads with those\n"
+                   "  settings (the default KV policy is 3 bits, norm correction, centered keys).\n"
+                   "  --ref also times the scalar reference. TQKV_BENCH_CLOCK=cpu times with\n"
+                   "  the thread's CPU clock instead of wall clock (busy shared machines).\n");
+            return 0;
+        } else if (!strcmp(a, "--dim") && v) {
+            if (parse_u32(v, TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM, &D))
+                return usage_error("bench", "unsupported --dim '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--bits") && v) {
+            if (parse_bits(v, &bits_x2))
+                return usage_error("bench", "unsupported --bits '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--mode") && v) {
+            if (parse_mode(v, &mode))
+                return usage_error("bench", "bad --mode '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--rotation") && v) {
+            if (parse_rotation(v, &rot))
+                return usage_error("bench", "bad --rotation '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--mb") && v) {
+            if (parse_u32(v, 1, 4096, &mb))
+                return usage_error("bench", "bad --mb '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--tokens-per-page") && v) {
+            if (parse_u32(v, 1, TQKV_PAGE_MAX_TOKENS, &tpp))
+                return usage_error("bench", "bad --tokens-per-page '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            if (parse_u32(v, 1, 100, &reps))
+                return usage_error("bench", "bad --reps '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--ref")) {
+            with_ref = 1;
+        } else if (!strcmp(a, "--norm-correction")) {
+            nc = 1;
+        } else if (!strcmp(a, "--centering")) {
+            center = 1;
+        } else if (!strcmp(a, "--heads") && v) {
+            if (parse_u32(v, 1, TQKV_PAGE_MAX_HEADS, &heads))
+                return usage_error("bench", "bad --heads '%s'", v);
+            i++;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else {
+            return usage_error("bench", "unknown or incomplete option '%s'", a);
+        }
+    }
+    {
+        const codec_bench_args_t a = {D,    mb,  tpp, reps,   heads, bits_x2,
+                                      mode, rot, nc,  center, json,  with_ref};
+        return codec_bench_run(&a);
+    }
 }
