@@ -556,11 +556,11 @@ def test_other_methods(r, srv, ref):
 
 def test_metrics(r, srv):
     port = None
-    for line in srv._lines:
+    for line in srv.stdout_lines:
         m = re.search(r"metrics on port (\d+)", line)
         if m:
             port = int(m.group(1))
-    if not r.check("metrics port reported", port is not None, str(srv._lines)):
+    if not r.check("metrics port reported", port is not None, str(srv.stdout_lines)):
         return
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
 
