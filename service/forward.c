@@ -387,10 +387,11 @@ tqkv__fwd_put(tqkv__fwd_t *f, const char *authz, const tqkv__fwd_block_t *blk, i
     return st;
 }
 
-/* The wanted hashes as a new array (*out, *nout, and their indexes in *idx). */
+/* The wanted hashes as a new array (*out, *nout, and their indexes in *idx), or
+ * TQKV_ENOMEM with the reason in err. */
 static tqkv_status_t
 gather(const uint8_t *const *hashes, const size_t *lens, const uint8_t *want, size_t n,
-       tqkv_hash_t **out, size_t **idx, size_t *nout)
+       tqkv_hash_t **out, size_t **idx, size_t *nout, char *err, size_t errlen)
 {
     *nout = 0;
     *out = malloc((n ? n : 1) * sizeof **out);
@@ -398,6 +399,7 @@ gather(const uint8_t *const *hashes, const size_t *lens, const uint8_t *want, si
     if (*out == NULL || *idx == NULL) {
         free(*out);
         free(*idx);
+        snprintf(err, errlen, "out of memory");
         return TQKV_ENOMEM;
     }
     for (size_t i = 0; i < n; i++)
@@ -415,10 +417,8 @@ tqkv__fwd_lookup(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_
 {
     tqkv_hash_t *hs;
     size_t *idx, m;
-    if (gather(hashes, lens, want, n, &hs, &idx, &m) != TQKV_OK) {
-        snprintf(err, errlen, "out of memory");
+    if (gather(hashes, lens, want, n, &hs, &idx, &m, err, errlen) != TQKV_OK)
         return TQKV_ENOMEM;
-    }
     tqkv_status_t st = TQKV_OK;
     uint8_t *t = calloc(m ? m : 1, 1);
     if (m > 0 && t) {
@@ -508,10 +508,8 @@ tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t 
     tqkv_hash_t *hs;
     size_t *idx, m;
     *copied = 0;
-    if (gather(hashes, lens, want, n, &hs, &idx, &m) != TQKV_OK) {
-        snprintf(err, errlen, "out of memory");
+    if (gather(hashes, lens, want, n, &hs, &idx, &m, err, errlen) != TQKV_OK)
         return TQKV_ENOMEM;
-    }
     tqkv_status_t st = TQKV_OK;
     if (m > 0) {
         fill_t x = {.store = f->srv->store,
