@@ -223,12 +223,13 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
         hl[i] = q->hashes[i].len;
     }
     j->code = GRPC_STATUS_OK;
-    /* A client that did not shard itself (no tqkv-hop): the blocks a peer owns and those
-     * this server owns but lacks are copied from the peers first, on this thread, as a
-     * gRPC Get does (forward.h, tqkv__fwd_get_copy); a failure leaves them missing. */
-    tqkv__fwd_t *fw = j->c->hop ? NULL : tqkv__fwd_get(s);
+    /* Not a peer's ask: the blocks this server owns but lacks (and, for a client that did
+     * not shard itself, those a peer owns) are copied from the peers first, on this
+     * thread, as a gRPC Get does (forward.h, tqkv__fwd_get_copy); a failure leaves them
+     * missing. */
+    tqkv__fwd_t *fw = tqkv__fwd_get(s);
     if (fw && hp && hl && !atomic_load(&j->cancel) &&
-        tqkv__fwd_get_copy(fw, j->c->authz, q->namespace_, hp, hl, nh, q->layer_begin,
+        tqkv__fwd_get_copy(fw, j->c->hop, j->c->authz, q->namespace_, hp, hl, nh, q->layer_begin,
                            q->layer_end))
         atomic_fetch_add(&s->forwarded, 1);
     for (size_t i = 0; i < total; i++) {

@@ -160,7 +160,9 @@ peers_client(tqkv_server_t *s, int *warned)
     o.backoff_min_ms = 100;
     o.backoff_max_ms = 2000;
     tqkv_client_t *cl = NULL;
-    tqkv_client_peer_opts_t po = {.exclude_node_id = s->cfg.node_id, .hop = 1};
+    /* hop 2: a peer's ask, answered from the peer's store alone (no forwarding, no
+     * read-through: no loops) */
+    tqkv_client_peer_opts_t po = {.exclude_node_id = s->cfg.node_id, .hop = TQKV__HOP_PEER};
     tqkv_status_t st = o.num_targets ? tqkv_client_create_peer(&o, &po, &cl) : TQKV_EINVAL;
     memset(tok, 0, sizeof tok); /* the client keeps its own copy */
     if (st != TQKV_OK) {
@@ -580,18 +582,24 @@ log_ask_failed(const char *what, const char *err)
 }
 
 int
-tqkv__fwd_get_copy(tqkv__fwd_t *f, const char *authz, const char *ns, const uint8_t *const *hashes,
-                   const size_t *lens, size_t n, uint32_t begin, uint32_t end)
+tqkv__fwd_get_copy(tqkv__fwd_t *f, int hop, const char *authz, const char *ns,
+                   const uint8_t *const *hashes, const size_t *lens, size_t n, uint32_t begin,
+                   uint32_t end)
 {
     tqkv__fwd_rank_t rk;
-    if (f == NULL || n == 0 || end <= begin || tqkv__fwd_rank(f, &rk) != TQKV_OK)
+    if (f == NULL || hop == TQKV__HOP_PEER || n == 0 || end <= begin ||
+        tqkv__fwd_rank(f, &rk) != TQKV_OK)
         return 0;
     uint8_t *want = calloc(n, 1), *tiers = calloc(n, 1);
     size_t nw = 0, nown = 0;
     uint32_t prefix = 0;
+    /* A peer's block: forwarded for a client that did not shard itself; one that did
+     * (TQKV__HOP_ROUTED) chose this server, which answers it from its store. */
+    uint8_t other = hop == TQKV__HOP_NONE ? TQKV__FWD_OWNER : TQKV__FWD_NO;
     for (size_t i = 0; want && tiers && i < n; i++) {
-        want[i] = tqkv__fwd_owned(&rk, ns, hashes[i], lens[i]) ? TQKV__FWD_NO : TQKV__FWD_OWNER;
-        nown += want[i] == TQKV__FWD_NO;
+        int own = tqkv__fwd_owned(&rk, ns, hashes[i], lens[i]);
+        want[i] = own ? TQKV__FWD_NO : other;
+        nown += (size_t)own;
     }
     /* Owned hashes: which lack a layer here (layers [0, end): a Get rarely starts past 0,
      * and asking for one more hash costs nothing but its bytes on the wire). A store
@@ -600,7 +608,8 @@ tqkv__fwd_get_copy(tqkv__fwd_t *f, const char *authz, const char *ns, const uint
         tqkv_store_lookup(f->srv->store, ns, strlen(ns), hashes, lens, n, end, 0, &prefix, tiers) ==
             TQKV_OK)
         for (size_t i = 0; i < n; i++)
-            if (want[i] == TQKV__FWD_NO && tiers[i] == TQKV_TIER_NONE)
+            if (want[i] == TQKV__FWD_NO && tiers[i] == TQKV_TIER_NONE &&
+                tqkv__fwd_owned(&rk, ns, hashes[i], lens[i]))
                 want[i] = TQKV__FWD_READ;
     tqkv__fwd_rank_free(&rk);
     for (size_t i = 0; want && i < n; i++)

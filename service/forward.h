@@ -6,9 +6,11 @@
  * id, as libtqkv does, and sends what another server owns (ranks first) to that owner:
  * Put messages are stored there (the page, encoded here), Lookup asks the owner for its
  * hashes, and a Get first copies the owner's pages of its hashes into this server's
- * store, then streams as usual. Forwarded calls carry the "tqkv-hop" header: the owner
- * answers them itself, never forwarding again (one hop); so does every call of a client
- * that shards itself (libtqkv with several targets). Where auth is on, a forwarded call
+ * store, then streams as usual. The "tqkv-hop" header tells who routed a call
+ * (TQKV__HOP_*, below; docs/cluster.md): a peer's ask ("2") is answered from the store
+ * alone, never forwarded again (one hop, no loops); a client that shards itself
+ * (libtqkv with several targets, "1") gets no forwarding, but its owner reads through
+ * the blocks it owns and lacks. Where auth is on, a forwarded call
  * carries the caller's own `authorization` header (the owner checks it again, so a token
  * reaches only what it may reach anywhere); this needs TLS to the peers (--tls-cert):
  * auth on without TLS leaves forwarding off. Blocking: called from encoder-pool jobs.
@@ -31,6 +33,17 @@
 #include "transport/client.h"
 
 struct tqkv_server;
+
+/* What the "tqkv-hop" header of a call says (tqkv__call_t.hop); service/server.c parses it:
+ * "1" is TQKV__HOP_ROUTED, any other value TQKV__HOP_PEER (the safest: no loop). */
+enum {
+    TQKV__HOP_NONE = 0,   /* no header: a client that did not shard itself (grpcio, libtqkv
+                             with one target): forward what a peer owns, read through what
+                             this server owns and lacks */
+    TQKV__HOP_ROUTED = 1, /* "1": the client routed it here (it shards itself): no
+                             forwarding, but read through what this server owns and lacks */
+    TQKV__HOP_PEER = 2,   /* "2": a peer's ask (forwarding, read-through): the store alone */
+};
 typedef struct tqkv__fwd tqkv__fwd_t;
 
 #define TQKV__PEER_TOKEN_MAX 4096
@@ -122,14 +135,16 @@ tqkv_status_t tqkv__fwd_fill(tqkv__fwd_t *f, const char *authz, const char *ns,
                              size_t n, uint32_t begin, uint32_t end, uint64_t *copied, char *err,
                              size_t errlen);
 
-/* Read-through before a Get that a client sent (no tqkv-hop; gRPC and TCP data
- * channel alike): ranks the hashes, marks those a peer owns (TQKV__FWD_OWNER) and those
+/* Read-through before a Get that a client sent (hop TQKV__HOP_NONE or TQKV__HOP_ROUTED;
+ * gRPC and TCP data channel alike): ranks the hashes, marks those a peer owns
+ * (TQKV__FWD_OWNER; only for TQKV__HOP_NONE: a client that routed the call itself asked
+ * the server it chose, which answers those from its store) and those
  * this server owns but lacks a layer of in [begin, end) (TQKV__FWD_READ: the peers'
  * client, which leaves this server out, asks the block's next-ranked peers, R + 1 rank
  * positions), and copies them into the store with tqkv__fwd_fill. A failure is logged
  * (at most once a second); the Get then reports those blocks missing. Returns 1 when
  * the peers were asked. Blocking: an encoder-pool job or a data channel's thread. */
-int tqkv__fwd_get_copy(tqkv__fwd_t *f, const char *authz, const char *ns,
+int tqkv__fwd_get_copy(tqkv__fwd_t *f, int hop, const char *authz, const char *ns,
                        const uint8_t *const *hashes, const size_t *lens, size_t n, uint32_t begin,
                        uint32_t end);
 

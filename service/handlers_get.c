@@ -578,10 +578,11 @@ tqkv__get_request(tqkv__call_t *c, Tqkv__V1__GetRequest **req)
     return 0;
 }
 
-/* Before streaming (a Get a client sent, not a hop): the pages of the hashes a peer owns
- * (forwarding) and of those this server owns but does not hold (read-through: asked of
- * the next-ranked peers) are copied into our store first (tqkv__fwd_get_copy), then the
- * Get streams as usual. A failure leaves them missing (reported as such), never wrong. */
+/* Before streaming (a Get a client sent, not a peer's ask): the pages of the hashes a peer
+ * owns (forwarding, when the client did not shard itself) and of those this server owns but does
+ * not hold (read-through: asked of the next-ranked peers) are copied into our store first
+ * (tqkv__fwd_get_copy), then the Get streams as usual. A failure leaves them missing (reported as
+ * such), never wrong. */
 static void get_begin(tqkv__call_t *c);
 
 static void
@@ -598,7 +599,7 @@ get_forward(void *arg)
             hp[i] = q->hashes[i].data;
             hl[i] = q->hashes[i].len;
         }
-        if (tqkv__fwd_get_copy(tqkv__fwd_get(c->srv), c->authz, q->namespace_, hp, hl, n,
+        if (tqkv__fwd_get_copy(tqkv__fwd_get(c->srv), c->hop, c->authz, q->namespace_, hp, hl, n,
                                q->layer_begin, q->layer_end))
             atomic_fetch_add(&c->srv->forwarded, 1);
     }
@@ -621,8 +622,9 @@ get_start(tqkv__call_t *c)
     c->h = h;
     if (tqkv__get_request_parse(c, &h->req) != 0)
         return;
-    if (!c->hop && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0) {
-        /* blocks a peer owns, and ours we lack: copied first, on the encoder pool */
+    if (c->hop != TQKV__HOP_PEER && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0) {
+        /* blocks a peer owns (no tqkv-hop), and ours we lack: copied first, on the encoder
+         * pool */
         h->prefetch = 1;
         if (tqkv__call_work(c, get_forward) == TQKV_OK)
             return;

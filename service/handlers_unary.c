@@ -59,7 +59,8 @@ lookup_answer(tqkv__call_t *c, Tqkv__V1__LookupRequest *r, const uint8_t *tiers,
     tqkv__call_finish_msg(c, &resp.base);
 }
 
-/* A Lookup some of whose hashes a peer owns (forward.h): answered on the encoder pool. */
+/* A Lookup some of whose hashes a peer owns, or this server owns and lacks (forward.h):
+ * answered on the encoder pool. */
 typedef struct lookup_state {
     Tqkv__V1__LookupRequest *r;
     const uint8_t **hp;
@@ -67,6 +68,8 @@ typedef struct lookup_state {
     uint8_t *tiers;
     Tqkv__V1__BlockInfo *infos, **iptr;
     tqkv__fwd_t *fw;
+    int hop;    /* the call's TQKV__HOP_* (NONE or ROUTED) */
+    int stored; /* tiers and prefix hold the store's answer already */
     uint32_t prefix;
     tqkv_status_t st; /* of the store or the owners */
     char err[TQKV__KV_ERRLEN];
@@ -80,20 +83,23 @@ lookup_job(void *arg)
     Tqkv__V1__LookupRequest *r = ls->r;
     size_t n = r->n_hashes;
     tqkv_status_t st =
-        tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), ls->hp, ls->hl, n,
-                          r->num_layers, r->lease_ms, &ls->prefix, ls->tiers);
+        ls->stored
+            ? TQKV_OK
+            : tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), ls->hp, ls->hl,
+                                n, r->num_layers, r->lease_ms, &ls->prefix, ls->tiers);
     tqkv__fwd_rank_t rk;
     uint8_t *want = calloc(n, 1);
     if (st != TQKV_OK) {
         ls->st = st;
         snprintf(ls->err, TQKV__KV_ERRLEN, "lookup: %s", tqkv_strerror(st));
     } else if (want && tqkv__fwd_rank(ls->fw, &rk) == TQKV_OK) {
-        /* The hashes a peer owns: its answer, not ours (forwarding); the hashes we own but
-         * do not hold: the next-ranked peers' answer (read-through). One ask for both. */
+        /* The hashes a peer owns: its answer, not ours (forwarding; not for a client that
+         * routed the call here itself); the hashes we own but do not hold: the next-ranked
+         * peers' answer (read-through). One ask for both. */
         size_t nw = 0, nowner = 0;
         for (size_t i = 0; i < n; i++) {
             if (!tqkv__fwd_owned(&rk, r->namespace_, ls->hp[i], ls->hl[i]))
-                want[i] = TQKV__FWD_OWNER;
+                want[i] = ls->hop == TQKV__HOP_NONE ? TQKV__FWD_OWNER : TQKV__FWD_NO;
             else if (ls->tiers[i] == TQKV_TIER_NONE && rk.n > 0)
                 want[i] = TQKV__FWD_READ;
             nw += want[i] != TQKV__FWD_NO;
@@ -223,8 +229,21 @@ lookup_start(tqkv__call_t *c)
         hp[i] = r->hashes[i].data;
         hl[i] = r->hashes[i].len;
     }
-    tqkv__fwd_t *fw = st == TQKV_OK && !c->hop ? tqkv__fwd_get(c->srv) : NULL;
-    if (fw && n > 0) { /* the answer needs the owners: ask them on the encoder pool */
+    tqkv__fwd_t *fw = st == TQKV_OK && c->hop != TQKV__HOP_PEER ? tqkv__fwd_get(c->srv) : NULL;
+    uint32_t prefix = 0;
+    int stored = 0;
+    if (fw && n > 0 && c->hop == TQKV__HOP_ROUTED) {
+        /* A client that routed it here (forward.h): the peers only where this store lacks
+         * a hash (read-through of those it owns); a full answer costs no encoder job. */
+        stored = 1;
+        st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp, hl, n,
+                               r->num_layers, r->lease_ms, &prefix, tiers);
+        if (st != TQKV_OK)
+            snprintf(msg, sizeof msg, "lookup: %s", tqkv_strerror(st));
+        if (st != TQKV_OK || memchr(tiers, TQKV_TIER_NONE, n) == NULL)
+            fw = NULL;
+    }
+    if (fw && n > 0) { /* the answer needs the peers: ask them on the encoder pool */
         lookup_state_t init = {.r = r,
                                .hp = hp,
                                .hl = hl,
@@ -232,12 +251,14 @@ lookup_start(tqkv__call_t *c)
                                .infos = infos,
                                .iptr = iptr,
                                .fw = fw,
+                               .hop = c->hop,
+                               .stored = stored,
+                               .prefix = prefix,
                                .st = TQKV_OK};
         if ((st = lookup_forward(c, &init, msg)) == TQKV_OK)
             return; /* the state owns r and the arrays (lookup_free) */
     }
-    uint32_t prefix = 0;
-    if (st == TQKV_OK) {
+    if (st == TQKV_OK && !stored) {
         st = tqkv_store_lookup(c->srv->store, r->namespace_, strlen(r->namespace_), hp, hl, n,
                                r->num_layers, r->lease_ms, &prefix, tiers);
         if (st != TQKV_OK)

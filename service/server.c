@@ -192,8 +192,9 @@ on_new(tqkv__call_t *c, int ok)
     if (h->drain)
         atomic_fetch_add(&s->work_calls, 1);
     for (size_t i = 0; i < c->md.count; i++)
-        if (grpc_slice_str_cmp(c->md.metadata[i].key, "tqkv-hop") == 0)
-            c->hop = 1;
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "tqkv-hop") == 0) /* forward.h */
+            c->hop = grpc_slice_str_cmp(c->md.metadata[i].value, "1") ? TQKV__HOP_PEER
+                                                                      : TQKV__HOP_ROUTED;
     tqkv__call_req_id_set(c);
     c->auth = tqkv__auth_acquire(s);
     for (size_t i = 0; i < c->md.count; i++) {

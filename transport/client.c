@@ -266,7 +266,8 @@ set_channel_args(tqkv_client_t *c, const tqkv_client_opts_t *o)
     return TQKV_OK;
 }
 
-/* The metadata calls carry: the bearer token, and "tqkv-hop: 1". */
+/* The metadata calls carry: the bearer token, and "tqkv-hop": "2" for a server's
+ * peers' client (hop 2), "1" otherwise (sent with several targets: client_call.c). */
 static tqkv_status_t
 set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
 {
@@ -284,7 +285,7 @@ set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
         c->md[0] = c->auth_md;
     }
     c->md[1].key = grpc_slice_from_static_string("tqkv-hop");
-    c->md[1].value = grpc_slice_from_static_string("1");
+    c->md[1].value = grpc_slice_from_static_string(c->hop == 2 ? "2" : "1");
     return TQKV_OK;
 }
 

@@ -21,10 +21,13 @@ extern "C" {
 typedef struct tqkv_client_peer_opts {
     const char *exclude_node_id; /* leave out the server with this node id (a server that
                                     talks to its peers: itself) */
-    int hop; /* 1: every call carries "tqkv-hop: 1": the caller routed it (a server
-                forwarding a request), the server answers it itself. A client with
-                several targets always sends it (it shards itself); with one target it
-                does not, so a server with --peers forwards for it (forward.h) */
+    int hop; /* every call carries "tqkv-hop" (docs/cluster.md, service/forward.h):
+                2: "2", a server's ask of its peers (forwarding, read-through): the peer
+                answers from its store alone, never asks further (no loops);
+                1: "1", the caller routed it itself: no forwarding, but an owner reads
+                through what it lacks. A client with several targets always sends "1" (it
+                shards itself); with one target none, so a server with --peers forwards
+                for it */
 } tqkv_client_peer_opts_t;
 
 /* tqkv_client_create with the peer options p (NULL = none: tqkv_client_create). */

@@ -13,10 +13,20 @@ restart:  3 servers (--handoff-seconds 10); 90 blocks Put through the 2nd; SIGTE
           SIGKILLed and restarted (empty) and the 3rd SIGKILLed while Gets run through
           the 1st: every call ends OK and quickly, no wrong page, no storm of log lines;
           with the 2nd SIGKILLed too, what the 1st does not hold is missing, at once.
+          Then (sharding clients, "tqkv-hop: 1") the 1st is SIGKILLed and restarted
+          empty: asks marked as a peer's ("tqkv-hop: 2", or a value it does not know)
+          are answered from its store alone (0 found, no read-through); a grpcio Lookup
+          marked "1" finds exactly the blocks it owns (read through, none forwarded);
+          a sharding client (libtqkv's Python package over the 3 pods, read repair off,
+          gRPC and TCP data channel halves; grpcio marked "1" without LIBTQKV_SO) finds
+          all 90, decoded alike, after which the 1st holds every block it owns; no pod
+          forwarded or read through any of the peers' asks (no loops).
 scaleout: 3 servers, 960 blocks, a 4th server joins (published in DNS): Gets through
           the 4th find all 960: half through grpcio, byte-identical; half through a TCP
           data channel (libtqkv's Python package with this one target, read repair off,
-          when LIBTQKV_SO is given), decoded alike.
+          when LIBTQKV_SO is given), decoded alike. A sharding client (the package over
+          the 4 pods, read repair off; grpcio marked "1" without LIBTQKV_SO) finds 240
+          other blocks, decoded alike, the 4th reading through the ones it owns.
 
 usage: readthru.py TQKV_SERVER PROTO_DIR {restart|scaleout} [LIBTQKV_SO]
 """
@@ -181,6 +191,61 @@ class Cluster:
             self.dns.wait()
 
 
+def load_client():
+    """libtqkv's Python package (LIBTQKV_SO), under another name: "tqkv" is the grpcio
+    stubs' package here."""
+    if "tqkv_client" in sys.modules:
+        return sys.modules["tqkv_client"]
+    os.environ["TQKV_LIBRARY"] = LIBTQKV
+    pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "transport",
+                       "python", "tqkv")
+    spec = importlib.util.spec_from_file_location(
+        "tqkv_client", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+    tqkv = importlib.util.module_from_spec(spec)
+    sys.modules["tqkv_client"] = tqkv
+    spec.loader.exec_module(tqkv)
+    return tqkv
+
+
+def bf16_pages(pb, stub, ns, hashes):
+    """hash -> (key, value) BF16 bytes, decoded by the server behind stub."""
+    out = {}
+    for b in range(0, len(hashes), 120):
+        for m in stub.Get(pb.GetRequest(namespace=ns, hashes=hashes[b:b + 120], layer_begin=0,
+                                        layer_end=1, encoding=pb.ENCODING_BF16), timeout=60):
+            if m.found:
+                out[bytes(m.hash)] = (bytes(m.key), bytes(m.value))
+    return out
+
+
+def sharded_get(cl, pod_ids, ns, hashes, ref, ref_kv, routed_pod):
+    """A client that shards itself reads hashes: libtqkv's Python package over the pods
+    (read repair off; the first half over gRPC, the rest over TCP data channels), or, without
+    LIBTQKV_SO, grpcio marked "tqkv-hop: 1" through routed_pod (only what it owns is
+    found there). Returns (found, alike, wrong, how)."""
+    if LIBTQKV and os.path.exists(LIBTQKV):
+        tqkv = load_client()
+        targets = ["%s:%d" % (cl.host(i), cl.port) for i in pod_ids]
+        found = alike = 0
+        half = len(hashes) // 2
+        for part, tr in ((hashes[:half], "grpc"), (hashes[half:], "tcp")):
+            c = tqkv.Client(targets, transport=tr, read_repair=False)
+            try:
+                k, v, f = c.get(ns, part, shape=(T, H, D))
+                rs = c.repair_stats()
+            finally:
+                c.close()
+            found += int(f.sum())
+            for i, h in enumerate(part):
+                alike += bool(f[0][i]) and ref_kv[h] == (k[0][i].tobytes(), v[0][i].tobytes())
+            assert rs["queued"] == 0 and rs["stored"] == 0, rs  # no client read repair
+        return found, alike, found - alike, "libtqkv over %d pods, read repair off" % len(pod_ids)
+    got = get_pages(cl.pb, cl.stub(routed_pod), ns, hashes, metadata=[("tqkv-hop", "1")])
+    same = sum(1 for h in got if ref[h] == got[h])
+    return len(got), same, len(got) - same, "grpcio marked tqkv-hop: 1 through pod %d" % \
+        routed_pod
+
+
 def bf(a):
     return (a.view(np.uint32) >> 16).astype(np.uint16).tobytes()
 
@@ -196,22 +261,23 @@ def put_blocks(pb, stub, ns, hashes, rng):
     assert r.blocks_stored + r.blocks_duplicate == len(hashes), r
 
 
-def get_pages(pb, stub, ns, hashes, timeout=60, batch=120):
+def get_pages(pb, stub, ns, hashes, timeout=60, batch=120, metadata=None):
     out = {}
     for b in range(0, len(hashes), batch):
         for m in stub.Get(pb.GetRequest(namespace=ns, hashes=hashes[b:b + batch], layer_begin=0,
-                                        layer_end=1), timeout=timeout):
+                                        layer_end=1), timeout=timeout, metadata=metadata):
             if m.found:
                 out[bytes(m.hash)] = bytes(m.page)
     return out
 
 
 def holders(cl, ids, ns, hashes):
-    """Per hash, the pods that hold it (Lookups marked tqkv-hop: answered locally)."""
+    """Per hash, the pods that hold it (Lookups marked "tqkv-hop: 2", a peer's ask:
+    answered from the store alone)."""
     out = [set() for _ in hashes]
     for i in ids:
         r = cl.stub(i).Lookup(cl.pb.LookupRequest(namespace=ns, hashes=hashes, num_layers=1),
-                              timeout=10, metadata=[("tqkv-hop", "1")])
+                              timeout=10, metadata=[("tqkv-hop", "2")])
         for k, b in enumerate(r.blocks):
             if b.tier != 0:
                 out[k].add(i)
@@ -246,6 +312,61 @@ def check(cond, what):
     return 0 if cond else 1
 
 
+def counters(cl, ids):
+    """Per pod: forwarded requests and read-through requests (all methods)."""
+    return {i: (cl.metric(i, "tqkv_forwarded_requests_total"),
+                cl.metric(i, "tqkv_readthru_requests_total")) for i in ids}
+
+
+def sharded_restart(cl, rng, hashes, ref, ref_kv, owned0):
+    """Clients that shard themselves ("tqkv-hop: 1") through pod 0 restarted empty, and
+    peers' asks ("tqkv-hop: 2") answered from the store alone."""
+    pb = cl.pb
+    fails = 0
+    cl.stop(0, signal.SIGKILL)
+    cl.start(0)  # empty; the hand-off copies of what it owns are on pods 1 and 2
+    wait_converged(cl, [0, 1, 2], rng)
+    base = counters(cl, (0, 1, 2))
+    lk_rt0 = cl.metric(0, 'tqkv_readthru_blocks_total{method="Lookup"}')
+    for val in ("2", "x"):  # a peer's ask, and a value the server does not know: the same
+        lk = cl.stub(0).Lookup(pb.LookupRequest(namespace="rt", hashes=hashes, num_layers=1),
+                               timeout=30, metadata=[("tqkv-hop", val)])
+        got = get_pages(pb, cl.stub(0), "rt", hashes, metadata=[("tqkv-hop", val)])
+        now = counters(cl, (0,))[0]
+        fails += check(sum(1 for b in lk.blocks if b.tier) == 0 and not got and now == base[0],
+                       "tqkv-hop: %s through the empty pod 0: Lookup %d, Get %d of 90 found (0: "
+                       "its store alone); its forwarded/read-through requests %s -> %s" %
+                       (val, sum(1 for b in lk.blocks if b.tier), len(got), base[0], now))
+    # grpcio marked as a sharding client: the blocks pod 0 owns read through, none forwarded
+    lk = cl.stub(0).Lookup(pb.LookupRequest(namespace="rt", hashes=hashes, num_layers=1),
+                           timeout=30, metadata=[("tqkv-hop", "1")])
+    found = {h for h, b in zip(hashes, lk.blocks) if b.tier}
+    lk_rt = cl.metric(0, 'tqkv_readthru_blocks_total{method="Lookup"}') - lk_rt0
+    fails += check(found == owned0 and len(owned0) > 0 and lk_rt == len(owned0),
+                   "tqkv-hop: 1 Lookup through pod 0: %d found, = the %d it owns: %s (%d read "
+                   "through, the rest not forwarded)" %
+                   (len(found), len(owned0), found == owned0, lk_rt))
+    rt_get0 = cl.metric(0, 'tqkv_readthru_hits_total{method="Get"}')
+    found_n, alike, wrong, how = sharded_get(cl, (0, 1, 2), "rt", hashes, ref, ref_kv, 0)
+    want = 90 if "libtqkv" in how else len(owned0)
+    fails += check(found_n == want and alike == want and wrong == 0,
+                   "sharding client (%s) after pod 0 restarted empty: %d found (want %d), %d "
+                   "alike, %d wrong" % (how, found_n, want, alike, wrong))
+    held = {h for h, w in zip(hashes, holders(cl, [0], "rt", hashes)) if w}
+    rt_get = cl.metric(0, 'tqkv_readthru_hits_total{method="Get"}') - rt_get0
+    fails += check(owned0 <= held and rt_get >= len(owned0),
+                   "pod 0 now holds %d of the %d blocks it owns (server-side read-through: %d "
+                   "pages copied; the client's read repair is off)" %
+                   (len(owned0 & held), len(owned0), rt_get))
+    now = counters(cl, (0, 1, 2))
+    fails += check(now[0][0] == base[0][0] and all(now[i] == base[i] for i in (1, 2)),
+                   "no loops: forwarded/read-through requests pod 0 %s -> %s (forwarded "
+                   "unchanged), pod 1 %s -> %s, pod 2 %s -> %s (unchanged: the peers' asks are "
+                   "answered from their stores)" %
+                   (base[0], now[0], base[1], now[1], base[2], now[2]))
+    return fails
+
+
 def restart(cl, rng):
     pb = cl.pb
     fails = 0
@@ -259,6 +380,8 @@ def restart(cl, rng):
     ref = get_pages(pb, cl.stub(1), "rt", hashes)
     fails += check(len(ref) == 90, "before the restart: 90 of 90 found through pod 1 (%d)" %
                    len(ref))
+    ref_kv = bf16_pages(pb, cl.stub(1), "rt", hashes)
+    owned0 = {h for h, w in zip(hashes, holders(cl, [0], "rt", hashes)) if w}  # its own only
 
     cl.stop(0, signal.SIGTERM)
     m = re.search(r"hand-off.*?pages=(\d+).*?failed=(\d+)", cl.log_text(0))
@@ -306,6 +429,8 @@ def restart(cl, rng):
     fails += check(len(got) == 90 and all(ref[h] == got[h] for h in got) and reqs2 == reqs,
                    "Get through pod 0 again: %d found, read-through asks %d -> %d (now local)" %
                    (len(got), reqs, reqs2))
+
+    fails += sharded_restart(cl, rng, hashes, ref, ref_kv, owned0)
 
     # A peer killed during read-through: missing, quickly, never wrong, no error storm.
     cl.stop(0, signal.SIGKILL)
@@ -357,7 +482,7 @@ def restart(cl, rng):
     cl.stop(1, signal.SIGKILL)
     # pod 0's copies of the first half go (a Delete marked tqkv-hop: here only)
     cl.stub(0).Delete(pb.DeleteRequest(namespace="rt", hashes=hashes[:45]), timeout=10,
-                      metadata=[("tqkv-hop", "1")])
+                      metadata=[("tqkv-hop", "2")])
     local = holders(cl, [0], "rt", hashes)
     held = sum(1 for h in local if h)
     times, got_n, errs = [], 0, []
@@ -393,6 +518,11 @@ def scaleout(cl, rng):
     ref = get_pages(pb, cl.stub(0), "so", hashes)
     fails += check(len(ref) == 960, "before the scale-out: %d of 960 found through pod 0" %
                    len(ref))
+    sh = [rng.bytes(16) for _ in range(240)]
+    for b in range(0, 240, 120):
+        put_blocks(pb, cl.stub(b // 120 % 3), "sh", sh[b:b + 120], rng)
+    sh_ref = get_pages(pb, cl.stub(0), "sh", sh)
+    sh_kv = bf16_pages(pb, cl.stub(0), "sh", sh)
     cl.start(3)  # published in DNS once it serves (the others re-resolve every second)
     m = re.search(r"forwarding to peers.*?peers=(\d+)", cl.log_text(3))
     print("pod 3: %s" % m.group(0))
@@ -439,6 +569,27 @@ def scaleout(cl, rng):
         got2 = get_pages(pb, cl.stub(3), "so", dc_half)
         fails += check(len(got2) == 480, "gRPC Get of the other half: %d of 480" % len(got2))
     fails += check(rt > 0, "pod 3 owns some of them and read them through (%d)" % rt)
+
+    # A client that shards itself over the 4 pods ("tqkv-hop: 1", read repair off): pod 3
+    # reads through the blocks it owns; no pod forwards or reads through a peer's ask.
+    wait_converged(cl, [0, 1, 2, 3], rng)
+    base = counters(cl, (0, 1, 2, 3))
+    b0 = cl.metric(3, 'tqkv_readthru_blocks_total{method="Get"}')
+    h0 = cl.metric(3, 'tqkv_readthru_hits_total{method="Get"}')
+    found_n, alike, wrong, how = sharded_get(cl, (0, 1, 2, 3), "sh", sh, sh_ref, sh_kv, 3)
+    asked = cl.metric(3, 'tqkv_readthru_blocks_total{method="Get"}') - b0
+    hits = cl.metric(3, 'tqkv_readthru_hits_total{method="Get"}') - h0
+    want = 240 if "libtqkv" in how else hits
+    held = sum(1 for w in holders(cl, [3], "sh", sh) if w)
+    fails += check(found_n == want and alike == want and wrong == 0 and hits > 0 and
+                   hits == asked and held >= hits,
+                   "sharding client (%s) after the scale-out: %d of 240 found (want %d), %d "
+                   "alike, %d wrong; pod 3 read through %d of the %d it owns and lacked, holds "
+                   "%d" % (how, found_n, want, alike, wrong, hits, asked, held))
+    now = counters(cl, (0, 1, 2, 3))
+    fails += check(all(now[i] == base[i] for i in (0, 1, 2)) and now[3][0] == base[3][0],
+                   "no loops: forwarded/read-through requests of pods 0-2 unchanged %s, pod 3 "
+                   "forwarded none (%s -> %s)" % ([now[i] for i in (0, 1, 2)], base[3], now[3]))
     return fails
 
 
