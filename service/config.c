@@ -248,6 +248,11 @@ static const opt_t opts[] = {
      CFG(handoff_seconds), .max = 3600, .why = WHY_SECONDS},
     {"handoff-bytes", "TQKV_HANDOFF_BYTES", OPT_BYTES, "BYTES",
      "byte budget of the hand-off (default 0: no limit)", CFG(handoff_bytes), .max = UINT64_MAX},
+    {"replicate-bytes-per-s", "TQKV_REPLICATE_BYTES_PER_S", OPT_BYTES, "BYTES",
+     "with --peers: keep each block this server holds on the two servers that rank first "
+     "for it, putting it to the other one when it lacks it (after a peer restarted, "
+     "joined or left), at most BYTES per second (default 0: off)",
+     CFG(replicate_bytes_per_s), .max = UINT64_MAX},
     {"no-forward", "TQKV_NO_FORWARD", OPT_BOOL, NULL,
      "with --peers: do not forward Put/Lookup/Get of blocks a peer owns to it (one hop; "
      "for clients that reach one pod, e.g. through the load-balanced Service)",

@@ -35,7 +35,95 @@ struct tqkv__fwd {
     pthread_rwlock_t lk; /* read: a forwarded call uses cl; write: a reload replaces it */
     tqkv_client_t *cl;
     uint64_t self;
+    /* re-replication (replicate.c): its thread, and what stops it */
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    int rstop, rstarted;
+    pthread_t rth;
 };
+
+#define REPL_SETTLE_S 2.0  /* a pass this long after the peers' table last changed */
+#define REPL_PERIOD_S 60.0 /* and at least this often */
+
+tqkv_server_t *
+tqkv__fwd_server(tqkv__fwd_t *f)
+{
+    return f->srv;
+}
+
+tqkv_client_t *
+tqkv__fwd_client_acquire(tqkv__fwd_t *f)
+{
+    pthread_rwlock_rdlock(&f->lk);
+    return f->cl;
+}
+
+void
+tqkv__fwd_client_release(tqkv__fwd_t *f)
+{
+    pthread_rwlock_unlock(&f->lk);
+}
+
+int
+tqkv__repl_sleep(tqkv__fwd_t *f, double seconds)
+{
+    pthread_mutex_lock(&f->rmu);
+    if (!f->rstop && seconds > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(seconds * 1e9);
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&f->rcv, &f->rmu, &ts);
+    }
+    int stop = f->rstop;
+    pthread_mutex_unlock(&f->rmu);
+    return stop ? -1 : 0;
+}
+
+/* What a change of the peers shows in: their rank ids, which are known, and how many
+ * down peers answered again (a restart at the same address and node id). */
+static uint64_t
+peers_fingerprint(tqkv__fwd_t *f)
+{
+    tqkv__fwd_rank_t rk;
+    if (tqkv__fwd_rank(f, &rk) != TQKV_OK)
+        return 0;
+    uint64_t fp = rk.n;
+    for (size_t i = 0; i < rk.n; i++) { /* a sum: the table's order does not matter */
+        uint64_t x = rk.ids[i] ^ (rk.known[i] ? 0x9e3779b97f4a7c15ull : 0);
+        x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+        fp += x ^ (x >> 29);
+    }
+    tqkv__fwd_rank_free(&rk);
+    tqkv_client_health_stats_t hs;
+    memset(&hs, 0, sizeof hs);
+    tqkv_client_health_stats(tqkv__fwd_client_acquire(f), &hs);
+    tqkv__fwd_client_release(f);
+    return fp + hs.revived * 0x94d049bb133111ebull;
+}
+
+static void *
+repl_main(void *arg)
+{
+    tqkv__fwd_t *f = arg;
+    uint64_t rate = f->srv->cfg.replicate_bytes_per_s, fp = peers_fingerprint(f);
+    double changed = tqkv_clock_s(), last = changed;
+    while (tqkv__repl_sleep(f, 0.5) == 0) {
+        uint64_t now_fp = peers_fingerprint(f);
+        double now = tqkv_clock_s();
+        if (now_fp != fp) {
+            fp = now_fp;
+            changed = now;
+        }
+        if ((changed > 0 && now - changed >= REPL_SETTLE_S) || now - last >= REPL_PERIOD_S) {
+            changed = 0;
+            tqkv__repl_pass(f, rate);
+            last = tqkv_clock_s();
+        }
+    }
+    return NULL;
+}
 
 tqkv_status_t
 tqkv__peer_token(const char *path, char *tok, size_t cap, char *err, size_t errlen)
@@ -212,6 +300,14 @@ fwd_main(void *arg)
                 f->srv = s;
                 f->cl = cl;
                 f->self = tqkv_shard_target_id(s->cfg.node_id);
+                pthread_mutex_init(&f->rmu, NULL);
+                pthread_condattr_t ca;
+                pthread_condattr_init(&ca);
+                pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+                pthread_cond_init(&f->rcv, &ca);
+                pthread_condattr_destroy(&ca);
+                if (s->cfg.replicate_bytes_per_s)
+                    f->rstarted = pthread_create(&f->rth, NULL, repl_main, f) == 0;
                 atomic_store(&s->fwd, f);
                 tqkv_log(TQKV_LOG_INFO, "forwarding to peers", "peers=%zu tls=%s",
                          tqkv_client_num_targets(cl), s->cfg.tls_cert[0] ? "on" : "off");
@@ -293,6 +389,15 @@ tqkv__fwd_destroy(tqkv__fwd_t *f)
 {
     if (f == NULL)
         return;
+    if (f->rstarted) {
+        pthread_mutex_lock(&f->rmu);
+        f->rstop = 1;
+        pthread_cond_broadcast(&f->rcv);
+        pthread_mutex_unlock(&f->rmu);
+        pthread_join(f->rth, NULL);
+    }
+    pthread_mutex_destroy(&f->rmu);
+    pthread_cond_destroy(&f->rcv);
     tqkv_client_destroy(f->cl);
     pthread_rwlock_destroy(&f->lk);
     free(f);

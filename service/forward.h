@@ -150,4 +150,17 @@ int tqkv__fwd_get_copy(tqkv__fwd_t *f, int hop, const char *authz, const char *n
 
 void tqkv__fwd_destroy(tqkv__fwd_t *f);
 
+/* Background re-replication (replicate.c; --replicate-bytes-per-s, 0 = off): a thread
+ * that forward.c starts with the peers' client runs a pass 2 s after the peers' table
+ * changed or a down peer came back, and every 60 s: every block this server holds and
+ * ranks first or second for is asked of the other of the two, and put there when that
+ * one lacks it, within the byte rate. */
+void tqkv__repl_pass(tqkv__fwd_t *f, uint64_t bytes_per_s);
+/* For replicate.c: the server; the peers' client, read-locked until the release (a
+ * reload waits); a sleep of up to seconds that ends early, -1, when the server stops. */
+struct tqkv_server *tqkv__fwd_server(tqkv__fwd_t *f);
+tqkv_client_t *tqkv__fwd_client_acquire(tqkv__fwd_t *f);
+void tqkv__fwd_client_release(tqkv__fwd_t *f);
+int tqkv__repl_sleep(tqkv__fwd_t *f, double seconds);
+
 #endif

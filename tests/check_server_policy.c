@@ -279,6 +279,7 @@ static const struct {
     {"peers-dns", "127.0.0.1:53"},
     {"handoff-seconds", "5"},
     {"handoff-bytes", "1M"},
+    {"replicate-bytes-per-s", "8M"},
     {"no-forward", "1"},
     {"peer-ca", "/nonexistent/peer-ca.pem"},
     {"peer-tls-name", "tqkv-headless"},

@@ -45,6 +45,7 @@ draws the hit rate with the fault windows shaded.
 
 usage: nemesis.py TQKV_SERVER TQKV_BENCH PROTO_DIR OUTDIR [--servers N] [--duration S]
                   [--faults kill,rollout,...] [--seed N] [--expect-stall-s S]
+                  [--replicate-bytes-per-s BYTES]
        exits 77 (skipped) when it cannot make network namespaces (needs root, iproute2,
        tc with htb/u32/blackhole, dnsmasq).
 """
@@ -69,6 +70,7 @@ TC = shutil.which("tc") or "/usr/sbin/tc"
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 PORT = 50051
 DATA_LISTEN = False
+REPLICATE = "0"
 NET = "10.88.0."
 CLIENT_IP = NET + "2"
 
@@ -249,6 +251,8 @@ class Server:
                 CLIENT_IP + ":53", "--handoff-seconds", "5", "--log-level", "warn"]
         if DATA_LISTEN:
             args += ["--data-listen", "0.0.0.0:50052"]
+        if REPLICATE != "0":
+            args += ["--replicate-bytes-per-s", REPLICATE]
         err = open(self.log, "a")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
         err.close()
@@ -454,7 +458,7 @@ def py_main(out, duration, seed):
 # ---------------------------------------------------------------- the run
 
 def main():
-    global SERVER_BIN, DATA_LISTEN
+    global SERVER_BIN, DATA_LISTEN, REPLICATE
     ap = argparse.ArgumentParser()
     ap.add_argument("server")
     ap.add_argument("bench")
@@ -470,11 +474,14 @@ def main():
     ap.add_argument("--expect-stall-s", type=float, default=0)
     ap.add_argument("--bench-transport", default="grpc", choices=("grpc", "tcp"),
                     help="tqkv-bench --transport (tcp: servers get --data-listen)")
+    ap.add_argument("--replicate-bytes-per-s", default="0",
+                    help="the servers' --replicate-bytes-per-s (0: off)")
     ap.add_argument("--thin-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--py-child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     SERVER_BIN = a.server
     DATA_LISTEN = a.bench_transport == "tcp"
+    REPLICATE = a.replicate_bytes_per_s
     if a.py_child:
         py_main(a.py_child[0], float(a.py_child[1]), a.seed)
         return 0

@@ -27,8 +27,13 @@ scaleout: 3 servers, 960 blocks, a 4th server joins (published in DNS): Gets thr
           when LIBTQKV_SO is given), decoded alike. A sharding client (the package over
           the 4 pods, read repair off; grpcio marked "1" without LIBTQKV_SO) finds 240
           other blocks, decoded alike, the 4th reading through the ones it owns.
+replicate: 3 servers with --replicate-bytes-per-s 100K; 90 blocks Put through the 2nd
+          (grpcio: each lands on its owner alone); the 1st unpublished and SIGTERMed
+          (hand-off), restarted empty and published again: with no client reading, it
+          receives every block it ranks first or second for from its peers (Lookups
+          marked "tqkv-hop: 2" show it), within the byte rate, no read-through involved.
 
-usage: readthru.py TQKV_SERVER PROTO_DIR {restart|scaleout} [LIBTQKV_SO]
+usage: readthru.py TQKV_SERVER PROTO_DIR {restart|scaleout|replicate} [LIBTQKV_SO]
 """
 import importlib.util
 import os
@@ -93,6 +98,7 @@ class Cluster:
         self.hosts = os.path.join(tmp, "hosts")
         self.procs, self.logs, self.published = {}, {}, []
         self.dns = None
+        self.extra = []  # more tqkv-server flags
 
     def host(self, i):
         return "127.0.0.%d" % (i + 1)
@@ -119,7 +125,7 @@ class Cluster:
                 "--peers", "svc.test:%d" % self.port, "--peers-dns",
                 "127.0.0.1:%d" % self.dport, "--handoff-seconds", "10",
                 "--metrics-listen", "%s:%d" % (self.host(i), self.mport),
-                "--data-listen", "%s:%d" % (self.host(i), self.dcport)]
+                "--data-listen", "%s:%d" % (self.host(i), self.dcport)] + self.extra
         f = open(log, "a")
         f.write("==== start\n")
         f.flush()
@@ -504,6 +510,79 @@ def restart(cl, rng):
     return fails
 
 
+def mix64(z):
+    m = (1 << 64) - 1
+    z = (z + 0x9e3779b97f4a7c15) & m
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
+    return z ^ (z >> 31)
+
+
+def fnv1a(h, data):
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & ((1 << 64) - 1)
+    return h
+
+
+def rank(node_ids, ns, h):
+    """The servers (node ids) in the order clients and servers rank them for block (ns, h):
+    flat rendezvous, as transport/shard.c up to TQKV_SHARD_FLAT_MAX servers."""
+    off = 0xcbf29ce484222325
+    mk = mix64(mix64(fnv1a(fnv1a(fnv1a(off, ns.encode()), b"\0"), h)))
+    return sorted(node_ids, key=lambda n: -mix64(mix64(fnv1a(off, n.encode())) ^ mk))
+
+
+def replicate(cl, rng):
+    """Background re-replication: a restarted server gets its share back from its peers
+    with no client reading."""
+    pb = cl.pb
+    fails = 0
+    rate = 100 * 1024
+    cl.extra = ["--replicate-bytes-per-s", str(rate)]
+    cl.published = [0, 1, 2]
+    cl.publish()
+    for i in range(3):
+        cl.start(i)
+    print("servers agree on the owners after %.1f s" % wait_converged(cl, [0, 1, 2], rng))
+    ids = ["tqkv-0", "tqkv-1", "tqkv-2"]
+    hashes = [rng.bytes(16) for _ in range(90)]
+    put_blocks(pb, cl.stub(1), "rp", hashes, rng)
+    ref = get_pages(pb, cl.stub(1), "rp", hashes)
+    held = holders(cl, [0, 1, 2], "rp", hashes)
+    first = [int(rank(ids, "rp", h)[0][-1]) for h in hashes]
+    fails += check(all(first[k] in held[k] for k in range(90)),
+                   "each block held by the server that ranks first for it (this test's "
+                   "ranking agrees with the servers')")
+    top2 = {h for h in hashes if "tqkv-0" in rank(ids, "rp", h)[:2]}
+    cl.published = [1, 2]  # as a terminating pod leaves the Service
+    cl.publish()
+    cl.stop(0, signal.SIGTERM)
+    cl.start(0)  # empty, published again
+    t0 = time.monotonic()
+    have = set()
+    while time.monotonic() - t0 < 60 and not top2 <= have:
+        have = {h for h, w in zip(hashes, holders(cl, [0], "rp", hashes)) if w}
+        time.sleep(0.2)
+    took = time.monotonic() - t0
+    got = get_pages(pb, cl.stub(0), "rp", sorted(have), metadata=[("tqkv-hop", "2")])
+    wrong = sum(1 for h in got if ref[h] != got[h])
+    rt = cl.metric(0, "tqkv_readthru_requests_total")
+    fails += check(top2 <= have and len(got) == len(have) and wrong == 0 and rt == 0,
+                   "restarted pod 0 received %d of the %d blocks it ranks first or second for "
+                   "in %.1f s, no client reading (read-through requests %d), %d byte-identical, "
+                   "%d wrong" % (len(top2 & have), len(top2), took, rt, len(got) - wrong, wrong))
+    passes = []
+    for i in (1, 2):
+        for m in re.finditer(r"replicate: pass.*?bytes=(\d+).*?seconds=([\d.]+)",
+                             cl.log_text(i, False)):
+            passes.append((int(m.group(1)), float(m.group(2))))
+    big = [(b, s) for b, s in passes if b >= 2 * rate]
+    fails += check(passes and all(b / max(s, 1e-9) <= 1.25 * rate for b, s in big),
+                   "passes of pods 1 and 2 (bytes, seconds): %s; those over 2 s of budget at "
+                   "<= 1.25 x %d B/s" % (passes, rate))
+    return fails
+
+
 def scaleout(cl, rng):
     pb = cl.pb
     fails = 0
@@ -613,7 +692,7 @@ def main():
         rng = np.random.default_rng(seed)
         fails, codes = 1, {}
         try:
-            fails = restart(cl, rng) if MODE == "restart" else scaleout(cl, rng)
+            fails = {"restart": restart, "scaleout": scaleout, "replicate": replicate}[MODE](cl, rng)
         except Exception:
             for i in cl.logs:
                 print("---- server %d log (tail)\n%s" % (i, cl.log_text(i, False)[-2000:]))
