@@ -27,22 +27,21 @@ typedef struct tqkv_ns_policy {
 } tqkv_ns_policy_t;
 
 typedef struct tqkv_server_config {
-    char listen[256];               /* HOST:PORT; port 0 picks a free port */
-    char peers[1024];               /* --peers: targets of the other servers ("" = none) */
-    char peers_dns[256];            /* DNS servers for peers ("" = the system's) */
-    unsigned handoff_seconds;       /* SIGTERM: time budget of the hand-off to peers (0 = none) */
-    uint64_t handoff_bytes;         /* and its byte budget (0 = no limit) */
-    uint64_t replicate_bytes_per_s; /* background re-replication to peers (0 = off) */
-    int no_forward;                 /* --no-forward: serve every block here (forward.h) */
-    char peer_ca[1024];             /* CA of the peers' certificates ("" = --tls-client-ca) */
-    char peer_tls_name[256];        /* name checked in the peers' certificates ("" = as dialed) */
-    char peer_token_file[1024];     /* with --auth-tokens: the token peers accept ("" = none) */
-    char node_id[256];         /* stable identity for placement; "" = HOSTNAME:PORT (bound port) */
-    unsigned threads;          /* gRPC worker threads (one completion queue each) */
-    unsigned encoder_threads;  /* encode/decode pool */
-    tqkv_store_config_t store; /* capacities, tiers, eviction, quota, verify_crc */
-    tqkv_policy_t policy;      /* codec policy of a namespace no ns_policies entry matches */
-    unsigned num_ns_policies;  /* --namespace-policy specs, in the order given */
+    char listen[256];           /* HOST:PORT; port 0 picks a free port */
+    char peers[1024];           /* --peers: targets of the other servers ("" = none) */
+    char peers_dns[256];        /* DNS servers for peers ("" = the system's) */
+    unsigned handoff_seconds;   /* SIGTERM: time budget of the hand-off to peers (0 = none) */
+    uint64_t handoff_bytes;     /* and its byte budget (0 = no limit) */
+    int no_forward;             /* --no-forward: serve every block here (forward.h) */
+    char peer_ca[1024];         /* CA of the peers' certificates ("" = --tls-client-ca) */
+    char peer_tls_name[256];    /* name checked in the peers' certificates ("" = as dialed) */
+    char peer_token_file[1024]; /* with --auth-tokens: the token peers accept ("" = none) */
+    char node_id[256];          /* stable identity for placement; "" = HOSTNAME:PORT (bound port) */
+    unsigned threads;           /* gRPC worker threads (one completion queue each) */
+    unsigned encoder_threads;   /* encode/decode pool */
+    tqkv_store_config_t store;  /* capacities, tiers, eviction, quota, verify_crc */
+    tqkv_policy_t policy;       /* codec policy of a namespace no ns_policies entry matches */
+    unsigned num_ns_policies;   /* --namespace-policy specs, in the order given */
     tqkv_ns_policy_t ns_policies[TQKV_MAX_NS_POLICIES];
     uint64_t max_message_bytes;
     unsigned max_streams;     /* concurrent streams per connection */
@@ -57,6 +56,9 @@ typedef struct tqkv_server_config {
     unsigned slow_request_ms; /* log calls slower than this at warn; 0 = off */
     int help;                 /* --help was given: print usage, exit 0 */
     int version;              /* --version was given: print the build, exit 0 */
+
+    /* background re-replication to the peers, bytes per second (0 = off; replicate.c) */
+    uint64_t replicate_bytes_per_s;
 } tqkv_server_config_t;
 
 /* Fills the defaults. */
