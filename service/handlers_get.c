@@ -608,6 +608,33 @@ get_forward(void *arg)
     tqkv__call_wake(c);
 }
 
+/* 1 when this store lacks a layer in [0, layer_end) of one of q's hashes (or cannot
+ * tell): checked on the call's thread for a client that routed the Get here itself
+ * (tqkv-hop: 1), so a Get of what is here costs it no encoder job. */
+static int
+get_lacks(tqkv__call_t *c, const Tqkv__V1__GetRequest *q)
+{
+    size_t n = q->n_hashes;
+    const uint8_t **hp = malloc(n * sizeof *hp);
+    size_t *hl = malloc(n * sizeof *hl);
+    uint8_t *tiers = malloc(n);
+    uint32_t prefix = 0;
+    int lacks = 1;
+    if (hp && hl && tiers) {
+        for (size_t i = 0; i < n; i++) {
+            hp[i] = q->hashes[i].data;
+            hl[i] = q->hashes[i].len;
+        }
+        if (tqkv_store_lookup(c->srv->store, q->namespace_, strlen(q->namespace_), hp, hl, n,
+                              q->layer_end, 0, &prefix, tiers) == TQKV_OK)
+            lacks = memchr(tiers, TQKV_TIER_NONE, n) != NULL;
+    }
+    free(hp);
+    free(hl);
+    free(tiers);
+    return lacks;
+}
+
 static void
 get_start(tqkv__call_t *c)
 {
@@ -622,7 +649,8 @@ get_start(tqkv__call_t *c)
     c->h = h;
     if (tqkv__get_request_parse(c, &h->req) != 0)
         return;
-    if (c->hop != TQKV__HOP_PEER && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0) {
+    if (c->hop != TQKV__HOP_PEER && tqkv__fwd_get(c->srv) && h->req->n_hashes > 0 &&
+        (c->hop == TQKV__HOP_NONE || get_lacks(c, h->req))) {
         /* blocks a peer owns (no tqkv-hop), and ours we lack: copied first, on the encoder
          * pool */
         h->prefetch = 1;
