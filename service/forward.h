@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/store.h"
 #include "kernels/page.h"
 #include "kernels/status.h"
 #include "service/auth.h"
@@ -156,6 +157,11 @@ void tqkv__fwd_destroy(tqkv__fwd_t *f);
  * ranks first or second for is asked of the other of the two, and put there when that
  * one lacks it, within the byte rate. */
 void tqkv__repl_pass(tqkv__fwd_t *f, uint64_t bytes_per_s);
+/* Puts the stored page k (tqkv_store_export's) to put, as the page, checked whole first
+ * (hand-off and re-replication): TQKV_OK with its bytes in *len; TQKV_ENOTFOUND when it
+ * is gone or not one to send (a bad hash or page: skipped); else the put's failure. */
+tqkv_status_t tqkv__put_stored_page(tqkv_store_t *store, tqkv_put_t *put,
+                                    const tqkv_store_key_out_t *k, size_t *len);
 /* For replicate.c: the server; the peers' client, read-locked until the release (a
  * reload waits); a sleep of up to seconds that ends early, -1, when the server stops. */
 struct tqkv_server *tqkv__fwd_server(tqkv__fwd_t *f);

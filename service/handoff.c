@@ -88,34 +88,10 @@ tqkv_server_handoff(tqkv_server_t *s)
             stop = "byte budget";
             break;
         }
-        if (k->hash_len < 8 || k->hash_len > TQKV_HASH_MAX ||
-            (k->parent && (k->parent_len < 8 || k->parent_len > TQKV_HASH_MAX)))
-            continue;
-        tqkv_block_key_t key = {k->ns, k->ns_len, k->hash, k->hash_len, k->layer};
-        tqkv_page_ref_t *ref = NULL;
-        if (tqkv_store_get(s->store, &key, &ref) != TQKV_OK)
-            continue; /* evicted or deleted meanwhile */
-        const void *page = tqkv_page_ref_data(ref);
-        size_t len = tqkv_page_ref_len(ref);
-        tqkv_page_info_t info;
-        char why[128];
-        if (tqkv_page_validate(page, len, 0, &info, why, sizeof why) != TQKV_OK) {
-            tqkv_page_ref_release(ref);
-            continue;
-        }
-        tqkv_hash_t h = {.len = (uint8_t)k->hash_len}, ph = {.len = (uint8_t)k->parent_len};
-        memcpy(h.bytes, k->hash, k->hash_len);
-        if (k->parent)
-            memcpy(ph.bytes, k->parent, k->parent_len);
-        tqkv_put_block_t b = {.ns = k->ns,
-                              .hash = &h,
-                              .parent = k->parent ? &ph : NULL,
-                              .layer = k->layer,
-                              .shape = info.shape,
-                              .page = page,
-                              .page_len = len};
-        tqkv_status_t st = tqkv_client_put_block(p, &b);
-        tqkv_page_ref_release(ref);
+        size_t len = 0;
+        tqkv_status_t st = tqkv__put_stored_page(s->store, p, k, &len);
+        if (st == TQKV_ENOTFOUND)
+            continue; /* evicted or deleted meanwhile, or not a page to send */
         if (st != TQKV_OK) {
             stop = "no live peer";
             refused = 1; /* this page too: counted as failed below */

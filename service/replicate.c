@@ -42,7 +42,6 @@
 
 #define REPL_BATCH 512       /* hashes per Lookup, pages per Put stream */
 #define REPL_LOOKUP_BYTES 80 /* what one Lookup hash costs on the wire, both ways */
-#define REPL_NS_MAX 1024     /* longer namespaces are left alone */
 #define REPL_NAME_MAX 300
 
 typedef struct repl_pass {
@@ -109,6 +108,43 @@ fail(repl_pass_t *p, const char *what)
         snprintf(p->err, sizeof p->err, "%s: %s", what, tqkv_client_last_error()->message);
 }
 
+tqkv_status_t
+tqkv__put_stored_page(tqkv_store_t *store, tqkv_put_t *put, const tqkv_store_key_out_t *k,
+                      size_t *len)
+{
+    *len = 0;
+    if (k->hash_len < 8 || k->hash_len > TQKV_HASH_MAX ||
+        (k->parent && (k->parent_len < 8 || k->parent_len > TQKV_HASH_MAX)))
+        return TQKV_ENOTFOUND;
+    tqkv_block_key_t key = {k->ns, k->ns_len, k->hash, k->hash_len, k->layer};
+    tqkv_page_ref_t *ref = NULL;
+    if (tqkv_store_get(store, &key, &ref) != TQKV_OK)
+        return TQKV_ENOTFOUND; /* evicted or deleted meanwhile */
+    const void *page = tqkv_page_ref_data(ref);
+    size_t n = tqkv_page_ref_len(ref);
+    tqkv_page_info_t info;
+    if (tqkv_page_validate(page, n, 0, &info, NULL, 0) != TQKV_OK) {
+        tqkv_page_ref_release(ref);
+        return TQKV_ENOTFOUND;
+    }
+    tqkv_hash_t h = {.len = (uint8_t)k->hash_len}, ph = {.len = (uint8_t)k->parent_len};
+    memcpy(h.bytes, k->hash, k->hash_len);
+    if (k->parent)
+        memcpy(ph.bytes, k->parent, k->parent_len);
+    tqkv_put_block_t b = {.ns = k->ns, /* export's namespaces end in a NUL */
+                          .hash = &h,
+                          .parent = k->parent ? &ph : NULL,
+                          .layer = k->layer,
+                          .shape = info.shape,
+                          .page = page,
+                          .page_len = n};
+    tqkv_status_t st = tqkv_client_put_block(put, &b);
+    tqkv_page_ref_release(ref);
+    if (st == TQKV_OK)
+        *len = n;
+    return st;
+}
+
 /* Puts the pages c[0..n) (blocks the partner lacks) to the partner. */
 static int
 put_pages(repl_pass_t *p, const cand_t *c, size_t n)
@@ -121,36 +157,10 @@ put_pages(repl_pass_t *p, const cand_t *c, size_t n)
         return 0;
     }
     for (size_t i = 0; i < n && rc == 0; i++) {
-        const tqkv_store_key_out_t *k = c[i].k;
-        if (k->parent && (k->parent_len < 8 || k->parent_len > TQKV_HASH_MAX))
+        size_t len = 0;
+        tqkv_status_t st = tqkv__put_stored_page(store, put, c[i].k, &len);
+        if (st == TQKV_ENOTFOUND)
             continue;
-        tqkv_block_key_t key = {k->ns, k->ns_len, k->hash, k->hash_len, k->layer};
-        tqkv_page_ref_t *ref = NULL;
-        if (tqkv_store_get(store, &key, &ref) != TQKV_OK)
-            continue; /* evicted or deleted meanwhile */
-        const void *page = tqkv_page_ref_data(ref);
-        size_t len = tqkv_page_ref_len(ref);
-        tqkv_page_info_t info;
-        if (tqkv_page_validate(page, len, 0, &info, NULL, 0) != TQKV_OK) {
-            tqkv_page_ref_release(ref);
-            continue;
-        }
-        tqkv_hash_t h = {.len = (uint8_t)k->hash_len}, ph = {.len = (uint8_t)k->parent_len};
-        memcpy(h.bytes, k->hash, k->hash_len);
-        if (k->parent)
-            memcpy(ph.bytes, k->parent, k->parent_len);
-        char ns[REPL_NS_MAX + 1];
-        memcpy(ns, k->ns, k->ns_len);
-        ns[k->ns_len] = '\0';
-        tqkv_put_block_t b = {.ns = ns,
-                              .hash = &h,
-                              .parent = k->parent ? &ph : NULL,
-                              .layer = k->layer,
-                              .shape = info.shape,
-                              .page = page,
-                              .page_len = len};
-        tqkv_status_t st = tqkv_client_put_block(put, &b);
-        tqkv_page_ref_release(ref);
         if (st != TQKV_OK) {
             fail(p, "put");
             break;
@@ -175,12 +185,10 @@ do_ns(repl_pass_t *p, const cand_t *c, size_t n)
     size_t *first = malloc((REPL_BATCH + 1) * sizeof *first);
     uint8_t *tiers = malloc(REPL_BATCH);
     cand_t *lack = malloc(n * sizeof *lack);
-    char ns[REPL_NS_MAX + 1];
+    const char *ns = c[0].k->ns; /* export's namespaces end in a NUL */
     int rc = 0;
     if (!hs || !first || !tiers || !lack)
         goto out;
-    memcpy(ns, c[0].k->ns, c[0].k->ns_len);
-    ns[c[0].k->ns_len] = '\0';
     for (size_t i = 0; i < n && rc == 0;) {
         size_t nb = 0, j = i, nl = 0;
         while (j < n && nb < REPL_BATCH) { /* the next REPL_BATCH blocks */
@@ -274,14 +282,11 @@ tqkv__repl_pass(tqkv__fwd_t *f, uint64_t rate)
      * the two is a peer with a known node id. */
     for (size_t i = 0; c && i < n; i++) {
         const tqkv_store_key_out_t *k = &keys[i];
-        if (k->hash_len < 8 || k->hash_len > TQKV_HASH_MAX || k->ns_len > REPL_NS_MAX)
+        if (k->hash_len < 8 || k->hash_len > TQKV_HASH_MAX)
             continue;
-        char ns[REPL_NS_MAX + 1];
-        memcpy(ns, k->ns, k->ns_len);
-        ns[k->ns_len] = '\0';
         uint32_t top[2];
         tqkv_shard_top(rk.ids, sizeof *rk.ids, rk.n + 1,
-                       tqkv_shard_block_key(ns, k->hash, k->hash_len), 2, top);
+                       tqkv_shard_block_key(k->ns, k->hash, k->hash_len), 2, top);
         uint32_t other = top[0] == rk.n ? top[1] : top[1] == rk.n ? top[0] : UINT32_MAX;
         if (other != UINT32_MAX && rk.known[other])
             c[nc++] = (cand_t){.peer = other, .k = k};
