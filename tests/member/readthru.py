@@ -613,15 +613,7 @@ def scaleout(cl, rng):
                    "gRPC Get through the new pod 3: %d of 480 found, %d byte-identical "
                    "(%d read through as its own)" % (len(got), same, rt))
     if LIBTQKV and os.path.exists(LIBTQKV):
-        os.environ["TQKV_LIBRARY"] = LIBTQKV
-        # the Python package, under another name: "tqkv" is the grpcio stubs' package here
-        pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "transport",
-                           "python", "tqkv")
-        spec = importlib.util.spec_from_file_location(
-            "tqkv_client", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
-        tqkv = importlib.util.module_from_spec(spec)
-        sys.modules["tqkv_client"] = tqkv
-        spec.loader.exec_module(tqkv)
+        tqkv = load_client()
         c = tqkv.Client(["%s:%d" % (cl.host(3), cl.port)], transport="tcp", read_repair=False)
         try:
             rt0 = cl.metric(3, 'tqkv_readthru_requests_total{method="Get"}')
