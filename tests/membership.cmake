@@ -72,12 +72,14 @@ if(TARGET tqkv-server AND TARGET tqkv-bench AND EXISTS /usr/bin/python3)
   # join, a leave). Asserts 0 wrong pages, 0 errors outside fault windows, hit rate back
   # within 10 s, at most 2 s without progress per fault for tqkv-bench and the Python
   # client (libtqkv's failure detection, client_health.c); plots the hit rate with the
-  # faults shaded. Needs root (ip netns, tc): skipped (77) otherwise.
+  # faults shaded. The servers re-replicate (--replicate-bytes-per-s 32M), as deployed
+  # clusters with R = 2 should. Needs root (ip netns, tc): skipped (77) otherwise.
   # The 10-minute version: docs/cluster.md.
   add_test(NAME member_nemesis
     COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/member/nemesis.py
             $<TARGET_FILE:tqkv-server> $<TARGET_FILE:tqkv-bench> ${PROJECT_SOURCE_DIR}/proto
-            ${CMAKE_CURRENT_BINARY_DIR}/nemesis --servers 8 --duration 150 --expect-stall-s 2)
+            ${CMAKE_CURRENT_BINARY_DIR}/nemesis --servers 8 --duration 150 --expect-stall-s 2
+            --replicate-bytes-per-s 32M)
   set_tests_properties(member_nemesis PROPERTIES LABELS "nemesis;shard" TIMEOUT 480
     SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
   if(TARGET tqkv_shared)
