@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # seed_sweep.sh - runs the seed-dependent Check suites (the ones whose inputs come from
-# TQKV_TEST_SEED, tests/check_main.h) under many fresh seeds, first on an idle machine,
-# then beside a CPU hog (one busy loop), and prints one line per run and a summary. A
-# statistical bound that fails for some honest seed is a bug in the bound (or the code):
+# TQKV_TEST_SEED, tests/check_main.h) under many fresh seeds, on an idle machine and
+# beside a CPU hog (one busy loop; the two kinds of run alternate while both are left),
+# and prints one line per run and a summary. A statistical bound that fails for some honest seed is a bug in the bound (or the code):
 # the failing seed is printed, so `TQKV_TEST_SEED=<seed> ctest -R <test>` replays it.
 # Not registered in CTest (it takes minutes); docs/testing.md has the last table.
 #
@@ -39,11 +39,20 @@ trap 'exit 1' INT TERM
 
 runs=0
 bad=0
+# Hog and idle runs alternate (while both are left), so a sweep cut short has some of each.
+idle_left=$IDLE
+hog_left=$HOG
 for ((i = 0; i < IDLE + HOG; i++)); do
   mode=idle
-  if [ "$i" -ge "$IDLE" ]; then
+  if [ "$hog_left" -gt 0 ] && { [ "$idle_left" -eq 0 ] || [ $((i % 2)) -eq 1 ]; }; then
     mode=hog
+  fi
+  if [ "$mode" = hog ]; then
+    hog_left=$((hog_left - 1))
     [ -n "$hog_pid" ] || { sh -c 'while :; do :; done' & hog_pid=$!; }
+  else
+    idle_left=$((idle_left - 1))
+    stop_hog
   fi
   next_seed
   log=$(mktemp)
