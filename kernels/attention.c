@@ -154,9 +154,15 @@ tqkv__attn_task_scalar(const tqkv__attn_task_t *tk)
                 for (uint32_t s = 0; s < tk->nk; s++) {
                     const tqkv__attn_stream_t *st = &tk->k[s];
                     const float *qv = tk->qk[s] + (size_t)h * st->gdim;
-                    float dot = 0.0f;
+                    /* 8 partial sums, as the AVX2 kernel's lanes: one running f32 sum
+                     * over 128 products drifted to 1.5e-5 of the oracle on outlier keys
+                     * (check_attention center_decision, 9 of 88 seeds over the 1e-5
+                     * contract; 8 sums: at most 6.7e-6, as AVX2) */
+                    float d8[8] = {0};
                     for (uint32_t j = 0; j < st->gdim; j++)
-                        dot += qv[j] * stream_field(st, t0 + i, j);
+                        d8[j & 7] += qv[j] * stream_field(st, t0 + i, j);
+                    float dot =
+                        ((d8[0] + d8[4]) + (d8[1] + d8[5])) + ((d8[2] + d8[6]) + (d8[3] + d8[7]));
                     score += st->coef[t0 + i] * dot;
                 }
                 sc[h * TQKV__ATTN_TILE + i] = score;

@@ -2,21 +2,24 @@
  *
  * The table holds, per token, only its SHA-256 digest (OpenSSL's EVP), its permissions
  * and its namespace grants. A check hashes the presented token once and compares it with
- * EVERY entry's digest in constant time, selecting the match with masks, so the time
- * taken does not depend on which entry (if any) matched or on how many leading bytes
- * agreed. The table is immutable after tqkv_auth_load, so concurrent checks need no lock;
- * its lifetime is a reference count (the server's current table, plus one per call that
- * started with it).
+ * EVERY entry's digest with OpenSSL's CRYPTO_memcmp (whose time depends on the length
+ * alone), selecting the match with masks, so the time taken does not depend on which
+ * entry (if any) matched or on how many leading bytes agreed (tqkv__auth_scan; the unit
+ * test counts its comparisons, tests/bench/auth_scan_bench.c times it). The table is immutable
+ * after tqkv_auth_load, so concurrent checks need no lock; its lifetime is a reference count (the
+ * server's current table, plus one per call that started with it).
  */
 #include "service/auth.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "kernels/errtext.h"
@@ -359,15 +362,28 @@ parse_bearer(const char *h, size_t n, const char **tok, size_t *toklen)
     return 0;
 }
 
-/* Constant-time equality of two 32-byte digests: 1 or 0, without data-dependent branches. */
-static unsigned
-digest_eq(const uint8_t *a, const uint8_t *b)
+/* The index of the entry whose digest is d, or a->n when none is. Every entry's digest
+ * is compared in full through cmp (CRYPTO_memcmp in the server), in table order, and the
+ * match is kept with masks instead of a break, so the sequence of comparisons is the same
+ * whichever entry matches. cmp's result is read as 0 (equal) or any other int (unequal),
+ * without a branch. A parameter so that the unit test can count the comparisons; not in
+ * auth.h. */
+size_t tqkv__auth_scan(const tqkv_auth_t *a, const uint8_t d[32],
+                       int (*cmp)(const void *, const void *, size_t));
+
+size_t
+tqkv__auth_scan(const tqkv_auth_t *a, const uint8_t d[32],
+                int (*cmp)(const void *, const void *, size_t))
 {
-    unsigned diff = 0;
-    for (int i = 0; i < 32; i++)
-        diff |= (unsigned)(a[i] ^ b[i]);
-    /* diff in 0..255: (diff - 1) >> 8 has its low bit set only when diff == 0. */
-    return ((diff - 1u) >> 8) & 1u;
+    size_t match = a->n;
+    for (size_t i = 0; i < a->n; i++) {
+        unsigned r = (unsigned)cmp(d, a->e[i].digest, 32);
+        /* r | -r has its top bit set exactly when r != 0. */
+        size_t eq = 1u ^ ((r | (0u - r)) >> (sizeof(unsigned) * CHAR_BIT - 1));
+        size_t m = (size_t)0 - eq; /* all ones when equal */
+        match = (match & ~m) | (i & m);
+    }
+    return match;
 }
 
 tqkv_status_t
@@ -384,16 +400,8 @@ tqkv_auth_check(const tqkv_auth_t *a, const char *authz, size_t authz_len, const
     if (tqkv__auth_sha256(tok, toklen, d) != 0)
         return TQKV_EAUTH;
 
-    /* Scan every entry; remember the match with a mask instead of breaking out. */
-    size_t match = 0;
-    unsigned found = 0;
-    for (size_t i = 0; i < a->n; i++) {
-        unsigned eq = digest_eq(d, a->e[i].digest);
-        size_t m = (size_t)0 - (size_t)eq; /* all ones when eq */
-        match = (match & ~m) | (i & m);
-        found |= eq;
-    }
-    if (!found)
+    size_t match = tqkv__auth_scan(a, d, CRYPTO_memcmp);
+    if (match == a->n)
         return TQKV_EAUTH;
     const auth_entry_t *e = &a->e[match];
     if ((perm & ~e->perm) != 0) /* perm 0: the namespace grant alone */

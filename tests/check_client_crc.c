@@ -113,6 +113,7 @@ typedef struct proxy {
     char addr[64];
     pthread_t th;
     atomic_int stop;
+    pthread_mutex_t mu;  /* a flip, and arming or disarming, happen under it */
     atomic_int armed;    /* 1: flip big messages of the streams that began while armed */
     atomic_uint gen;     /* incremented by each px_arm */
     atomic_uint skip;    /* while armed: big messages of each stream to pass untouched */
@@ -163,8 +164,15 @@ px_grpc(proxy_t *px, px_dir_t *d, uint32_t sid, uint8_t *p, size_t n)
         }
         size_t take = (uint64_t)n < s->mlen - s->pos ? n : (size_t)(s->mlen - s->pos);
         if (s->target >= s->pos && s->target < s->pos + take) {
-            p[s->target - s->pos] ^= (uint8_t)(1u << (atomic_load(&px->flips) % 8));
-            atomic_fetch_add(&px->flips, 1);
+            /* Flipped only if still armed in the same generation: the tail of a Get the
+             * client cancelled, arriving after px_disarm or a new px_arm, passes intact,
+             * so the count cannot move once px_disarm has returned. */
+            pthread_mutex_lock(&px->mu);
+            if (atomic_load(&px->armed) && s->gen == atomic_load(&px->gen)) {
+                p[s->target - s->pos] ^= (uint8_t)(1u << (atomic_load(&px->flips) % 8));
+                atomic_fetch_add(&px->flips, 1);
+            }
+            pthread_mutex_unlock(&px->mu);
         }
         s->pos += take;
         p += take;
@@ -351,6 +359,7 @@ static void
 px_start(proxy_t *px, int up_port)
 {
     memset(px, 0, sizeof *px);
+    ck_assert_int_eq(pthread_mutex_init(&px->mu, NULL), 0);
     px->up_port = up_port;
     px->lfd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(px->lfd, 0);
@@ -374,31 +383,28 @@ px_stop(proxy_t *px)
         if (px->conns[i])
             px_close(px->conns[i]);
     close(px->lfd);
+    pthread_mutex_destroy(&px->mu);
 }
 
 static void
 px_arm(proxy_t *px, unsigned skip)
 {
+    pthread_mutex_lock(&px->mu);
     atomic_store(&px->skip, skip);
     atomic_fetch_add(&px->gen, 1);
     atomic_store(&px->armed, 1);
+    pthread_mutex_unlock(&px->mu);
 }
 
-/* Disarms, then waits until the proxy stops flipping: a message whose prefix was read
- * while armed is still flipped when its bytes arrive later (the tail of a Get the client
- * cancelled), so counts read right after the store could still move. */
+/* Disarms: once it returns no message is flipped (a flip in progress has finished; the
+ * proxy checks armed under the same lock before each flip), so counts read right after it
+ * stay put without waiting for the tail of a cancelled Get to drain. */
 static void
 px_disarm(proxy_t *px)
 {
+    pthread_mutex_lock(&px->mu);
     atomic_store(&px->armed, 0);
-    unsigned last = atomic_load(&px->flips), same = 0;
-    for (int i = 0; i < 200 && same < 8; i++) {
-        struct timespec ts = {0, 25 * 1000000};
-        nanosleep(&ts, NULL);
-        unsigned now = atomic_load(&px->flips);
-        same = now == last ? same + 1 : 0;
-        last = now;
-    }
+    pthread_mutex_unlock(&px->mu);
 }
 
 /* ---- clients, data, collection ---- */

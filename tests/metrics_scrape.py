@@ -252,13 +252,15 @@ class MetricsScrape(unittest.TestCase):
         cpu = (int(st[11]) + int(st[12])) / tck  # utime + stime
         self.assertAlmostEqual(val(s, "process_cpu_seconds_total"), cpu, delta=0.1)
 
-    def wait_lines(self, path, pred, what, timeout=10.0):
+    def wait_lines(self, path, pred, what, timeout=10.0, count=1):
+        """The lines of path for which pred holds, once there are at least count of them
+        (polled: the server appends them as the calls end)."""
         deadline = time.time() + timeout
         while True:
             with open(path) as f:
                 lines = json_lines(f.read(), os.path.basename(path))
             hits = [o for o in lines if pred(o)]
-            if hits:
+            if len(hits) >= count:
                 return hits
             if time.time() > deadline:
                 self.fail("%s never had %s; it has:\n%s" % (path, what, "\n".join(
@@ -330,11 +332,11 @@ class MetricsScrape(unittest.TestCase):
                                               key=bf16(k), value=bf16(k), num_layers=1)]),
                           timeout=30)
             self.stub.Stats(pb.StatsRequest(namespace=ns), timeout=30)
-        acc = self.wait_lines(self.srv.access, lambda o: o.get("tenant") == ns
-                              and o["method"] == "Stats", "the Stats calls")
-        time.sleep(0.2)
-        with open(self.srv.access) as f:
-            acc = [o for o in json_lines(f.read(), "access") if o.get("tenant") == ns]
+        # All six calls have returned; each one's "slow rpc" line is written before its
+        # access line (service/call.c, tqkv__call_log_end), so once the six access lines
+        # are there every slow line is too: no time to wait for.
+        acc = self.wait_lines(self.srv.access, lambda o: o.get("tenant") == ns,
+                              "the six calls", count=6)
         with open(self.srv.errpath) as f:
             slow = {o["request_id"]: o for o in json_lines(f.read(), "stderr")
                     if o["msg"] == "slow rpc" and o.get("tenant") == ns}

@@ -8,6 +8,16 @@ tqkv_check_suite(check_auth
   LABELS unit
   TIMEOUT 120)
 
+# The timing view of the constant-time token scan (check_auth counts its comparisons):
+# built always, registered as a test only in a bench build (a ratio of two timings).
+add_executable(auth_scan_bench ${PROJECT_SOURCE_DIR}/tests/bench/auth_scan_bench.c
+  ${PROJECT_SOURCE_DIR}/service/auth.c)
+target_link_libraries(auth_scan_bench PRIVATE tqkv_flags tqkv_kernels OpenSSL::Crypto)
+if(TQKV_BENCH_TESTS)
+  add_test(NAME auth_scan_bench COMMAND auth_scan_bench --max-ratio 2)
+  set_tests_properties(auth_scan_bench PROPERTIES LABELS "bench" TIMEOUT 120)
+endif()
+
 tqkv_check_suite(check_tls
   SOURCES ${PROJECT_SOURCE_DIR}/tests/check_tls.c ${PROJECT_SOURCE_DIR}/service/tls.c
   LIBS tqkv_kernels PkgConfig::GRPC OpenSSL::Crypto

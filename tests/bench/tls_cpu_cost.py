@@ -27,6 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_server import ServerProcess  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("bench")
 ap.add_argument("server")
@@ -49,14 +52,11 @@ subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_para
 
 
 def start(*extra):
-    p = subprocess.Popen([a.server, "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-                          "--dram-capacity", "2G", "--log-level", "warn", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in p.stdout:
-        m = re.search(r"listening on [^\s]+:(\d+)", line)
-        if m:
-            return p, int(m.group(1))
-    sys.exit("tqkv-server did not start")
+    """A tqkv-server (tests/support's ServerProcess) with data channels; (it, its port)."""
+    s = ServerProcess(a.server, ["--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+                                 "--dram-capacity", "2G", "--log-level", "warn", *extra],
+                      start_timeout=60)
+    return s, s.port
 
 
 def proc_cpu(pid):
@@ -90,7 +90,7 @@ def run(srv, port, tls):
         m = re.search(r"progress ([\d.]+)s.* ([\d.]+) pages/s", line)
         if m:
             samples.append((float(m.group(1)), float(m.group(2)),
-                            proc_cpu(srv.pid) + proc_cpu(p.pid)))
+                            proc_cpu(srv.proc.pid) + proc_cpu(p.pid)))
     out = p.stdout.read()
     p.wait()
     j = json.loads(out[out.index("{\"bf16_equiv_gbps\""):].splitlines()[0])
@@ -134,5 +134,4 @@ try:
               flush=True)
 finally:
     for p in (srv_p, srv_t):
-        p.terminate()
-        p.wait(30)
+        p.stop(30)

@@ -22,6 +22,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_server import ServerProcess  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("bench")
 ap.add_argument("server")
@@ -45,14 +48,11 @@ subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_para
 
 
 def start(*extra):
-    p = subprocess.Popen([a.server, "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-                          "--dram-capacity", a.dram, "--log-level", "warn", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    for line in p.stdout:
-        m = re.search(r"listening on [^\s]+:(\d+)", line)
-        if m:
-            return p, int(m.group(1))
-    sys.exit("tqkv-server did not start")
+    """A tqkv-server (tests/support's ServerProcess) with data channels; (it, its port)."""
+    s = ServerProcess(a.server, ["--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+                                 "--dram-capacity", a.dram, "--log-level", "warn", *extra],
+                      start_timeout=60)
+    return s, s.port
 
 
 def bench(port, tls, plain=None):
@@ -118,8 +118,7 @@ try:
               flush=True)
 finally:
     for p in (srv_p, srv_t):
-        p.terminate()
-        p.wait(30)
+        p.stop(30)
     if hog:
         hog.kill()
         hog.wait()

@@ -14,10 +14,12 @@ Child processes: test_faults.py --child put|get ADDR (used by the tests themselv
 """
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "security"))
@@ -82,10 +84,26 @@ def reference_intact(stub, hashes, layers=2, shape=SMALL):
             "%d/%d found, bad %s" % (sum(g.found for g in got), len(got), [b for b in bad if b]))
 
 
+def calls_done(srv, timeout=60):
+    """Waits for the event that the server has finished every call it had: the
+    tqkv_active_streams gauge at 0 on /metrics (the server needs --metrics-listen). Then a
+    check that it is alive follows the disconnects it processed, not a guessed time.
+    Returns the last gauge value (0.0 when done; None when there is no such series)."""
+    url = "http://127.0.0.1:%d/metrics" % H.metrics_port(srv)
+    deadline = time.monotonic() + timeout
+    while True:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        m = re.search(r"^tqkv_active_streams (\S+)$", text, re.M)
+        v = float(m.group(1)) if m else None
+        if v == 0 or v is None or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)
+
+
 # ---- tests ----
 
 def test_client_killed(r):
-    srv = H.Server("--dram-capacity", "256M")
+    srv = H.Server("--dram-capacity", "256M", "--metrics-listen", "127.0.0.1:0")
     stub = srv.stub()
     hashes, resp = put_reference(stub)
     r.check("reference blocks stored", resp.blocks_stored == len(hashes) * 2, str(resp))
@@ -98,7 +116,8 @@ def test_client_killed(r):
         p.kill()
         p.wait()
         r.check("round %d: child killed after %d Get messages" % (round_, seen), seen >= 2)
-    time.sleep(0.5)
+    left = calls_done(srv)
+    r.check("the server finished the killed clients' calls (%s active)" % left, left == 0)
     r.check("server alive after killed clients", srv.alive(), srv.stderr())
     ok, why = reference_intact(stub, hashes)
     r.check("reference data intact after killed clients", ok, why)
@@ -172,7 +191,14 @@ def test_server_killed_under_load(r):
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
+    # Under load until Puts and Gets have both completed a few times (an event, not 2 s:
+    # a loaded machine may not have run one Get in 2 s).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with lock:
+            if stats["puts"] >= 5 and stats["ok_gets"] >= 5:
+                break
+        time.sleep(0.05)
     before = dict(stats, errors=dict(stats["errors"]))
     srv.kill()  # SIGKILL under load
     time.sleep(0.3)
@@ -271,7 +297,7 @@ def test_memory_pressure(r):
 
 
 def test_slow_consumer(r):
-    srv = H.Server("--dram-capacity", "256M")
+    srv = H.Server("--dram-capacity", "256M", "--metrics-listen", "127.0.0.1:0")
     stub = srv.stub()
     hashes = [H.make_hash(i, b"slow") for i in range(16)]
     for layer in range(4):
@@ -300,7 +326,8 @@ def test_slow_consumer(r):
             0 < n < 16 * reps * 4)
     r.check("server RSS grew by %.0f MiB while %d MiB waited to be read (bound 96 MiB)" %
             ((peak - base) / MiB, total // MiB), peak - base <= 96 * MiB)
-    time.sleep(0.3)
+    left = calls_done(srv)
+    r.check("the server finished the cancelled Get (%s active)" % left, left == 0)
     ok = H.rpc_code(stub.Stats, pb.StatsRequest(namespace="slow"), timeout=10)
     r.check("server serves after the slow consumer cancels", ok == SC.OK and srv.alive(), str(ok))
     r.stop(srv)

@@ -342,6 +342,9 @@ class Fake:
                 time.sleep(0.3)
                 try:
                     s.sendall(b"\x5a" * 24)
+                    # the test waits for this line (the bytes are in its socket now)
+                    sys.stdout.write("late bytes sent\n")
+                    sys.stdout.flush()
                 except OSError:
                     pass
             threading.Thread(target=late, daemon=True).start()

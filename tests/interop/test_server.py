@@ -769,13 +769,9 @@ class StartupTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("TQKV_THREADS", p.stderr)
         env = dict(os.environ, TQKV_LISTEN="bad")
-        p = subprocess.Popen([SERVER, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env=env)
-        line = p.stdout.readline()
-        p.send_signal(signal.SIGTERM)
-        self.assertEqual(p.wait(timeout=30), 0)
-        p.stdout.close()
-        self.assertIn("listening on 127.0.0.1:", line)
+        p = ServerProcess(SERVER, ["--listen", "127.0.0.1:0"], env=env)  # the flag wins
+        self.assertTrue(p.listen_addr.startswith("127.0.0.1:"), p.listen_addr)
+        self.assertEqual(p.stop(), 0)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import unittest
 CODEC = os.environ.get("TQKV_CODEC")
 BENCH = os.environ.get("TQKV_BENCH")
 SERVER = os.environ.get("TQKV_SERVER")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_server import ServerProcess  # noqa: E402
 
 
 def run(*argv, timeout=120, fsize=None, **kw):
@@ -245,14 +246,6 @@ class Codec(unittest.TestCase):
         self.assertEqual(self.leftovers(), [])
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class Bench(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -338,17 +331,11 @@ class Bench(unittest.TestCase):
                  "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext")
         except (OSError, subprocess.CalledProcessError) as e:
             self.skipTest("openssl: %s" % e)
-        port = free_port()
-        srv = subprocess.Popen([SERVER, "--listen", "127.0.0.1:%d" % port, "--tls-cert",
-                                os.path.join(d, "srv.pem"), "--tls-key",
-                                os.path.join(d, "srv.key")], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+        srv = ServerProcess(SERVER, ["--listen", "127.0.0.1:0", "--tls-cert",
+                                     os.path.join(d, "srv.pem"), "--tls-key",
+                                     os.path.join(d, "srv.key")])
         try:
-            line = ""
-            while "listening on" not in line:
-                line = srv.stdout.readline()
-                self.assertTrue(line, "server did not start")
-            target = "127.0.0.1:%d" % port
+            target = srv.addr
             r = run(BENCH, "--target", target, "--model", "tiny", "--duration", 1,
                     "--no-baselines", timeout=40)
             self.assertEqual(r.returncode, 1, r.stderr)
@@ -365,12 +352,7 @@ class Bench(unittest.TestCase):
                     "--no-baselines", "--concurrency", 1, timeout=60, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
         finally:
-            srv.terminate()
-            try:
-                srv.wait(10)
-            except subprocess.TimeoutExpired:
-                srv.kill()
-                srv.wait()
+            srv.stop(timeout=10)
 
 
 if __name__ == "__main__":

@@ -39,18 +39,18 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.abspath(os.environ.get("TQKV_SOURCE_DIR") or os.path.join(here, "..", ".."))
 kubectl = os.environ.get("KUBECTL") or "kubectl"
+sys.path.insert(0, os.path.join(here, "..", "support"))
+from tqkv_server import ServerProcess, ServerStartError  # noqa: E402
 
 
 class Report:
@@ -986,75 +986,29 @@ def check_monitoring(objs, server_svcs, ns_name):
 # The real server with an overlay's ConfigMap as its environment.
 
 
-class Server:
-    """A tqkv-server child whose stdout and stderr are collected by two threads."""
-
-    def __init__(self, env, args):
-        base = {k: v for k, v in os.environ.items() if not k.startswith("TQKV_")}
-        base.update({k: js(v) for k, v in env.items()})
-        self.out = ""
-        self.err = ""
-        self.lock = threading.Condition()
-        self.proc = subprocess.Popen([os.environ["TQKV_SERVER"], *args], env=base, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.threads = [threading.Thread(target=self._pump, args=(self.proc.stdout, "out"), daemon=True),
-                        threading.Thread(target=self._pump, args=(self.proc.stderr, "err"), daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def _pump(self, stream, name):
-        for chunk in iter(lambda: stream.read1(65536), b""):
-            with self.lock:
-                setattr(self, name, getattr(self, name) + chunk.decode("utf-8", "replace"))
-                self.lock.notify_all()
-        with self.lock:
-            self.lock.notify_all()
-
-    def wait_for(self, pred, timeout):
-        """Waits until pred() (under the lock) is true or the process exits; pred's value."""
-        end = time.monotonic() + timeout
-        with self.lock:
-            while True:
-                v = pred()
-                if v or self.proc.poll() is not None:
-                    return v
-                left = end - time.monotonic()
-                if left <= 0:
-                    return v
-                self.lock.wait(min(left, 0.2))
-
-
 def run_server(env, args):
-    """Starts the server; ok when it printed 'listening on' and its metrics port (60 s)."""
-    s = Server(env, args)
-
-    def up():
-        m = re.search(r"metrics on port (\d+)", s.out)
-        return int(m[1]) if "listening on" in s.out and m else 0
-
-    port = s.wait_for(up, 60)
-    if port:
-        return {"started": True, "metrics_port": port, "srv": s}
-    if s.proc.poll() is None:
-        why = "no 'listening on' line in 60 s"
-        s.proc.kill()
-        s.proc.wait()
-    else:
-        why = f"exited with {s.proc.returncode}"
-    for t in s.threads:
-        t.join(5)
-    return {"started": False, "why": why, "srv": s}
+    """Starts the server (tests/support's ServerProcess) with the overlay's TQKV_* variables
+    as its only ones; ok when it printed 'listening on' and its metrics port (60 s). "err":
+    its stderr when it did not start."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TQKV_")}
+    base.update({k: js(v) for k, v in env.items()})
+    try:
+        s = ServerProcess(os.environ["TQKV_SERVER"], args, env=base, start_timeout=60,
+                          want_metrics=True, drain_stdout=True)
+    except ServerStartError as e:
+        return {"started": False, "why": e.why, "err": e.stderr}
+    if not s.metrics_port:
+        s.kill()
+        s.close()
+        return {"started": False, "why": "no 'metrics on port' line", "err": s.stderr_text()}
+    return {"started": True, "metrics_port": s.metrics_port, "srv": s, "err": ""}
 
 
 def data_channel_port(s):
     """The data channel port the server logged ("TCP data channels" ... port=N, text or
-    JSON; on stderr, possibly just after the listening line)."""
-
-    def found():
-        m = re.search(r'TCP data channels[^\n]*?\bport["=:]+"?(\d+)', s.err)
-        return int(m[1]) if m else 0
-
-    return s.wait_for(found, 5)
+    JSON; on stderr, possibly just after the listening line): waits for the line (5 s)."""
+    m = s.wait_stderr(r'TCP data channels.*?\bport["=:]+"?(\d+)', 5)
+    return int(m[1]) if m else 0
 
 
 def http_get(port, path):
@@ -1122,14 +1076,14 @@ def server_accepts(variant, env_in, trial):
 def _server_accepts(variant, W, env, args, trial, disk_dir):
     r = run_server(env, args)
     note = ""
-    if not r["started"] and env.get("TQKV_DEVICE") is not None and re.search(r"CUDA|device", r["srv"].err, re.I):
+    if not r["started"] and env.get("TQKV_DEVICE") is not None and re.search(r"CUDA|device", r["err"], re.I):
         e2 = dict(env, TQKV_HBM_STANDIN="true")
         del e2["TQKV_DEVICE"]
         note = " (HBM stand-in: no GPU or no CUDA build here)"
         r = run_server(e2, args)
-    s = r["srv"]
-    if not expect(r["started"], W, f"server did not start: {r.get('why')}: {tail_lines(s.err, 2)}"):
+    if not expect(r["started"], W, f"server did not start: {r.get('why')}: {tail_lines(r['err'], 2)}"):
         return
+    s = r["srv"]
     try:
         status, body = http_get(r["metrics_port"], "/metrics")
         expect(status == 200 and re.search(r'\ntqkv_tier_capacity_bytes\{tier="dram"\} 67108864\n', body), W,
@@ -1143,8 +1097,7 @@ def _server_accepts(variant, W, env, args, trial, disk_dir):
         expect((m[1] if m else None) == ("1" if env.get("TQKV_AUTH_TOKENS") else "0"), W,
                "token file loaded (tqkv_credential_reloads_total)")
         if env.get("TQKV_TLS_CERT"):
-            pm = re.search(r"listening on [^\s]*:(\d+)", s.out)
-            port = int(pm[1]) if pm else 0
+            port = s.port
             pod_name = "tqkv-0.tqkv-headless.tqkv.svc"
             t = tls_verifies(port, trial["ca"], pod_name)
             expect(t["ok"] and t.get("alpn") == "h2", W,
@@ -1159,22 +1112,14 @@ def _server_accepts(variant, W, env, args, trial, disk_dir):
             if env.get("TQKV_DATA_LISTEN"):
                 # The data channel listener speaks TLS 1.3 with the same certificate.
                 dport = data_channel_port(s)
-                if expect(dport > 0, W, f'a "TCP data channels" log line with the port: {tail_lines(s.err, 2)}'):
+                if expect(dport > 0, W, f'a "TCP data channels" log line with the port: {tail_lines(s.stderr_text(), 2)}'):
                     d = tls_verifies(dport, trial["ca"], pod_name, None)
                     expect(d["ok"] and d.get("version") == "TLSv1.3", W,
                            f"TLS 1.3 data channel as a client would see it (pod DNS name, trial CA): {json.dumps(d)}")
                     dw = tls_verifies(dport, trial["cert"], pod_name, None)
                     expect(not dw["ok"], W, "a data channel client trusting another CA is refused")
     finally:
-        s.proc.send_signal(signal.SIGTERM)
-        try:
-            code = s.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait()
-            code = "timeout"
-        for t in s.threads:
-            t.join(5)
+        code = s.stop(timeout=60)
     expect(code == 0, W, f"exit status {code} after SIGTERM")
     if disk_dir:
         expect(re.search(r'\ntqkv_tier_capacity_bytes\{tier="disk"\} 67108864\n', body), W, "disk tier configured")

@@ -6,8 +6,11 @@ or JSON log lines), keeps its stderr lines (stderr_lines, log_tail; or, with std
 stderr goes to that file: stderr_text) and, with drain_stdout, its later stdout lines
 (stdout_lines), and stops it with SIGTERM (stop: the exit code, or a "hung (killed ...)"
 string after timeout) or SIGKILL (kill). The start-up wait is bounded by the server's own
-output (readline), not by sleeps. The one fixture every Python test starts servers with:
-subclasses add their clients (a grpc channel and stub, a data-channel socket).
+output (readline), not by sleeps; a server that exits or never prints its port raises
+ServerStartError (why, the exit code, its stderr). wait_stderr waits for a log line (an
+event: the drain thread wakes it), not for a time. stdin is /dev/null. The one fixture
+every Python test starts servers with: subclasses add their clients (a grpc channel and
+stub, a data-channel socket).
 """
 
 import re
@@ -17,13 +20,29 @@ import threading
 import time
 
 
+class ServerStartError(RuntimeError):
+    """The server did not print its port: why ("exited with N", or no line in time), its
+    exit code (None when it was killed for hanging) and everything it wrote to stderr."""
+
+    def __init__(self, why, returncode, stderr):
+        super().__init__("server did not start (%s): %s" % (why, stderr))
+        self.why, self.returncode, self.stderr = why, returncode, stderr
+
+
 class ServerProcess:
     def __init__(self, server, args, env=None, start_timeout=30, want_metrics=False,
                  drain_stdout=False, stderr_path=None):
         self.stderr_path = stderr_path
         self._errf = open(stderr_path, "w") if stderr_path else None
-        self.proc = subprocess.Popen([server] + list(args), stdout=subprocess.PIPE,
-                                     stderr=self._errf or subprocess.PIPE, text=True, env=env)
+        self._cv = threading.Condition()
+        self.proc = subprocess.Popen([server] + list(args), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=self._errf or subprocess.PIPE,
+                                     text=True, env=env)
+        self._t = self._t2 = None
+        self.stderr_lines = []
+        if self.proc.stderr is not None:  # drained from the start: a full pipe never blocks it
+            self._t = threading.Thread(target=self._drain, daemon=True)
+            self._t.start()
         self.port = None
         self.metrics_port = None
         self.listen_addr = None  # the address as the listening line prints it
@@ -46,23 +65,60 @@ class ServerProcess:
             if m:
                 self.metrics_port = int(m.group(1))
         if self.port is None:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("server did not start: " + self.stderr_text())
+            try:  # stdout closed: the server is exiting
+                rc = self.proc.wait(timeout=10)
+                why = "exited with %d" % rc
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                rc, why = None, "no 'listening on' line in %ss" % start_timeout
+            if self._t is not None:
+                self._t.join(timeout=5)
+            err = self.stderr_text()
+            self.close()
+            raise ServerStartError(why, rc, err)
         self.addr = "127.0.0.1:%d" % self.port
-        self.stderr_lines = []
-        self._t = None
-        if self.proc.stderr is not None:
-            self._t = threading.Thread(target=self._drain, daemon=True)
-            self._t.start()
-        self._t2 = None
         if drain_stdout:  # a server that keeps printing must not block on a full pipe
             self._t2 = threading.Thread(target=self._drain_out, daemon=True)
             self._t2.start()
 
     def _drain(self):
         for line in self.proc.stderr:
-            self.stderr_lines.append(line)
+            with self._cv:
+                self.stderr_lines.append(line)
+                self._cv.notify_all()
+        with self._cv:
+            self._cv.notify_all()
+
+    def wait_stderr(self, pattern, timeout=30):
+        """The first re.search(pattern) match in a stderr line, waiting up to timeout for
+        the line to be written (woken by each new line); None when the server exits or the
+        time runs out first."""
+        rx = re.compile(pattern)
+        end = time.monotonic() + timeout
+        seen = 0
+        while True:
+            # Checked before the scan: a line written just before the exit is still seen.
+            done = self.proc.poll() is not None and (self._t is None or not self._t.is_alive())
+            if self._errf is not None:  # stderr in a file: read what is there
+                lines, seen = self.stderr_text().splitlines(), 0
+            else:
+                with self._cv:
+                    lines = self.stderr_lines[seen:]
+            for line in lines:
+                m = rx.search(line)
+                if m:
+                    return m
+            seen += len(lines)
+            left = end - time.monotonic()
+            if left <= 0 or done:
+                return None
+            if self._errf is not None:
+                time.sleep(min(left, 0.05))
+            else:
+                with self._cv:
+                    if len(self.stderr_lines) == seen:
+                        self._cv.wait(min(left, 1.0))
 
     def _drain_out(self):
         for line in self.proc.stdout:
@@ -75,9 +131,8 @@ class ServerProcess:
                 self._errf.flush()
             with open(self.stderr_path, errors="replace") as f:
                 return f.read()
-        if self._t is None:  # before start-up finished: the pipe itself
-            return self.proc.stderr.read()
-        return "".join(self.stderr_lines)
+        with self._cv:
+            return "".join(self.stderr_lines)
 
     def stop(self, timeout=30):
         """SIGTERM, then the exit code; a server still running after timeout is killed
