@@ -1,6 +1,6 @@
 /* page_internal.h - the SIMD kernels behind tqkv_page_encode/decode (tqkv__, not API):
- * shared by kernels/page*.c and crc32c_sse42.c only (attention.c: tqkv__page_seterr). The
- * public page API is kernels/page.h.
+ * shared by kernels/page*.c and crc32c_sse42.c only. The public page API is
+ * kernels/page.h.
  */
 #ifndef TQKV_KERNELS_PAGE_INTERNAL_H
 #define TQKV_KERNELS_PAGE_INTERNAL_H
@@ -108,9 +108,6 @@ typedef struct tqkv__group_ctx {
 
 /* The kernel table: set up once (pthread_once), returns borrowed static storage. */
 const tqkv__page_kernels_t *tqkv__page_kernels(void);
-/* snprintf into err[errlen] when err is not NULL. */
-void tqkv__page_seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* "K", "V": tensor names in error messages. */
 extern const char *const tqkv__tensor_name[2];
 /* Builds the header (layout, parameters, crc 0) for shape and codec, after checking. */
