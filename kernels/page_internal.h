@@ -83,6 +83,15 @@ void tqkv__rows_matmul_avx2(const float *a, uint32_t g, const float *x, float *y
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
+/* The BF16 scale of an encoded row of norm s, sg = sqrtf(g): s / sg, or with norm
+ * correction s / |z| for the row's centroid vector z of squared norm zn2 (s / sg when zn2
+ * is 0). The one formula of the SIMD encoders. */
+static inline uint16_t
+tqkv__row_scale(float s, float sg, int norm_corrected, float zn2)
+{
+    return tqkv_scale_to_bf16(norm_corrected && zn2 > 0 ? s / sqrtf(zn2) : s / sg);
+}
+
 /* The run-time kernel table of the page codec (page.c), chosen once. */
 typedef struct tqkv__page_kernels {
     const char *isa;
