@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "kernels/cpu.h"
-#include "kernels/page_internal.h"
+#include "kernels/errtext.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
@@ -241,38 +241,30 @@ tqkv_attn_check_pages(const void *const *pages, const size_t *page_lens, size_t 
     uint32_t H = 0, D = 0;
     uint64_t total = 0;
     char why[160];
-    if (!pages || !page_lens || n_pages == 0) {
-        tqkv__page_seterr(err, errlen, "no pages");
-        return TQKV_EINVAL;
-    }
+    if (!pages || !page_lens || n_pages == 0)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "no pages");
     for (size_t p = 0; p < n_pages; p++) {
         tqkv_page_info_t info;
         tqkv_status_t st;
-        if (!pages[p]) {
-            tqkv__page_seterr(err, errlen, "page %zu is NULL", p);
-            return TQKV_EINVAL;
-        }
+        if (!pages[p])
+            return tqkv_errtext(TQKV_EINVAL, err, errlen, "page %zu is NULL", p);
         why[0] = '\0';
         st = tqkv_page_validate(pages[p], page_lens[p], check_crc, &info, why, sizeof why);
-        if (st != TQKV_OK) {
-            tqkv__page_seterr(err, errlen, "page %zu: %s", p, why[0] ? why : tqkv_strerror(st));
-            return st;
-        }
-        if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0) {
-            tqkv__page_seterr(err, errlen, "page %zu holds no %s", p,
-                              info.codec.k.bits_x2 == 0 ? "keys" : "values");
-            return TQKV_EINVAL;
-        }
+        if (st != TQKV_OK)
+            return tqkv_errtext(st, err, errlen, "page %zu: %s", p,
+                                why[0] ? why : tqkv_strerror(st));
+        if (info.codec.k.bits_x2 == 0 || info.codec.v.bits_x2 == 0)
+            return tqkv_errtext(TQKV_EINVAL, err, errlen, "page %zu holds no %s", p,
+                                info.codec.k.bits_x2 == 0 ? "keys" : "values");
         if (p == 0) {
             H = info.shape.num_kv_heads;
             D = info.shape.head_dim;
         } else if (info.shape.num_kv_heads != H || info.shape.head_dim != D) {
-            tqkv__page_seterr(
-                err, errlen,
+            return tqkv_errtext(
+                TQKV_EINVAL, err, errlen,
                 "page %zu has %u KV heads x head_dim %u, page 0 has %u x %u: pages of one "
                 "sequence must match",
                 p, info.shape.num_kv_heads, info.shape.head_dim, H, D);
-            return TQKV_EINVAL;
         }
         total += info.shape.num_tokens;
     }
@@ -759,24 +751,19 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         tqkv_attn_opts_default(&dflt);
         opts = &dflt;
     }
-    if (!q || !out || num_q_heads == 0) {
-        tqkv__page_seterr(err, errlen, "NULL query/output or zero query heads");
-        return TQKV_EINVAL;
-    }
+    if (!q || !out || num_q_heads == 0)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "NULL query/output or zero query heads");
     memset(&c, 0, sizeof c);
     st = tqkv_attn_check_pages(pages, page_lens, n_pages, opts->check_crc, &c.H, &c.D, &total, err,
                                errlen);
     if (st != TQKV_OK)
         return st;
-    if (num_q_heads % c.H != 0) {
-        tqkv__page_seterr(err, errlen, "%u query heads is not a multiple of the pages' %u KV heads",
-                          num_q_heads, c.H);
-        return TQKV_EINVAL;
-    }
-    if (total == 0) {
-        tqkv__page_seterr(err, errlen, "the pages hold no tokens");
-        return TQKV_EINVAL;
-    }
+    if (num_q_heads % c.H != 0)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "%u query heads is not a multiple of the pages' %u KV heads",
+                            num_q_heads, c.H);
+    if (total == 0)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "the pages hold no tokens");
     c.q = q;
     c.HQ = num_q_heads;
     c.G = num_q_heads / c.H;
@@ -794,7 +781,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     mem = malloc(sizeof(double) * c.n_splits * (size_t)c.HQ * (2 + c.D));
     if (!starts || !c.splits || !mem) {
         st = TQKV_ENOMEM;
-        tqkv__page_seterr(err, errlen, "out of memory");
+        st = tqkv_errtext(st, err, errlen, "out of memory");
         goto done;
     }
     starts[0] = 0;
@@ -818,7 +805,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
     if (nthreads <= 1) {
         attn_ws_t w;
         if ((st = ws_alloc(&w, c.G, c.D, c.max_item_tokens)) != TQKV_OK) {
-            tqkv__page_seterr(err, errlen, "out of memory");
+            st = tqkv_errtext(st, err, errlen, "out of memory");
             goto done;
         }
         for (size_t s = 0; s < c.n_splits && st == TQKV_OK; s++)
@@ -829,7 +816,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         uint32_t started = 0;
         if (!th) {
             st = TQKV_ENOMEM;
-            tqkv__page_seterr(err, errlen, "out of memory");
+            st = tqkv_errtext(st, err, errlen, "out of memory");
             goto done;
         }
         pthread_mutex_init(&c.lock, NULL);
@@ -845,7 +832,7 @@ tqkv_attn_decode_ex(const float *q, uint32_t num_q_heads, const void *const *pag
         st = c.status;
     }
     if (st != TQKV_OK) {
-        tqkv__page_seterr(err, errlen, "%s",
+        st = tqkv_errtext(st, err, errlen, "%s",
                           st == TQKV_ECORRUPT ? "page outlier mask is corrupt" : tqkv_strerror(st));
         goto done;
     }

@@ -180,62 +180,80 @@ in_group(const uint8_t *mask, uint32_t c, uint32_t gi)
     return hi == (gi == 0 ? 1u : 0u);
 }
 
-static __global__ void
-__launch_bounds__(ATTN_TILE)
-    attn_packed_kernel(packed_params_t A, const void *const *__restrict__ pages,
-                       const float *__restrict__ q, partials_t P, uint32_t n_splits)
+/* Per-thread view of one packed block's work: the page's sections for head h and the
+ * block's shared-memory arrays (named as in packed_smem_t). */
+typedef struct packed_ctx {
+    tqkv_group_view_t kv[2], vv[2];
+    uint32_t goff_k[2], goff_v[2], lutoff[2]; /* group offsets in channels / table floats */
+    const uint8_t *kmask, *vmask;
+    const float *mu;             /* centered keys' mean or NULL */
+    const uint16_t *kraw, *vraw; /* lossless tensors or NULL */
+    uint32_t split, h, q0, nq;   /* nq: query heads of this block (<= A.qc) */
+    uint32_t t_begin, t_end;     /* the split's token range */
+    float *qk, *sq, *lut, *bias, *score, *vcoef, *acc, *accs;
+    float *mrun, *lrun, *alpha, *tmp, *red, *zv, *vpart;
+} packed_ctx_t;
+
+/* Resolves the block's page, split, groups and shared arrays into C. */
+static __device__ void
+packed_ctx_init(const packed_params_t &A, const void *const *__restrict__ pages, float *sm,
+                packed_ctx_t &C)
 {
-    TQKV_DYN_SMEM(float, sm);
     const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
-    const uint32_t split = blockIdx.x, h = blockIdx.y, q0 = blockIdx.z * A.qc;
-    const uint32_t page_i = split / A.splits_per_page, part = split % A.splits_per_page;
-    const uint32_t D = A.D, H = A.H, tid = threadIdx.x;
-    const uint32_t nq = min(A.qc, A.G - q0);
+    const uint32_t page_i = blockIdx.x / A.splits_per_page, part = blockIdx.x % A.splits_per_page;
     const uint8_t *page = (const uint8_t *)pages[page_i];
     const tqkv_page_header_t *hdr = (const tqkv_page_header_t *)page;
     const uint32_t Tp = hdr->num_tokens;
-    const uint32_t t_begin = part * SPLIT_TOKENS;
-    const uint32_t t_end = part + 1 == A.splits_per_page ? Tp : min(Tp, t_begin + SPLIT_TOKENS);
-    float *qk = sm + S.qk, *sq = sm + S.sq, *lut = sm + S.lut, *bias = sm + S.bias;
-    float *score = sm + S.score, *vcoef = sm + S.vcoef, *acc = sm + S.acc, *accs = sm + S.accs;
-    float *mrun = sm + S.m, *lrun = sm + S.l, *alpha = sm + S.alpha, *tmp = sm + S.tmp;
-    float *red = sm + S.red, *zv = sm + S.zv, *vpart = sm + S.part;
-    tqkv_group_view_t kv[2], vv[2];
-    uint32_t goff_k[2] = {0, 0}, goff_v[2] = {0, 0}, lutoff[2] = {0, 0};
-
+    C.split = blockIdx.x, C.h = blockIdx.y, C.q0 = blockIdx.z * A.qc;
+    C.nq = min(A.qc, A.G - C.q0);
+    C.t_begin = part * SPLIT_TOKENS;
+    C.t_end = part + 1 == A.splits_per_page ? Tp : min(Tp, C.t_begin + SPLIT_TOKENS);
+    C.qk = sm + S.qk, C.sq = sm + S.sq, C.lut = sm + S.lut, C.bias = sm + S.bias;
+    C.score = sm + S.score, C.vcoef = sm + S.vcoef, C.acc = sm + S.acc, C.accs = sm + S.accs;
+    C.mrun = sm + S.m, C.lrun = sm + S.l, C.alpha = sm + S.alpha, C.tmp = sm + S.tmp;
+    C.red = sm + S.red, C.zv = sm + S.zv, C.vpart = sm + S.part;
+    for (uint32_t i = 0; i < 2; i++)
+        C.goff_k[i] = C.goff_v[i] = C.lutoff[i] = 0;
     for (uint32_t gi = 0; gi < A.nk; gi++)
-        tqkv_page_group_view(page, TQKV_TENSOR_K, gi, &kv[gi]);
+        tqkv_page_group_view(page, TQKV_TENSOR_K, gi, &C.kv[gi]);
     for (uint32_t gi = 0; gi < A.nv; gi++)
-        tqkv_page_group_view(page, TQKV_TENSOR_V, gi, &vv[gi]);
+        tqkv_page_group_view(page, TQKV_TENSOR_V, gi, &C.vv[gi]);
     if (A.nk == 2) {
-        goff_k[1] = A.K[0].dim;
-        lutoff[1] = A.K[0].dim * A.K[0].n_centroids;
+        C.goff_k[1] = A.K[0].dim;
+        C.lutoff[1] = A.K[0].dim * A.K[0].n_centroids;
     }
     if (A.nv == 2)
-        goff_v[1] = A.V[0].dim;
-    const uint8_t *kmask = tqkv_page_mask(page, TQKV_TENSOR_K, h);
-    const uint8_t *vmask = tqkv_page_mask(page, TQKV_TENSOR_V, h);
-    const float *mu = tqkv_page_key_mean(page, h);
-    const uint16_t *kraw = A.k_raw ? tqkv_page_raw(page, TQKV_TENSOR_K) : 0;
-    const uint16_t *vraw = A.v_raw ? tqkv_page_raw(page, TQKV_TENSOR_V) : 0;
+        C.goff_v[1] = A.V[0].dim;
+    C.kmask = tqkv_page_mask(page, TQKV_TENSOR_K, C.h);
+    C.vmask = tqkv_page_mask(page, TQKV_TENSOR_V, C.h);
+    C.mu = tqkv_page_key_mean(page, C.h);
+    C.kraw = A.k_raw ? tqkv_page_raw(page, TQKV_TENSOR_K) : 0;
+    C.vraw = A.v_raw ? tqkv_page_raw(page, TQKV_TENSOR_V) : 0;
+}
 
-    /* 1. per query head: gather, rotate, tables, bias */
+/* Stage 1, per query head: reset the softmax state and accumulators, gather and rotate
+ * the query per K group, build the lookup tables and the centering bias; then load the
+ * V codebooks. Ends synchronized. */
+static __device__ void
+packed_prepare_queries(const packed_params_t &A, packed_ctx_t &C, const float *__restrict__ q)
+{
+    const uint32_t D = A.D, tid = threadIdx.x;
     for (uint32_t qi = 0; qi < A.qc; qi++) {
         if (tid == 0) {
-            mrun[qi] = -INFINITY;
-            lrun[qi] = 0.0f;
-            bias[qi] = 0.0f;
+            C.mrun[qi] = -INFINITY;
+            C.lrun[qi] = 0.0f;
+            C.bias[qi] = 0.0f;
         }
         for (uint32_t c = tid; c < D; c += blockDim.x) {
-            acc[qi * D + c] = 0.0f;
-            accs[qi * D + c] = 0.0f;
+            C.acc[qi * D + c] = 0.0f;
+            C.accs[qi * D + c] = 0.0f;
         }
-        if (qi >= nq)
+        if (qi >= C.nq)
             continue;
-        const float *qv = q + (size_t)(h * A.G + q0 + qi) * D;
-        if (kraw) {
+        const float *qv = q + (size_t)(C.h * A.G + C.q0 + qi) * D;
+        if (C.kraw) {
             for (uint32_t c = tid; c < D; c += blockDim.x)
-                qk[qi * D + c] = qv[c] * A.sm_scale;
+                C.qk[qi * D + c] = qv[c] * A.sm_scale;
             __syncthreads();
         }
         for (uint32_t gi = 0; gi < A.nk; gi++) {
@@ -243,221 +261,269 @@ __launch_bounds__(ATTN_TILE)
             if (tid == 0) {
                 uint32_t j = 0;
                 for (uint32_t c = 0; c < D; c++)
-                    if (in_group(kmask, c, gi))
-                        tmp[j++] = qv[c];
+                    if (in_group(C.kmask, c, gi))
+                        C.tmp[j++] = qv[c];
             }
             __syncthreads();
-            float *dst = qk + qi * D + goff_k[gi];
+            float *dst = C.qk + qi * D + C.goff_k[gi];
             if (A.K[gi].mse_bits)
-                block_rotate(A.K[gi], tmp, dst, 0);
+                block_rotate(A.K[gi], C.tmp, dst, 0);
             if (A.k_prod)
-                block_matvec(A.K[gi].qjl, tmp, sq + qi * D + goff_k[gi], A.K[gi].dim, 0);
+                block_matvec(A.K[gi].qjl, C.tmp, C.sq + qi * D + C.goff_k[gi], A.K[gi].dim, 0);
             uint32_t g = A.K[gi].dim, n = A.K[gi].n_centroids;
             for (uint32_t e = tid; e < g * n; e += blockDim.x)
-                lut[qi * A.lut_n + lutoff[gi] + e] =
-                    dst[e / n] * kv[gi].codebook[e % n] * A.sm_scale;
+                C.lut[qi * A.lut_n + C.lutoff[gi] + e] =
+                    dst[e / n] * C.kv[gi].codebook[e % n] * A.sm_scale;
             if (A.k_prod)
                 for (uint32_t j = tid; j < g; j += blockDim.x)
-                    sq[qi * D + goff_k[gi] + j] *= A.sm_scale;
+                    C.sq[qi * D + C.goff_k[gi] + j] *= A.sm_scale;
             __syncthreads();
         }
         if (tid == 0) {
             float b = 0.0f;
-            if (mu)
+            if (C.mu)
                 for (uint32_t c = 0; c < D; c++)
-                    b += qv[c] * mu[c];
-            bias[qi] = b * A.sm_scale;
+                    b += qv[c] * C.mu[c];
+            C.bias[qi] = b * A.sm_scale;
         }
     }
     for (uint32_t gi = 0; gi < A.nv; gi++)
-        for (uint32_t m = tid; m < vv[gi].L.n_centroids; m += blockDim.x)
-            zv[gi * 16 + m] = vv[gi].codebook[m];
+        for (uint32_t m = tid; m < C.vv[gi].L.n_centroids; m += blockDim.x)
+            C.zv[gi * 16 + m] = C.vv[gi].codebook[m];
     __syncthreads();
+}
 
-    /* 2. tiles of tokens */
-    for (uint32_t t0 = t_begin; t0 < t_end; t0 += ATTN_TILE) {
-        uint32_t tn = min((uint32_t)ATTN_TILE, t_end - t0);
-        uint32_t t = t0 + tid;
-        float s[QC];
-        for (uint32_t qi = 0; qi < QC; qi++)
-            s[qi] = -INFINITY;
-        if (tid < tn) {
-            uint64_t i = (uint64_t)t * H + h;
+/* Adds token row i's score for every query head to s: q . k for a lossless K, else per
+ * K group the table lookups times the token's scale plus the QJL term of prod keys. */
+static __device__ void
+packed_score_keys(const packed_params_t &A, const packed_ctx_t &C, uint64_t i, float s[QC])
+{
+    const uint32_t D = A.D, nq = C.nq;
+    if (C.kraw) {
+        const uint16_t *kr = C.kraw + i * D;
+        float a[QC] = {0.0f};
+        for (uint32_t c = 0; c < D; c++) {
+            float kc = tqkv_bf16_to_f32(kr[c]);
             for (uint32_t qi = 0; qi < QC; qi++)
-                s[qi] = qi < nq ? bias[qi] : -INFINITY;
-            if (kraw) {
-                const uint16_t *kr = kraw + i * D;
-                float a[QC] = {0.0f};
-                for (uint32_t c = 0; c < D; c++) {
-                    float kc = tqkv_bf16_to_f32(kr[c]);
-                    for (uint32_t qi = 0; qi < QC; qi++)
-                        if (qi < nq)
-                            a[qi] += qk[qi * D + c] * kc;
-                }
-                for (uint32_t qi = 0; qi < QC; qi++)
-                    s[qi] += a[qi];
-            }
-            for (uint32_t gi = 0; gi < A.nk; gi++) {
-                const tqkv_group_view_t &gv = kv[gi];
-                uint32_t g = gv.L.dim, b = gv.L.mse_bits, n = gv.L.n_centroids;
-                float a[QC] = {0.0f};
-                if (b) {
-                    const uint8_t *row = gv.idx + i * gv.L.idx_row_bytes;
-                    const float *L0 = lut + lutoff[gi];
-                    for (uint32_t j = 0; j < g; j++) {
-                        uint32_t k = tqkv_bits_get(row, j, b);
-                        for (uint32_t qi = 0; qi < QC; qi++)
-                            if (qi < nq)
-                                a[qi] += L0[qi * A.lut_n + j * n + k];
-                    }
-                }
-                float sc = tqkv_scale_get(gv.scale, i);
-                for (uint32_t qi = 0; qi < QC; qi++)
-                    s[qi] += sc * a[qi];
-                if (gv.signs) {
-                    const uint8_t *srow = gv.signs + i * gv.L.sign_row_bytes;
-                    float c2[QC] = {0.0f};
-                    for (uint32_t j = 0; j < g; j++) {
-                        int bit = (srow[j >> 3] >> (j & 7u)) & 1u;
-                        for (uint32_t qi = 0; qi < QC; qi++) {
-                            float v = qi < nq ? sq[qi * D + goff_k[gi] + j] : 0.0f;
-                            c2[qi] += bit ? v : -v;
-                        }
-                    }
-                    float coef =
-                        (float)TQKV_SQRT_HALF_PI / sqrtf((float)g) * tqkv_scale_get(gv.gamma, i);
-                    for (uint32_t qi = 0; qi < QC; qi++)
-                        s[qi] += coef * c2[qi];
-                }
-            }
-            for (uint32_t gi = 0; gi < A.nv; gi++) {
-                vcoef[(2 * gi) * ATTN_TILE + tid] = tqkv_scale_get(vv[gi].scale, i);
-                vcoef[(2 * gi + 1) * ATTN_TILE + tid] =
-                    vv[gi].gamma ? (float)TQKV_SQRT_HALF_PI / sqrtf((float)vv[gi].L.dim) *
-                                       tqkv_scale_get(vv[gi].gamma, i)
-                                 : 0.0f;
-            }
+                if (qi < nq)
+                    a[qi] += C.qk[qi * D + c] * kc;
         }
-        /* tile max per query head */
-        uint32_t lane = tid & 31u, warp = tid >> 5;
-        for (uint32_t qi = 0; qi < QC; qi++) {
-            if (qi >= A.qc) /* uniform: the whole block skips */
-                break;
-            float mx = tqkv__warp_max(s[qi]);
-            if (lane == 0)
-                red[qi * (ATTN_TILE / 32) + warp] = mx;
-        }
-        __syncthreads();
-        if (tid < A.qc) {
-            float mx = -INFINITY;
-            for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
-                mx = fmaxf(mx, red[tid * (ATTN_TILE / 32) + w]);
-            float mnew = fmaxf(mrun[tid], mx);
-            alpha[tid] = mnew == -INFINITY ? 1.0f : __expf(mrun[tid] - mnew);
-            mrun[tid] = mnew;
-        }
-        __syncthreads();
-        for (uint32_t qi = 0; qi < QC; qi++) {
-            if (qi >= A.qc)
-                break;
-            float p = (tid < tn && qi < nq) ? __expf(s[qi] - mrun[qi]) : 0.0f;
-            score[qi * ATTN_TILE + tid] = p;
-            float ps = tqkv__warp_sum(p);
-            if (lane == 0)
-                red[qi * (ATTN_TILE / 32) + warp] = ps;
-        }
-        __syncthreads();
-        if (tid < A.qc) {
-            float ps = 0.0f;
-            for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
-                ps += red[tid * (ATTN_TILE / 32) + w];
-            lrun[tid] = lrun[tid] * alpha[tid] + ps;
-        }
-        /* values: one thread per (rotated channel, half of the tile) covers every query
-         * head, so each code is unpacked once; the halves meet in `vpart` */
-        uint32_t half_len = (tn + 1) / 2;
-        for (uint32_t e = tid; vraw && e < 2 * D; e += blockDim.x) {
-            uint32_t j = e % D, half = e / D, tb = half * half_len, te = min(tn, tb + half_len);
-            uint64_t i0 = (uint64_t)t0 * H + h;
-            float a[QC] = {0.0f};
-            for (uint32_t tt = tb; tt < te; tt++) {
-                float vj = tqkv_bf16_to_f32(vraw[(i0 + (uint64_t)tt * H) * D + j]);
+        for (uint32_t qi = 0; qi < QC; qi++)
+            s[qi] += a[qi];
+    }
+    for (uint32_t gi = 0; gi < A.nk; gi++) {
+        const tqkv_group_view_t &gv = C.kv[gi];
+        uint32_t g = gv.L.dim, b = gv.L.mse_bits, n = gv.L.n_centroids;
+        float a[QC] = {0.0f};
+        if (b) {
+            const uint8_t *row = gv.idx + i * gv.L.idx_row_bytes;
+            const float *L0 = C.lut + C.lutoff[gi];
+            for (uint32_t j = 0; j < g; j++) {
+                uint32_t k = tqkv_bits_get(row, j, b);
                 for (uint32_t qi = 0; qi < QC; qi++)
                     if (qi < nq)
-                        a[qi] += score[qi * ATTN_TILE + tt] * vj;
+                        a[qi] += L0[qi * A.lut_n + j * n + k];
             }
+        }
+        float sc = tqkv_scale_get(gv.scale, i);
+        for (uint32_t qi = 0; qi < QC; qi++)
+            s[qi] += sc * a[qi];
+        if (gv.signs) {
+            const uint8_t *srow = gv.signs + i * gv.L.sign_row_bytes;
+            float c2[QC] = {0.0f};
+            for (uint32_t j = 0; j < g; j++) {
+                int bit = (srow[j >> 3] >> (j & 7u)) & 1u;
+                for (uint32_t qi = 0; qi < QC; qi++) {
+                    float v = qi < nq ? C.sq[qi * D + C.goff_k[gi] + j] : 0.0f;
+                    c2[qi] += bit ? v : -v;
+                }
+            }
+            float coef = (float)TQKV_SQRT_HALF_PI / sqrtf((float)g) * tqkv_scale_get(gv.gamma, i);
             for (uint32_t qi = 0; qi < QC; qi++)
-                if (qi < nq) {
-                    vpart[(half * A.qc + qi) * D + j] = a[qi];
-                    vpart[((2 + half) * A.qc + qi) * D + j] = 0.0f;
-                }
+                s[qi] += coef * c2[qi];
         }
-        for (uint32_t e = tid; !vraw && e < 2 * D; e += blockDim.x) {
-            uint32_t j = e % D, half = e / D;
-            uint32_t gi = (A.nv == 2 && j >= goff_v[1]) ? 1 : 0, jj = j - goff_v[gi];
-            const tqkv_group_view_t &gv = vv[gi];
-            uint32_t b = gv.L.mse_bits;
-            const float *vs = vcoef + (2 * gi) * ATTN_TILE, *vg = vs + ATTN_TILE;
-            const float *z = zv + gi * 16;
-            float a[QC] = {0.0f}, as[QC] = {0.0f};
-            uint32_t tb = half * half_len, te = min(tn, tb + half_len);
-            uint64_t i0 = (uint64_t)t0 * H + h;
-            if (b)
-                for (uint32_t tt = tb; tt < te; tt++) {
-                    const uint8_t *row = gv.idx + (i0 + (uint64_t)tt * H) * gv.L.idx_row_bytes;
-                    float zk = vs[tt] * z[tqkv_bits_get(row, jj, b)];
-                    for (uint32_t qi = 0; qi < QC; qi++)
-                        if (qi < nq)
-                            a[qi] += score[qi * ATTN_TILE + tt] * zk;
-                }
-            if (gv.signs)
-                for (uint32_t tt = tb; tt < te; tt++) {
-                    const uint8_t *row = gv.signs + (i0 + (uint64_t)tt * H) * gv.L.sign_row_bytes;
-                    float w = ((row[jj >> 3] >> (jj & 7u)) & 1u) ? vg[tt] : -vg[tt];
-                    for (uint32_t qi = 0; qi < QC; qi++)
-                        if (qi < nq)
-                            as[qi] += score[qi * ATTN_TILE + tt] * w;
-                }
-            for (uint32_t qi = 0; qi < QC; qi++)
-                if (qi < nq) {
-                    vpart[(half * A.qc + qi) * D + j] = a[qi];
-                    vpart[((2 + half) * A.qc + qi) * D + j] = as[qi];
-                }
-        }
-        __syncthreads();
-        for (uint32_t e = tid; e < nq * D; e += blockDim.x) {
-            uint32_t qi = e / D, j = e % D;
-            acc[e] = acc[e] * alpha[qi] + (vpart[qi * D + j] + vpart[(A.qc + qi) * D + j]);
-            accs[e] = accs[e] * alpha[qi] +
-                      (vpart[(2 * A.qc + qi) * D + j] + vpart[(3 * A.qc + qi) * D + j]);
-        }
-        __syncthreads();
     }
+}
 
-    /* 3. rotate back, scatter to channels, write the partial */
-    for (uint32_t qi = 0; qi < nq; qi++) {
-        uint32_t hq = h * A.G + q0 + qi;
-        size_t slot = (size_t)split * A.HQ + hq;
+/* Stage 2a: this thread's token of the tile at t0 (tn tokens): its score per query head
+ * in s (-inf past the tile or past nq) and its V coefficients in vcoef. */
+static __device__ void
+packed_score_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn, float s[QC])
+{
+    const uint32_t tid = threadIdx.x, t = t0 + tid;
+    for (uint32_t qi = 0; qi < QC; qi++)
+        s[qi] = -INFINITY;
+    if (tid >= tn)
+        return;
+    uint64_t i = (uint64_t)t * A.H + C.h;
+    for (uint32_t qi = 0; qi < QC; qi++)
+        s[qi] = qi < C.nq ? C.bias[qi] : -INFINITY;
+    packed_score_keys(A, C, i, s);
+    for (uint32_t gi = 0; gi < A.nv; gi++) {
+        C.vcoef[(2 * gi) * ATTN_TILE + tid] = tqkv_scale_get(C.vv[gi].scale, i);
+        C.vcoef[(2 * gi + 1) * ATTN_TILE + tid] =
+            C.vv[gi].gamma ? (float)TQKV_SQRT_HALF_PI / sqrtf((float)C.vv[gi].L.dim) *
+                                 tqkv_scale_get(C.vv[gi].gamma, i)
+                           : 0.0f;
+    }
+}
+
+/* Stage 2b, the online softmax over a tile: new running max m and rescale alpha, the
+ * tile's probabilities in score, the running sum l. Ends synchronized except for l. */
+static __device__ void
+packed_softmax_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t tn, const float s[QC])
+{
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    /* tile max per query head */
+    for (uint32_t qi = 0; qi < QC; qi++) {
+        if (qi >= A.qc) /* uniform: the whole block skips */
+            break;
+        float mx = tqkv__warp_max(s[qi]);
+        if (lane == 0)
+            C.red[qi * (ATTN_TILE / 32) + warp] = mx;
+    }
+    __syncthreads();
+    if (tid < A.qc) {
+        float mx = -INFINITY;
+        for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
+            mx = fmaxf(mx, C.red[tid * (ATTN_TILE / 32) + w]);
+        float mnew = fmaxf(C.mrun[tid], mx);
+        C.alpha[tid] = mnew == -INFINITY ? 1.0f : __expf(C.mrun[tid] - mnew);
+        C.mrun[tid] = mnew;
+    }
+    __syncthreads();
+    for (uint32_t qi = 0; qi < QC; qi++) {
+        if (qi >= A.qc)
+            break;
+        float p = (tid < tn && qi < C.nq) ? __expf(s[qi] - C.mrun[qi]) : 0.0f;
+        C.score[qi * ATTN_TILE + tid] = p;
+        float ps = tqkv__warp_sum(p);
+        if (lane == 0)
+            C.red[qi * (ATTN_TILE / 32) + warp] = ps;
+    }
+    __syncthreads();
+    if (tid < A.qc) {
+        float ps = 0.0f;
+        for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
+            ps += C.red[tid * (ATTN_TILE / 32) + w];
+        C.lrun[tid] = C.lrun[tid] * C.alpha[tid] + ps;
+    }
+}
+
+/* Stage 2c, values of a lossless V: one thread per (channel, half of the tile) sums
+ * p_i v_i for every query head into vpart (the QJL halves are 0). */
+static __device__ void
+packed_values_raw(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn)
+{
+    const uint32_t D = A.D, H = A.H, nq = C.nq, half_len = (tn + 1) / 2;
+    for (uint32_t e = threadIdx.x; e < 2 * D; e += blockDim.x) {
+        uint32_t j = e % D, half = e / D, tb = half * half_len, te = min(tn, tb + half_len);
+        uint64_t i0 = (uint64_t)t0 * H + C.h;
+        float a[QC] = {0.0f};
+        for (uint32_t tt = tb; tt < te; tt++) {
+            float vj = tqkv_bf16_to_f32(C.vraw[(i0 + (uint64_t)tt * H) * D + j]);
+            for (uint32_t qi = 0; qi < QC; qi++)
+                if (qi < nq)
+                    a[qi] += C.score[qi * ATTN_TILE + tt] * vj;
+        }
+        for (uint32_t qi = 0; qi < QC; qi++)
+            if (qi < nq) {
+                C.vpart[(half * A.qc + qi) * D + j] = a[qi];
+                C.vpart[((2 + half) * A.qc + qi) * D + j] = 0.0f;
+            }
+    }
+}
+
+/* Stage 2c, values of a coded V: one thread per (rotated channel, half of the tile)
+ * covers every query head, so each code is unpacked once; the halves meet in vpart
+ * (sum p_i scale_i z[idx_ij] and, for prod, sum p_i coef_i sign_ij). */
+static __device__ void
+packed_values_coded(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn)
+{
+    const uint32_t D = A.D, H = A.H, nq = C.nq, half_len = (tn + 1) / 2;
+    for (uint32_t e = threadIdx.x; e < 2 * D; e += blockDim.x) {
+        uint32_t j = e % D, half = e / D;
+        uint32_t gi = (A.nv == 2 && j >= C.goff_v[1]) ? 1 : 0, jj = j - C.goff_v[gi];
+        const tqkv_group_view_t &gv = C.vv[gi];
+        uint32_t b = gv.L.mse_bits;
+        const float *vs = C.vcoef + (2 * gi) * ATTN_TILE, *vg = vs + ATTN_TILE;
+        const float *z = C.zv + gi * 16;
+        float a[QC] = {0.0f}, as[QC] = {0.0f};
+        uint32_t tb = half * half_len, te = min(tn, tb + half_len);
+        uint64_t i0 = (uint64_t)t0 * H + C.h;
+        if (b)
+            for (uint32_t tt = tb; tt < te; tt++) {
+                const uint8_t *row = gv.idx + (i0 + (uint64_t)tt * H) * gv.L.idx_row_bytes;
+                float zk = vs[tt] * z[tqkv_bits_get(row, jj, b)];
+                for (uint32_t qi = 0; qi < QC; qi++)
+                    if (qi < nq)
+                        a[qi] += C.score[qi * ATTN_TILE + tt] * zk;
+            }
+        if (gv.signs)
+            for (uint32_t tt = tb; tt < te; tt++) {
+                const uint8_t *row = gv.signs + (i0 + (uint64_t)tt * H) * gv.L.sign_row_bytes;
+                float w = ((row[jj >> 3] >> (jj & 7u)) & 1u) ? vg[tt] : -vg[tt];
+                for (uint32_t qi = 0; qi < QC; qi++)
+                    if (qi < nq)
+                        as[qi] += C.score[qi * ATTN_TILE + tt] * w;
+            }
+        for (uint32_t qi = 0; qi < QC; qi++)
+            if (qi < nq) {
+                C.vpart[(half * A.qc + qi) * D + j] = a[qi];
+                C.vpart[((2 + half) * A.qc + qi) * D + j] = as[qi];
+            }
+    }
+}
+
+/* Stage 2d: the tile's values into the accumulators, rescaled by alpha. Ends
+ * synchronized. */
+static __device__ void
+packed_accumulate_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn)
+{
+    const uint32_t D = A.D;
+    if (C.vraw)
+        packed_values_raw(A, C, t0, tn);
+    else
+        packed_values_coded(A, C, t0, tn);
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e < C.nq * D; e += blockDim.x) {
+        uint32_t qi = e / D, j = e % D;
+        C.acc[e] = C.acc[e] * C.alpha[qi] + (C.vpart[qi * D + j] + C.vpart[(A.qc + qi) * D + j]);
+        C.accs[e] = C.accs[e] * C.alpha[qi] +
+                    (C.vpart[(2 * A.qc + qi) * D + j] + C.vpart[(3 * A.qc + qi) * D + j]);
+    }
+    __syncthreads();
+}
+
+/* Stage 3: rotate the accumulators back, scatter them to channels and write the
+ * split's partial (m, l, o) per query head. */
+static __device__ void
+packed_write_partial(const packed_params_t &A, packed_ctx_t &C, partials_t P)
+{
+    const uint32_t D = A.D, tid = threadIdx.x;
+    for (uint32_t qi = 0; qi < C.nq; qi++) {
+        uint32_t hq = C.h * A.G + C.q0 + qi;
+        size_t slot = (size_t)C.split * A.HQ + hq;
         float *o = P.o + slot * D;
-        if (vraw) { /* lossless values: accumulated in channel order */
+        if (C.vraw) { /* lossless values: accumulated in channel order */
             for (uint32_t c = tid; c < D; c += blockDim.x)
-                o[c] = acc[qi * D + c];
+                o[c] = C.acc[qi * D + c];
             __syncthreads();
         }
         for (uint32_t gi = 0; gi < A.nv; gi++) {
             const tqkv_group_codec_t &G = A.V[gi];
             uint32_t g = G.dim;
-            float *r = tmp, *r2 = tmp + D;
+            float *r = C.tmp, *r2 = C.tmp + D;
             /* r = Pi^T acc (or 0), r2 = S^T accs (prod) */
             if (G.mse_bits)
-                block_rotate(G, acc + qi * D + goff_v[gi], r, 1);
+                block_rotate(G, C.acc + qi * D + C.goff_v[gi], r, 1);
             else {
                 for (uint32_t j = tid; j < g; j += blockDim.x)
                     r[j] = 0.0f;
                 __syncthreads();
             }
             if (A.v_prod) {
-                block_matvec(G.qjl, accs + qi * D + goff_v[gi], r2, g, 1);
+                block_matvec(G.qjl, C.accs + qi * D + C.goff_v[gi], r2, g, 1);
                 for (uint32_t j = tid; j < g; j += blockDim.x)
                     r[j] += r2[j];
                 __syncthreads();
@@ -465,16 +531,36 @@ __launch_bounds__(ATTN_TILE)
             if (tid == 0) {
                 uint32_t j = 0;
                 for (uint32_t c = 0; c < D; c++)
-                    if (in_group(vmask, c, gi))
+                    if (in_group(C.vmask, c, gi))
                         o[c] = r[j++];
             }
             __syncthreads();
         }
         if (tid == 0) {
-            P.m[slot] = mrun[qi];
-            P.l[slot] = lrun[qi];
+            P.m[slot] = C.mrun[qi];
+            P.l[slot] = C.lrun[qi];
         }
     }
+}
+
+static __global__ void
+__launch_bounds__(ATTN_TILE)
+    attn_packed_kernel(packed_params_t A, const void *const *__restrict__ pages,
+                       const float *__restrict__ q, partials_t P, uint32_t n_splits)
+{
+    TQKV_DYN_SMEM(float, sm);
+    packed_ctx_t C;
+    (void)n_splits;
+    packed_ctx_init(A, pages, sm, C);
+    packed_prepare_queries(A, C, q); /* 1. queries: rotate, tables, bias */
+    for (uint32_t t0 = C.t_begin; t0 < C.t_end; t0 += ATTN_TILE) { /* 2. tiles of tokens */
+        uint32_t tn = min((uint32_t)ATTN_TILE, C.t_end - t0);
+        float s[QC];
+        packed_score_tile(A, C, t0, tn, s);
+        packed_softmax_tile(A, C, tn, s);
+        packed_accumulate_tile(A, C, t0, tn);
+    }
+    packed_write_partial(A, C, P); /* 3. rotate back, write the partial */
 }
 
 extern "C" uint32_t

@@ -189,34 +189,6 @@ value_tile(const tqkv__attn_stream_t *st, const uint8_t *const *rp, uint32_t n, 
         }
 }
 
-#define NB_DISPATCH(NBV, CALL)                                                                     \
-    switch (NBV) {                                                                                 \
-    case 1:                                                                                        \
-        CALL(1);                                                                                   \
-        break;                                                                                     \
-    case 2:                                                                                        \
-        CALL(2);                                                                                   \
-        break;                                                                                     \
-    case 3:                                                                                        \
-        CALL(3);                                                                                   \
-        break;                                                                                     \
-    case 4:                                                                                        \
-        CALL(4);                                                                                   \
-        break;                                                                                     \
-    case 5:                                                                                        \
-        CALL(5);                                                                                   \
-        break;                                                                                     \
-    case 6:                                                                                        \
-        CALL(6);                                                                                   \
-        break;                                                                                     \
-    case 7:                                                                                        \
-        CALL(7);                                                                                   \
-        break;                                                                                     \
-    default:                                                                                       \
-        CALL(8);                                                                                   \
-        break;                                                                                     \
-    }
-
 void
 tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
 {
@@ -248,7 +220,7 @@ tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
         for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
             uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
 #define SCORE(K) score_tile(tk, (const uint8_t *const(*)[TILE])rk, t0, n, h0, K, sc)
-            NB_DISPATCH(nb, SCORE)
+            TQKV__NB_DISPATCH(nb, SCORE)
 #undef SCORE
         }
         for (uint32_t h = 0; h < G; h++) {
@@ -273,7 +245,7 @@ tqkv__attn_task_avx2(const tqkv__attn_task_t *tk)
             for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
                 uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
 #define VALUE(K) value_tile(&tk->v[s], rv[s], n, tk->acc[s], wb, h0, K)
-                NB_DISPATCH(nb, VALUE)
+                TQKV__NB_DISPATCH(nb, VALUE)
 #undef VALUE
             }
         }
@@ -408,7 +380,7 @@ tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16
         for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
             uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
 #define SCORE(K) bf16_score_tile(q, k, v, stride, D, t0, n, h0, K, sm_scale, sc)
-            NB_DISPATCH(nb, SCORE)
+            TQKV__NB_DISPATCH(nb, SCORE)
 #undef SCORE
         }
         for (uint32_t h = 0; h < G; h++) {
@@ -426,7 +398,7 @@ tqkv__attn_bf16_avx2(const float *q, uint32_t G, const uint16_t *k, const uint16
         for (uint32_t h0 = 0; h0 < G; h0 += MAXNB) {
             uint32_t nb = G - h0 < MAXNB ? G - h0 : MAXNB;
 #define VALUE(K) bf16_value_tile(v, stride, D, t0, n, out, sc, h0, K)
-            NB_DISPATCH(nb, VALUE)
+            TQKV__NB_DISPATCH(nb, VALUE)
 #undef VALUE
         }
     }

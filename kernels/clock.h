@@ -1,4 +1,5 @@
-/* clock.h - the one monotonic clock of tqkv (CLOCK_MONOTONIC), for every folder.
+/* clock.h - the one monotonic clock of tqkv (CLOCK_MONOTONIC), for every folder, and the
+ * one way to turn a wait in milliseconds into a pthread_cond_timedwait deadline.
  *
  * Header-only and dependency-free so that service/, cache/, transport/ and the tools
  * read time the same way; components that need an injectable or shifted clock (the
@@ -26,6 +27,22 @@ tqkv_clock_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The CLOCK_REALTIME instant ms milliseconds from now: the absolute deadline
+ * pthread_cond_timedwait takes for a condition variable with the default clock. */
+static inline struct timespec
+tqkv_clock_deadline(uint32_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
 }
 
 #endif

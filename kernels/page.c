@@ -27,13 +27,13 @@
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/codebook.h"
 #include "kernels/cpu.h"
+#include "kernels/errtext.h"
 #include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
@@ -143,17 +143,6 @@ tqkv_page_crc(const void *page, size_t page_bytes)
 
 /* ---- parameters and layout ---- */
 
-void
-tqkv__page_seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 const char *const tqkv__tensor_name[2] = {"K", "V"};
 
 static tqkv_status_t
@@ -163,40 +152,29 @@ check_tensor(const char *name, const tqkv_tensor_codec_t *tc, uint32_t d, char *
     if (tc->bits_x2 == 0)
         return TQKV_OK;
     if (tc->mode == TQKV_MODE_RAW) {
-        if (tc->bits_x2 != TQKV_RAW_BITS_X2) {
-            tqkv__page_seterr(
-                err, errlen,
+        if (tc->bits_x2 != TQKV_RAW_BITS_X2)
+            return tqkv_errtext(
+                TQKV_EINVAL, err, errlen,
                 "%s: lossless (raw BF16) mode takes no bit width: bits_x2 must be %u, not %u", name,
                 TQKV_RAW_BITS_X2, tc->bits_x2);
-            return TQKV_EINVAL;
-        }
-        if (tc->norm_correction) {
-            tqkv__page_seterr(err, errlen,
-                              "%s: norm correction does not apply to lossless (raw BF16) mode",
-                              name);
-            return TQKV_EINVAL;
-        }
+        if (tc->norm_correction)
+            return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                                "%s: norm correction does not apply to lossless (raw BF16) mode",
+                                name);
         return TQKV_OK;
     }
-    if (tc->bits_x2 == TQKV_RAW_BITS_X2) {
-        tqkv__page_seterr(err, errlen,
-                          "%s: bits_x2 %u (16 bits) is the lossless mode: set mode raw (%u)", name,
-                          TQKV_RAW_BITS_X2, TQKV_MODE_RAW);
-        return TQKV_EINVAL;
-    }
-    if (tqkv_bits_split(tc->bits_x2, d, &hi, &lo, &nhi) != 0) {
-        tqkv__page_seterr(err, errlen, "%s: unsupported bit width %u/2 (1, 1.5, 2, 2.5, 3, 3.5, 4)",
-                          name, tc->bits_x2);
-        return TQKV_EUNSUPPORTED;
-    }
-    if (tc->mode != TQKV_MODE_MSE && tc->mode != TQKV_MODE_PROD) {
-        tqkv__page_seterr(err, errlen, "%s: unknown mode %u", name, tc->mode);
-        return TQKV_EUNSUPPORTED;
-    }
-    if (tc->norm_correction > 1) {
-        tqkv__page_seterr(err, errlen, "%s: norm_correction must be 0 or 1", name);
-        return TQKV_EINVAL;
-    }
+    if (tc->bits_x2 == TQKV_RAW_BITS_X2)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen,
+                            "%s: bits_x2 %u (16 bits) is the lossless mode: set mode raw (%u)",
+                            name, TQKV_RAW_BITS_X2, TQKV_MODE_RAW);
+    if (tqkv_bits_split(tc->bits_x2, d, &hi, &lo, &nhi) != 0)
+        return tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen,
+                            "%s: unsupported bit width %u/2 (1, 1.5, 2, 2.5, 3, 3.5, 4)", name,
+                            tc->bits_x2);
+    if (tc->mode != TQKV_MODE_MSE && tc->mode != TQKV_MODE_PROD)
+        return tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen, "%s: unknown mode %u", name, tc->mode);
+    if (tc->norm_correction > 1)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: norm_correction must be 0 or 1", name);
     return TQKV_OK;
 }
 
@@ -209,37 +187,24 @@ tqkv__page_plan(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, tqkv_p
     tqkv_status_t st;
     const tqkv_tensor_codec_t *tc[2] = {&c->k, &c->v};
 
-    if (!s || !c) {
-        tqkv__page_seterr(err, errlen, "missing shape or codec");
-        return TQKV_EINVAL;
-    }
-    if (s->head_dim < TQKV_PAGE_MIN_DIM || s->head_dim > TQKV_PAGE_MAX_DIM) {
-        tqkv__page_seterr(err, errlen, "head_dim %u outside [%u, %u]", s->head_dim,
-                          TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM);
-        return TQKV_EUNSUPPORTED;
-    }
-    if (s->num_kv_heads < 1 || s->num_kv_heads > TQKV_PAGE_MAX_HEADS) {
-        tqkv__page_seterr(err, errlen, "num_kv_heads %u outside [1, %u]", s->num_kv_heads,
-                          TQKV_PAGE_MAX_HEADS);
-        return TQKV_EINVAL;
-    }
-    if (s->num_tokens < 1 || s->num_tokens > TQKV_PAGE_MAX_TOKENS) {
-        tqkv__page_seterr(err, errlen, "num_tokens %u outside [1, %u]", s->num_tokens,
-                          TQKV_PAGE_MAX_TOKENS);
-        return TQKV_EINVAL;
-    }
-    if (c->rotation != TQKV_ROT_DENSE && c->rotation != TQKV_ROT_HADAMARD) {
-        tqkv__page_seterr(err, errlen, "unknown rotation kind %u", c->rotation);
-        return TQKV_EUNSUPPORTED;
-    }
-    if (c->key_centering > 1) {
-        tqkv__page_seterr(err, errlen, "key_centering must be 0 or 1");
-        return TQKV_EINVAL;
-    }
-    if (c->k.bits_x2 == 0 && c->v.bits_x2 == 0) {
-        tqkv__page_seterr(err, errlen, "both K and V absent (bits 0)");
-        return TQKV_EINVAL;
-    }
+    if (!s || !c)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "missing shape or codec");
+    if (s->head_dim < TQKV_PAGE_MIN_DIM || s->head_dim > TQKV_PAGE_MAX_DIM)
+        return tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen, "head_dim %u outside [%u, %u]",
+                            s->head_dim, TQKV_PAGE_MIN_DIM, TQKV_PAGE_MAX_DIM);
+    if (s->num_kv_heads < 1 || s->num_kv_heads > TQKV_PAGE_MAX_HEADS)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "num_kv_heads %u outside [1, %u]",
+                            s->num_kv_heads, TQKV_PAGE_MAX_HEADS);
+    if (s->num_tokens < 1 || s->num_tokens > TQKV_PAGE_MAX_TOKENS)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "num_tokens %u outside [1, %u]",
+                            s->num_tokens, TQKV_PAGE_MAX_TOKENS);
+    if (c->rotation != TQKV_ROT_DENSE && c->rotation != TQKV_ROT_HADAMARD)
+        return tqkv_errtext(TQKV_EUNSUPPORTED, err, errlen, "unknown rotation kind %u",
+                            c->rotation);
+    if (c->key_centering > 1)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "key_centering must be 0 or 1");
+    if (c->k.bits_x2 == 0 && c->v.bits_x2 == 0)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "both K and V absent (bits 0)");
     for (int t = 0; t < 2; t++)
         if ((st = check_tensor(tqkv__tensor_name[t], tc[t], s->head_dim, err, errlen)) != TQKV_OK)
             return st;
@@ -302,11 +267,9 @@ tqkv__page_plan(const tqkv_block_shape_t *s, const tqkv_block_codec_t *c, tqkv_p
         if (off > TQKV_PAGE_MAX_BYTES)
             break;
     }
-    if (off > TQKV_PAGE_MAX_BYTES) {
-        tqkv__page_seterr(err, errlen, "page would be %llu bytes (> %u)", (unsigned long long)off,
-                          TQKV_PAGE_MAX_BYTES);
-        return TQKV_EINVAL;
-    }
+    if (off > TQKV_PAGE_MAX_BYTES)
+        return tqkv_errtext(TQKV_EINVAL, err, errlen, "page would be %llu bytes (> %u)",
+                            (unsigned long long)off, TQKV_PAGE_MAX_BYTES);
     h->page_bytes = (uint32_t)off;
     return TQKV_OK;
 }

@@ -269,16 +269,14 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
         }
         _Pragma("GCC unroll 4") for (uint32_t q = 0; q < nv; q += 4)
             pack_groups(out + q * bits, cn + q, nv < 4 ? nv : 4, bits);
+        float zn2 = 0.0f;
         if (norm_corrected) {
-            float zn2;
 #pragma GCC unroll 16
             for (uint32_t q = 0; q < nv; q++) /* in coordinate order, as before */
                 zacc = _mm256_fmadd_ps(zb[q], zb[q], zacc);
             zn2 = tqkv__hsum256(zacc);
-            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(zn2 > 0 ? s / sqrtf(zn2) : s / sg);
-        } else {
-            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(s / sg);
         }
+        A->scale[i * A->scale_stride] = tqkv__row_scale(s, sg, norm_corrected, zn2);
     }
     return n;
 }
@@ -503,33 +501,13 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits, const
 
 /* Specialized for g = 128 (the common head dim), 64, 256 and 32 (the groups of
  * fractional bit widths) and each bit width, so the loops unroll around registers;
- * other power-of-two g take the generic bodies. */
-#define TQKV__BITS_SWITCH(CALL, G)                                                                 \
-    switch (bits) {                                                                                \
-    case 1:                                                                                        \
-        CALL(G, 1);                                                                                \
-    case 2:                                                                                        \
-        CALL(G, 2);                                                                                \
-    case 3:                                                                                        \
-        CALL(G, 3);                                                                                \
-    default:                                                                                       \
-        CALL(G, 4);                                                                                \
-    }
-
+ * other power-of-two g take the generic bodies (TQKV__G_BITS_SWITCH of simd_x86.h). */
 size_t
 tqkv__page_enc_had_avx2(const tqkv__enc_rows_t *a)
 {
     const uint32_t g = a->g, bits = a->bits;
 #define ENC(G, B) return enc_body(a, G, B)
-    if (g == 128)
-        TQKV__BITS_SWITCH(ENC, 128)
-    if (g == 64)
-        TQKV__BITS_SWITCH(ENC, 64)
-    if (g == 256)
-        TQKV__BITS_SWITCH(ENC, 256)
-    if (g == 32)
-        TQKV__BITS_SWITCH(ENC, 32)
-    TQKV__BITS_SWITCH(ENC, g)
+    TQKV__G_BITS_SWITCH(ENC)
 #undef ENC
 }
 
@@ -544,15 +522,7 @@ tqkv__page_dec_had_avx2(const tqkv__dec_rows_t *a)
     else                                                                                           \
         dec_body(a, G, B, 0);                                                                      \
     return
-    if (g == 128)
-        TQKV__BITS_SWITCH(DEC, 128)
-    if (g == 64)
-        TQKV__BITS_SWITCH(DEC, 64)
-    if (g == 256)
-        TQKV__BITS_SWITCH(DEC, 256)
-    if (g == 32)
-        TQKV__BITS_SWITCH(DEC, 32)
-    TQKV__BITS_SWITCH(DEC, g)
+    TQKV__G_BITS_SWITCH(DEC)
 #undef DEC
 }
 
@@ -666,11 +636,7 @@ enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
                 }
                 memcpy(out + j / 8 * bits, &w, bits);
             }
-            if (A->norm_corrected)
-                A->scale[(i + r) * A->scale_stride] =
-                    tqkv_scale_to_bf16(zn2 > 0 ? s[r] / sqrtf(zn2) : s[r] / sg);
-            else
-                A->scale[(i + r) * A->scale_stride] = tqkv_scale_to_bf16(s[r] / sg);
+            A->scale[(i + r) * A->scale_stride] = tqkv__row_scale(s[r], sg, A->norm_corrected, zn2);
         }
         if (stop)
             return i + R;
@@ -733,34 +699,13 @@ dec_dense_body(const tqkv__dec_rows_t *A, const float *m, const uint32_t bits)
 size_t
 tqkv__page_enc_dense_avx2(const tqkv__enc_rows_t *a, const float *mt)
 {
-    switch (a->bits) {
-    case 1:
-        return enc_dense_body(a, mt, 1);
-    case 2:
-        return enc_dense_body(a, mt, 2);
-    case 3:
-        return enc_dense_body(a, mt, 3);
-    default:
-        return enc_dense_body(a, mt, 4);
-    }
+    return TQKV__BITS_CALL(a->bits, enc_dense_body, a, mt);
 }
 
 void
 tqkv__page_dec_dense_avx2(const tqkv__dec_rows_t *a, const float *m)
 {
-    switch (a->bits) {
-    case 1:
-        dec_dense_body(a, m, 1);
-        break;
-    case 2:
-        dec_dense_body(a, m, 2);
-        break;
-    case 3:
-        dec_dense_body(a, m, 3);
-        break;
-    default:
-        dec_dense_body(a, m, 4);
-    }
+    TQKV__BITS_CALL(a->bits, dec_dense_body, a, m);
 }
 
 void

@@ -186,12 +186,8 @@ enc_body(const tqkv__enc_rows_t *A, const uint32_t g, const uint32_t bits)
             uint64_t hi = _pext_u64((uint64_t)_mm_extract_epi64(b8, 1), pmask);
             store_bits16(out + j * 2 * bits, lo | hi << (8 * bits), bits);
         }
-        if (norm_corrected) {
-            float zn2 = _mm512_reduce_add_ps(zacc);
-            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(zn2 > 0 ? s / sqrtf(zn2) : s / sg);
-        } else {
-            A->scale[i * A->scale_stride] = tqkv_scale_to_bf16(s / sg);
-        }
+        float zn2 = norm_corrected ? _mm512_reduce_add_ps(zacc) : 0.0f;
+        A->scale[i * A->scale_stride] = tqkv__row_scale(s, sg, norm_corrected, zn2);
     }
     return n;
 }
@@ -251,32 +247,12 @@ dec_body(const tqkv__dec_rows_t *A, const uint32_t g, const uint32_t bits)
     }
 }
 
-#define TQKV__BITS_SWITCH(CALL, G)                                                                 \
-    switch (bits) {                                                                                \
-    case 1:                                                                                        \
-        CALL(G, 1);                                                                                \
-    case 2:                                                                                        \
-        CALL(G, 2);                                                                                \
-    case 3:                                                                                        \
-        CALL(G, 3);                                                                                \
-    default:                                                                                       \
-        CALL(G, 4);                                                                                \
-    }
-
 size_t
 tqkv__page_enc_had_avx512(const tqkv__enc_rows_t *a)
 {
     const uint32_t g = a->g, bits = a->bits;
 #define ENC(G, B) return enc_body(a, G, B)
-    if (g == 128)
-        TQKV__BITS_SWITCH(ENC, 128)
-    if (g == 64)
-        TQKV__BITS_SWITCH(ENC, 64)
-    if (g == 32)
-        TQKV__BITS_SWITCH(ENC, 32)
-    if (g == 256)
-        TQKV__BITS_SWITCH(ENC, 256)
-    TQKV__BITS_SWITCH(ENC, g)
+    TQKV__G_BITS_SWITCH(ENC)
 #undef ENC
 }
 
@@ -287,15 +263,7 @@ tqkv__page_dec_had_avx512(const tqkv__dec_rows_t *a)
 #define DEC(G, B)                                                                                  \
     dec_body(a, G, B);                                                                             \
     return
-    if (g == 128)
-        TQKV__BITS_SWITCH(DEC, 128)
-    if (g == 64)
-        TQKV__BITS_SWITCH(DEC, 64)
-    if (g == 32)
-        TQKV__BITS_SWITCH(DEC, 32)
-    if (g == 256)
-        TQKV__BITS_SWITCH(DEC, 256)
-    TQKV__BITS_SWITCH(DEC, g)
+    TQKV__G_BITS_SWITCH(DEC)
 #undef DEC
 }
 
@@ -434,13 +402,8 @@ enc_dense_body(const tqkv__enc_rows_t *A, const float *mt, const uint32_t bits)
                 uint64_t hi = _pext_u64((uint64_t)_mm_extract_epi64(b8, 1), pmask);
                 store_bits16(out + j * 2 * bits, lo | hi << (8 * bits), bits);
             }
-            if (A->norm_corrected) {
-                float zn2 = _mm512_reduce_add_ps(zacc);
-                A->scale[(i + r) * A->scale_stride] =
-                    tqkv_scale_to_bf16(zn2 > 0 ? s[r] / sqrtf(zn2) : s[r] / sg);
-            } else {
-                A->scale[(i + r) * A->scale_stride] = tqkv_scale_to_bf16(s[r] / sg);
-            }
+            float zn2 = A->norm_corrected ? _mm512_reduce_add_ps(zacc) : 0.0f;
+            A->scale[(i + r) * A->scale_stride] = tqkv__row_scale(s[r], sg, A->norm_corrected, zn2);
         }
         if (stop)
             return i + R;
@@ -505,34 +468,13 @@ dec_dense_body(const tqkv__dec_rows_t *A, const float *m, const uint32_t bits)
 size_t
 tqkv__page_enc_dense_avx512(const tqkv__enc_rows_t *a, const float *mt)
 {
-    switch (a->bits) {
-    case 1:
-        return enc_dense_body(a, mt, 1);
-    case 2:
-        return enc_dense_body(a, mt, 2);
-    case 3:
-        return enc_dense_body(a, mt, 3);
-    default:
-        return enc_dense_body(a, mt, 4);
-    }
+    return TQKV__BITS_CALL(a->bits, enc_dense_body, a, mt);
 }
 
 void
 tqkv__page_dec_dense_avx512(const tqkv__dec_rows_t *a, const float *m)
 {
-    switch (a->bits) {
-    case 1:
-        dec_dense_body(a, m, 1);
-        break;
-    case 2:
-        dec_dense_body(a, m, 2);
-        break;
-    case 3:
-        dec_dense_body(a, m, 3);
-        break;
-    default:
-        dec_dense_body(a, m, 4);
-    }
+    TQKV__BITS_CALL(a->bits, dec_dense_body, a, m);
 }
 
 void

@@ -18,6 +18,7 @@
 
 #include "kernels/codebook.h"
 #include "kernels/cpu.h"
+#include "kernels/errtext.h"
 #include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
@@ -243,13 +244,12 @@ encode_tensor(const tqkv_page_header_t *h, uint32_t t, const uint16_t *x, uint8_
     uint64_t where;
     int ng_init = 0;
 
-    if (tqkv__find_nonfinite(x, n * D, &where)) {
-        tqkv__page_seterr(
-            err, errlen, "%s: non-finite value (NaN or Inf) at token %llu, head %llu, channel %llu",
+    if (tqkv__find_nonfinite(x, n * D, &where))
+        return tqkv_errtext(
+            TQKV_ERANGE, err, errlen,
+            "%s: non-finite value (NaN or Inf) at token %llu, head %llu, channel %llu",
             tqkv__tensor_name[t], (unsigned long long)(where / HD),
             (unsigned long long)(where / D % H), (unsigned long long)(where % D));
-        return TQKV_ERANGE;
-    }
     if (td->mode == TQKV_MODE_RAW) { /* lossless: the input as it came */
         memcpy(page + td->group_offset[0], x, 2 * n * D);
         return TQKV_OK;
@@ -389,15 +389,13 @@ encode(const tqkv_block_shape_t *shape, const tqkv_block_codec_t *codec, const u
 
     if ((st = tqkv__page_plan(shape, codec, &h, err, errlen)) != TQKV_OK)
         return st;
-    if (cap < h.page_bytes || !page) {
-        tqkv__page_seterr(err, errlen, "page needs %u bytes, buffer has %zu", h.page_bytes, cap);
-        return TQKV_ENOSPC;
-    }
+    if (cap < h.page_bytes || !page)
+        return tqkv_errtext(TQKV_ENOSPC, err, errlen, "page needs %u bytes, buffer has %zu",
+                            h.page_bytes, cap);
     for (uint32_t t = 0; t < 2; t++)
-        if (h.tensor[t].bits_x2 && !src[t]) {
-            tqkv__page_seterr(err, errlen, "%s: input missing", tqkv__tensor_name[t]);
-            return TQKV_EINVAL;
-        }
+        if (h.tensor[t].bits_x2 && !src[t])
+            return tqkv_errtext(TQKV_EINVAL, err, errlen, "%s: input missing",
+                                tqkv__tensor_name[t]);
     memset(p, 0, h.page_bytes);
     memcpy(p, &h, sizeof h);
     for (uint32_t t = 0; t < 2; t++)

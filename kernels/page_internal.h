@@ -1,6 +1,6 @@
 /* page_internal.h - the SIMD kernels behind tqkv_page_encode/decode (tqkv__, not API):
- * shared by kernels/page*.c and crc32c_sse42.c only (attention.c: tqkv__page_seterr). The
- * public page API is kernels/page.h.
+ * shared by kernels/page*.c and crc32c_sse42.c only. The public page API is
+ * kernels/page.h.
  */
 #ifndef TQKV_KERNELS_PAGE_INTERNAL_H
 #define TQKV_KERNELS_PAGE_INTERNAL_H
@@ -83,6 +83,15 @@ void tqkv__rows_matmul_avx2(const float *a, uint32_t g, const float *x, float *y
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
 
+/* The BF16 scale of an encoded row of norm s, sg = sqrtf(g): s / sg, or with norm
+ * correction s / |z| for the row's centroid vector z of squared norm zn2 (s / sg when zn2
+ * is 0). The one formula of the SIMD encoders. */
+static inline uint16_t
+tqkv__row_scale(float s, float sg, int norm_corrected, float zn2)
+{
+    return tqkv_scale_to_bf16(norm_corrected && zn2 > 0 ? s / sqrtf(zn2) : s / sg);
+}
+
 /* The run-time kernel table of the page codec (page.c), chosen once. */
 typedef struct tqkv__page_kernels {
     const char *isa;
@@ -108,9 +117,6 @@ typedef struct tqkv__group_ctx {
 
 /* The kernel table: set up once (pthread_once), returns borrowed static storage. */
 const tqkv__page_kernels_t *tqkv__page_kernels(void);
-/* snprintf into err[errlen] when err is not NULL. */
-void tqkv__page_seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* "K", "V": tensor names in error messages. */
 extern const char *const tqkv__tensor_name[2];
 /* Builds the header (layout, parameters, crc 0) for shape and codec, after checking. */

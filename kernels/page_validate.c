@@ -15,6 +15,7 @@
 
 #include "kernels/codebook.h"
 #include "kernels/cpu.h"
+#include "kernels/errtext.h"
 #include "kernels/page_internal.h"
 #include "kernels/rotation.h"
 #include "kernels/tq_math.h"
@@ -33,15 +34,14 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
     memcpy(z, gv.codebook, sizeof z);
     for (uint32_t k = 0; k < 16; k++) {
         if (k >= gv.L.n_centroids) {
-            if (z[k] != 0.0f || signbit(z[k])) {
-                tqkv__page_seterr(err, errlen, "%s group %u: unused codebook slot %u not zero",
-                                  tqkv__tensor_name[t], gi, k);
-                return TQKV_ECORRUPT;
-            }
+            if (z[k] != 0.0f || signbit(z[k]))
+                return tqkv_errtext(TQKV_ECORRUPT, err, errlen,
+                                    "%s group %u: unused codebook slot %u not zero",
+                                    tqkv__tensor_name[t], gi, k);
         } else if (!isfinite(z[k]) || (k > 0 && !(z[k] > z[k - 1]))) {
-            tqkv__page_seterr(err, errlen, "%s group %u: codebook not finite and ascending at %u",
-                              tqkv__tensor_name[t], gi, k);
-            return TQKV_ECORRUPT;
+            return tqkv_errtext(TQKV_ECORRUPT, err, errlen,
+                                "%s group %u: codebook not finite and ascending at %u",
+                                tqkv__tensor_name[t], gi, k);
         }
     }
     /* A scale or gamma (BF16) is good when its widened value is finite and not below
@@ -61,11 +61,10 @@ validate_group(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, uin
     for (uint64_t i = 0; i < n; i++) {
         /* the same bit test as above (a float test could disagree under DAZ) */
         uint32_t us = gv.scale[i], ug = gv.gamma ? gv.gamma[i] : 0;
-        if ((us >= 0x7f80u && us != 0x8000u) || (ug >= 0x7f80u && ug != 0x8000u)) {
-            tqkv__page_seterr(err, errlen, "%s group %u: vector %llu has a bad scale or gamma",
-                              tqkv__tensor_name[t], gi, (unsigned long long)i);
-            return TQKV_ECORRUPT;
-        }
+        if ((us >= 0x7f80u && us != 0x8000u) || (ug >= 0x7f80u && ug != 0x8000u))
+            return tqkv_errtext(TQKV_ECORRUPT, err, errlen,
+                                "%s group %u: vector %llu has a bad scale or gamma",
+                                tqkv__tensor_name[t], gi, (unsigned long long)i);
     }
     return TQKV_EINTERNAL; /* the two passes disagree */
 }
@@ -82,10 +81,10 @@ validate_raw(const uint8_t *page, const tqkv_page_header_t *h, uint32_t t, char 
         return TQKV_EINTERNAL;
     if (!tqkv__find_nonfinite(x, count, &where))
         return TQKV_OK;
-    tqkv__page_seterr(err, errlen, "%s: lossless value %llu (token %llu) is NaN or Inf",
-                      tqkv__tensor_name[t], (unsigned long long)where,
-                      (unsigned long long)(where / ((uint64_t)h->num_kv_heads * h->head_dim)));
-    return TQKV_ECORRUPT;
+    return tqkv_errtext(TQKV_ECORRUPT, err, errlen,
+                        "%s: lossless value %llu (token %llu) is NaN or Inf", tqkv__tensor_name[t],
+                        (unsigned long long)where,
+                        (unsigned long long)(where / ((uint64_t)h->num_kv_heads * h->head_dim)));
 }
 
 tqkv_status_t
@@ -99,40 +98,31 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
     const uint8_t *p = page;
     tqkv_page_tensor_desc_t *d;
 
-    if (!page || len < TQKV_PAGE_HEADER_BYTES) {
-        tqkv__page_seterr(err, errlen, "short buffer: %zu bytes, a page header is %u", len,
-                          TQKV_PAGE_HEADER_BYTES);
-        return TQKV_EFORMAT;
-    }
+    if (!page || len < TQKV_PAGE_HEADER_BYTES)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                            "short buffer: %zu bytes, a page header is %u", len,
+                            TQKV_PAGE_HEADER_BYTES);
     memcpy(&h, page, sizeof h);
-    if (h.magic != TQKV_PAGE_MAGIC) {
-        tqkv__page_seterr(err, errlen, "bad magic 0x%08x (not a tqkv page)", h.magic);
-        return TQKV_EFORMAT;
-    }
-    if (h.version != TQKV_PAGE_VERSION) {
-        tqkv__page_seterr(err, errlen, "unknown page format version %u (this build reads %u)",
-                          h.version, TQKV_PAGE_VERSION);
-        return TQKV_EFORMAT;
-    }
-    if (h.header_bytes != TQKV_PAGE_HEADER_BYTES) {
-        tqkv__page_seterr(err, errlen, "header_bytes %u != %u", h.header_bytes,
-                          TQKV_PAGE_HEADER_BYTES);
-        return TQKV_EFORMAT;
-    }
-    if (h.page_bytes % TQKV_PAGE_ALIGN || h.page_bytes < TQKV_PAGE_HEADER_BYTES) {
-        tqkv__page_seterr(err, errlen, "page_bytes %u is not a multiple of %u", h.page_bytes,
-                          TQKV_PAGE_ALIGN);
-        return TQKV_EFORMAT;
-    }
-    if (h.page_bytes > len) {
-        tqkv__page_seterr(err, errlen, "truncated page: page_bytes %u > %zu bytes available",
-                          h.page_bytes, len);
-        return TQKV_EFORMAT;
-    }
-    if (h.flags & ~TQKV_PAGE_KEY_CENTERED || h.reserved0 || h.reserved1[0] || h.reserved1[1]) {
-        tqkv__page_seterr(err, errlen, "unknown page flags 0x%02x or reserved bytes set", h.flags);
-        return TQKV_EFORMAT;
-    }
+    if (h.magic != TQKV_PAGE_MAGIC)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen, "bad magic 0x%08x (not a tqkv page)",
+                            h.magic);
+    if (h.version != TQKV_PAGE_VERSION)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                            "unknown page format version %u (this build reads %u)", h.version,
+                            TQKV_PAGE_VERSION);
+    if (h.header_bytes != TQKV_PAGE_HEADER_BYTES)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen, "header_bytes %u != %u", h.header_bytes,
+                            TQKV_PAGE_HEADER_BYTES);
+    if (h.page_bytes % TQKV_PAGE_ALIGN || h.page_bytes < TQKV_PAGE_HEADER_BYTES)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen, "page_bytes %u is not a multiple of %u",
+                            h.page_bytes, TQKV_PAGE_ALIGN);
+    if (h.page_bytes > len)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                            "truncated page: page_bytes %u > %zu bytes available", h.page_bytes,
+                            len);
+    if (h.flags & ~TQKV_PAGE_KEY_CENTERED || h.reserved0 || h.reserved1[0] || h.reserved1[1])
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                            "unknown page flags 0x%02x or reserved bytes set", h.flags);
     shape.num_tokens = h.num_tokens;
     shape.num_kv_heads = h.num_kv_heads;
     shape.head_dim = h.head_dim;
@@ -146,41 +136,32 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
         tc->bits_x2 = d->bits_x2;
         tc->mode = d->mode;
         tc->norm_correction = (d->flags & TQKV_TENSOR_NORM_CORRECTED) != 0;
-        if (d->flags & ~TQKV_TENSOR_NORM_CORRECTED) {
-            tqkv__page_seterr(err, errlen, "%s: unknown tensor flags 0x%02x", tqkv__tensor_name[t],
-                              d->flags);
-            return TQKV_EFORMAT;
-        }
+        if (d->flags & ~TQKV_TENSOR_NORM_CORRECTED)
+            return tqkv_errtext(TQKV_EFORMAT, err, errlen, "%s: unknown tensor flags 0x%02x",
+                                tqkv__tensor_name[t], d->flags);
     }
-    if (codec.key_centering && !codec.k.bits_x2) {
-        tqkv__page_seterr(err, errlen, "key-centered flag without K");
-        return TQKV_EFORMAT;
-    }
-    if (codec.key_centering && codec.k.mode == TQKV_MODE_RAW) {
-        tqkv__page_seterr(err, errlen, "key-centered flag with a lossless (raw BF16) K");
-        return TQKV_EFORMAT;
-    }
+    if (codec.key_centering && !codec.k.bits_x2)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen, "key-centered flag without K");
+    if (codec.key_centering && codec.k.mode == TQKV_MODE_RAW)
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                            "key-centered flag with a lossless (raw BF16) K");
     if ((st = tqkv__page_plan(&shape, &codec, &want, err, errlen)) != TQKV_OK)
         return TQKV_EFORMAT;
     want.crc32c = h.crc32c;
     if (memcmp(&want, &h, sizeof h) != 0) {
         if (want.page_bytes != h.page_bytes)
-            tqkv__page_seterr(err, errlen,
-                              "page_bytes %u does not match the layout of its parameters (%u)",
-                              h.page_bytes, want.page_bytes);
-        else
-            tqkv__page_seterr(err, errlen,
-                              "section offsets, sizes or bit split do not match the layout "
-                              "of the page's parameters");
-        return TQKV_EFORMAT;
+            return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                                "page_bytes %u does not match the layout of its parameters (%u)",
+                                h.page_bytes, want.page_bytes);
+        return tqkv_errtext(TQKV_EFORMAT, err, errlen,
+                            "section offsets, sizes or bit split do not match the layout "
+                            "of the page's parameters");
     }
     if (check_crc) {
         uint32_t crc = tqkv_page_crc(page, h.page_bytes);
-        if (crc != h.crc32c) {
-            tqkv__page_seterr(err, errlen, "CRC32C mismatch: stored 0x%08x, computed 0x%08x",
-                              h.crc32c, crc);
-            return TQKV_ECORRUPT;
-        }
+        if (crc != h.crc32c)
+            return tqkv_errtext(TQKV_ECORRUPT, err, errlen,
+                                "CRC32C mismatch: stored 0x%08x, computed 0x%08x", h.crc32c, crc);
     }
     /* contents a decoder relies on */
     if (h.flags & TQKV_PAGE_KEY_CENTERED) {
@@ -188,11 +169,9 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
         for (uint64_t i = 0; i < (uint64_t)h.num_kv_heads * h.head_dim; i++) {
             float f;
             memcpy(&f, m + 4 * i, 4);
-            if (!isfinite(f)) {
-                tqkv__page_seterr(err, errlen, "key mean %llu is not finite",
-                                  (unsigned long long)i);
-                return TQKV_ECORRUPT;
-            }
+            if (!isfinite(f))
+                return tqkv_errtext(TQKV_ECORRUPT, err, errlen, "key mean %llu is not finite",
+                                    (unsigned long long)i);
         }
     }
     for (uint32_t t = 0; t < 2; t++) {
@@ -211,12 +190,10 @@ tqkv_page_validate(const void *page, size_t len, int check_crc, tqkv_page_info_t
                 uint32_t pc = 0;
                 for (uint32_t b = 0; b < mrow; b++)
                     pc += (uint32_t)__builtin_popcount(m[b]);
-                if (pc != d->n_hi || (h.head_dim % 8 && (m[mrow - 1] >> (h.head_dim % 8)))) {
-                    tqkv__page_seterr(err, errlen,
-                                      "%s: outlier mask of head %u has %u channels, want %u",
-                                      tqkv__tensor_name[t], hh, pc, d->n_hi);
-                    return TQKV_ECORRUPT;
-                }
+                if (pc != d->n_hi || (h.head_dim % 8 && (m[mrow - 1] >> (h.head_dim % 8))))
+                    return tqkv_errtext(TQKV_ECORRUPT, err, errlen,
+                                        "%s: outlier mask of head %u has %u channels, want %u",
+                                        tqkv__tensor_name[t], hh, pc, d->n_hi);
             }
         }
         for (uint32_t gi = 0; gi < (d->lo_bits ? 2u : 1u); gi++)

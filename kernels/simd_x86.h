@@ -114,6 +114,75 @@ tqkv__softmax_tile(float *row, uint32_t n, float *m, float *l)
     return alpha;
 }
 
+/* ---- run-time values as compile-time constants ----
+ * Each ISA kernel body is written once and instantiated per constant so its loops unroll
+ * around registers; these switches pick the instance. */
+
+/* CALL(G, B) for the bit width B = 1, 2, 3 or 4 of the variable `bits` in scope (above 3:
+ * 4). CALL must leave the function (return): the cases fall through. */
+#define TQKV__BITS_SWITCH(CALL, G)                                                                 \
+    switch (bits) {                                                                                \
+    case 1:                                                                                        \
+        CALL(G, 1);                                                                                \
+    case 2:                                                                                        \
+        CALL(G, 2);                                                                                \
+    case 3:                                                                                        \
+        CALL(G, 3);                                                                                \
+    default:                                                                                       \
+        CALL(G, 4);                                                                                \
+    }
+
+/* CALL(G, B) with the group dimension `g` in scope as the constant G = 128 (the common
+ * head dim), 64, 256 or 32 (the groups of fractional bit widths), any other g as itself,
+ * and B as in TQKV__BITS_SWITCH. */
+#define TQKV__G_BITS_SWITCH(CALL)                                                                  \
+    if (g == 128)                                                                                  \
+        TQKV__BITS_SWITCH(CALL, 128)                                                               \
+    if (g == 64)                                                                                   \
+        TQKV__BITS_SWITCH(CALL, 64)                                                                \
+    if (g == 256)                                                                                  \
+        TQKV__BITS_SWITCH(CALL, 256)                                                               \
+    if (g == 32)                                                                                   \
+        TQKV__BITS_SWITCH(CALL, 32)                                                                \
+    TQKV__BITS_SWITCH(CALL, g)
+
+/* FN(args..., B) with B the constant equal to `bits` (1, 2, 3; above 3: 4), as one
+ * expression (of FN's type, void included). */
+#define TQKV__BITS_CALL(bits, FN, ...)                                                             \
+    ((bits) == 1   ? FN(__VA_ARGS__, 1)                                                            \
+     : (bits) == 2 ? FN(__VA_ARGS__, 2)                                                            \
+     : (bits) == 3 ? FN(__VA_ARGS__, 3)                                                            \
+                   : FN(__VA_ARGS__, 4))
+
+/* CALL(K) for K = NBV query heads of a batch, 1..8 (above 7: 8). */
+#define TQKV__NB_DISPATCH(NBV, CALL)                                                               \
+    switch (NBV) {                                                                                 \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        CALL(3);                                                                                   \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        CALL(4);                                                                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        CALL(5);                                                                                   \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        CALL(6);                                                                                   \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        CALL(7);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(8);                                                                                   \
+        break;                                                                                     \
+    }
+
 #ifdef __AVX512F__
 /* 16 BF16 values at p (unaligned) as floats. */
 static inline __m512

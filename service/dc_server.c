@@ -692,14 +692,7 @@ tqkv__dc_destroy(tqkv_server_t *s, unsigned wait_ms)
         chan_kill_locked(ch);
         chan_unregister_locked(dc, ch);
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += wait_ms / 1000;
-    ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = tqkv_clock_deadline(wait_ms);
     while (dc->threads > 0)
         if (pthread_cond_timedwait(&dc->cv, &dc->mu, &ts) == ETIMEDOUT)
             break;

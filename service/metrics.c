@@ -422,11 +422,7 @@ static int
 cmp_ns_entry(const void *a, const void *b)
 {
     const ns_entry_t *x = *(const ns_entry_t *const *)a, *y = *(const ns_entry_t *const *)b;
-    size_t n = x->len < y->len ? x->len : y->len;
-    int c = memcmp(x->name, y->name, n);
-    if (c)
-        return c;
-    return x->len < y->len ? -1 : x->len > y->len;
+    return tqkv__ns_name_cmp(x->name, x->len, y->name, y->len);
 }
 
 static void

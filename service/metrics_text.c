@@ -215,15 +215,20 @@ collect_ns(void *arg, const char *ns, size_t ns_len, const tqkv_store_stats_t *s
     c->n++;
 }
 
+int
+tqkv__ns_name_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+    if (c)
+        return c;
+    return alen < blen ? -1 : alen > blen;
+}
+
 static int
 cmp_snap(const void *a, const void *b)
 {
     const ns_snap_t *x = a, *y = b;
-    size_t n = x->len < y->len ? x->len : y->len;
-    int c = memcmp(x->name, y->name, n);
-    if (c)
-        return c;
-    return x->len < y->len ? -1 : x->len > y->len;
+    return tqkv__ns_name_cmp(x->name, x->len, y->name, y->len);
 }
 
 static void

@@ -26,6 +26,9 @@ void tqkv__sb_label_value(tqkv__sbuf_t *b, const char *v, size_t n);
 void tqkv__sb_family(tqkv__sbuf_t *b, const char *name, const char *type, const char *help);
 void tqkv__sb_double(tqkv__sbuf_t *b, double v);
 void tqkv__sb_le(tqkv__sbuf_t *b, double le);
+/* Byte order of two namespace names (not NUL-terminated), a prefix first: the order the
+ * per-namespace families are rendered in. */
+int tqkv__ns_name_cmp(const char *a, size_t alen, const char *b, size_t blen);
 void tqkv__render_store(tqkv__sbuf_t *b, tqkv_store_t *store);
 void tqkv__render_process(tqkv__sbuf_t *b, double registry_start);
 

@@ -500,6 +500,19 @@ server_bind(tqkv_server_t *s, const tqkv_server_config_t *cfg, grpc_server_crede
     return TQKV_OK;
 }
 
+/* Destroys the locks tqkv_server_create initialized first and frees s: the last step of
+ * a failed create and of destroy. */
+static void
+server_free(tqkv_server_t *s)
+{
+    pthread_rwlock_destroy(&s->auth_lk);
+    pthread_mutex_destroy(&s->reload_mu);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->health_mu);
+    free(s);
+}
+
 tqkv_status_t
 tqkv_server_create(const tqkv_server_config_t *cfg, tqkv_server_t **out, char *err, size_t errlen)
 {
@@ -589,12 +602,7 @@ fail_metrics:
 fail_enc:
     tqkv_store_destroy(s->store);
 fail_store:
-    pthread_rwlock_destroy(&s->auth_lk);
-    pthread_mutex_destroy(&s->reload_mu);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->health_mu);
-    free(s);
+    server_free(s);
     return st;
 }
 
@@ -691,13 +699,7 @@ wait_until(tqkv_server_t *s, double deadline, int (*cond)(tqkv_server_t *))
     while (!cond(s)) {
         if (deadline > 0 && tqkv_clock_s() >= deadline)
             break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 20 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = tqkv_clock_deadline(20);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     pthread_mutex_unlock(&s->mu);
@@ -839,10 +841,5 @@ tqkv_server_destroy(tqkv_server_t *s)
     }
 #endif
     tqkv_store_destroy(s->store);
-    pthread_rwlock_destroy(&s->auth_lk);
-    pthread_mutex_destroy(&s->reload_mu);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->health_mu);
-    free(s);
+    server_free(s);
 }

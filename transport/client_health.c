@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "kernels/clock.h"
 #include "transport/client_health.h"
 #include "transport/client_internal.h"
 
@@ -172,14 +173,7 @@ prober_main(void *arg)
         if (h->stop)
             break;
         uint32_t wait_ms = spent_ms >= h->interval_ms ? 1 : h->interval_ms - (uint32_t)spent_ms;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += wait_ms / 1000;
-        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = tqkv_clock_deadline(wait_ms);
         pthread_cond_timedwait(&h->cv, &h->mu, &ts);
     }
     pthread_mutex_unlock(&h->mu);

@@ -690,6 +690,42 @@ keep_ghost(const void *arg, const char *addr)
     return 1;
 }
 
+/* Merges addresses answering with one node id: asks the stale ones again; the older
+ * member that still answers wins, a dead old address of a moved server goes. */
+static void
+merge_same_id(tqkv_membership_t *ms, cand_t *cv, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (cv[i].drop || cv[i].node_id == NULL)
+            continue;
+        for (size_t j = i + 1; j < n; j++) {
+            if (cv[j].drop || cv[j].node_id == NULL || strcmp(cv[i].node_id, cv[j].node_id))
+                continue;
+            cand_t *pair[2] = {&cv[i], &cv[j]};
+            for (int p = 0; p < 2; p++) {
+                if (pair[p]->fresh)
+                    continue;
+                ident_t x = {.m = pair[p]->m};
+                identify_all(ms, &x, 1);
+                if (x.rc == 0) {
+                    set_id(pair[p], &x);
+                } else {
+                    pair[p]->drop = 1;
+                    addrset_add(&ms->ghost, pair[p]->m->addr, NULL);
+                }
+            }
+            if (!cv[i].drop && !cv[j].drop && cv[i].node_id && cv[j].node_id &&
+                !strcmp(cv[i].node_id, cv[j].node_id)) {
+                cand_t *d = cv[i].order <= cv[j].order ? &cv[j] : &cv[i];
+                d->drop = 1;
+                alias_add(ms, d->m->addr, d->node_id);
+            }
+            if (cv[i].drop || cv[i].node_id == NULL)
+                break;
+        }
+    }
+}
+
 /* Runs one pass under res_mu; returns the current version afterwards. */
 static uint64_t
 pass(tqkv_membership_t *ms)
@@ -747,37 +783,7 @@ pass(tqkv_membership_t *ms)
         else if (cv[i].isnew && addrset_has(&ms->ghost, cv[i].m->addr))
             cv[i].drop = 1; /* still dead, and its server answers elsewhere */
     }
-    /* Merge addresses answering with one node id: ask the stale ones again; the older
-     * member that still answers wins, a dead old address of a moved server goes. */
-    for (size_t i = 0; i < n; i++) {
-        if (cv[i].drop || cv[i].node_id == NULL)
-            continue;
-        for (size_t j = i + 1; j < n; j++) {
-            if (cv[j].drop || cv[j].node_id == NULL || strcmp(cv[i].node_id, cv[j].node_id))
-                continue;
-            cand_t *pair[2] = {&cv[i], &cv[j]};
-            for (int p = 0; p < 2; p++) {
-                if (pair[p]->fresh)
-                    continue;
-                ident_t x = {.m = pair[p]->m};
-                identify_all(ms, &x, 1);
-                if (x.rc == 0) {
-                    set_id(pair[p], &x);
-                } else {
-                    pair[p]->drop = 1;
-                    addrset_add(&ms->ghost, pair[p]->m->addr, NULL);
-                }
-            }
-            if (!cv[i].drop && !cv[j].drop && cv[i].node_id && cv[j].node_id &&
-                !strcmp(cv[i].node_id, cv[j].node_id)) {
-                cand_t *d = cv[i].order <= cv[j].order ? &cv[j] : &cv[i];
-                d->drop = 1;
-                alias_add(ms, d->m->addr, d->node_id);
-            }
-            if (cv[i].drop || cv[i].node_id == NULL)
-                break;
-        }
-    }
+    merge_same_id(ms, cv, n);
     /* The excluded node id (ourselves) is nobody's peer. */
     for (size_t i = 0; i < n && ms->exclude; i++)
         if (cv[i].node_id && !strcmp(cv[i].node_id, ms->exclude))

@@ -608,14 +608,7 @@ tqkv_nccl_chan_close_all(uint32_t wait_ms)
         chan_kill(ch); /* unregisters it */
         chan_unref(ch);
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = tqkv_clock_deadline(wait_ms);
     pthread_mutex_lock(&reg_mu);
     while (reg_threads > 0)
         if (pthread_cond_timedwait(&reg_cv, &reg_mu, &until) != 0)

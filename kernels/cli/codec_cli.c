@@ -16,6 +16,8 @@
 
 #include "kernels/codebook.h"
 #include "kernels/cli/io_cli.h"
+#include "kernels/cli/kv_cli.h"
+#include "kernels/clock.h"
 #include "kernels/page.h"
 #include "kernels/policy.h"
 #include "kernels/tq_math.h"
@@ -188,13 +190,11 @@ static double
 now_s(void)
 {
     static int cpu = -1;
-    struct timespec t;
     if (cpu < 0) {
         const char *e = getenv("TQKV_BENCH_CLOCK");
         cpu = e && !strcmp(e, "cpu");
     }
-    clock_gettime(cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
+    return cpu ? tqkv__cli_cpu_s() : tqkv_clock_s();
 }
 
 /* ---- encode ---- */

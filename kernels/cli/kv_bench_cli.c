@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "kernels/attention.h"
+#include "kernels/clock.h"
 #include "kernels/cli/io_cli.h"
 #include "kernels/cli/kv_cli.h"
 #include "kernels/cli/kv_synth.h"
@@ -161,15 +162,15 @@ attn_bench_run(const bench_args_t *a)
                     goto done;
                 }
                 for (uint32_t it = 0; it < iters; it++) {
-                    double t0 = tqkv__cli_cpu_s(), w0 = tqkv__cli_now_s();
+                    double t0 = tqkv__cli_cpu_s(), w0 = tqkv_clock_s();
                     (void)tqkv_attn_decode(q, HQ, pages, lens, npages, &opts, o_f);
                     times[it] = tqkv__cli_cpu_s() - t0;
-                    wf += tqkv__cli_now_s() - w0;
+                    wf += tqkv_clock_s() - w0;
                     t0 = tqkv__cli_cpu_s();
-                    w0 = tqkv__cli_now_s();
+                    w0 = tqkv_clock_s();
                     (void)tqkv_attn_bf16(q, HQ, k, v, T, H, D, o_b);
                     tb_times[it] = tqkv__cli_cpu_s() - t0;
-                    wb += tqkv__cli_now_s() - w0;
+                    wb += tqkv_clock_s() - w0;
                 }
                 qsort(times, iters, sizeof(double), cmp_double);
                 qsort(tb_times, iters, sizeof(double), cmp_double);

@@ -32,9 +32,8 @@ int tqkv__cli_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 int tqkv__cli_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
 /* "mse", "prod" or "lossless" into a TQKV_MODE_*: 0, or -1. */
 int tqkv__cli_parse_mode(const char *s, uint8_t *mode);
-/* Seconds of this thread's CPU time, and of the monotonic clock. */
+/* Seconds of this thread's CPU time (wall time: tqkv_clock_s of kernels/clock.h). */
 double tqkv__cli_cpu_s(void);
-double tqkv__cli_now_s(void);
 
 /* The validated pages of page files (borrowed from the caller's buffers). */
 typedef struct page_list {

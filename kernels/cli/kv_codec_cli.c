@@ -50,6 +50,48 @@ encode_kv_help(FILE *f)
             c.rotation == TQKV_ROT_DENSE ? "dense" : "hadamard", (unsigned long long)c.seed);
 }
 
+/* Encodes k and v ([T][H][D] BF16) in pages of `block` tokens into *outp (returns new,
+ * the pages concatenated, *totalp bytes). Returns 0, or 1 after saying why. */
+static int
+encode_pages(const tqkv_block_codec_t *codec, const uint16_t *k, const uint16_t *v, uint32_t T,
+             uint32_t H, uint32_t D, uint32_t block, uint8_t **outp, size_t *totalp)
+{
+    uint8_t *out = NULL;
+    size_t total = 0, cap = 0;
+    for (uint32_t t = 0; t < T; t += block) {
+        tqkv_block_shape_t sh = {T - t < block ? T - t : block, H, D};
+        size_t sz, wr;
+        char why[200] = "";
+        tqkv_status_t st = tqkv_page_size(&sh, codec, &sz);
+        if (st == TQKV_OK && total + sz > cap) {
+            size_t ncap = cap ? cap * 2 : sz * ((T + block - 1) / block);
+            uint8_t *n2;
+            while (ncap < total + sz)
+                ncap *= 2;
+            if (!(n2 = realloc(out, ncap))) {
+                tqkv__cli_fail("out of memory");
+                goto fail;
+            }
+            out = n2;
+            cap = ncap;
+        }
+        if (st == TQKV_OK)
+            st = tqkv_page_encode(&sh, codec, k + (size_t)t * H * D, v + (size_t)t * H * D,
+                                  out + total, cap - total, &wr, why, sizeof why);
+        if (st != TQKV_OK) {
+            tqkv__cli_fail("encode: %s", why[0] ? why : tqkv_strerror(st));
+            goto fail;
+        }
+        total += wr;
+    }
+    *outp = out;
+    *totalp = total;
+    return 0;
+fail:
+    free(out);
+    return 1;
+}
+
 int
 tqkv_cli_encode_kv(int argc, char **argv)
 {
@@ -59,7 +101,7 @@ tqkv_cli_encode_kv(int argc, char **argv)
     tqkv_block_codec_t codec;
     uint16_t *k = NULL, *v = NULL;
     uint8_t *out = NULL;
-    size_t klen, vlen, total = 0, cap = 0;
+    size_t klen, vlen, total = 0;
     int kb_given = 0, vb_given = 0;
 
     if (tqkv__cli_is_help(argc, argv)) {
@@ -163,32 +205,8 @@ tqkv_cli_encode_kv(int argc, char **argv)
             goto done;
         }
     }
-    for (uint32_t t = 0; t < T; t += block) {
-        tqkv_block_shape_t sh = {T - t < block ? T - t : block, H, D};
-        size_t sz, wr;
-        char why[200] = "";
-        tqkv_status_t st = tqkv_page_size(&sh, &codec, &sz);
-        if (st == TQKV_OK && total + sz > cap) {
-            size_t ncap = cap ? cap * 2 : sz * ((T + block - 1) / block);
-            uint8_t *n2;
-            while (ncap < total + sz)
-                ncap *= 2;
-            if (!(n2 = realloc(out, ncap))) {
-                tqkv__cli_fail("out of memory");
-                goto done;
-            }
-            out = n2;
-            cap = ncap;
-        }
-        if (st == TQKV_OK)
-            st = tqkv_page_encode(&sh, &codec, k + (size_t)t * H * D, v + (size_t)t * H * D,
-                                  out + total, cap - total, &wr, why, sizeof why);
-        if (st != TQKV_OK) {
-            tqkv__cli_fail("encode: %s", why[0] ? why : tqkv_strerror(st));
-            goto done;
-        }
-        total += wr;
-    }
+    if (encode_pages(&codec, k, v, T, H, D, block, &out, &total) != 0)
+        goto done;
     if (tqkv__cli_write_file(pos[2], out, total) != 0) {
         tqkv__cli_fail("%s: %s", pos[2], strerror(errno));
         goto done;
