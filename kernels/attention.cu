@@ -180,8 +180,10 @@ in_group(const uint8_t *mask, uint32_t c, uint32_t gi)
     return hi == (gi == 0 ? 1u : 0u);
 }
 
-/* Per-thread view of one packed block's work: the page's sections for head h and the
- * block's shared-memory arrays (named as in packed_smem_t). */
+/* Per-thread view of one packed block's work: its split, query heads and the page's
+ * sections for head h. The shared-memory arrays (packed_smem_t) are not in it: each stage
+ * derives the ones it uses from the layout, since pointers kept here cost registers
+ * (ptxas, sm_90: 107 per thread instead of 63). */
 typedef struct packed_ctx {
     tqkv_group_view_t kv[2], vv[2];
     uint32_t goff_k[2], goff_v[2], lutoff[2]; /* group offsets in channels / table floats */
@@ -190,16 +192,12 @@ typedef struct packed_ctx {
     const uint16_t *kraw, *vraw; /* lossless tensors or NULL */
     uint32_t split, h, q0, nq;   /* nq: query heads of this block (<= A.qc) */
     uint32_t t_begin, t_end;     /* the split's token range */
-    float *qk, *sq, *lut, *bias, *score, *vcoef, *acc, *accs;
-    float *mrun, *lrun, *alpha, *tmp, *red, *zv, *vpart;
 } packed_ctx_t;
 
-/* Resolves the block's page, split, groups and shared arrays into C. */
+/* Resolves the block's page, split and groups into C. */
 static __device__ void
-packed_ctx_init(const packed_params_t &A, const void *const *__restrict__ pages, float *sm,
-                packed_ctx_t &C)
+packed_ctx_init(const packed_params_t &A, const void *const *__restrict__ pages, packed_ctx_t &C)
 {
-    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
     const uint32_t page_i = blockIdx.x / A.splits_per_page, part = blockIdx.x % A.splits_per_page;
     const uint8_t *page = (const uint8_t *)pages[page_i];
     const tqkv_page_header_t *hdr = (const tqkv_page_header_t *)page;
@@ -208,10 +206,6 @@ packed_ctx_init(const packed_params_t &A, const void *const *__restrict__ pages,
     C.nq = min(A.qc, A.G - C.q0);
     C.t_begin = part * SPLIT_TOKENS;
     C.t_end = part + 1 == A.splits_per_page ? Tp : min(Tp, C.t_begin + SPLIT_TOKENS);
-    C.qk = sm + S.qk, C.sq = sm + S.sq, C.lut = sm + S.lut, C.bias = sm + S.bias;
-    C.score = sm + S.score, C.vcoef = sm + S.vcoef, C.acc = sm + S.acc, C.accs = sm + S.accs;
-    C.mrun = sm + S.m, C.lrun = sm + S.l, C.alpha = sm + S.alpha, C.tmp = sm + S.tmp;
-    C.red = sm + S.red, C.zv = sm + S.zv, C.vpart = sm + S.part;
     for (uint32_t i = 0; i < 2; i++)
         C.goff_k[i] = C.goff_v[i] = C.lutoff[i] = 0;
     for (uint32_t gi = 0; gi < A.nk; gi++)
@@ -237,23 +231,28 @@ packed_ctx_init(const packed_params_t &A, const void *const *__restrict__ pages,
 static __device__ void
 packed_prepare_queries(const packed_params_t &A, packed_ctx_t &C, const float *__restrict__ q)
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *qk = sm + S.qk, *sq = sm + S.sq, *lut = sm + S.lut, *bias = sm + S.bias,
+          *acc = sm + S.acc, *accs = sm + S.accs, *mrun = sm + S.m, *lrun = sm + S.l,
+          *tmp = sm + S.tmp, *zv = sm + S.zv;
     const uint32_t D = A.D, tid = threadIdx.x;
     for (uint32_t qi = 0; qi < A.qc; qi++) {
         if (tid == 0) {
-            C.mrun[qi] = -INFINITY;
-            C.lrun[qi] = 0.0f;
-            C.bias[qi] = 0.0f;
+            mrun[qi] = -INFINITY;
+            lrun[qi] = 0.0f;
+            bias[qi] = 0.0f;
         }
         for (uint32_t c = tid; c < D; c += blockDim.x) {
-            C.acc[qi * D + c] = 0.0f;
-            C.accs[qi * D + c] = 0.0f;
+            acc[qi * D + c] = 0.0f;
+            accs[qi * D + c] = 0.0f;
         }
         if (qi >= C.nq)
             continue;
         const float *qv = q + (size_t)(C.h * A.G + C.q0 + qi) * D;
         if (C.kraw) {
             for (uint32_t c = tid; c < D; c += blockDim.x)
-                C.qk[qi * D + c] = qv[c] * A.sm_scale;
+                qk[qi * D + c] = qv[c] * A.sm_scale;
             __syncthreads();
         }
         for (uint32_t gi = 0; gi < A.nk; gi++) {
@@ -262,21 +261,21 @@ packed_prepare_queries(const packed_params_t &A, packed_ctx_t &C, const float *_
                 uint32_t j = 0;
                 for (uint32_t c = 0; c < D; c++)
                     if (in_group(C.kmask, c, gi))
-                        C.tmp[j++] = qv[c];
+                        tmp[j++] = qv[c];
             }
             __syncthreads();
-            float *dst = C.qk + qi * D + C.goff_k[gi];
+            float *dst = qk + qi * D + C.goff_k[gi];
             if (A.K[gi].mse_bits)
-                block_rotate(A.K[gi], C.tmp, dst, 0);
+                block_rotate(A.K[gi], tmp, dst, 0);
             if (A.k_prod)
-                block_matvec(A.K[gi].qjl, C.tmp, C.sq + qi * D + C.goff_k[gi], A.K[gi].dim, 0);
+                block_matvec(A.K[gi].qjl, tmp, sq + qi * D + C.goff_k[gi], A.K[gi].dim, 0);
             uint32_t g = A.K[gi].dim, n = A.K[gi].n_centroids;
             for (uint32_t e = tid; e < g * n; e += blockDim.x)
-                C.lut[qi * A.lut_n + C.lutoff[gi] + e] =
+                lut[qi * A.lut_n + C.lutoff[gi] + e] =
                     dst[e / n] * C.kv[gi].codebook[e % n] * A.sm_scale;
             if (A.k_prod)
                 for (uint32_t j = tid; j < g; j += blockDim.x)
-                    C.sq[qi * D + C.goff_k[gi] + j] *= A.sm_scale;
+                    sq[qi * D + C.goff_k[gi] + j] *= A.sm_scale;
             __syncthreads();
         }
         if (tid == 0) {
@@ -284,12 +283,12 @@ packed_prepare_queries(const packed_params_t &A, packed_ctx_t &C, const float *_
             if (C.mu)
                 for (uint32_t c = 0; c < D; c++)
                     b += qv[c] * C.mu[c];
-            C.bias[qi] = b * A.sm_scale;
+            bias[qi] = b * A.sm_scale;
         }
     }
     for (uint32_t gi = 0; gi < A.nv; gi++)
         for (uint32_t m = tid; m < C.vv[gi].L.n_centroids; m += blockDim.x)
-            C.zv[gi * 16 + m] = C.vv[gi].codebook[m];
+            zv[gi * 16 + m] = C.vv[gi].codebook[m];
     __syncthreads();
 }
 
@@ -298,6 +297,9 @@ packed_prepare_queries(const packed_params_t &A, packed_ctx_t &C, const float *_
 static __device__ void
 packed_score_keys(const packed_params_t &A, const packed_ctx_t &C, uint64_t i, float s[QC])
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *qk = sm + S.qk, *sq = sm + S.sq, *lut = sm + S.lut;
     const uint32_t D = A.D, nq = C.nq;
     if (C.kraw) {
         const uint16_t *kr = C.kraw + i * D;
@@ -306,7 +308,7 @@ packed_score_keys(const packed_params_t &A, const packed_ctx_t &C, uint64_t i, f
             float kc = tqkv_bf16_to_f32(kr[c]);
             for (uint32_t qi = 0; qi < QC; qi++)
                 if (qi < nq)
-                    a[qi] += C.qk[qi * D + c] * kc;
+                    a[qi] += qk[qi * D + c] * kc;
         }
         for (uint32_t qi = 0; qi < QC; qi++)
             s[qi] += a[qi];
@@ -317,7 +319,7 @@ packed_score_keys(const packed_params_t &A, const packed_ctx_t &C, uint64_t i, f
         float a[QC] = {0.0f};
         if (b) {
             const uint8_t *row = gv.idx + i * gv.L.idx_row_bytes;
-            const float *L0 = C.lut + C.lutoff[gi];
+            const float *L0 = lut + C.lutoff[gi];
             for (uint32_t j = 0; j < g; j++) {
                 uint32_t k = tqkv_bits_get(row, j, b);
                 for (uint32_t qi = 0; qi < QC; qi++)
@@ -334,7 +336,7 @@ packed_score_keys(const packed_params_t &A, const packed_ctx_t &C, uint64_t i, f
             for (uint32_t j = 0; j < g; j++) {
                 int bit = (srow[j >> 3] >> (j & 7u)) & 1u;
                 for (uint32_t qi = 0; qi < QC; qi++) {
-                    float v = qi < nq ? C.sq[qi * D + C.goff_k[gi] + j] : 0.0f;
+                    float v = qi < nq ? sq[qi * D + C.goff_k[gi] + j] : 0.0f;
                     c2[qi] += bit ? v : -v;
                 }
             }
@@ -350,6 +352,9 @@ packed_score_keys(const packed_params_t &A, const packed_ctx_t &C, uint64_t i, f
 static __device__ void
 packed_score_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn, float s[QC])
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *bias = sm + S.bias, *vcoef = sm + S.vcoef;
     const uint32_t tid = threadIdx.x, t = t0 + tid;
     for (uint32_t qi = 0; qi < QC; qi++)
         s[qi] = -INFINITY;
@@ -357,11 +362,11 @@ packed_score_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32
         return;
     uint64_t i = (uint64_t)t * A.H + C.h;
     for (uint32_t qi = 0; qi < QC; qi++)
-        s[qi] = qi < C.nq ? C.bias[qi] : -INFINITY;
+        s[qi] = qi < C.nq ? bias[qi] : -INFINITY;
     packed_score_keys(A, C, i, s);
     for (uint32_t gi = 0; gi < A.nv; gi++) {
-        C.vcoef[(2 * gi) * ATTN_TILE + tid] = tqkv_scale_get(C.vv[gi].scale, i);
-        C.vcoef[(2 * gi + 1) * ATTN_TILE + tid] =
+        vcoef[(2 * gi) * ATTN_TILE + tid] = tqkv_scale_get(C.vv[gi].scale, i);
+        vcoef[(2 * gi + 1) * ATTN_TILE + tid] =
             C.vv[gi].gamma ? (float)TQKV_SQRT_HALF_PI / sqrtf((float)C.vv[gi].L.dim) *
                                  tqkv_scale_get(C.vv[gi].gamma, i)
                            : 0.0f;
@@ -373,6 +378,10 @@ packed_score_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32
 static __device__ void
 packed_softmax_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t tn, const float s[QC])
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *score = sm + S.score, *mrun = sm + S.m, *lrun = sm + S.l, *alpha = sm + S.alpha,
+          *red = sm + S.red;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     /* tile max per query head */
     for (uint32_t qi = 0; qi < QC; qi++) {
@@ -380,33 +389,33 @@ packed_softmax_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t tn, cons
             break;
         float mx = tqkv__warp_max(s[qi]);
         if (lane == 0)
-            C.red[qi * (ATTN_TILE / 32) + warp] = mx;
+            red[qi * (ATTN_TILE / 32) + warp] = mx;
     }
     __syncthreads();
     if (tid < A.qc) {
         float mx = -INFINITY;
         for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
-            mx = fmaxf(mx, C.red[tid * (ATTN_TILE / 32) + w]);
-        float mnew = fmaxf(C.mrun[tid], mx);
-        C.alpha[tid] = mnew == -INFINITY ? 1.0f : __expf(C.mrun[tid] - mnew);
-        C.mrun[tid] = mnew;
+            mx = fmaxf(mx, red[tid * (ATTN_TILE / 32) + w]);
+        float mnew = fmaxf(mrun[tid], mx);
+        alpha[tid] = mnew == -INFINITY ? 1.0f : __expf(mrun[tid] - mnew);
+        mrun[tid] = mnew;
     }
     __syncthreads();
     for (uint32_t qi = 0; qi < QC; qi++) {
         if (qi >= A.qc)
             break;
-        float p = (tid < tn && qi < C.nq) ? __expf(s[qi] - C.mrun[qi]) : 0.0f;
-        C.score[qi * ATTN_TILE + tid] = p;
+        float p = (tid < tn && qi < C.nq) ? __expf(s[qi] - mrun[qi]) : 0.0f;
+        score[qi * ATTN_TILE + tid] = p;
         float ps = tqkv__warp_sum(p);
         if (lane == 0)
-            C.red[qi * (ATTN_TILE / 32) + warp] = ps;
+            red[qi * (ATTN_TILE / 32) + warp] = ps;
     }
     __syncthreads();
     if (tid < A.qc) {
         float ps = 0.0f;
         for (uint32_t w = 0; w < ATTN_TILE / 32; w++)
-            ps += C.red[tid * (ATTN_TILE / 32) + w];
-        C.lrun[tid] = C.lrun[tid] * C.alpha[tid] + ps;
+            ps += red[tid * (ATTN_TILE / 32) + w];
+        lrun[tid] = lrun[tid] * alpha[tid] + ps;
     }
 }
 
@@ -415,6 +424,9 @@ packed_softmax_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t tn, cons
 static __device__ void
 packed_values_raw(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn)
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *score = sm + S.score, *vpart = sm + S.part;
     const uint32_t D = A.D, H = A.H, nq = C.nq, half_len = (tn + 1) / 2;
     for (uint32_t e = threadIdx.x; e < 2 * D; e += blockDim.x) {
         uint32_t j = e % D, half = e / D, tb = half * half_len, te = min(tn, tb + half_len);
@@ -424,12 +436,12 @@ packed_values_raw(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32
             float vj = tqkv_bf16_to_f32(C.vraw[(i0 + (uint64_t)tt * H) * D + j]);
             for (uint32_t qi = 0; qi < QC; qi++)
                 if (qi < nq)
-                    a[qi] += C.score[qi * ATTN_TILE + tt] * vj;
+                    a[qi] += score[qi * ATTN_TILE + tt] * vj;
         }
         for (uint32_t qi = 0; qi < QC; qi++)
             if (qi < nq) {
-                C.vpart[(half * A.qc + qi) * D + j] = a[qi];
-                C.vpart[((2 + half) * A.qc + qi) * D + j] = 0.0f;
+                vpart[(half * A.qc + qi) * D + j] = a[qi];
+                vpart[((2 + half) * A.qc + qi) * D + j] = 0.0f;
             }
     }
 }
@@ -440,14 +452,17 @@ packed_values_raw(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32
 static __device__ void
 packed_values_coded(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn)
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *score = sm + S.score, *vcoef = sm + S.vcoef, *zv = sm + S.zv, *vpart = sm + S.part;
     const uint32_t D = A.D, H = A.H, nq = C.nq, half_len = (tn + 1) / 2;
     for (uint32_t e = threadIdx.x; e < 2 * D; e += blockDim.x) {
         uint32_t j = e % D, half = e / D;
         uint32_t gi = (A.nv == 2 && j >= C.goff_v[1]) ? 1 : 0, jj = j - C.goff_v[gi];
         const tqkv_group_view_t &gv = C.vv[gi];
         uint32_t b = gv.L.mse_bits;
-        const float *vs = C.vcoef + (2 * gi) * ATTN_TILE, *vg = vs + ATTN_TILE;
-        const float *z = C.zv + gi * 16;
+        const float *vs = vcoef + (2 * gi) * ATTN_TILE, *vg = vs + ATTN_TILE;
+        const float *z = zv + gi * 16;
         float a[QC] = {0.0f}, as[QC] = {0.0f};
         uint32_t tb = half * half_len, te = min(tn, tb + half_len);
         uint64_t i0 = (uint64_t)t0 * H + C.h;
@@ -457,7 +472,7 @@ packed_values_coded(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint
                 float zk = vs[tt] * z[tqkv_bits_get(row, jj, b)];
                 for (uint32_t qi = 0; qi < QC; qi++)
                     if (qi < nq)
-                        a[qi] += C.score[qi * ATTN_TILE + tt] * zk;
+                        a[qi] += score[qi * ATTN_TILE + tt] * zk;
             }
         if (gv.signs)
             for (uint32_t tt = tb; tt < te; tt++) {
@@ -465,12 +480,12 @@ packed_values_coded(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint
                 float w = ((row[jj >> 3] >> (jj & 7u)) & 1u) ? vg[tt] : -vg[tt];
                 for (uint32_t qi = 0; qi < QC; qi++)
                     if (qi < nq)
-                        as[qi] += C.score[qi * ATTN_TILE + tt] * w;
+                        as[qi] += score[qi * ATTN_TILE + tt] * w;
             }
         for (uint32_t qi = 0; qi < QC; qi++)
             if (qi < nq) {
-                C.vpart[(half * A.qc + qi) * D + j] = a[qi];
-                C.vpart[((2 + half) * A.qc + qi) * D + j] = as[qi];
+                vpart[(half * A.qc + qi) * D + j] = a[qi];
+                vpart[((2 + half) * A.qc + qi) * D + j] = as[qi];
             }
     }
 }
@@ -480,6 +495,9 @@ packed_values_coded(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint
 static __device__ void
 packed_accumulate_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, uint32_t tn)
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *acc = sm + S.acc, *accs = sm + S.accs, *alpha = sm + S.alpha, *vpart = sm + S.part;
     const uint32_t D = A.D;
     if (C.vraw)
         packed_values_raw(A, C, t0, tn);
@@ -488,9 +506,9 @@ packed_accumulate_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, u
     __syncthreads();
     for (uint32_t e = threadIdx.x; e < C.nq * D; e += blockDim.x) {
         uint32_t qi = e / D, j = e % D;
-        C.acc[e] = C.acc[e] * C.alpha[qi] + (C.vpart[qi * D + j] + C.vpart[(A.qc + qi) * D + j]);
-        C.accs[e] = C.accs[e] * C.alpha[qi] +
-                    (C.vpart[(2 * A.qc + qi) * D + j] + C.vpart[(3 * A.qc + qi) * D + j]);
+        acc[e] = acc[e] * alpha[qi] + (vpart[qi * D + j] + vpart[(A.qc + qi) * D + j]);
+        accs[e] =
+            accs[e] * alpha[qi] + (vpart[(2 * A.qc + qi) * D + j] + vpart[(3 * A.qc + qi) * D + j]);
     }
     __syncthreads();
 }
@@ -500,6 +518,10 @@ packed_accumulate_tile(const packed_params_t &A, packed_ctx_t &C, uint32_t t0, u
 static __device__ void
 packed_write_partial(const packed_params_t &A, packed_ctx_t &C, partials_t P)
 {
+    TQKV_DYN_SMEM(float, sm);
+    const packed_smem_t S = packed_smem_layout(A.D, A.lut_n, A.qc);
+    float *acc = sm + S.acc, *accs = sm + S.accs, *mrun = sm + S.m, *lrun = sm + S.l,
+          *tmp = sm + S.tmp;
     const uint32_t D = A.D, tid = threadIdx.x;
     for (uint32_t qi = 0; qi < C.nq; qi++) {
         uint32_t hq = C.h * A.G + C.q0 + qi;
@@ -507,23 +529,23 @@ packed_write_partial(const packed_params_t &A, packed_ctx_t &C, partials_t P)
         float *o = P.o + slot * D;
         if (C.vraw) { /* lossless values: accumulated in channel order */
             for (uint32_t c = tid; c < D; c += blockDim.x)
-                o[c] = C.acc[qi * D + c];
+                o[c] = acc[qi * D + c];
             __syncthreads();
         }
         for (uint32_t gi = 0; gi < A.nv; gi++) {
             const tqkv_group_codec_t &G = A.V[gi];
             uint32_t g = G.dim;
-            float *r = C.tmp, *r2 = C.tmp + D;
+            float *r = tmp, *r2 = tmp + D;
             /* r = Pi^T acc (or 0), r2 = S^T accs (prod) */
             if (G.mse_bits)
-                block_rotate(G, C.acc + qi * D + C.goff_v[gi], r, 1);
+                block_rotate(G, acc + qi * D + C.goff_v[gi], r, 1);
             else {
                 for (uint32_t j = tid; j < g; j += blockDim.x)
                     r[j] = 0.0f;
                 __syncthreads();
             }
             if (A.v_prod) {
-                block_matvec(G.qjl, C.accs + qi * D + C.goff_v[gi], r2, g, 1);
+                block_matvec(G.qjl, accs + qi * D + C.goff_v[gi], r2, g, 1);
                 for (uint32_t j = tid; j < g; j += blockDim.x)
                     r[j] += r2[j];
                 __syncthreads();
@@ -537,8 +559,8 @@ packed_write_partial(const packed_params_t &A, packed_ctx_t &C, partials_t P)
             __syncthreads();
         }
         if (tid == 0) {
-            P.m[slot] = C.mrun[qi];
-            P.l[slot] = C.lrun[qi];
+            P.m[slot] = mrun[qi];
+            P.l[slot] = lrun[qi];
         }
     }
 }
@@ -548,10 +570,9 @@ __launch_bounds__(ATTN_TILE)
     attn_packed_kernel(packed_params_t A, const void *const *__restrict__ pages,
                        const float *__restrict__ q, partials_t P, uint32_t n_splits)
 {
-    TQKV_DYN_SMEM(float, sm);
     packed_ctx_t C;
     (void)n_splits;
-    packed_ctx_init(A, pages, sm, C);
+    packed_ctx_init(A, pages, C);
     packed_prepare_queries(A, C, q); /* 1. queries: rotate, tables, bias */
     for (uint32_t t0 = C.t_begin; t0 < C.t_end; t0 += ATTN_TILE) { /* 2. tiles of tokens */
         uint32_t tn = min((uint32_t)ATTN_TILE, C.t_end - t0);
