@@ -11,7 +11,7 @@ foreach(_s codebook rotation pack page quality)
     SOURCES ${PROJECT_SOURCE_DIR}/tests/check_codec_${_s}.c
     LIBS tqkv_kernels
     LABELS unit
-    TIMEOUT 300)
+    TIMEOUT 900)
 endforeach()
 
 # The tool itself, run as a user would (needs the tqkv-codec target).
@@ -42,7 +42,7 @@ foreach(_isa avx2 scalar)
   foreach(_s check_codec_pack check_codec_page)
     if(TARGET ${_s})
       add_test(NAME ${_s}_${_isa} COMMAND ${_s})
-      set_tests_properties(${_s}_${_isa} PROPERTIES LABELS unit TIMEOUT 300
+      set_tests_properties(${_s}_${_isa} PROPERTIES LABELS unit TIMEOUT 900
         ENVIRONMENT "TQKV_ISA=${_isa};CK_DEFAULT_TIMEOUT=600")
     endif()
   endforeach()
