@@ -119,6 +119,20 @@ void tqkv_disk_page_free(tqkv_disk_page_t *p);
 void tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n,
                         tqkv_disk_page_t *out, tqkv_status_t *st);
 
+/* The same round, finished one read at a time, so that a caller can send a page while
+ * the others are still being read: tqkv_disk_batch_start submits the reads of keys[0..n)
+ * (keys and what they point to must stay valid until tqkv_disk_batch_end);
+ * tqkv_disk_batch_finish(b, i, out) waits for read i alone and returns what
+ * tqkv_disk_get would (once per i); tqkv_disk_batch_end waits for the reads not finished,
+ * drops their pages and frees b. All three on the thread that started the batch (the
+ * io_uring engine has a ring per thread). NULL only when out of memory. */
+typedef struct tqkv_disk_batch tqkv_disk_batch_t;
+tqkv_disk_batch_t *tqkv_disk_batch_start(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n);
+tqkv_status_t tqkv_disk_batch_finish(tqkv_disk_batch_t *b, size_t i, tqkv_disk_page_t *out);
+/* Waits for all of b's reads in flight with one sleep (each finish then returns at once). */
+void tqkv_disk_batch_wait(tqkv_disk_batch_t *b);
+void tqkv_disk_batch_end(tqkv_disk_batch_t *b);
+
 /* Deletes key's record (layer TQKV_DISK_ALL_LAYERS: every layer of the hash) with a
  * durable-by-policy tombstone. pages and bytes (may be NULL) get what went. */
 tqkv_status_t tqkv_disk_delete(tqkv_disk_t *d, const char *ns, size_t ns_len, const uint8_t *hash,

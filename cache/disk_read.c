@@ -1,4 +1,5 @@
-/* disk_read.c - the disk tier's reads: tqkv_disk_contains, tqkv_disk_get, tqkv_disk_get_many.
+/* disk_read.c - the disk tier's reads: tqkv_disk_contains, tqkv_disk_get, tqkv_disk_get_many
+ * and its batches (tqkv_disk_batch_*).
  *
  * A read finds the candidate slots of the key's digest under ilock (read), takes a
  * reference on the segment and reads with no lock held; a record still in the write
@@ -184,26 +185,49 @@ tqkv_disk_get(tqkv_disk_t *d, const tqkv_block_key_t *key, tqkv_disk_page_t *out
     return result;
 }
 
-void
-tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n, tqkv_disk_page_t *out,
-                   tqkv_status_t *st)
+/* ---- batches: a round of reads in flight at once, finished one by one ---- */
+
+enum { BR_NONE = 0, BR_FAST, BR_SLOW, BR_DONE };
+
+struct tqkv_disk_batch {
+    tqkv_disk_t *d;
+    const tqkv_block_key_t *keys;
+    size_t n;
+    tqkv__io_op_t *ops;
+    seg_t **segs;
+    uint8_t *state;     /* BR_* per key */
+    tqkv_status_t *st0; /* BR_NONE: the answer (ENOTFOUND, EINVAL) */
+};
+
+tqkv_disk_batch_t *
+tqkv_disk_batch_start(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n)
 {
-    tqkv__io_op_t *ops = calloc(n ? n : 1, sizeof(*ops));
-    seg_t **segs = calloc(n ? n : 1, sizeof(*segs));
-    uint8_t *fast = calloc(n ? n : 1, 1);
-    if (ops == NULL || segs == NULL || fast == NULL) {
-        for (size_t i = 0; i < n; i++)
-            st[i] = tqkv_disk_get(d, &keys[i], &out[i]);
-        goto done;
+    tqkv_disk_batch_t *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return NULL;
+    size_t m = n ? n : 1;
+    b->d = d;
+    b->keys = keys;
+    b->n = n;
+    b->ops = calloc(m, sizeof(*b->ops));
+    b->segs = calloc(m, sizeof(*b->segs));
+    b->state = calloc(m, 1);
+    b->st0 = calloc(m, sizeof(*b->st0));
+    if (b->ops == NULL || b->segs == NULL || b->state == NULL || b->st0 == NULL) {
+        free(b->ops);
+        free(b->segs);
+        free(b->state);
+        free(b->st0);
+        free(b);
+        return NULL;
     }
     if (n > 0)
         test_read_gate();
     for (size_t i = 0; i < n; i++) {
         slot_t c[2];
-        memset(&out[i], 0, sizeof(out[i]));
-        st[i] = TQKV_ENOTFOUND;
+        b->st0[i] = TQKV_ENOTFOUND;
         if (d == NULL || !tqkv__disk_valid_key(&keys[i])) {
-            st[i] = TQKV_EINVAL;
+            b->st0[i] = TQKV_EINVAL;
             continue;
         }
         uint64_t dg =
@@ -218,62 +242,125 @@ tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n, tqkv_
         }
         /* Unique digest in a sealed segment: in this round; anything else one by one. */
         if (s != NULL && s->sealed) {
-            ops[i].fd = s->fd;
-            ops[i].len = (size_t)c[0].nblk * ALIGN;
-            ops[i].off = (uint64_t)c[0].blk * ALIGN;
-            ops[i].buf = abuf(ops[i].len);
-            if (ops[i].buf != NULL && tqkv__io_submit(d->io, &ops[i]) == 0) {
-                segs[i] = s;
-                fast[i] = 1;
+            tqkv__io_op_t *op = &b->ops[i];
+            op->fd = s->fd;
+            op->len = (size_t)c[0].nblk * ALIGN;
+            op->off = (uint64_t)c[0].blk * ALIGN;
+            op->buf = abuf(op->len);
+            if (op->buf != NULL && tqkv__io_submit(d->io, op) == 0) {
+                b->segs[i] = s;
+                b->state[i] = BR_FAST;
                 continue;
             }
-            free(ops[i].buf);
+            free(op->buf);
+            op->buf = NULL;
         }
         if (s != NULL)
             tqkv__disk_seg_unref(s);
-        fast[i] = 2; /* one by one */
+        b->state[i] = BR_SLOW;
     }
+    return b;
+}
+
+/* Waits for read i of b (BR_FAST) and checks it: TQKV_OK with out set, or -1 when a
+ * check failed or the read did (then the single path decides). */
+static int
+batch_reap(tqkv_disk_batch_t *b, size_t i, tqkv_disk_page_t *out)
+{
+    tqkv_disk_t *d = b->d;
+    const tqkv_block_key_t *k = &b->keys[i];
+    tqkv__io_op_t *op = &b->ops[i];
+    ssize_t r = tqkv__io_wait(d->io, op);
+    uint8_t *buf = op->buf;
+    int ok = 0;
+    cnt(&d->reads, 1);
+    if (r > 0)
+        cnt(&d->read_bytes, (uint64_t)r);
+    if (r == (ssize_t)op->len && tqkv__disk_rec_header_ok(buf, op->len, b->segs[i]->id) &&
+        tqkv__disk_rec_key_is(buf, k->ns, k->ns_len, k->hash, k->hash_len, k->layer) &&
+        tqkv__disk_rec_page_ok(buf)) {
+        const tqkv_disk_rec_t *h = (const void *)buf;
+        out->buf = buf;
+        out->page = buf + tqkv_disk_page_offset(tqkv__disk_key_bytes(h));
+        out->len = h->page_len;
+        out->bf16_bytes = h->bf16_bytes;
+        out->parent_len = h->parent_len;
+        memcpy(out->parent, buf + TQKV_DISK_REC_HEADER + h->ns_len + h->hash_len, h->parent_len);
+        cnt(&d->hits, 1);
+        ok = 1;
+    } else {
+        free(buf);
+    }
+    op->buf = NULL;
+    tqkv__disk_seg_unref(b->segs[i]);
+    b->segs[i] = NULL;
+    return ok ? 0 : -1;
+}
+
+tqkv_status_t
+tqkv_disk_batch_finish(tqkv_disk_batch_t *b, size_t i, tqkv_disk_page_t *out)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (b == NULL || out == NULL || i >= b->n || b->state[i] == BR_DONE)
+        return TQKV_EINVAL;
+    int st = b->state[i];
+    b->state[i] = BR_DONE;
+    if (st == BR_NONE)
+        return b->st0[i];
+    if (st == BR_FAST && batch_reap(b, i, out) == 0)
+        return TQKV_OK;
+    return tqkv_disk_get(b->d, &b->keys[i], out);
+}
+
+void
+tqkv_disk_batch_end(tqkv_disk_batch_t *b)
+{
+    if (b == NULL)
+        return;
+    for (size_t i = 0; i < b->n; i++)
+        if (b->state[i] == BR_FAST) {
+            /* The kernel may still write it; the bytes were read all the same. */
+            ssize_t r = tqkv__io_wait(b->d->io, &b->ops[i]);
+            cnt(&b->d->reads, 1);
+            if (r > 0)
+                cnt(&b->d->read_bytes, (uint64_t)r);
+            free(b->ops[i].buf);
+            tqkv__disk_seg_unref(b->segs[i]);
+        }
+    free(b->ops);
+    free(b->segs);
+    free(b->state);
+    free(b->st0);
+    free(b);
+}
+
+void
+tqkv_disk_batch_wait(tqkv_disk_batch_t *b)
+{
     /* One sleep for the whole round (not one per read, in index order): on a loaded
      * machine every wake-up of this thread waits for a CPU. */
     size_t nfast = 0;
-    for (size_t i = 0; i < n; i++)
-        nfast += fast[i] == 1;
+    for (size_t i = 0; b != NULL && i < b->n; i++)
+        nfast += b->state[i] == BR_FAST;
     if (nfast > 1)
-        tqkv__io_wait_many(d->io, nfast);
-    for (size_t i = 0; i < n; i++) {
-        if (fast[i] == 1) {
-            ssize_t r = tqkv__io_wait(d->io, &ops[i]);
-            uint8_t *b = ops[i].buf;
-            cnt(&d->reads, 1);
-            if (r > 0)
-                cnt(&d->read_bytes, (uint64_t)r);
-            if (r == (ssize_t)ops[i].len && tqkv__disk_rec_header_ok(b, ops[i].len, segs[i]->id) &&
-                tqkv__disk_rec_key_is(b, keys[i].ns, keys[i].ns_len, keys[i].hash, keys[i].hash_len,
-                                      keys[i].layer) &&
-                tqkv__disk_rec_page_ok(b)) {
-                const tqkv_disk_rec_t *h = (const void *)b;
-                out[i].buf = b;
-                out[i].page = b + tqkv_disk_page_offset(tqkv__disk_key_bytes(h));
-                out[i].len = h->page_len;
-                out[i].bf16_bytes = h->bf16_bytes;
-                out[i].parent_len = h->parent_len;
-                memcpy(out[i].parent, b + TQKV_DISK_REC_HEADER + h->ns_len + h->hash_len,
-                       h->parent_len);
-                st[i] = TQKV_OK;
-                cnt(&d->hits, 1);
-            } else {
-                free(b);
-                fast[i] = 2; /* a check failed or an error: the single path decides */
-            }
-            tqkv__disk_seg_unref(segs[i]);
-        }
-        if (fast[i] == 2)
+        tqkv__io_wait_many(b->d->io, nfast);
+}
+
+void
+tqkv_disk_get_many(tqkv_disk_t *d, const tqkv_block_key_t *keys, size_t n, tqkv_disk_page_t *out,
+                   tqkv_status_t *st)
+{
+    tqkv_disk_batch_t *b = tqkv_disk_batch_start(d, keys, n);
+    if (b == NULL) {
+        for (size_t i = 0; i < n; i++)
             st[i] = tqkv_disk_get(d, &keys[i], &out[i]);
+        return;
     }
-done:
-    free(ops);
-    free(segs);
-    free(fast);
+    tqkv_disk_batch_wait(b);
+    for (size_t i = 0; i < n; i++)
+        st[i] = tqkv_disk_batch_finish(b, i, &out[i]);
+    tqkv_disk_batch_end(b);
 }
 
 void

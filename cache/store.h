@@ -197,11 +197,20 @@ tqkv_status_t tqkv_store_get_cached(tqkv_store_t *s, const tqkv_block_key_t *key
  * on their copy, counted as a hit now), so the promotions cannot evict them before the
  * Get sends them. Absent blocks and blocks past the byte budget are not pinned
  * (tqkv_store_pins_take gives NULL for them). Block `first` is always read when it is on
- * disk. The arrays are read during the call only. */
+ * disk. The arrays are read during the call only; the pins may be taken on any thread. */
 tqkv_status_t tqkv_store_pin_disk(tqkv_store_t *s, const char *ns, size_t ns_len,
                                   const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
                                   uint32_t layer_begin, uint32_t layer_end, size_t first,
                                   tqkv_store_pins_t **out);
+/* tqkv_store_pin_disk that only starts the reads: each is finished (waited for, checked,
+ * promoted) when tqkv_store_pins_take asks for its block, so a Get sends its first pages
+ * while the later ones are still on their way from the disk (the TCP data channel). Take
+ * and free on the calling thread (the disk engine's io_uring rings are per thread), and
+ * keep ns and the hashes' bytes valid until tqkv_store_pins_free. */
+tqkv_status_t tqkv_store_pin_disk_start(tqkv_store_t *s, const char *ns, size_t ns_len,
+                                        const uint8_t *const *hashes, const size_t *hash_lens,
+                                        size_t n, uint32_t layer_begin, uint32_t layer_end,
+                                        size_t first, tqkv_store_pins_t **out);
 
 /* Block idx's pinned page, handed over (release it with tqkv_page_ref_release; a disk
  * page is counted as a disk hit now), or NULL. *miss (may be NULL) is set when block idx was on

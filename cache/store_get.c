@@ -301,58 +301,92 @@ tqkv_store_get_cached(tqkv_store_t *s, const tqkv_block_key_t *key, tqkv_page_re
 
 /* ---- pinned disk reads (a Get's disk-only pages, read once) ---- */
 
-enum { PIN_NONE = 0, PIN_REF, PIN_RAM, PIN_MISS };
+enum { PIN_NONE = 0, PIN_REF, PIN_RAM, PIN_MISS, PIN_PENDING };
+
+/* One round of disk reads in flight (tqkv_disk_batch_*), finished block by block as the
+ * Get takes them: the Get sends its first pages while the others are still read. */
+typedef struct pin_round {
+    struct pin_round *next;
+    tqkv_disk_batch_t *b;
+    size_t nk;
+    tqkv_block_key_t keys[PREFETCH_BATCH]; /* the batch reads them until it ends */
+} pin_round_t;
 
 struct tqkv_store_pins {
     tqkv_store_t *s;
     ns_rec_t *ns;
     size_t first, n;        /* blocks [first, first + n) were considered */
     uint8_t *state;         /* PIN_* per block */
-    tqkv_page_ref_t **refs; /* per block (PIN_REF) */
+    tqkv_page_ref_t **refs; /* per block (PIN_REF, PIN_RAM) */
+    pin_round_t **round;    /* per block (PIN_PENDING): its round, and its index there */
+    uint8_t *round_idx;
+    pin_round_t *rounds;
 };
 
-/* Pins the pages of one batch read: a reference over each read buffer, promoted into
- * DRAM as a plain read would. */
+/* Starts one round of reads for blocks idx[0..nk): PIN_PENDING until taken. */
 static void
-pin_batch(tqkv_store_pins_t *p, const tqkv_block_key_t *keys, const size_t *idx, size_t nk)
+pin_round_start(tqkv_store_pins_t *p, const tqkv_block_key_t *keys, const size_t *idx, size_t nk)
 {
-    tqkv_store_t *s = p->s;
-    tqkv_disk_page_t pages[PREFETCH_BATCH];
-    tqkv_status_t sts[PREFETCH_BATCH];
-    tqkv_disk_get_many(s->disk, keys, nk, pages, sts);
+    pin_round_t *r = malloc(sizeof(*r));
+    if (r != NULL) {
+        memcpy(r->keys, keys, nk * sizeof(*keys));
+        r->nk = nk;
+        r->b = tqkv_disk_batch_start(p->s->disk, r->keys, nk);
+    }
+    if (r == NULL || r->b == NULL) {
+        free(r);
+        return; /* out of memory: not pinned, so the Get reads them one by one */
+    }
+    r->next = p->rounds;
+    p->rounds = r;
     for (size_t j = 0; j < nk; j++) {
         size_t b = idx[j] - p->first;
-        tqkv_page_ref_t *r = sts[j] == TQKV_OK ? malloc(sizeof(*r)) : NULL;
-        if (r == NULL) {
-            if (sts[j] == TQKV_OK)
-                tqkv_disk_page_free(&pages[j]);
-            /* Gone meanwhile (ENOTFOUND) or failed its checks / the disk: a miss. */
-            p->state[b] = PIN_MISS;
-            continue;
-        }
-        int dup = 0;
-        if (tqkv__store_put_ram(s, &keys[j], pages[j].parent_len ? pages[j].parent : NULL,
-                                pages[j].parent_len, pages[j].page, pages[j].len,
-                                pages[j].bf16_bytes, &dup) == TQKV_OK &&
-            !dup) {
-            cnt_add(&s->g.disk_promotions, 1);
-            cnt_add(&p->ns->c.disk_promotions, 1);
-        }
-        r->s = s;
-        r->c = NULL;
-        r->buf = pages[j].buf; /* the read buffer; the page is inside it */
-        r->host = pages[j].page;
-        r->len = (uint32_t)pages[j].len;
-        r->tier = TQKV_TIER_DISK;
-        p->refs[b] = r;
-        p->state[b] = PIN_REF;
+        p->state[b] = PIN_PENDING;
+        p->round[b] = r;
+        p->round_idx[b] = (uint8_t)j;
     }
 }
 
-tqkv_status_t
-tqkv_store_pin_disk(tqkv_store_t *s, const char *ns_name, size_t ns_len,
-                    const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
-                    uint32_t layer_begin, uint32_t layer_end, size_t first, tqkv_store_pins_t **out)
+/* Finishes block b's read (PIN_PENDING): a reference over the read buffer, promoted into
+ * DRAM as a plain read would (PIN_REF), or PIN_MISS. */
+static void
+pin_finish(tqkv_store_pins_t *p, size_t b)
+{
+    tqkv_store_t *s = p->s;
+    pin_round_t *rd = p->round[b];
+    const tqkv_block_key_t *key = &rd->keys[p->round_idx[b]];
+    tqkv_disk_page_t page;
+    tqkv_status_t st = tqkv_disk_batch_finish(rd->b, p->round_idx[b], &page);
+    tqkv_page_ref_t *r = st == TQKV_OK ? malloc(sizeof(*r)) : NULL;
+    p->round[b] = NULL;
+    if (r == NULL) {
+        if (st == TQKV_OK)
+            tqkv_disk_page_free(&page);
+        /* Gone meanwhile (ENOTFOUND) or failed its checks / the disk: a miss. */
+        p->state[b] = PIN_MISS;
+        return;
+    }
+    int dup = 0;
+    if (tqkv__store_put_ram(s, key, page.parent_len ? page.parent : NULL, page.parent_len,
+                            page.page, page.len, page.bf16_bytes, &dup) == TQKV_OK &&
+        !dup) {
+        cnt_add(&s->g.disk_promotions, 1);
+        cnt_add(&p->ns->c.disk_promotions, 1);
+    }
+    r->s = s;
+    r->c = NULL;
+    r->buf = page.buf; /* the read buffer; the page is inside it */
+    r->host = page.page;
+    r->len = (uint32_t)page.len;
+    r->tier = TQKV_TIER_DISK;
+    p->refs[b] = r;
+    p->state[b] = PIN_REF;
+}
+
+static tqkv_status_t
+pin_disk(tqkv_store_t *s, const char *ns_name, size_t ns_len, const uint8_t *const *hashes,
+         const size_t *hash_lens, size_t n, uint32_t layer_begin, uint32_t layer_end, size_t first,
+         tqkv_store_pins_t **out)
 {
     tqkv_block_key_t keys[PREFETCH_BATCH];
     size_t idx[PREFETCH_BATCH], nk = 0;
@@ -375,7 +409,9 @@ tqkv_store_pin_disk(tqkv_store_t *s, const char *ns_name, size_t ns_len,
     p->n = total - first;
     p->state = calloc(p->n, 1);
     p->refs = calloc(p->n, sizeof(*p->refs));
-    if (p->state == NULL || p->refs == NULL) {
+    p->round = calloc(p->n, sizeof(*p->round));
+    p->round_idx = calloc(p->n, 1);
+    if (p->state == NULL || p->refs == NULL || p->round == NULL || p->round_idx == NULL) {
         tqkv_store_pins_free(p);
         return TQKV_ENOMEM;
     }
@@ -414,15 +450,42 @@ tqkv_store_pin_disk(tqkv_store_t *s, const char *ns_name, size_t ns_len,
             fetched += rb;
         }
         if (nk == PREFETCH_BATCH || (nk > 0 && (i == total || fetched >= budget))) {
-            pin_batch(p, keys, idx, nk);
+            pin_round_start(p, keys, idx, nk);
             nk = 0;
         }
         if (i < total && fetched >= budget)
             break;
     }
     if (nk > 0)
-        pin_batch(p, keys, idx, nk);
+        pin_round_start(p, keys, idx, nk);
     *out = p;
+    return TQKV_OK;
+}
+
+tqkv_status_t
+tqkv_store_pin_disk_start(tqkv_store_t *s, const char *ns_name, size_t ns_len,
+                          const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                          uint32_t layer_begin, uint32_t layer_end, size_t first,
+                          tqkv_store_pins_t **out)
+{
+    return pin_disk(s, ns_name, ns_len, hashes, hash_lens, n, layer_begin, layer_end, first, out);
+}
+
+tqkv_status_t
+tqkv_store_pin_disk(tqkv_store_t *s, const char *ns_name, size_t ns_len,
+                    const uint8_t *const *hashes, const size_t *hash_lens, size_t n,
+                    uint32_t layer_begin, uint32_t layer_end, size_t first, tqkv_store_pins_t **out)
+{
+    tqkv_status_t st =
+        pin_disk(s, ns_name, ns_len, hashes, hash_lens, n, layer_begin, layer_end, first, out);
+    if (st != TQKV_OK)
+        return st;
+    tqkv_store_pins_t *p = *out;
+    for (pin_round_t *r = p->rounds; r != NULL; r = r->next)
+        tqkv_disk_batch_wait(r->b);
+    for (size_t b = 0; b < p->n; b++)
+        if (p->state[b] == PIN_PENDING)
+            pin_finish(p, b);
     return TQKV_OK;
 }
 
@@ -434,6 +497,8 @@ tqkv_store_pins_take(tqkv_store_pins_t *p, size_t idx, int *miss)
     if (p == NULL || idx < p->first || idx - p->first >= p->n)
         return NULL;
     size_t b = idx - p->first;
+    if (p->state[b] == PIN_PENDING)
+        pin_finish(p, b);
     if (p->state[b] == PIN_MISS) {
         p->state[b] = PIN_NONE;
         if (miss)
@@ -465,8 +530,16 @@ tqkv_store_pins_free(tqkv_store_pins_t *p)
         return;
     for (size_t b = 0; p->refs && b < p->n; b++)
         tqkv_page_ref_release(p->refs[b]);
+    while (p->rounds != NULL) { /* reads not taken: waited for and dropped */
+        pin_round_t *r = p->rounds;
+        p->rounds = r->next;
+        tqkv_disk_batch_end(r->b);
+        free(r);
+    }
     free(p->refs);
     free(p->state);
+    free(p->round);
+    free(p->round_idx);
     free(p);
 }
 

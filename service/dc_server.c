@@ -213,8 +213,9 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
     size_t nh = q->n_hashes, total = (size_t)(q->layer_end - q->layer_begin) * nh;
     size_t nsl = strlen(q->namespace_);
     /* Disk-only pages: read on this connection thread (never on an RPC thread), pinned
-     * from the first one on (tqkv_store_pin_disk), so each is read once; a new round at
-     * the next disk-only block past the previous round's byte budget. */
+     * from the first one on (tqkv_store_pin_disk_start), so each is read once; each is
+     * sent as soon as its own read is done, while the later ones are still read; a new
+     * round at the next disk-only block past the previous round's byte budget. */
     tqkv_store_pins_t *pins = NULL;
     const uint8_t **hp = malloc((nh + 1) * sizeof(*hp));
     size_t *hl = malloc((nh + 1) * sizeof(*hl));
@@ -248,8 +249,8 @@ run_job(tqkv_server_t *s, dchan_t *ch, dc_job_t *j)
         if (st == TQKV_EBUSY && hp && hl) {
             tqkv_store_pins_free(pins);
             pins = NULL;
-            (void)tqkv_store_pin_disk(s->store, q->namespace_, nsl, hp, hl, nh, q->layer_begin,
-                                      q->layer_end, i, &pins);
+            (void)tqkv_store_pin_disk_start(s->store, q->namespace_, nsl, hp, hl, nh,
+                                            q->layer_begin, q->layer_end, i, &pins);
             if ((ref = tqkv_store_pins_take(pins, i, &miss)) != NULL)
                 st = TQKV_OK;
             else if (miss)
