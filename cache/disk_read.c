@@ -96,6 +96,19 @@ tqkv__disk_read_record(tqkv_disk_t *d, seg_t *s, uint32_t blk, uint32_t nblk, in
     return TQKV_OK;
 }
 
+/* out: the page inside the checked record b (out owns b from now on). */
+static void
+rec_to_page(uint8_t *b, tqkv_disk_page_t *out)
+{
+    const tqkv_disk_rec_t *h = (const void *)b;
+    out->buf = b;
+    out->page = b + tqkv_disk_page_offset(tqkv__disk_key_bytes(h));
+    out->len = h->page_len;
+    out->bf16_bytes = h->bf16_bytes;
+    out->parent_len = h->parent_len;
+    memcpy(out->parent, b + TQKV_DISK_REC_HEADER + h->ns_len + h->hash_len, h->parent_len);
+}
+
 int
 tqkv_disk_contains(tqkv_disk_t *d, const tqkv_block_key_t *key, uint64_t *rec_bytes)
 {
@@ -168,13 +181,7 @@ tqkv_disk_get(tqkv_disk_t *d, const tqkv_block_key_t *key, tqkv_disk_page_t *out
             free(b);
             continue;
         }
-        const tqkv_disk_rec_t *h = (const void *)b;
-        out->buf = b;
-        out->page = b + tqkv_disk_page_offset(tqkv__disk_key_bytes(h));
-        out->len = h->page_len;
-        out->bf16_bytes = h->bf16_bytes;
-        out->parent_len = h->parent_len;
-        memcpy(out->parent, b + TQKV_DISK_REC_HEADER + h->ns_len + h->hash_len, h->parent_len);
+        rec_to_page(b, out);
         result = TQKV_OK;
         break;
     }
@@ -279,13 +286,7 @@ batch_reap(tqkv_disk_batch_t *b, size_t i, tqkv_disk_page_t *out)
     if (r == (ssize_t)op->len && tqkv__disk_rec_header_ok(buf, op->len, b->segs[i]->id) &&
         tqkv__disk_rec_key_is(buf, k->ns, k->ns_len, k->hash, k->hash_len, k->layer) &&
         tqkv__disk_rec_page_ok(buf)) {
-        const tqkv_disk_rec_t *h = (const void *)buf;
-        out->buf = buf;
-        out->page = buf + tqkv_disk_page_offset(tqkv__disk_key_bytes(h));
-        out->len = h->page_len;
-        out->bf16_bytes = h->bf16_bytes;
-        out->parent_len = h->parent_len;
-        memcpy(out->parent, buf + TQKV_DISK_REC_HEADER + h->ns_len + h->hash_len, h->parent_len);
+        rec_to_page(buf, out);
         cnt(&d->hits, 1);
         ok = 1;
     } else {

@@ -90,6 +90,19 @@ crc_ok(const void *data, size_t len, int kind, uint32_t crc)
     return 1;
 }
 
+/* r: a reference over a page read from the disk tier (the read buffer, the page inside
+ * it; r owns the buffer from now on). */
+static void
+disk_ref_init(tqkv_page_ref_t *r, tqkv_store_t *s, const tqkv_disk_page_t *p)
+{
+    r->s = s;
+    r->c = NULL;
+    r->buf = p->buf;
+    r->host = p->page;
+    r->len = (uint32_t)p->len;
+    r->tier = TQKV_TIER_DISK;
+}
+
 /* A miss in HBM/DRAM with a disk tier: reads the record (no store lock held; the thread
  * waits for this one read), serves it from the read buffer and promotes a copy into
  * DRAM. Takes r (freed on a miss). */
@@ -106,12 +119,7 @@ get_disk(tqkv_store_t *s, ns_rec_t *ns, const tqkv_block_key_t *key, tqkv_page_r
         cnt_add(&ns->c.misses, 1);
         return st == TQKV_ENOMEM ? st : TQKV_ENOTFOUND;
     }
-    r->s = s;
-    r->c = NULL;
-    r->buf = p.buf; /* the record buffer; the page is inside it */
-    r->host = p.page;
-    r->len = (uint32_t)p.len;
-    r->tier = TQKV_TIER_DISK;
+    disk_ref_init(r, s, &p);
     cnt_add(&s->g.hits[TQKV_TIER_DISK], 1);
     cnt_add(&ns->c.hits[TQKV_TIER_DISK], 1);
     cnt_add(&s->g.bytes_out, r->len);
@@ -373,12 +381,7 @@ pin_finish(tqkv_store_pins_t *p, size_t b)
         cnt_add(&s->g.disk_promotions, 1);
         cnt_add(&p->ns->c.disk_promotions, 1);
     }
-    r->s = s;
-    r->c = NULL;
-    r->buf = page.buf; /* the read buffer; the page is inside it */
-    r->host = page.page;
-    r->len = (uint32_t)page.len;
-    r->tier = TQKV_TIER_DISK;
+    disk_ref_init(r, s, &page);
     p->refs[b] = r;
     p->state[b] = PIN_REF;
 }
