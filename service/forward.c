@@ -40,6 +40,7 @@ struct tqkv__fwd {
     pthread_cond_t rcv;
     int rstop, rstarted;
     pthread_t rth;
+    _Atomic uint64_t hellos; /* peers' hellos (tqkv__fwd_peer_hello) */
 };
 
 #define REPL_SETTLE_S 2.0  /* a pass this long after the peers' table last changed */
@@ -100,7 +101,22 @@ peers_fingerprint(tqkv__fwd_t *f)
     memset(&hs, 0, sizeof hs);
     tqkv_client_health_stats(tqkv__fwd_client_acquire(f), &hs);
     tqkv__fwd_client_release(f);
-    return fp + hs.revived * 0x94d049bb133111ebull;
+    return fp + hs.revived * 0x94d049bb133111ebull +
+           atomic_load(&f->hellos) * 0xd6e8feb86659fd93ull;
+}
+
+void
+tqkv__fwd_peer_hello(tqkv_server_t *s, const char *id, size_t len)
+{
+    tqkv__fwd_t *f = atomic_load(&s->fwd);
+    if (f == NULL || (len == strlen(s->cfg.node_id) && memcmp(id, s->cfg.node_id, len) == 0))
+        return;
+    atomic_fetch_add(&f->hellos, 1);
+    tqkv_metrics_peer_hello(s->metrics);
+    char raw[128], q[300];
+    snprintf(raw, sizeof raw, "%.*s", (int)(len < sizeof raw ? len : sizeof raw - 1), id);
+    tqkv_log_quote(q, sizeof q, raw);
+    tqkv_log(TQKV_LOG_DEBUG, "peer hello: a peer (re)started or joined", "node_id=\"%s\"", q);
 }
 
 static void *
@@ -250,7 +266,8 @@ peers_client(tqkv_server_t *s, int *warned)
     tqkv_client_t *cl = NULL;
     /* hop 2: a peer's ask, answered from the peer's store alone (no forwarding, no
      * read-through: no loops) */
-    tqkv_client_peer_opts_t po = {.exclude_node_id = s->cfg.node_id, .hop = TQKV__HOP_PEER};
+    tqkv_client_peer_opts_t po = {
+        .exclude_node_id = s->cfg.node_id, .hop = TQKV__HOP_PEER, .hello_node_id = s->cfg.node_id};
     tqkv_status_t st = o.num_targets ? tqkv_client_create_peer(&o, &po, &cl) : TQKV_EINVAL;
     memset(tok, 0, sizeof tok); /* the client keeps its own copy */
     if (st != TQKV_OK) {

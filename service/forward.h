@@ -153,10 +153,16 @@ void tqkv__fwd_destroy(tqkv__fwd_t *f);
 
 /* Background re-replication (replicate.c; --replicate-bytes-per-s, 0 = off): a thread
  * that forward.c starts with the peers' client runs a pass 2 s after the peers' table
- * changed or a down peer came back, and every 60 s: every block this server holds and
- * ranks first or second for is asked of the other of the two, and put there when that
- * one lacks it, within the byte rate. */
+ * changed, a down peer came back or a peer said hello, and every 60 s: every block
+ * this server holds and ranks first or second for is asked of the other of the two, and
+ * put there when that one lacks it, within the byte rate. */
 void tqkv__repl_pass(tqkv__fwd_t *f, uint64_t bytes_per_s);
+/* A peer's node-id question carried "tqkv-peer-hello: <its node id>" (id, len bytes; the
+ * caller checked that its token may write everywhere): that peer (re)started or joined.
+ * A restart at the same address and node id changes nothing in DNS or in the peers'
+ * table, so this is what makes the next pass (2 s later) push its share to it. A hello
+ * of this server's own node id, or before the peers' client exists, is dropped. */
+void tqkv__fwd_peer_hello(struct tqkv_server *s, const char *id, size_t len);
 /* Puts the stored page k (tqkv_store_export's) to put, as the page, checked whole first
  * (hand-off and re-replication): TQKV_OK with its bytes in *len; TQKV_ENOTFOUND when it
  * is gone or not one to send (a bad hash or page: skipped); else the put's failure. */

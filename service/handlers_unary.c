@@ -332,6 +332,24 @@ delete_start(tqkv__call_t *c)
     tqkv__v1__delete_request__free_unpacked(r, NULL);
 }
 
+/* A peers' client's node-id question says "tqkv-peer-hello: <node id>" (a peer
+ * (re)started or joined: forward.h); honoured from a token that may write everywhere
+ * (the peer token), or with auth off. */
+static void
+peer_hello(tqkv__call_t *c)
+{
+    for (size_t i = 0; i < c->md.count; i++) {
+        const grpc_metadata *m = &c->md.metadata[i];
+        if (grpc_slice_str_cmp(m->key, "tqkv-peer-hello") != 0)
+            continue;
+        if (c->auth == NULL || tqkv_auth_check(c->auth, c->authz, c->authz_len, NULL, 0,
+                                               TQKV_AUTH_READ | TQKV_AUTH_WRITE) == TQKV_OK)
+            tqkv__fwd_peer_hello(c->srv, (const char *)GRPC_SLICE_START_PTR(m->value),
+                                 GRPC_SLICE_LENGTH(m->value));
+        return;
+    }
+}
+
 static void
 stats_start(tqkv__call_t *c)
 {
@@ -345,6 +363,7 @@ stats_start(tqkv__call_t *c)
     free(buf);
     /* identity_only: any valid token (checked before) may ask, every client ranks alike */
     if (rc == TQKV_OK && r->identity_only) {
+        peer_hello(c);
         Tqkv__V1__StatsResponse id = TQKV__V1__STATS_RESPONSE__INIT;
         id.node_id = c->srv->cfg.node_id;
         tqkv__call_finish_msg(c, &id.base);

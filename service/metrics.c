@@ -91,6 +91,7 @@ struct tqkv_metrics {
     char node_id[256]; /* set once before serving */
     _Atomic uint64_t bytes_in, bytes_out, bf16_out;
     _Atomic uint64_t handoff_pages, handoff_bytes;
+    _Atomic uint64_t repl_passes, repl_pages, repl_bytes, peer_hellos;
     _Atomic uint64_t fwd_calls[3], fwd_blocks[3];                     /* TQKV_METRICS_FWD_* */
     _Atomic uint64_t rt_calls[3], rt_asked[3], rt_found[3], rt_bytes; /* read-through */
     _Atomic uint64_t codec_bytes[2];                                  /* [0] decode, [1] encode */
@@ -336,6 +337,23 @@ tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes)
 }
 
 void
+tqkv_metrics_replicate(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes)
+{
+    if (!m)
+        return;
+    atomic_fetch_add_explicit(&m->repl_passes, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->repl_pages, pages, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->repl_bytes, bytes, memory_order_relaxed);
+}
+
+void
+tqkv_metrics_peer_hello(tqkv_metrics_t *m)
+{
+    if (m)
+        atomic_fetch_add_explicit(&m->peer_hellos, 1, memory_order_relaxed);
+}
+
+void
 tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks)
 {
     if (!m || method < 0 || method > 2)
@@ -511,6 +529,70 @@ render_rpcs(tqkv__sbuf_t *b, tqkv_metrics_t *m)
     }
 }
 
+/* Hand-off, re-replication, forwarding and read-through (service/forward.h). */
+static void
+render_peers(tqkv__sbuf_t *b, tqkv_metrics_t *m)
+{
+    tqkv__sb_family(b, "tqkv_handoff_pages_total", "counter",
+                    "Pages handed off to peers on drain (--peers; stored or already there).");
+    tqkv__sb_printf(b, "tqkv_handoff_pages_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->handoff_pages, memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_handoff_bytes_total", "counter",
+                    "Page bytes handed off to peers on drain.");
+    tqkv__sb_printf(b, "tqkv_handoff_bytes_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->handoff_bytes, memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_replicate_passes_total", "counter",
+                    "Re-replication passes finished (--replicate-bytes-per-s).");
+    tqkv__sb_printf(b, "tqkv_replicate_passes_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->repl_passes, memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_replicate_pages_total", "counter",
+                    "Pages re-replication put to peers that lacked them.");
+    tqkv__sb_printf(b, "tqkv_replicate_pages_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->repl_pages, memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_replicate_bytes_total", "counter",
+                    "Page bytes re-replication put to peers.");
+    tqkv__sb_printf(b, "tqkv_replicate_bytes_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->repl_bytes, memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_peer_hellos_total", "counter",
+                    "Peers that said they (re)started or joined (each starts a "
+                    "re-replication pass 2 s later).");
+    tqkv__sb_printf(b, "tqkv_peer_hellos_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->peer_hellos, memory_order_relaxed));
+    static const char *const fwd_names[3] = {"Put", "Lookup", "Get"};
+    tqkv__sb_family(
+        b, "tqkv_forwarded_requests_total", "counter",
+        "Requests forwarded to the owners of blocks this server does not own (one hop).");
+    for (int i = 0; i < 3; i++)
+        tqkv__sb_printf(b, "tqkv_forwarded_requests_total{method=\"%s\"} %" PRIu64 "\n",
+                        fwd_names[i], atomic_load_explicit(&m->fwd_calls[i], memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_forwarded_blocks_total", "counter",
+                    "Blocks (hashes, or Put messages) in forwarded requests.");
+    for (int i = 0; i < 3; i++)
+        tqkv__sb_printf(b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                        atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_readthru_requests_total", "counter",
+                    "Requests that asked the next-ranked peers for blocks this server owns but "
+                    "did not hold (read-through; one batched ask per peer and rank round).");
+    for (int i = 1; i < 3; i++)
+        tqkv__sb_printf(b, "tqkv_readthru_requests_total{method=\"%s\"} %" PRIu64 "\n",
+                        fwd_names[i], atomic_load_explicit(&m->rt_calls[i], memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_readthru_blocks_total", "counter",
+                    "Hashes this server owns but did not hold, asked of the peers (read-through).");
+    for (int i = 1; i < 3; i++)
+        tqkv__sb_printf(b, "tqkv_readthru_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                        atomic_load_explicit(&m->rt_asked[i], memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_readthru_hits_total", "counter",
+                    "Read-through answers found at a peer: Lookup hashes, Get pages copied "
+                    "into this server's store.");
+    for (int i = 1; i < 3; i++)
+        tqkv__sb_printf(b, "tqkv_readthru_hits_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
+                        atomic_load_explicit(&m->rt_found[i], memory_order_relaxed));
+    tqkv__sb_family(b, "tqkv_readthru_bytes_total", "counter",
+                    "Page bytes copied from peers by read-through (server-side read repair).");
+    tqkv__sb_printf(b, "tqkv_readthru_bytes_total %" PRIu64 "\n",
+                    atomic_load_explicit(&m->rt_bytes, memory_order_relaxed));
+}
+
 tqkv_status_t
 tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
 {
@@ -598,48 +680,7 @@ tqkv_metrics_render(tqkv_metrics_t *m, tqkv_store_t *store, char **out)
         SB_LIT(&b, "\n");
     }
 
-    tqkv__sb_family(&b, "tqkv_handoff_pages_total", "counter",
-                    "Pages handed off to peers on drain (--peers; stored or already there).");
-    tqkv__sb_printf(&b, "tqkv_handoff_pages_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->handoff_pages, memory_order_relaxed));
-    tqkv__sb_family(&b, "tqkv_handoff_bytes_total", "counter",
-                    "Page bytes handed off to peers on drain.");
-    tqkv__sb_printf(&b, "tqkv_handoff_bytes_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->handoff_bytes, memory_order_relaxed));
-    static const char *const fwd_names[3] = {"Put", "Lookup", "Get"};
-    tqkv__sb_family(
-        &b, "tqkv_forwarded_requests_total", "counter",
-        "Requests forwarded to the owners of blocks this server does not own (one hop).");
-    for (int i = 0; i < 3; i++)
-        tqkv__sb_printf(&b, "tqkv_forwarded_requests_total{method=\"%s\"} %" PRIu64 "\n",
-                        fwd_names[i], atomic_load_explicit(&m->fwd_calls[i], memory_order_relaxed));
-    tqkv__sb_family(&b, "tqkv_forwarded_blocks_total", "counter",
-                    "Blocks (hashes, or Put messages) in forwarded requests.");
-    for (int i = 0; i < 3; i++)
-        tqkv__sb_printf(&b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n",
-                        fwd_names[i],
-                        atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
-    tqkv__sb_family(&b, "tqkv_readthru_requests_total", "counter",
-                    "Requests that asked the next-ranked peers for blocks this server owns but "
-                    "did not hold (read-through; one batched ask per peer and rank round).");
-    for (int i = 1; i < 3; i++)
-        tqkv__sb_printf(&b, "tqkv_readthru_requests_total{method=\"%s\"} %" PRIu64 "\n",
-                        fwd_names[i], atomic_load_explicit(&m->rt_calls[i], memory_order_relaxed));
-    tqkv__sb_family(&b, "tqkv_readthru_blocks_total", "counter",
-                    "Hashes this server owns but did not hold, asked of the peers (read-through).");
-    for (int i = 1; i < 3; i++)
-        tqkv__sb_printf(&b, "tqkv_readthru_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                        atomic_load_explicit(&m->rt_asked[i], memory_order_relaxed));
-    tqkv__sb_family(&b, "tqkv_readthru_hits_total", "counter",
-                    "Read-through answers found at a peer: Lookup hashes, Get pages copied "
-                    "into this server's store.");
-    for (int i = 1; i < 3; i++)
-        tqkv__sb_printf(&b, "tqkv_readthru_hits_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                        atomic_load_explicit(&m->rt_found[i], memory_order_relaxed));
-    tqkv__sb_family(&b, "tqkv_readthru_bytes_total", "counter",
-                    "Page bytes copied from peers by read-through (server-side read repair).");
-    tqkv__sb_printf(&b, "tqkv_readthru_bytes_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->rt_bytes, memory_order_relaxed));
+    render_peers(&b, m);
 
     render_ns_access(&b, m);
     if (store)

@@ -55,6 +55,10 @@ const char *tqkv_metrics_error(const tqkv_metrics_t *m);
 
 /* Pages (and their bytes) handed off to peers on drain. */
 void tqkv_metrics_handoff(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes);
+/* A finished re-replication pass (service/replicate.c): the pages (and their bytes) it
+ * put to peers that lacked them; and a peer's hello (forward.h) counted. */
+void tqkv_metrics_replicate(tqkv_metrics_t *m, uint64_t pages, uint64_t bytes);
+void tqkv_metrics_peer_hello(tqkv_metrics_t *m);
 /* Requests forwarded to the blocks' owners (one hop), by method ("Put", "Lookup", "Get"). */
 void tqkv_metrics_forwarded(tqkv_metrics_t *m, int method, uint64_t blocks);
 enum { TQKV_METRICS_FWD_PUT = 0, TQKV_METRICS_FWD_LOOKUP = 1, TQKV_METRICS_FWD_GET = 2 };

@@ -14,9 +14,11 @@
  * background, before any client asks.
  *
  * When: 2 s after the peers' table last changed (a peer left, came back, joined: DNS
- * and node ids, as libtqkv follows them) or a peer marked down answered again, and every
- * 60 s. Bounded: at most --replicate-bytes-per-s of page bytes and Lookup hashes (80
- * bytes each) per second, on average over a pass; a pass stops at the server's stop.
+ * and node ids, as libtqkv follows them), a peer marked down answered again, or a peer
+ * said hello (tqkv__fwd_peer_hello: a restart at the same address and node id shows in
+ * none of the others), and every 60 s. Bounded: at most --replicate-bytes-per-s of
+ * page bytes and Lookup hashes (80 bytes each) per second, on average over a pass; a
+ * pass stops at the server's stop.
  * A failed ask or put is logged (once per pass) and retried at the next pass.
  */
 #include <pthread.h>
@@ -34,11 +36,6 @@
 #include "service/service_internal.h"
 #include "transport/client_server.h"
 #include "transport/shard.h"
-
-#define REPL_BATCH 512       /* hashes per Lookup, pages per Put stream */
-#define REPL_LOOKUP_BYTES 80 /* what one Lookup hash costs on the wire, both ways */
-
-#define REPL_NS_MAX 1024 /* longer namespaces are left alone */
 
 #define REPL_BATCH 512       /* hashes per Lookup, pages per Put stream */
 #define REPL_LOOKUP_BYTES 80 /* what one Lookup hash costs on the wire, both ways */
@@ -320,6 +317,7 @@ tqkv__repl_pass(tqkv__fwd_t *f, uint64_t rate)
                  nc, (unsigned long long)p.asked, (unsigned long long)p.missing,
                  (unsigned long long)p.pages, (unsigned long long)p.bytes,
                  (unsigned long long)p.failed, tqkv_clock_s() - p.t0, rc ? "yes" : "no", p.err);
+    tqkv_metrics_replicate(tqkv__fwd_server(f)->metrics, p.pages, p.bytes);
     free(c);
     free(keys);
     free(names);

@@ -148,8 +148,8 @@ target_identify(void *arg, const tqkv_member_t *m, char *node_id, size_t cap)
     target_t *t = m->user;
     char why[256];
     pthread_rwlock_rdlock(&t->lock); /* a reconnect would swap ch[0] */
-    int rc = tqkv__node_id_query(t->ch[0], c->has_auth ? &c->auth_md : NULL, c->has_auth ? 1 : 0,
-                                 c->identify_ms, node_id, cap, why, sizeof why);
+    int rc = tqkv__node_id_query(t->ch[0], c->n_id_md ? c->id_md : NULL, c->n_id_md, c->identify_ms,
+                                 node_id, cap, why, sizeof why);
     pthread_rwlock_unlock(&t->lock);
     return rc;
 }
@@ -269,7 +269,7 @@ set_channel_args(tqkv_client_t *c, const tqkv_client_opts_t *o)
 /* The metadata calls carry: the bearer token, and "tqkv-hop": "2" for a server's
  * peers' client (hop 2), "1" otherwise (sent with several targets: client_call.c). */
 static tqkv_status_t
-set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
+set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o, const char *hello)
 {
     if (o->token && o->token[0]) {
         size_t tl = strlen(o->token);
@@ -286,6 +286,12 @@ set_call_metadata(tqkv_client_t *c, const tqkv_client_opts_t *o)
     }
     c->md[1].key = grpc_slice_from_static_string("tqkv-hop");
     c->md[1].value = grpc_slice_from_static_string(c->hop == 2 ? "2" : "1");
+    if (c->has_auth)
+        c->id_md[c->n_id_md++] = c->auth_md;
+    if (hello && hello[0]) {
+        c->id_md[c->n_id_md].key = grpc_slice_from_static_string("tqkv-peer-hello");
+        c->id_md[c->n_id_md++].value = grpc_slice_from_copied_string(hello);
+    }
     return TQKV_OK;
 }
 
@@ -415,7 +421,7 @@ tqkv_client_create_peer(const tqkv_client_opts_t *in, const tqkv_client_peer_opt
         }
     }
     c->hop = peer ? peer->hop : 0;
-    if ((st = set_call_metadata(c, o)) != TQKV_OK ||
+    if ((st = set_call_metadata(c, o, peer ? peer->hello_node_id : NULL)) != TQKV_OK ||
         (st = start_membership(c, o, peer ? peer->exclude_node_id : NULL)) != TQKV_OK ||
         (st = tqkv__repair_start(c)) != TQKV_OK)
         goto fail;
@@ -453,6 +459,8 @@ tqkv_client_destroy(tqkv_client_t *c)
     SSL_CTX_free(c->dc_tls);
     if (c->has_auth)
         grpc_slice_unref(c->auth_md.value);
+    if (c->n_id_md > (size_t)c->has_auth) /* the hello, last */
+        grpc_slice_unref(c->id_md[c->n_id_md - 1].value);
     if (c->creds)
         grpc_channel_credentials_release(c->creds);
     free(c->tls_name);

@@ -128,8 +128,10 @@ struct tqkv_client {
     uint32_t backoff_min, backoff_max;
     int wait_for_ready;
     int has_auth;
-    grpc_metadata auth_md;           /* "authorization: Bearer <token>" (slices owned) */
-    grpc_metadata md[2];             /* sent with calls: auth_md, and "tqkv-hop" */
+    grpc_metadata auth_md;  /* "authorization: Bearer <token>" (slices owned) */
+    grpc_metadata md[2];    /* sent with calls: auth_md, and "tqkv-hop" */
+    grpc_metadata id_md[2]; /* sent with node-id questions: auth_md, "tqkv-peer-hello" */
+    size_t n_id_md;
     int hop;                         /* opts.hop */
     grpc_channel_credentials *creds; /* kept to rebuild channels */
     grpc_arg args[16];

@@ -28,6 +28,10 @@ typedef struct tqkv_client_peer_opts {
                 through what it lacks. A client with several targets always sends "1" (it
                 shards itself); with one target none, so a server with --peers forwards
                 for it */
+    const char *hello_node_id; /* NULL, or this server's node id: the node-id questions
+                                  carry "tqkv-peer-hello: <it>", so a peer learns that this
+                                  server (re)started or joined (service/replicate.c: the
+                                  peers' client alone, not a pass's or the hand-off's) */
 } tqkv_client_peer_opts_t;
 
 /* tqkv_client_create with the peer options p (NULL = none: tqkv_client_create). */

@@ -7,11 +7,16 @@ is not granted gets PERMISSION_DENIED; read-only tokens cannot Put or Delete,
 write-only tokens cannot read; a tenant can never read, delete or learn the existence
 of another namespace's blocks through Lookup, Get, Delete or Stats (same answers
 whether the block exists or not); the same hash in two namespaces is two blocks; a
-malformed token file stops the server at start-up with FILE:LINE.
+malformed token file stops the server at start-up with FILE:LINE. A peer's hello
+(tqkv-peer-hello, which starts a re-replication pass) counts only from a token with rw
+on every namespace, never for the server's own node id.
 """
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tqkv_harness as H  # noqa: E402
@@ -228,6 +233,63 @@ def test_bad_token_files(r):
         r.check("missing token file refused, naming it", missing in str(e), str(e)[-300:])
 
 
+def test_peer_hello(r):
+    """A peer's hello (tqkv-peer-hello on a node-id question, service/forward.h) counts
+    only from a token with rw on every namespace (the peer token), never for the server's
+    own node id; the question is answered either way."""
+    pki = H.make_pki(os.path.join(H.tmpdir(), "hello-pki"))
+    ptok = os.path.join(H.tmpdir(), "peer-token")
+    with open(ptok, "w") as f:
+        f.write(ADMIN + "\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # a peer address where nothing listens
+    dead = s.getsockname()[1]
+    s.close()
+    srv = H.Server("--auth-tokens", token_file(), "--dram-capacity", "32M",
+                   "--tls-cert", os.path.join(pki, "server.pem"),
+                   "--tls-key", os.path.join(pki, "server.key"),
+                   "--peers", "127.0.0.1:%d" % dead, "--peer-ca", os.path.join(pki, "ca.pem"),
+                   "--peer-token-file", ptok, "--node-id", "tqkv-h",
+                   "--metrics-listen", "127.0.0.1:0", "--log-level", "info")
+    try:
+        mport = H.metrics_port(srv)
+        t0 = time.monotonic()
+        while "forwarding to peers" not in srv.stderr(full=True) and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        r.check("the peers' client is up", "forwarding to peers" in srv.stderr(full=True),
+                srv.stderr()[-600:])
+        creds = grpc.ssl_channel_credentials(root_certificates=H.read(os.path.join(pki, "ca.pem")))
+        ch = grpc.secure_channel(srv.addr, creds, options=H.CHANNEL_OPTS)
+        stub = H.pbg.KVCacheStub(ch)
+
+        def hello(token, who):
+            m = (H.md(token) or ()) + (("tqkv-peer-hello", who),)
+            try:
+                resp = stub.Stats(pb.StatsRequest(identity_only=True), metadata=m, timeout=10)
+                return resp.node_id
+            except grpc.RpcError as e:
+                return e.code()
+
+        def hellos():
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=10) as f:
+                for line in f.read().decode().splitlines():
+                    if line.startswith("tqkv_peer_hellos_total "):
+                        return float(line.split()[-1])
+            return -1.0
+
+        r.check("a tenant token's hello is answered, not counted",
+                hello(TA, "tqkv-x") == "tqkv-h" and hellos() == 0.0, str(hellos()))
+        r.check("a hello without a token is UNAUTHENTICATED, not counted",
+                hello(None, "tqkv-x") == SC.UNAUTHENTICATED and hellos() == 0.0)
+        r.check("a hello of the server's own node id is not counted",
+                hello(ADMIN, "tqkv-h") == "tqkv-h" and hellos() == 0.0, str(hellos()))
+        r.check("the peer token's hello is counted once",
+                hello(ADMIN, "tqkv-x") == "tqkv-h" and hellos() == 1.0, str(hellos()))
+        ch.close()
+    finally:
+        r.stop(srv)
+
+
 def main():
     r = H.Runner("test_auth")
     srv = H.Server("--auth-tokens", token_file(), "--dram-capacity", "64M")
@@ -236,6 +298,7 @@ def main():
     r.check("server alive after the auth tests", srv.alive(), srv.stderr())
     r.stop(srv)
     r.run(test_bad_token_files)
+    r.run(test_peer_hello)
     r.finish()
 
 
