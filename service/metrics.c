@@ -529,68 +529,64 @@ render_rpcs(tqkv__sbuf_t *b, tqkv_metrics_t *m)
     }
 }
 
+/* A counter family of one unlabelled sample. */
+static void
+counter(tqkv__sbuf_t *b, const char *name, const char *help, _Atomic uint64_t *v)
+{
+    tqkv__sb_family(b, name, "counter", help);
+    tqkv__sb_printf(b, "%s %" PRIu64 "\n", name, atomic_load_explicit(v, memory_order_relaxed));
+}
+
+/* A counter family by method (TQKV_METRICS_FWD_*, from `from` on: read-through has no
+ * Put). */
+static void
+by_method(tqkv__sbuf_t *b, const char *name, const char *help, int from, _Atomic uint64_t *v)
+{
+    static const char *const names[3] = {"Put", "Lookup", "Get"};
+    tqkv__sb_family(b, name, "counter", help);
+    for (int i = from; i < 3; i++)
+        tqkv__sb_printf(b, "%s{method=\"%s\"} %" PRIu64 "\n", name, names[i],
+                        atomic_load_explicit(&v[i], memory_order_relaxed));
+}
+
 /* Hand-off, re-replication, forwarding and read-through (service/forward.h). */
 static void
 render_peers(tqkv__sbuf_t *b, tqkv_metrics_t *m)
 {
-    tqkv__sb_family(b, "tqkv_handoff_pages_total", "counter",
-                    "Pages handed off to peers on drain (--peers; stored or already there).");
-    tqkv__sb_printf(b, "tqkv_handoff_pages_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->handoff_pages, memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_handoff_bytes_total", "counter",
-                    "Page bytes handed off to peers on drain.");
-    tqkv__sb_printf(b, "tqkv_handoff_bytes_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->handoff_bytes, memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_replicate_passes_total", "counter",
-                    "Re-replication passes finished (--replicate-bytes-per-s).");
-    tqkv__sb_printf(b, "tqkv_replicate_passes_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->repl_passes, memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_replicate_pages_total", "counter",
-                    "Pages re-replication put to peers that lacked them.");
-    tqkv__sb_printf(b, "tqkv_replicate_pages_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->repl_pages, memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_replicate_bytes_total", "counter",
-                    "Page bytes re-replication put to peers.");
-    tqkv__sb_printf(b, "tqkv_replicate_bytes_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->repl_bytes, memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_peer_hellos_total", "counter",
-                    "Peers that said they (re)started or joined (each starts a "
-                    "re-replication pass 2 s later).");
-    tqkv__sb_printf(b, "tqkv_peer_hellos_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->peer_hellos, memory_order_relaxed));
-    static const char *const fwd_names[3] = {"Put", "Lookup", "Get"};
-    tqkv__sb_family(
-        b, "tqkv_forwarded_requests_total", "counter",
-        "Requests forwarded to the owners of blocks this server does not own (one hop).");
-    for (int i = 0; i < 3; i++)
-        tqkv__sb_printf(b, "tqkv_forwarded_requests_total{method=\"%s\"} %" PRIu64 "\n",
-                        fwd_names[i], atomic_load_explicit(&m->fwd_calls[i], memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_forwarded_blocks_total", "counter",
-                    "Blocks (hashes, or Put messages) in forwarded requests.");
-    for (int i = 0; i < 3; i++)
-        tqkv__sb_printf(b, "tqkv_forwarded_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                        atomic_load_explicit(&m->fwd_blocks[i], memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_readthru_requests_total", "counter",
-                    "Requests that asked the next-ranked peers for blocks this server owns but "
-                    "did not hold (read-through; one batched ask per peer and rank round).");
-    for (int i = 1; i < 3; i++)
-        tqkv__sb_printf(b, "tqkv_readthru_requests_total{method=\"%s\"} %" PRIu64 "\n",
-                        fwd_names[i], atomic_load_explicit(&m->rt_calls[i], memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_readthru_blocks_total", "counter",
-                    "Hashes this server owns but did not hold, asked of the peers (read-through).");
-    for (int i = 1; i < 3; i++)
-        tqkv__sb_printf(b, "tqkv_readthru_blocks_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                        atomic_load_explicit(&m->rt_asked[i], memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_readthru_hits_total", "counter",
-                    "Read-through answers found at a peer: Lookup hashes, Get pages copied "
-                    "into this server's store.");
-    for (int i = 1; i < 3; i++)
-        tqkv__sb_printf(b, "tqkv_readthru_hits_total{method=\"%s\"} %" PRIu64 "\n", fwd_names[i],
-                        atomic_load_explicit(&m->rt_found[i], memory_order_relaxed));
-    tqkv__sb_family(b, "tqkv_readthru_bytes_total", "counter",
-                    "Page bytes copied from peers by read-through (server-side read repair).");
-    tqkv__sb_printf(b, "tqkv_readthru_bytes_total %" PRIu64 "\n",
-                    atomic_load_explicit(&m->rt_bytes, memory_order_relaxed));
+    counter(b, "tqkv_handoff_pages_total",
+            "Pages handed off to peers on drain (--peers; stored or already there).",
+            &m->handoff_pages);
+    counter(b, "tqkv_handoff_bytes_total", "Page bytes handed off to peers on drain.",
+            &m->handoff_bytes);
+    counter(b, "tqkv_replicate_passes_total",
+            "Re-replication passes finished (--replicate-bytes-per-s).", &m->repl_passes);
+    counter(b, "tqkv_replicate_pages_total", "Pages re-replication put to peers that lacked them.",
+            &m->repl_pages);
+    counter(b, "tqkv_replicate_bytes_total", "Page bytes re-replication put to peers.",
+            &m->repl_bytes);
+    counter(b, "tqkv_peer_hellos_total",
+            "Peers that said they (re)started or joined (each starts a "
+            "re-replication pass 2 s later).",
+            &m->peer_hellos);
+    by_method(b, "tqkv_forwarded_requests_total",
+              "Requests forwarded to the owners of blocks this server does not own (one hop).", 0,
+              m->fwd_calls);
+    by_method(b, "tqkv_forwarded_blocks_total",
+              "Blocks (hashes, or Put messages) in forwarded requests.", 0, m->fwd_blocks);
+    by_method(b, "tqkv_readthru_requests_total",
+              "Requests that asked the next-ranked peers for blocks this server owns but "
+              "did not hold (read-through; one batched ask per peer and rank round).",
+              1, m->rt_calls);
+    by_method(b, "tqkv_readthru_blocks_total",
+              "Hashes this server owns but did not hold, asked of the peers (read-through).", 1,
+              m->rt_asked);
+    by_method(b, "tqkv_readthru_hits_total",
+              "Read-through answers found at a peer: Lookup hashes, Get pages copied "
+              "into this server's store.",
+              1, m->rt_found);
+    counter(b, "tqkv_readthru_bytes_total",
+            "Page bytes copied from peers by read-through (server-side read repair).",
+            &m->rt_bytes);
 }
 
 tqkv_status_t
