@@ -565,8 +565,8 @@ render_peers(tqkv__sbuf_t *b, tqkv_metrics_t *m)
     counter(b, "tqkv_replicate_bytes_total", "Page bytes re-replication put to peers.",
             &m->repl_bytes);
     counter(b, "tqkv_peer_hellos_total",
-            "Peers that said they (re)started or joined (each starts a "
-            "re-replication pass 2 s later).",
+            "Peers that said they (re)started or joined (with --replicate-bytes-per-s, "
+            "each starts a re-replication pass 2 s later).",
             &m->peer_hellos);
     by_method(b, "tqkv_forwarded_requests_total",
               "Requests forwarded to the owners of blocks this server does not own (one hop).", 0,
