@@ -21,7 +21,10 @@ BUILD=${1:-build}
 IDLE=${2:-20}
 HOG=${3:-10}
 JOBS=${JOBS:-2}
-TESTS=${TESTS:-'^check_(attention|codec_cli|codec_pack|codec_page|codec_quality|codec_rotation|codec_threads|cpu|lossless|policy|shard|store|store_export|store_stress|validate)$'}
+# Default: every seeded suite that takes seconds (check_gpu_math included: it emulates the
+# CUDA encoder on the CPU); the slower server suites check_client, check_client_adversarial,
+# check_client_dc_adversarial, check_disk and check_member_cluster are left to the full run.
+TESTS=${TESTS:-'^check_(attention|auth|client_crc|client_dc|client_tls|client_unit|codec_cli|codec_pack|codec_page|codec_quality|codec_rotation|codec_threads|cpu|gpu_math|lossless|membership|metrics|nccl|peer_security|policy|server_policy|shard|store|store_export|store_stress|tls|validate)$'}
 read -r -a GIVEN <<<"${SEEDS:-}"
 [ -d "$BUILD" ] || { echo "seed_sweep: no build directory $BUILD" >&2; exit 2; }
 
