@@ -348,7 +348,9 @@ START_TEST(test_centering_rule)
 {
     static const uint8_t mix[4] = {1, 0, 1, 0};
     static const uint32_t Ds[2] = {64, 128};
-    uint32_t pages = (uint32_t)scale_n(12);
+    /* not scaled under sanitizers: one page's ratio spreads to x1.01 (seeds 1..1000, 204
+     * failed the bound), twelve keep it at x0.72-x0.82; 5 s under ASan */
+    uint32_t pages = 12;
     for (uint32_t di = 0; di < 2; di++)
         for (uint8_t bx2 = 4; bx2 <= 8; bx2++) {
             tqkv_block_codec_t c;

@@ -12,6 +12,10 @@
 #   SEEDS="s1 s2 ..."  use these seeds first (then fresh ones from /dev/urandom)
 #   TESTS=REGEX        the ctest -R regex (default: the suites below)
 #   JOBS=N             tests run at once (default 2)
+#   SIZES=full|sanitized|both  the tests' sizes: full (the Release stage's), sanitized
+#                      (TQKV_SANITIZED=1: the smaller counts and wider bounds the ASan and
+#                      TSan stages run, here on this build's binaries), or both (default:
+#                      runs 1-2 full, 3-4 sanitized, and so on; 1 and 3 idle, 2 and 4 hog)
 # The tests' commands and environments come from CTest (ctest --show-only=json-v1); they
 # run without CTest's TIMEOUT and with Check's timeouts x10 (CK_TIMEOUT_MULTIPLIER), so a
 # slow loaded machine shows as slow runs, not as failures.
@@ -21,6 +25,7 @@ BUILD=${1:-build}
 IDLE=${2:-20}
 HOG=${3:-10}
 JOBS=${JOBS:-2}
+SIZES=${SIZES:-both}
 # Default: every seeded suite that takes seconds (check_gpu_math included: it emulates the
 # CUDA encoder on the CPU); the slower server suites check_client, check_client_adversarial,
 # check_client_dc_adversarial, check_disk and check_member_cluster are left to the full run.
@@ -60,10 +65,15 @@ for ((i = 0; i < IDLE + HOG; i++)); do
     idle_left=$((idle_left - 1))
     stop_hog
   fi
+  san=0
+  case $SIZES in
+    sanitized) san=1 ;;
+    both) san=$(((i / 2) % 2)) ;;
+  esac
   next_seed
   log=$(mktemp)
   t0=$(date +%s)
-  TQKV_TEST_SEED=$seed python3 - "$BUILD" "$TESTS" "$JOBS" >"$log" 2>&1 <<'PY'
+  TQKV_SANITIZED=$san TQKV_TEST_SEED=$seed python3 - "$BUILD" "$TESTS" "$JOBS" >"$log" 2>&1 <<'PY'
 # The matching tests' commands and environments from CTest, run here without CTest's
 # TIMEOUT (a loaded machine is slow, not wrong: Check's own timeouts are stretched by
 # CK_TIMEOUT_MULTIPLIER=10); prints "name pass|FAIL|skip" and a failure's assertions.
@@ -96,7 +106,8 @@ PY
   failed=$(awk '$2 == "FAIL" {print $1}' "$log" | tr '\n' ' ')
   rc=0
   { [ -n "$failed" ] || [ "$total" = 0 ]; } && rc=1
-  printf 'run %2d  %-4s  TQKV_TEST_SEED=%-20s  %s  %3ss  %s\n' "$((i + 1))" "$mode" "$seed" \
+  printf 'run %2d  %-4s %-9s TQKV_TEST_SEED=%-20s  %s  %3ss  %s\n' "$((i + 1))" "$mode" \
+    "$([ "$san" = 1 ] && echo sanitized || echo full)" "$seed" \
     "$([ "$rc" = 0 ] && echo pass || echo FAIL)" "$((t1 - t0))" \
     "${total} tests${failed:+, failed: $failed}"
   if [ "$rc" != 0 ]; then
