@@ -6,11 +6,21 @@
 #
 #   TQKV_TEST_QUICK=1   skip the sanitizer and fuzz stages (local iteration)
 #   TQKV_FUZZ_SECONDS   seconds per fuzz target (default 60)
+#   TQKV_TEST_SEED      seed of every seeded test: N, or "random" (each test draws its
+#                       own); unset: TQKV_TEST_DEFAULT_SEED in tests/check_main.h.
+#                       Printed first and last; every seeded test prints it again.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=$(nproc 2>/dev/null || echo 2)
 export TQKV_SOURCE_DIR=$ROOT
+
+if [ -n "${TQKV_TEST_SEED:-}" ]; then
+  SEED_LINE="seed: TQKV_TEST_SEED=$TQKV_TEST_SEED (from the environment)"
+else
+  SEED_LINE="seed: TQKV_TEST_SEED=$(sed -n 's/^#define TQKV_TEST_DEFAULT_SEED \([0-9]*\)u$/\1/p' tests/check_main.h) (the default; set TQKV_TEST_SEED to change it)"
+fi
+echo "$SEED_LINE"
 
 bash deploy/install-deps.sh || { echo "run.sh: dependency install failed"; exit 1; }
 
@@ -90,5 +100,6 @@ fi
 
 echo
 [ "${#FAILED_STAGES[@]}" -gt 0 ] && echo "failed stages: ${FAILED_STAGES[*]}"
+echo "$SEED_LINE"
 echo "tests: $PASS passed, $FAIL failed, $SKIP skipped"
 [ "$FAIL" -eq 0 ]

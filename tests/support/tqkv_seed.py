@@ -6,10 +6,22 @@ it (printing TQKV_TEST_SEED=N to stderr once); a malformed value exits 2.
 """
 
 import os
+import re
 import sys
 import time
 
-DEFAULT_SEED = 20261201  # the same as TQKV_TEST_DEFAULT_SEED in tests/check_main.h
+_CHECK_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "check_main.h")
+
+
+def _default_seed():
+    """TQKV_TEST_DEFAULT_SEED, read from tests/check_main.h (its one place)."""
+    with open(_CHECK_MAIN) as f:
+        m = re.search(r"^#define TQKV_TEST_DEFAULT_SEED (\d+)u$", f.read(), re.M)
+    if not m:
+        print("%s: no TQKV_TEST_DEFAULT_SEED line" % _CHECK_MAIN, file=sys.stderr)
+        sys.exit(2)
+    return int(m.group(1))
+
 
 _seed = None
 
@@ -20,7 +32,7 @@ def test_seed():
     if _seed is None:
         env = os.environ.get("TQKV_TEST_SEED", "")
         if not env:
-            _seed = DEFAULT_SEED
+            _seed = _default_seed()
         elif env == "random":
             _seed = (time.time_ns() ^ (os.getpid() << 32)) & 0xFFFFFFFFFFFFFFFF
         else:
