@@ -277,10 +277,11 @@ bg_main(void *arg)
         pthread_mutex_unlock(&d->bg_lock);
         pthread_mutex_lock(&d->wlock);
         uint64_t hi = d->fill > 0 ? d->buf_seq_hi : 0;
+        int copies = d->copies_unsynced;
         if (hi != 0 && d->cfg.sync == TQKV_DISK_SYNC_NONE)
             tqkv__disk_do_flush(d);
         pthread_mutex_unlock(&d->wlock);
-        if (hi != 0 && d->cfg.sync == TQKV_DISK_SYNC_BATCH)
+        if ((hi != 0 || copies) && d->cfg.sync == TQKV_DISK_SYNC_BATCH)
             tqkv__disk_sync_to(d, hi);
         if (d->cfg.compact_thread && ++ticks % 8 == 0) {
             int done = 1;
@@ -294,18 +295,20 @@ bg_main(void *arg)
     return NULL;
 }
 
-/* Group commit: returns once every record up to hi is written and fdatasync'ed, or the
- * status of a failed batch that held a record of seq lo..hi (such a record was never
- * stored). A failure too old to be remembered fails [lo, hi] when it may have held one. */
+/* Group commit: returns once every record up to hi, and every compaction or reclaimer
+ * copy appended so far (copies_unsynced), is written and fdatasync'ed, or the status of a
+ * failed batch that held a record of seq lo..hi (such a record was never stored). A
+ * failure too old to be remembered fails [lo, hi] when it may have held one. */
 static tqkv_status_t
 sync_range(tqkv_disk_t *d, uint64_t lo, uint64_t hi)
 {
     tqkv_status_t st = TQKV_OK;
     pthread_mutex_lock(&d->slock);
-    if (d->durable_seq < hi) {
+    pthread_mutex_lock(&d->wlock);
+    if (d->durable_seq < hi || d->copies_unsynced) {
         seg_t *s = NULL;
-        pthread_mutex_lock(&d->wlock);
         uint64_t top = d->seq;
+        d->copies_unsynced = 0; /* set again below on failure, or by a copy made meanwhile */
         st = tqkv__disk_do_flush(d);
         if (d->active != NULL) {
             s = d->active;
@@ -319,9 +322,11 @@ sync_range(tqkv_disk_t *d, uint64_t lo, uint64_t hi)
         }
         if (st == TQKV_OK)
             d->durable_seq = top;
+        pthread_mutex_lock(&d->wlock);
+        if (st != TQKV_OK)
+            d->copies_unsynced = 1;
     }
     pthread_mutex_unlock(&d->slock);
-    pthread_mutex_lock(&d->wlock);
     uint64_t n = d->nfails < FAIL_RING ? d->nfails : FAIL_RING;
     for (uint64_t i = 0; i < n; i++)
         if (d->fails[i].lo <= hi && d->fails[i].hi >= lo)

@@ -60,6 +60,7 @@ do_copy_forward(tqkv_disk_t *d, seg_t *s, uint64_t off, const uint8_t *rec, uint
                          h->bf16_bytes, &crc);
     uint32_t nseg = d->active->id;
     uint32_t nblk = tqkv__disk_do_commit_append(d, h->record_bytes, h->seq);
+    d->copies_unsynced = 1;
     pthread_rwlock_wrlock(&d->ilock);
     if (h->flags & TQKV_DISK_REC_TOMBSTONE) {
         d->active->ntomb++;

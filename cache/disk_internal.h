@@ -107,6 +107,10 @@ struct tqkv_disk {
     size_t buf_cap, fill;
     uint64_t buf_off;
     uint64_t seq, buf_seq_lo, buf_seq_hi;
+    /* Copies made by the compactor or the reclaimer (they keep their records' old seqs,
+     * which durable_seq may already cover) are in the buffer or in the active segment,
+     * not yet synced: the next group commit flushes and syncs even with no newer seq. */
+    int copies_unsynced;
     struct {
         uint64_t lo, hi; /* seq range of a batch whose write failed (its records are lost) */
         tqkv_status_t st;
