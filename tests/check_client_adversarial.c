@@ -23,6 +23,7 @@
 #include "transport/client.h"
 
 #include "tests/support/kv_data.h"
+#include "tests/support/ports.h"
 #include "tests/support/server_proc.h"
 
 static srv_t S, S2;
@@ -64,20 +65,14 @@ client_of(const char *const *targets, size_t n, uint32_t replicas, uint32_t dead
     return c;
 }
 
-/* A port on 127.0.0.1 with nothing listening (bound then closed). */
+/* A port on 127.0.0.1 with nothing listening (from outside the ephemeral range, so no
+ * other test's server can be listening there: tests/support/ports.h). */
 static int
 dead_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    socklen_t al = sizeof a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(0x7f000001);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &al), 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    int p = tqkv_test_free_port(0);
+    ck_assert_int_gt(p, 0);
+    return p;
 }
 
 /* Data of block (b, l), reproducible from the seed. */

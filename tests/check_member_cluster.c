@@ -266,7 +266,7 @@ cluster_up(int nsrv)
     memset(&D, 0, sizeof D);
     memset(up, 0, sizeof up);
     NB = 0;
-    D.port = dns_free_port();
+    D.port = tqkv_test_free_port(1);
     snprintf(D.servers, sizeof D.servers, "127.0.0.1:%d", D.port);
     for (int i = 0; i < nsrv; i++)
         start_server(i);

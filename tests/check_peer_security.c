@@ -30,6 +30,7 @@
 
 #include "tests/check_main.h"
 #include "tests/support/kv_data.h"
+#include "tests/support/ports.h"
 #include "tests/support/server_proc.h"
 #include "transport/client.h"
 #include "transport/shard.h"
@@ -115,19 +116,13 @@ teardown(void)
         sh("rm -rf '%s'", DIR_);
 }
 
+/* A port for a server restarted at the same address (tests/support/ports.h). */
 static int
 free_port(void)
 {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ck_assert(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
-              getsockname(s, (struct sockaddr *)&a, &len) == 0);
-    close(s);
-    return ntohs(a.sin_port);
+    int p = tqkv_test_free_port(0);
+    ck_assert_int_gt(p, 0);
+    return p;
 }
 
 /* The whole text of a file ("" when absent), malloc'd. */

@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/support/ports.h"
+
 typedef struct dns_srv {
     pid_t pid;
     int port;
@@ -39,35 +41,6 @@ dns_dnsmasq_path(void)
         if (access(cand[i], X_OK) == 0)
             return cand[i];
     return NULL;
-}
-
-/* A port free for both UDP and TCP on 127.0.0.1 (at the time of asking). */
-static int
-dns_free_port(void)
-{
-    for (int tries = 0; tries < 50; tries++) {
-        int u = socket(AF_INET, SOCK_DGRAM, 0);
-        struct sockaddr_in a;
-        memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof a;
-        if (u < 0 || bind(u, (struct sockaddr *)&a, sizeof a) != 0 ||
-            getsockname(u, (struct sockaddr *)&a, &len) != 0) {
-            if (u >= 0)
-                close(u);
-            continue;
-        }
-        int t = socket(AF_INET, SOCK_STREAM, 0);
-        int ok = t >= 0 && bind(t, (struct sockaddr *)&a, sizeof a) == 0;
-        int port = ntohs(a.sin_port);
-        if (t >= 0)
-            close(t);
-        close(u);
-        if (ok)
-            return port;
-    }
-    return -1;
 }
 
 /* Writes the hosts file ("IP NAME\n" lines) and, when running, reloads it. */
@@ -123,7 +96,7 @@ dns_start(dns_srv_t *d, int port, const char *hosts_text, const char *const *ext
     if (dns_set_hosts(d, hosts_text) != 0)
         return -1;
     chmod(d->hosts, 0644);
-    d->port = port ? port : dns_free_port();
+    d->port = port ? port : tqkv_test_free_port(1); /* free for UDP and TCP */
     if (d->port <= 0)
         return -1;
     snprintf(d->servers, sizeof d->servers, "127.0.0.1:%d", d->port);

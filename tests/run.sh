@@ -29,6 +29,36 @@ FAIL=0
 SKIP=0
 FAILED_STAGES=()
 
+# Every process a test starts inherits TQKV_TEST_RUN. One still running after its ctest
+# stage that is not this script's own descendant was left behind by a test (a dnsmasq or
+# a tqkv-server it never stopped: readthru.py left its dnsmasq running until 2026-12-03):
+# the stage fails, naming it, and the process is killed.
+export TQKV_TEST_RUN="$$.$(date +%s%N)"
+is_ours() { # PID: 1 when PID is this script or one of its descendants
+  local p=$1
+  while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+    [ "$p" = $$ ] && return 0
+    p=$(awk '/^PPid:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+  done
+  return 1
+}
+left_behind() { # STAGE
+  local e pid n=0
+  for e in /proc/[0-9]*/environ; do
+    pid=${e#/proc/}
+    pid=${pid%/environ}
+    tr '\0' '\n' 2>/dev/null <"$e" | grep -qxF "TQKV_TEST_RUN=$TQKV_TEST_RUN" || continue
+    is_ours "$pid" && continue
+    echo "run.sh: [$1] a test left process $pid running: $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | cut -c1-300)"
+    kill -9 "$pid" 2>/dev/null
+    n=$((n + 1))
+  done
+  if [ "$n" -gt 0 ]; then
+    FAIL=$((FAIL + 1))
+    FAILED_STAGES+=("$1-left-processes")
+  fi
+}
+
 # stage NAME BUILD_DIR CTEST_ARGS...: runs ctest and adds up its results.
 ctest_stage() {
   local name=$1 dir=$2
@@ -48,6 +78,7 @@ ctest_stage() {
   SKIP=$((SKIP + skipped))
   [ "$failed" -gt 0 ] && FAILED_STAGES+=("$name")
   rm -f "$log"
+  left_behind "$name"
 }
 
 build() {

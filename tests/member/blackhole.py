@@ -44,14 +44,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 SKIP = 77
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from tqkv_ports import free_port  # noqa: E402
 
 
 class Proxy:

@@ -53,28 +53,10 @@ import numpy as np
 
 SERVER, PROTO_DIR, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 LIBTQKV = sys.argv[4] if len(sys.argv) > 4 else ""
-DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_dns import Dnsmasq, have_dnsmasq  # noqa: E402
+from tqkv_ports import free_port  # noqa: E402
 T, H, D = 16, 2, 64
-
-
-def free_port():
-    """A port free for TCP on every 127.0.0.x and for UDP on 127.0.0.1."""
-    for _ in range(100):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        s.close()
-        ok = True
-        for host in ["127.0.0.%d" % i for i in range(2, 6)]:
-            t = socket.socket()
-            try:
-                t.bind((host, p))
-            except OSError:
-                ok = False
-            t.close()
-        if ok:
-            return p
-    raise RuntimeError("no free port")
 
 
 def stubs(tmp):
@@ -93,29 +75,26 @@ def stubs(tmp):
 class Cluster:
     def __init__(self, tmp, pb, pbg):
         self.tmp, self.pb, self.pbg = tmp, pb, pbg
-        self.port, self.mport, self.dport = free_port(), free_port(), free_port()
-        self.dcport = free_port()
-        self.hosts = os.path.join(tmp, "hosts")
+        self.dns = Dnsmasq(tmp)  # its port now, dnsmasq at the first publish
+        self.dport = self.dns.port
+        # the servers' gRPC, metrics and data ports, the same on each server's address
+        hosts = ["127.0.0.%d" % i for i in range(1, 6)]
+        ports = []
+        while len(ports) < 3:
+            p = free_port(hosts=hosts)
+            if p not in ports and p != self.dport:
+                ports.append(p)
+        self.port, self.mport, self.dcport = ports
         self.procs, self.logs, self.published = {}, {}, []
-        self.dns = None
         self.extra = []  # more tqkv-server flags
 
     def host(self, i):
         return "127.0.0.%d" % (i + 1)
 
     def publish(self):
-        with open(self.hosts, "w") as f:
-            for i in self.published:
-                f.write("%s svc.test\n" % self.host(i))
-        if self.dns is None:
-            args = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
-                    "--no-hosts", "--no-poll", "--listen-address=127.0.0.1",
-                    "--bind-interfaces", "--pid-file=", "--cache-size=0", "--user=root",
-                    "--port=%d" % self.dport, "--addn-hosts=" + self.hosts]
-            self.dns = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
-        else:
-            self.dns.send_signal(signal.SIGHUP)
+        self.dns.set_hosts("".join("%s svc.test\n" % self.host(i) for i in self.published))
+        if self.dns.proc is None:
+            self.dns.start()
 
     def start(self, i):
         log = os.path.join(self.tmp, "server-%d.log" % i)
@@ -191,10 +170,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.send_signal(signal.SIGKILL)
                 codes[i] = p.wait()
+        self.dns.stop()
         return codes
-        if self.dns:
-            self.dns.terminate()
-            self.dns.wait()
 
 
 def load_client():
@@ -702,7 +679,7 @@ def scaleout(cl, rng):
 
 
 def main():
-    if not os.path.exists(DNSMASQ):
+    if not have_dnsmasq():
         print("SKIP: dnsmasq not installed")
         return 77
     s = socket.socket()

@@ -15,60 +15,17 @@ usage: rolling_restart_bench.py TQKV_SERVER TQKV_BENCH OUTDIR
 import csv
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 SERVER, BENCH, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
-DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLOT = os.path.join(HERE, "..", "..", "deploy", "bench", "hit-rate.gp")
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from tqkv_dns import Dnsmasq, have_dnsmasq  # noqa: E402
 from tqkv_server import ServerProcess  # noqa: E402
-
-
-def free_port():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("127.0.0.1", 0))
-    p = u.getsockname()[1]
-    t = socket.socket()
-    t.bind(("127.0.0.1", p))
-    t.close()
-    u.close()
-    return p
-
-
-class Dns:
-    def __init__(self, tmp):
-        self.port = free_port()
-        self.hosts = os.path.join(tmp, "hosts")
-        with open(self.hosts, "w") as f:
-            f.write("127.0.0.1 h.test\n")
-        self.proc = None
-
-    def publish(self, ports):
-        self.stop()
-        args = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
-                "--no-hosts", "--no-poll", "--listen-address=127.0.0.1", "--bind-interfaces",
-                "--pid-file=", "--cache-size=0", "--local-ttl=0", "--user=root",
-                "--port=%d" % self.port, "--addn-hosts=" + self.hosts]
-        args += ["--srv-host=_grpc._tcp.svc.test,h.test,%d" % p for p in ports]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.01)
-        raise RuntimeError("dnsmasq did not start")
-
-    def stop(self):
-        if self.proc:
-            self.proc.terminate()
-            self.proc.wait()
-            self.proc = None
 
 
 class Server:
@@ -94,12 +51,17 @@ class Server:
             raise RuntimeError("server %d: %s: %s" % (self.idx, rc, self.sp.log_tail()))
 
 
+def publish(dns, ports):
+    """The SRV set _grpc._tcp.svc.test: the servers at ports (dnsmasq restarted)."""
+    dns.start([("_grpc._tcp.svc.test", "h.test", p) for p in ports])
+
+
 def run(handoff_s, tmp):
-    dns = Dns(tmp)
+    dns = Dnsmasq(tmp, "127.0.0.1 h.test\n")
     srv = [Server(i, dns, handoff_s) for i in range(3)]
     for s in srv:
         s.start()
-    dns.publish([s.port for s in srv])
+    publish(dns, [s.port for s in srv])
     out = os.path.join(OUT, "rolling-restart-handoff-%s.csv" % handoff_s)
     bench = subprocess.Popen(
         [BENCH, "--target", "svc.test:1", "--dns-server", "127.0.0.1:%d" % dns.port,
@@ -111,10 +73,10 @@ def run(handoff_s, tmp):
     for i, s in enumerate(srv):
         time.sleep(max(0, 6 + 5 * i - (time.time() - t0)))
         s.stop()
-        dns.publish([x.port for x in srv if x is not s])
+        publish(dns, [x.port for x in srv if x is not s])
         time.sleep(0.5)
         s.start()
-        dns.publish([x.port for x in srv])
+        publish(dns, [x.port for x in srv])
     _, err = bench.communicate(timeout=120)
     for s in srv:
         s.stop()
@@ -146,7 +108,7 @@ def run(handoff_s, tmp):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    if not os.path.exists(DNSMASQ):
+    if not have_dnsmasq():
         print("SKIP: dnsmasq not installed")
         return 77
     with tempfile.TemporaryDirectory() as tmp:

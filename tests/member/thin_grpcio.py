@@ -13,7 +13,6 @@ usage: thin_grpcio.py TQKV_SERVER PROTO_DIR
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,15 +22,8 @@ import grpc
 import numpy as np
 
 SERVER, PROTO_DIR = sys.argv[1], sys.argv[2]
-DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
-
-
-def free_port():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("127.0.0.1", 0))
-    p = u.getsockname()[1]
-    u.close()
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from tqkv_dns import Dnsmasq, have_dnsmasq  # noqa: E402
 
 
 def stubs(tmp):
@@ -48,10 +40,8 @@ def stubs(tmp):
 
 
 def cluster(tmp, no_forward):
-    dport = free_port()
-    hosts = os.path.join(tmp, "hosts")
-    with open(hosts, "w") as f:
-        f.write("127.0.0.1 h.test\n")
+    dns = Dnsmasq(tmp, "127.0.0.1 h.test\n")
+    dport = dns.port
     procs, ports = [], []
     for i in range(3):
         args = [SERVER, "--listen", "127.0.0.1:0", "--node-id", "tqkv-%d" % i,
@@ -72,11 +62,13 @@ def cluster(tmp, no_forward):
             if not line:
                 raise RuntimeError("server did not start")
         procs.append(p)
-    args = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
-            "--no-poll", "--listen-address=127.0.0.1", "--bind-interfaces", "--pid-file=",
-            "--cache-size=0", "--user=root", "--port=%d" % dport, "--addn-hosts=" + hosts]
-    args += ["--srv-host=_grpc._tcp.svc.test,h.test,%d" % p for p in ports]
-    dns = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    try:
+        dns.start([("_grpc._tcp.svc.test", "h.test", p) for p in ports])
+    except RuntimeError:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
     return procs, ports, dns
 
 
@@ -162,12 +154,11 @@ def run(pb, pbg, tmp, no_forward):
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(timeout=30)
-        dns.terminate()
-        dns.wait()
+        dns.stop()
 
 
 def main():
-    if not os.path.exists(DNSMASQ):
+    if not have_dnsmasq():
         print("SKIP: dnsmasq not installed")
         return 77
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,9 +12,6 @@ Waits are bounded by events (the client's target table), not by sleeps.
 """
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,44 +19,10 @@ import unittest
 
 import tqkv
 from tqkv_testutil import Server, rand_hashes, rng
+from tqkv_dns import Dnsmasq, have_dnsmasq  # tests/support, on the path by tqkv_testutil
 
-DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 T, H, D, N, L = 16, 2, 64, 48, 2
 R = rng(7)
-
-
-def free_udp_port():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("127.0.0.1", 0))
-    p = u.getsockname()[1]
-    u.close()
-    return p
-
-
-class Dns:
-    """dnsmasq on 127.0.0.1:port answering SRV _grpc._tcp.svc.test with the given ports."""
-
-    def __init__(self, tmp):
-        self.port, self.proc = free_udp_port(), None
-        self.hosts = os.path.join(tmp, "hosts")
-        with open(self.hosts, "w") as f:
-            f.write("127.0.0.1 h.test\n")
-
-    def publish(self, ports):
-        self.stop()
-        args = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
-                "--no-hosts", "--no-poll", "--listen-address=127.0.0.1", "--bind-interfaces",
-                "--pid-file=", "--cache-size=0", "--user=root", "--port=%d" % self.port,
-                "--addn-hosts=" + self.hosts]
-        args += ["--srv-host=_grpc._tcp.svc.test,h.test,%d" % p for p in ports]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def stop(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait()
-            self.proc.stderr.close()
-            self.proc = None
 
 
 def wait_for(pred, timeout=30.0):
@@ -71,11 +34,11 @@ def wait_for(pred, timeout=30.0):
     return None
 
 
-@unittest.skipUnless(os.path.exists(DNSMASQ), "dnsmasq not installed")
+@unittest.skipUnless(have_dnsmasq(), "dnsmasq not installed")
 class Membership(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
-        self.dns = Dns(self.tmp)
+        self.dns = Dnsmasq(self.tmp, "127.0.0.1 h.test\n")
         self.srv = {}
 
     def tearDown(self):
@@ -88,7 +51,7 @@ class Membership(unittest.TestCase):
         self.srv[name] = Server("--node-id", name, data_channel=False, capacity="64M")
 
     def publish(self):
-        self.dns.publish([s.port for s in self.srv.values()])
+        self.dns.start([("_grpc._tcp.svc.test", "h.test", s.port) for s in self.srv.values()])
 
     def follows(self, c):
         want = {(n, s.port) for n, s in self.srv.items()}

@@ -12,7 +12,6 @@ malformed token file stops the server at start-up with FILE:LINE. A peer's hello
 on every namespace, never for the server's own node id.
 """
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tqkv_harness as H  # noqa: E402
 from tqkv_harness import grpc, pb  # noqa: E402
+from tqkv_ports import free_port  # noqa: E402  (tests/support, on the path by tqkv_harness)
 
 SC = grpc.StatusCode
 ADMIN = "admin-token-000000001"
@@ -249,10 +249,7 @@ def test_peer_hello(r):
     ptok = os.path.join(H.tmpdir(), "peer-token")
     with open(ptok, "w") as f:
         f.write(ADMIN + "\n")
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))  # a peer address where nothing listens
-    dead = s.getsockname()[1]
-    s.close()
+    dead = free_port()  # a peer address where nothing listens (tests/support/tqkv_ports.py)
     srv = H.Server("--auth-tokens", token_file(), "--dram-capacity", "32M",
                    "--tls-cert", os.path.join(pki, "server.pem"),
                    "--tls-key", os.path.join(pki, "server.key"),
