@@ -38,7 +38,11 @@ static void
 setup(void)
 {
     SEED = tqkv_test_seed();
-    ck_assert_msg(srv_start(&S, 0, NULL) == 0, "cannot start tqkv-server");
+    /* test_restart_same_port restarts it on its port: one from outside the ephemeral
+     * range, so no connection can take it in between (tests/support/ports.h). */
+    int port = tqkv_test_free_port(0);
+    ck_assert_int_gt(port, 0);
+    ck_assert_msg(srv_start(&S, port, NULL) == 0, "cannot start tqkv-server");
     memset(&S2, 0, sizeof S2);
 }
 

@@ -21,6 +21,7 @@
 #include "transport/data_channel.h"
 
 #include "tests/support/kv_data.h"
+#include "tests/support/ports.h"
 #include "tests/support/server_proc.h"
 
 enum { NH = 6, L = 4, MISSING = 2 };
@@ -300,8 +301,10 @@ END_TEST
 START_TEST(dc_server_restart_drops_stale_channel)
 {
     srv_t s;
-    ck_assert_msg(srv_start(&s, 0, DL) == 0, "cannot start tqkv-server");
-    int port = s.port;
+    /* restarted on this port below: one no connection can take in between (ports.h) */
+    int port = tqkv_test_free_port(0);
+    ck_assert_int_gt(port, 0);
+    ck_assert_msg(srv_start(&s, port, DL) == 0, "cannot start tqkv-server");
     tqkv_client_t *t = client(&s, TQKV_CLIENT_TRANSPORT_TCP);
     put_all(t);
     pages_t first;
