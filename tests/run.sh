@@ -34,7 +34,7 @@ FAILED_STAGES=()
 # a tqkv-server it never stopped: readthru.py left its dnsmasq running until 2026-12-03):
 # the stage fails, naming it, and the process is killed.
 export TQKV_TEST_RUN="$$.$(date +%s%N)"
-is_ours() { # PID: 1 when PID is this script or one of its descendants
+is_ours() { # PID: succeeds when PID is this script or one of its descendants
   local p=$1
   while [ -n "$p" ] && [ "$p" -gt 1 ]; do
     [ "$p" = $$ ] && return 0
