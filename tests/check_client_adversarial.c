@@ -1,15 +1,17 @@
 /* check_client_adversarial.c - libtqkv used as a C programmer new to it would (labels
  * "server;fault"): NULL and zero arguments to every public function, duplicate and
- * unresolvable targets, a target that refuses connections among several, servers
- * SIGKILLed in the middle of a Get or a Put session and restarted on the same port,
- * callbacks that stop a Get, Gets of many hashes x layers, sessions left open. Each
- * must end with a clear status and message, in time, with the right bytes.
+ * unresolvable targets, a target that refuses connections among several, one that
+ * stalls (SIGSTOP) with a client that gives it time, servers SIGKILLed in the middle of
+ * a Get or a Put session and restarted on the same port, callbacks that stop a Get,
+ * Gets of many hashes x layers, sessions left open. Each must end with a clear status
+ * and message, in time, with the right bytes.
  *
  * Every test starts its own servers (fork/exec, free port) in a checked fixture.
  */
 #include <check.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,16 +55,24 @@ teardown(void)
     srv_stop(&S2);
 }
 
+/* The targets these tests make fail refuse connections or are killed: they fail at
+ * once. A live server must not: a connection attempt gets 30 s (not the default 1 s of
+ * a client with several targets) and no keepalive pings, so a server or this process
+ * stalled for a second on a loaded machine is not judged down (its blocks would go to
+ * fewer replicas than a test asserts). Failure detection by time is member_blackhole's. */
 static tqkv_client_t *
 client_of(const char *const *targets, size_t n, uint32_t replicas, uint32_t deadline_ms, int wfr)
 {
-    tqkv_client_opts_t o = {.targets = targets,
+    tqkv_client_opts_t o = {.struct_size = sizeof(tqkv_client_opts_t),
+                            .targets = targets,
                             .num_targets = n,
                             .replicas = replicas,
                             .deadline_ms = deadline_ms,
                             .wait_for_ready = wfr,
                             .backoff_min_ms = 50,
-                            .backoff_max_ms = 200};
+                            .backoff_max_ms = 200,
+                            .connect_timeout_ms = 30000,
+                            .keepalive_ms = UINT32_MAX};
     tqkv_client_t *c = NULL;
     tqkv_status_t st = tqkv_client_create(&o, &c);
     ck_assert_msg(st == TQKV_OK, "create: %s", tqkv_client_last_error()->message);
@@ -397,8 +407,13 @@ START_TEST(test_refusing_target_among_several)
     tqkv_put_result_t r;
     tqkv_status_t st = put_all(c, "r", hs, NB, L, &r);
     ck_assert_msg(st == TQKV_OK, "put: %s", tqkv_client_last_error()->message);
-    ck_assert_uint_eq(r.blocks_stored, 2 * NB * L);
-    ck_assert_uint_eq(r.blocks_lost, 0);
+    tqkv_client_health_stats_t hst;
+    ck_assert_int_eq(tqkv_client_health_stats(c, &hst), TQKV_OK);
+    ck_assert_msg(r.blocks_stored == 2 * NB * L && r.blocks_lost == 0,
+                  "stored %llu of %d (sent %llu, lost %llu; servers marked down %llu): %s",
+                  (unsigned long long)r.blocks_stored, 2 * NB * L,
+                  (unsigned long long)r.blocks_sent, (unsigned long long)r.blocks_lost,
+                  (unsigned long long)hst.marked_down, tqkv_client_last_error()->message);
     chk_t ck = {0};
     st = get_all(c, "r", hs, NB, L, &ck);
     ck_assert_msg(st == TQKV_OK, "get: %s", tqkv_client_last_error()->message);
@@ -414,6 +429,59 @@ START_TEST(test_refusing_target_among_several)
     ck_assert_msg(st == TQKV_OK, "get: %s", tqkv_client_last_error()->message);
     ck_assert_uint_eq(ck.found, NB * L);
     ck_assert_uint_eq(ck.bad + ck.dup, 0);
+    chk_free(&ck);
+    tqkv_client_destroy(c);
+}
+END_TEST
+
+/* SIGCONTs pid after ms milliseconds (a thread: the test thread is inside a Put). */
+typedef struct resume {
+    pid_t pid;
+    unsigned ms;
+} resume_t;
+
+static void *
+resume_later(void *arg)
+{
+    resume_t *r = arg;
+    usleep(r->ms * 1000u);
+    kill(r->pid, SIGCONT);
+    return NULL;
+}
+
+/* A live server stalls for 1.5 s (SIGSTOP: a loaded machine, a paused pod) while a Put
+ * streams to it, with a client that gives servers time (client_of: 30 s to connect, no
+ * keepalive pings). The Put waits for it: both copies stored, nobody marked down. With
+ * the defaults (1 s to connect, pings after 300 ms unanswered for 700 ms) the same stall
+ * marks it down and its copies are lost: what the refusing-target test met once. */
+START_TEST(test_stalled_target_waited_for)
+{
+    ck_assert_int_eq(srv_start(&S2, 0, NULL), 0);
+    const char *t[2] = {S.addr, S2.addr};
+    tqkv_client_t *c = client_of(t, 2, 2, 20000, 0);
+    enum { NB = 24, L = 2 };
+    tqkv_hash_t hs[NB];
+    hashes(hs, NB, 23);
+    resume_t rs = {S2.pid, 1500};
+    pthread_t th;
+    ck_assert_int_eq(kill(S2.pid, SIGSTOP), 0);
+    ck_assert_int_eq(pthread_create(&th, NULL, resume_later, &rs), 0);
+    tqkv_put_result_t r;
+    tqkv_status_t st = put_all(c, "s", hs, NB, L, &r);
+    pthread_join(th, NULL);
+    ck_assert_msg(st == TQKV_OK, "put: %s", tqkv_client_last_error()->message);
+    tqkv_client_health_stats_t hst;
+    ck_assert_int_eq(tqkv_client_health_stats(c, &hst), TQKV_OK);
+    ck_assert_msg(r.blocks_stored == 2 * NB * L && r.blocks_lost == 0 && hst.marked_down == 0,
+                  "stored %llu of %d (sent %llu, lost %llu; servers marked down %llu)",
+                  (unsigned long long)r.blocks_stored, 2 * NB * L,
+                  (unsigned long long)r.blocks_sent, (unsigned long long)r.blocks_lost,
+                  (unsigned long long)hst.marked_down);
+    chk_t ck = {0};
+    st = get_all(c, "s", hs, NB, L, &ck);
+    ck_assert_msg(st == TQKV_OK, "get: %s", tqkv_client_last_error()->message);
+    ck_assert_uint_eq(ck.found, NB * L);
+    ck_assert_uint_eq(ck.bad + ck.dup + ck.missing, 0);
     chk_free(&ck);
     tqkv_client_destroy(c);
 }
@@ -695,6 +763,7 @@ client_adversarial_suite(void)
     tcase_add_test(tc, test_duplicate_targets);
     tcase_add_test(tc, test_unresolvable_target);
     tcase_add_test(tc, test_refusing_target_among_several);
+    tcase_add_test(tc, test_stalled_target_waited_for);
     tcase_add_test(tc, test_kill_during_get);
     tcase_add_test(tc, test_kill_during_put);
     tcase_add_test(tc, test_restart_same_port);

@@ -128,12 +128,18 @@ shard_client(uint32_t replicas)
     const char *t[NS_];
     for (int i = 0; i < NS_; i++)
         t[i] = S[i].addr;
-    tqkv_client_opts_t o = {.targets = t,
+    /* Servers here fail by SIGKILL (refused at once); a live one stalled for a second
+     * on a loaded machine must not be judged down: 30 s to connect, no keepalive pings
+     * (as check_client_adversarial's client_of; member_blackhole tests detection). */
+    tqkv_client_opts_t o = {.struct_size = sizeof(tqkv_client_opts_t),
+                            .targets = t,
                             .num_targets = NS_,
                             .replicas = replicas,
                             .deadline_ms = 5000,
                             .backoff_min_ms = 100,
-                            .backoff_max_ms = 400};
+                            .backoff_max_ms = 400,
+                            .connect_timeout_ms = 30000,
+                            .keepalive_ms = UINT32_MAX};
     tqkv_client_t *c = NULL;
     ck_assert_int_eq(tqkv_client_create(&o, &c), TQKV_OK);
     ck_assert_uint_eq(tqkv_client_num_targets(c), NS_);
