@@ -1,5 +1,8 @@
 /* server_main.c - tqkv-server: parse flags, serve until SIGTERM/SIGINT, drain, exit.
  *
+ * OpenSSL is initialised without its atexit cleanup (tqkv_tls_process_init): gRPC's threads
+ * may still be ending as the process exits.
+ *
  * Signals are blocked in every thread and taken synchronously by main with
  * sigwait, so the graceful stop runs on an ordinary thread. SIGHUP reloads the token
  * file and the TLS certificate (tqkv_server_reload) and reopens the access log file. Exit status: 0
@@ -17,6 +20,7 @@
 #include "service/config.h"
 #include "service/log.h"
 #include "service/server.h"
+#include "service/tls.h"
 
 int
 main(int argc, char **argv)
@@ -26,6 +30,11 @@ main(int argc, char **argv)
     sigset_t sigs;
     int sig = 0;
 
+    /* First, before gRPC or the token check touch OpenSSL (tls.h says why). */
+    if (tqkv_tls_process_init() != TQKV_OK) {
+        fprintf(stderr, "tqkv-server: OpenSSL initialisation failed\n");
+        return 1;
+    }
     tqkv_config_default(&cfg);
     if (tqkv_config_parse(&cfg, argc, argv, err, sizeof err) != TQKV_OK) {
         fprintf(stderr, "tqkv-server: %s\n", err);

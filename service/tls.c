@@ -15,6 +15,7 @@
 #include "service/tls.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -36,6 +37,12 @@ static const char *const cert_markers[] = {"-----BEGIN CERTIFICATE-----", NULL};
 static const char *const key_markers[] = {
     "-----BEGIN PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----",
     "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN ENCRYPTED PRIVATE KEY-----", NULL};
+
+tqkv_status_t
+tqkv_tls_process_init(void)
+{
+    return OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL) == 1 ? TQKV_OK : TQKV_EINTERNAL;
+}
 
 tqkv_status_t
 tqkv_read_file(const char *path, char **out, size_t *len)

@@ -43,6 +43,15 @@ double tqkv_tls_not_after(tqkv_tls_t *t);
 /* NULL is a no-op. */
 void tqkv_tls_destroy(tqkv_tls_t *t);
 
+/* For a process that owns its exit (tqkv-server's main): initialises OpenSSL without its
+ * atexit cleanup. Call before anything uses OpenSSL. That cleanup deletes OpenSSL's
+ * per-thread keys while gRPC's threads may still be ending (its executor threads are
+ * joined by a detached clean-up thread when gRPC's last reference drops on one of its own
+ * threads); a thread that ends after it skips its destructor and its error state (and
+ * DRBGs) are lost, which LeakSanitizer reports. Without the cleanup every thread frees its
+ * state as it ends and the OS takes the rest at exit. TQKV_EINTERNAL if OpenSSL refuses. */
+tqkv_status_t tqkv_tls_process_init(void);
+
 /* Reads a whole file into a new NUL-terminated malloc'd string. */
 tqkv_status_t tqkv_read_file(const char *path, char **out, size_t *len);
 
