@@ -47,8 +47,8 @@ void tqkv_tls_destroy(tqkv_tls_t *t);
  * atexit cleanup. Call before anything uses OpenSSL. That cleanup deletes OpenSSL's
  * per-thread keys while gRPC's threads may still be ending (its executor threads are
  * joined by a detached clean-up thread when gRPC's last reference drops on one of its own
- * threads); a thread that ends after it skips its destructor and its error state (and
- * DRBGs) are lost, which LeakSanitizer reports. Without the cleanup every thread frees its
+ * threads); a thread that ends after it skips its destructor and its error state is
+ * lost, which LeakSanitizer reports. Without the cleanup every thread frees its
  * state as it ends and the OS takes the rest at exit. TQKV_EINTERNAL if OpenSSL refuses. */
 tqkv_status_t tqkv_tls_process_init(void);
 
